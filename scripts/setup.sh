@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Creates .venv with everything the project needs, once; later calls return at once.
+# torch is pinned to 2.13.0 first: on this machine kind that is a CPU build already on disk,
+# where an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stamp=".venv/.spantrain-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+if [ -f "$stamp" ]; then exit 0; fi
+echo "setting up .venv (once; about a minute)…" >&2
+python3 -m venv .venv
+.venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
+rm -f .venv/.spantrain-setup-*
+touch "$stamp"
+echo "set-up done" >&2

@@ -1,0 +1,220 @@
+"""Launching peer processes on this machine: ``spantrain swarm`` and the tests use this.
+
+Each peer is a real ``spantrain-peer`` process (``python -m spantrain_p2p peer``) with its own
+log file; the launcher only starts processes and reads what they report, it coordinates nothing.
+Peers get SIGTERM if the launcher dies, and ``stop`` escalates to SIGKILL, so none is left behind.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Optional
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_with_parent() -> None:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+@dataclass
+class PeerProcess:
+    name: str
+    args: list[str]
+    run_dir: str
+    proc: Optional[subprocess.Popen] = None
+    info: dict = field(default_factory=dict)
+
+    @property
+    def ready_file(self) -> str:
+        return os.path.join(self.run_dir, f"{self.name}.ready.json")
+
+    @property
+    def log_file(self) -> str:
+        return os.path.join(self.run_dir, f"{self.name}.log")
+
+    def start(self) -> "PeerProcess":
+        if os.path.exists(self.ready_file):
+            os.remove(self.ready_file)
+        cmd = [sys.executable, "-m", "spantrain_p2p", "peer", "--ready-file", self.ready_file, *self.args]
+        with open(self.log_file, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_term_with_parent if sys.platform.startswith("linux") else None,
+            )
+        return self
+
+    def poll_ready(self) -> bool:
+        """True once the peer wrote its ready file; RuntimeError if it exited first."""
+        if self.info:
+            return True
+        if os.path.exists(self.ready_file):
+            with open(self.ready_file) as f:
+                self.info = json.load(f)
+            return True
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"peer {self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+        return False
+
+    def wait_ready(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while not self.poll_ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peer {self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        return self.info
+
+    def status(self, timeout: float = 5.0) -> dict:
+        with urllib.request.urlopen(f"{self.info['data_url']}/status", timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 10.0) -> Optional[int]:
+        """SIGINT (graceful: tombstone, daemon stopped), SIGKILL to the group if it lingers."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the peer and its p2pd share its session
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_file, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def new_run_dir(base: str = "runs", tag: str = "swarm") -> str:
+    path = os.path.join(base, f"{tag}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def wait_until(pred, timeout: float, interval: float = 0.25):
+    """Polls ``pred`` until it returns a truthy value; TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            v = pred()
+        except (OSError, ValueError):
+            v = None
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout:.0f}s")
+        time.sleep(interval)
+
+
+def launch_scenario(scenario_path: str, run_dir: str, heartbeat: float = 2.0, swarm: Optional[str] = None,
+                    extra_args: tuple[str, ...] = ()) -> list[PeerProcess]:
+    """Starts one peer per scenario peer: the first one alone, then the rest joining it."""
+    from . import scenario as sc
+
+    s = sc.load(scenario_path)
+    swarm = swarm or f"{s.name}-{os.getpid()}-{int(time.time())}"
+    common = ["--swarm", swarm, "--heartbeat", str(heartbeat), *extra_args]
+    procs = [PeerProcess(p.name, ["--emulate", f"{scenario_path}:{p.name}", *common], run_dir) for p in s.peers]
+    try:
+        first = procs[0].start()
+        first.wait_ready(60)
+        for p in procs[1:]:
+            p.args += ["--join", first.info["address"]]
+            p.start()
+        for p in procs[1:]:
+            p.wait_ready(90)
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    return procs
+
+
+def swarm_command(args) -> int:
+    from . import scenario as sc
+
+    s = sc.load(args.scenario)
+    run_dir = args.run_dir or new_run_dir()
+    os.makedirs(run_dir, exist_ok=True)
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    say(f"launching {len(s.peers)} peers of scenario {s.name!r} (logs in {run_dir})")
+    t0 = time.monotonic()
+    procs: list[PeerProcess] = []
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1) or (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat)
+        n = len(procs)
+        started = time.monotonic() - t0
+
+        def everyone_sees_all():
+            counts = [p.status()["member_count"] for p in procs]
+            return counts if all(c == n for c in counts) else None
+
+        wait_until(everyone_sees_all, 60)
+        formed = time.monotonic() - t0
+        say(f"swarm formed: {n}/{n} peers see each other after {formed:.1f}s (all started after {started:.1f}s)")
+        say(f"  {'peer':<10} {'peer id':<48} {'state':<8} data plane")
+        for p in procs:
+            st = p.status()
+            say(f"  {p.name:<10} {p.info['peer_id']:<48} {st['state']:<8} {p.info['data_url']}")
+        say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm "
+            f"{procs[0].status()['swarm']}")
+        if args.duration is None:
+            say("Ctrl-C stops the swarm")
+            while all(p.alive() for p in procs):
+                time.sleep(0.5)
+            dead = [p.name for p in procs if not p.alive()]
+            say(f"peer(s) {', '.join(dead)} exited; stopping the swarm")
+        else:
+            time.sleep(args.duration)
+        summary = {"scenario": s.name, "peers": [{"name": p.name, **{k: p.info[k] for k in ("peer_id", "address", "data_url")}}
+                                                 for p in procs],
+                   "formed_s": round(formed, 3), "members_seen": n, "run_dir": run_dir}
+        code = 0
+    except KeyboardInterrupt:
+        say("stopping the swarm")
+        summary, code = None, 130
+    except (TimeoutError, RuntimeError) as e:
+        print(f"spantrain swarm: error: {e}", file=sys.stderr, flush=True)
+        summary, code = None, 1
+    finally:
+        for p in procs:
+            p.signal(signal.SIGINT)
+        for p in procs:
+            p.stop(timeout=10)
+    if summary is not None and args.json:
+        print(json.dumps(summary), flush=True)
+    return code

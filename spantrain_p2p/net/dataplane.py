@@ -1,0 +1,161 @@
+"""The data plane: an aiohttp server per peer for bulk traffic, and its client.
+
+``POST /msg/{kind}`` carries one frame (see ``framing``) to the handler registered for ``kind``;
+the handler's reply is framed back. ``GET /status`` reports the peer. Sizes are capped: a body
+over the limit gets 413 with the reason, a malformed frame 400, an unknown kind 404.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Awaitable, Callable, Optional, Sequence
+
+import aiohttp
+from aiohttp import web
+
+from . import framing
+
+log = logging.getLogger(__name__)
+
+Reply = Optional[tuple[dict, Sequence[bytes | memoryview]]]
+Handler = Callable[[dict, list[memoryview]], Awaitable[Reply]]
+
+
+class RemoteError(RuntimeError):
+    """The other peer refused a message; ``status`` is the HTTP code, the message its reason."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"{status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class DataPlaneServer:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        status: Callable[[], dict],
+        max_message_bytes: int = framing.DEFAULT_MAX_MESSAGE_BYTES,
+    ):
+        self.host, self.port = host, port
+        self.max_message_bytes = max_message_bytes
+        self._status = status
+        self._handlers: dict[str, Handler] = {}
+        self._runner: Optional[web.AppRunner] = None
+
+    def register(self, kind: str, handler: Handler) -> None:
+        self._handlers[kind] = handler
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=self.max_message_bytes)
+        app.router.add_get("/status", self._get_status)
+        app.router.add_post("/msg/{kind}", self._post_msg)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=False)
+        try:
+            await site.start()
+        except OSError as e:
+            await self._runner.cleanup()
+            self._runner = None
+            raise OSError(e.errno, f"data plane cannot listen on {self.host}:{self.port}: {e.strerror}") from None
+        sock = site._server.sockets[0]  # the real port when 0 was asked for
+        self.port = sock.getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _get_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self._status())
+
+    async def _post_msg(self, request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        handler = self._handlers.get(kind)
+        if handler is None:
+            return web.Response(status=404, text=f"no handler for message kind {kind!r}")
+        length = request.content_length
+        if length is not None and length > self.max_message_bytes:
+            return web.Response(
+                status=413, text=f"message of {length} bytes is over this peer's limit of {self.max_message_bytes}"
+            )
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return web.Response(
+                status=413, text=f"message is over this peer's limit of {self.max_message_bytes} bytes"
+            )
+        try:
+            header, buffers = framing.decode(body, self.max_message_bytes)
+            reply = await handler(header, buffers)
+        except framing.FrameError as e:
+            log.warning("rejected %s message: %s", kind, e)
+            return web.Response(status=400, text=str(e))
+        if reply is None:
+            return web.Response(status=204)
+        chunks = framing.encode(*reply)
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-spantrain-frame"})
+        resp.content_length = framing.frame_size(chunks)
+        await resp.prepare(request)
+        for c in chunks:
+            await resp.write(c)
+        await resp.write_eof()
+        return resp
+
+
+class DataPlaneClient:
+    """One pooled HTTP session for all outgoing data-plane traffic of a peer."""
+
+    def __init__(self, max_message_bytes: int = framing.DEFAULT_MAX_MESSAGE_BYTES):
+        self.max_message_bytes = max_message_bytes
+        self._session: Optional[aiohttp.ClientSession] = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(
+        self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0
+    ) -> tuple[dict, list[memoryview]] | None:
+        """Posts one frame; the reply frame, or None if the peer had nothing to say."""
+        chunks = framing.encode(header, buffers)
+        size = framing.frame_size(chunks)
+
+        async def body():
+            for c in chunks:
+                yield c
+
+        t = aiohttp.ClientTimeout(total=timeout)
+        async with self._get_session().post(
+            f"{url}/msg/{kind}", data=body(), timeout=t, headers={"Content-Length": str(size)}
+        ) as resp:
+            if resp.status == 204:
+                return None
+            if resp.status != 200:
+                raise RemoteError(resp.status, (await resp.text())[:500])
+            if resp.content_length is not None and resp.content_length > self.max_message_bytes:
+                raise RemoteError(413, f"reply of {resp.content_length} bytes is over our limit")
+            data = bytearray()
+            async for part in resp.content.iter_any():
+                data += part
+                if len(data) > self.max_message_bytes:
+                    raise RemoteError(413, f"reply is over our limit of {self.max_message_bytes} bytes")
+            return framing.decode(data, self.max_message_bytes)
+
+    async def status(self, url: str, timeout: float = 5.0) -> dict:
+        async with self._get_session().get(f"{url}/status", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            resp.raise_for_status()
+            return json.loads(await resp.text())

@@ -1,0 +1,90 @@
+"""Framed messages of the data plane: a msgpack header, then raw buffers.
+
+Wire form: ``b"STP1"`` magic, a 4-byte big-endian header length, the msgpack header (a map with
+``"buffers": [len, …]`` listing the byte length of each raw buffer that follows), then the buffers
+back to back. Every length is checked against the bytes actually present and against limits
+before anything is allocated, so a hostile or truncated frame gives ``FrameError``, never a crash.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Sequence
+
+import msgpack
+
+MAGIC = b"STP1"
+_PREFIX = struct.Struct(">4sI")
+MAX_HEADER_BYTES = 64 << 10
+MAX_BUFFERS = 64
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+
+
+class FrameError(ValueError):
+    """A frame that is malformed or over a limit; the message says which."""
+
+
+def encode(header: dict, buffers: Sequence[bytes | memoryview] = ()) -> list[bytes | memoryview]:
+    """The frame as a list of chunks (header bytes first, then the buffers uncopied)."""
+    if "buffers" in header:
+        raise ValueError("'buffers' is reserved in frame headers")
+    views = [memoryview(b).cast("B") for b in buffers]
+    head = msgpack.packb({**header, "buffers": [v.nbytes for v in views]}, use_bin_type=True)
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError(f"frame header is {len(head)} bytes, over {MAX_HEADER_BYTES}")
+    return [_PREFIX.pack(MAGIC, len(head)) + head, *views]
+
+
+def frame_size(chunks: Sequence[bytes | memoryview]) -> int:
+    return sum(memoryview(c).nbytes for c in chunks)
+
+
+def decode_header(prefix_and_header: bytes) -> tuple[dict, int]:
+    """Parses magic + length + header from the start of a frame: (header, bytes consumed)."""
+    if len(prefix_and_header) < _PREFIX.size:
+        raise FrameError("frame shorter than its prefix")
+    magic, hlen = _PREFIX.unpack_from(prefix_and_header)
+    if magic != MAGIC:
+        raise FrameError("not a SpanTrain frame (bad magic)")
+    if hlen > MAX_HEADER_BYTES:
+        raise FrameError(f"frame header of {hlen} bytes is over the {MAX_HEADER_BYTES} limit")
+    end = _PREFIX.size + hlen
+    if len(prefix_and_header) < end:
+        raise FrameError("frame truncated inside its header")
+    try:
+        header = msgpack.unpackb(
+            prefix_and_header[_PREFIX.size : end], raw=False, strict_map_key=True, max_bin_len=0
+        )
+    except Exception as e:
+        raise FrameError(f"frame header is not valid msgpack ({e.__class__.__name__})") from None
+    if not isinstance(header, dict):
+        raise FrameError("frame header must be a map")
+    lens = header.get("buffers")
+    if not isinstance(lens, list) or len(lens) > MAX_BUFFERS or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in lens
+    ):
+        raise FrameError(f"frame header needs 'buffers': a list of at most {MAX_BUFFERS} byte lengths")
+    return header, end
+
+
+def decode(frame: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[dict, list[memoryview]]:
+    """(header, buffers) of a whole frame; buffers are views into ``frame`` (no copy)."""
+    view = memoryview(frame).cast("B")
+    if view.nbytes > max_bytes:
+        raise FrameError(f"frame of {view.nbytes} bytes is over the {max_bytes}-byte limit")
+    header, pos = decode_header(bytes(view[: _PREFIX.size + MAX_HEADER_BYTES]))
+    lens = header.pop("buffers")
+    if pos + sum(lens) != view.nbytes:
+        raise FrameError(f"frame length {view.nbytes} does not match its header ({pos} + {sum(lens)} bytes)")
+    buffers = []
+    for n in lens:
+        buffers.append(view[pos : pos + n])
+        pos += n
+    return header, buffers
+
+
+def check_fields(header: dict, spec: dict[str, type | tuple[type, ...]]) -> None:
+    """Raises FrameError unless each named header field is present with the given type."""
+    for name, typ in spec.items():
+        v: Any = header.get(name)
+        if v is None or isinstance(v, bool) and typ is not bool or not isinstance(v, typ):
+            raise FrameError(f"frame header field {name!r} missing or not {getattr(typ, '__name__', typ)}")

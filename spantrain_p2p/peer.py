@@ -1,0 +1,344 @@
+"""The ``Peer``: one member of a swarm, and the Python API of SpanTrain-P2P.
+
+    async with Peer(PeerConfig(join=("/ip4/…/p2p/Qm…",))) as peer:
+        print(peer.address, [m.peer_id for m in await peer.members()])
+
+A peer runs hivemind's ``P2P`` and a ``DHTNode`` inside its own asyncio loop (no forked DHT
+process), an aiohttp data plane, and a heartbeat that keeps its signed record alive in the DHT.
+Closing it writes a tombstone, cancels every task it started and stops its daemon.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from . import PROTOCOL_VERSION, __version__
+from .net.dataplane import DataPlaneClient, DataPlaneServer
+from .net.framing import DEFAULT_MAX_MESSAGE_BYTES
+from .swarm import discovery, membership
+from .swarm.daemon import tie_daemons_to_this_process
+from .swarm.identity import Identity
+from .swarm.records import PeerRecord, seal
+
+log = logging.getLogger("spantrain.peer")
+
+
+class PeerError(RuntimeError):
+    """A peer could not start or join; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    join: tuple[str, ...] = ()  # multiaddrs of peers to join; ("auto",) for mDNS; () starts a swarm
+    swarm: str = "default"  # the swarm's name: one DHT can hold several swarms
+    listen: str = "/ip4/127.0.0.1/tcp/0"  # where p2pd listens
+    host: str = "127.0.0.1"  # data plane address
+    data_port: int = 0
+    identity_path: Optional[str] = None  # stable peer id; created if missing
+    name: str = ""  # human name, e.g. the scenario's peer name
+    device: dict = field(default_factory=dict)
+    heartbeat_s: float = 2.0
+    ttl_heartbeats: int = 3  # a record lives this many heartbeats
+    poll_s: float = 1.0  # how often the member view is refreshed
+    join_timeout_s: float = 30.0
+    discover_s: float = 5.0  # how long --join auto looks for a swarm on mDNS
+    mdns: bool = False  # advertise on mDNS (always on with --join auto)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+
+def local_device_summary() -> dict:
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        mem = 0.0
+    return {"kind": "cpu", "cpus": os.cpu_count() or 1, "memory_gb": round(mem, 1)}
+
+
+class Peer:
+    def __init__(self, config: PeerConfig = PeerConfig()):
+        self.config = config
+        self.identity: Optional[Identity] = None
+        self.instance = secrets.token_hex(8)
+        self.state = "joining"
+        self.started_at = time.monotonic()
+        self.maddrs: list[str] = []
+        self.dataplane: Optional[DataPlaneServer] = None
+        self.client = DataPlaneClient(config.max_message_bytes)
+        self._p2p = None
+        self._dht = None
+        self._advertiser: Optional[discovery.Advertiser] = None
+        self._tmpdir: Optional[str] = None
+        self._tasks: list[asyncio.Task] = []
+        self._seq = 0
+        self._view: dict[str, PeerRecord] = {}
+        self._on_bad = membership.BadRecordLog()
+        self._view_changed = asyncio.Event()
+
+    # ---- public surface -------------------------------------------------------------------
+    @property
+    def peer_id(self) -> str:
+        assert self.identity is not None, "peer not started"
+        return self.identity.peer_id
+
+    @property
+    def address(self) -> str:
+        """The multiaddr others join (ends in /p2p/<peer id>)."""
+        return self.maddrs[0] if self.maddrs else ""
+
+    @property
+    def dht(self):
+        return self._dht
+
+    async def members(self, latest: bool = True) -> list[PeerRecord]:
+        """Live members (this peer included), sorted by peer id, read fresh from the DHT."""
+        view = await membership.read_members(self._dht, self.config.swarm, self._on_bad, latest=latest)
+        self._update_view(view)
+        return self.live_members()
+
+    def live_members(self) -> list[PeerRecord]:
+        """The members as of the last poll, without a DHT round trip."""
+        return sorted((r for r in self._view.values() if r.alive), key=lambda r: r.peer_id)
+
+    async def wait_members(self, count: int, timeout: float) -> list[PeerRecord]:
+        """Waits until the view has exactly ``count`` live members; TimeoutError otherwise."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self.live_members()) != count:
+            self._view_changed.clear()
+            left = deadline - loop.time()
+            if left <= 0:
+                raise asyncio.TimeoutError(f"saw {len(self.live_members())} members, not {count}, in {timeout}s")
+            try:
+                await asyncio.wait_for(self._view_changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        return self.live_members()
+
+    async def set_state(self, state: str) -> None:
+        if state != self.state:
+            log.info("state %s -> %s", self.state, state)
+            self.state = state
+            await self._announce()
+
+    def spawn(self, coro, name: str) -> asyncio.Task:
+        """Starts a task the peer owns: cancelled on close, and its crash is logged."""
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        return task
+
+    def status(self) -> dict[str, Any]:
+        members = self.live_members()
+        return {
+            "peer_id": self.identity.peer_id if self.identity else None,
+            "name": self.config.name,
+            "state": self.state,
+            "version": __version__,
+            "protocol": PROTOCOL_VERSION,
+            "swarm": self.config.swarm,
+            "address": self.address,
+            "data_url": self.dataplane.url if self.dataplane else None,
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "members": [{"peer_id": r.peer_id, "name": r.name, "state": r.state} for r in members],
+            "member_count": len(members),
+        }
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    async def __aenter__(self) -> "Peer":
+        try:
+            await self.start()
+        except BaseException:
+            await self.close(graceful=False)
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        from hivemind.dht.node import DHTNode
+        from hivemind.p2p import P2P, P2PDaemonError
+
+        cfg = self.config
+        identity_path, check_identity = self._prepare_identity()
+        join = list(cfg.join)
+        auto = join == ["auto"]
+        if auto:
+            join = await discovery.browse(cfg.swarm, cfg.discover_s)
+            log.info("mDNS: %s", f"found {len(join)} address(es) of swarm {cfg.swarm!r}" if join else
+                     f"no swarm {cfg.swarm!r} on the LAN; starting a new one")
+        else:
+            join = discovery.parse_join(join)
+
+        self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes)
+        try:
+            await self.dataplane.start()
+        except OSError as e:
+            raise PeerError(str(e)) from None
+
+        tie_daemons_to_this_process()
+        try:
+            self._p2p = await P2P.create(
+                initial_peers=join or None,
+                host_maddrs=[cfg.listen],
+                identity_path=identity_path,
+                check_if_identity_free=check_identity and bool(join),
+                startup_timeout=cfg.join_timeout_s,
+            )
+        except P2PDaemonError as e:
+            msg = str(e)
+            if "already taken" in msg:
+                raise PeerError(
+                    f"identity {cfg.identity_path} (peer id {self.identity.peer_id}) is already used by a live "
+                    "peer of this swarm; stop that peer or use another --identity"
+                ) from None
+            if "address already in use" in msg.lower():
+                raise PeerError(f"cannot listen on {cfg.listen}: address already in use") from None
+            raise PeerError(f"p2p daemon failed: {msg}") from None
+        self.maddrs = [str(m) for m in await self._p2p.get_visible_maddrs()]
+
+        try:
+            self._dht = await asyncio.wait_for(
+                DHTNode.create(p2p=self._p2p, initial_peers=join or None, ensure_bootstrap_success=bool(join),
+                               wait_timeout=3, bootstrap_timeout=3),
+                cfg.join_timeout_s,
+            )
+        except asyncio.TimeoutError:
+            raise PeerError(f"no peer of {join} answered within {cfg.join_timeout_s:.0f}s") from None
+        except Exception as e:
+            if join:
+                raise PeerError(f"could not join via {', '.join(join)}: {e}") from None
+            raise
+
+        await self._announce()
+        self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
+        self.spawn(self._heartbeat_loop(), "heartbeat")
+        self.spawn(self._watch_loop(), "watch-members")
+        if auto or cfg.mdns:
+            self._advertiser = discovery.Advertiser(self.peer_id, cfg.swarm, self.maddrs)
+            try:
+                await self._advertiser.start()
+            except Exception as e:  # LAN discovery is a convenience: the peer works without it
+                log.warning("mDNS advertising failed: %s", e)
+                self._advertiser = None
+        await self.set_state("idle")
+        log.info("joined swarm %r as %s (%d member(s)); address %s", cfg.swarm, self.peer_id,
+                 len(self.live_members()), self.address)
+
+    async def close(self, graceful: bool = True) -> None:
+        """Leaves the swarm: tombstone (if graceful), tasks cancelled, servers and daemon stopped."""
+        if graceful and self._dht is not None and self.identity is not None and self.state != "left":
+            self.state = "left"
+            try:
+                await asyncio.wait_for(self._announce(), 5)
+            except Exception as e:
+                log.warning("could not write the tombstone: %s", e)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for step in (self._stop_advertiser, self.client.close, self._stop_dataplane, self._stop_dht, self._stop_p2p):
+            try:
+                await step()
+            except Exception as e:
+                log.warning("shutdown step %s failed: %s", step.__name__, e)
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    # ---- internals ------------------------------------------------------------------------
+    def _prepare_identity(self) -> tuple[str, bool]:
+        """(key path for p2pd, whether to check it is not in use already)."""
+        path = self.config.identity_path
+        if path:
+            try:
+                self.identity, created = Identity.load_or_create(path)
+            except (OSError, ValueError) as e:
+                raise PeerError(f"--identity {path}: {e}") from None
+            return path, not created
+        self._tmpdir = tempfile.mkdtemp(prefix="spantrain-id-")
+        path = os.path.join(self._tmpdir, "identity.key")
+        self.identity = Identity.generate()
+        self.identity.save(path)
+        return path, False
+
+    def _record(self) -> PeerRecord:
+        from hivemind.utils import get_dht_time
+
+        self._seq += 1
+        return PeerRecord(
+            peer_id=self.peer_id, seq=self._seq, ts=get_dht_time(), state=self.state, version=__version__,
+            data_url=self.dataplane.url if self.dataplane else "", maddrs=tuple(self.maddrs[:4]),
+            instance=self.instance, name=self.config.name, device=self.config.device or local_device_summary(),
+        )
+
+    async def _announce(self) -> None:
+        if self._dht is None:
+            return
+        ttl = self.config.heartbeat_s * self.config.ttl_heartbeats
+        rec = self._record()
+        ok = await membership.announce(self._dht, self.config.swarm, seal(rec, self.identity), self.peer_id, ttl)
+        if not ok:
+            log.debug("heartbeat %d was not stored by any DHT node", rec.seq)
+        self._view[self.peer_id] = rec
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            try:
+                await self._announce()
+            except Exception as e:
+                log.warning("heartbeat failed: %s", e)
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_s)
+            try:
+                self._update_view(await membership.read_members(self._dht, self.config.swarm, self._on_bad))
+            except Exception as e:
+                log.warning("reading members failed: %s", e)
+
+    def _update_view(self, view: dict[str, PeerRecord]) -> None:
+        if self.identity is not None and self.state != "left":
+            own = self._view.get(self.peer_id)
+            if own is not None and (self.peer_id not in view or view[self.peer_id].seq < own.seq):
+                view[self.peer_id] = own  # our own latest record, even if the DHT lags behind
+        joined, left = membership.diff_members(self._view, view)
+        for p in joined:
+            if p != self.peer_id:
+                log.info("peer %s joined", membership.describe(view.get(p), p))
+        for p in left:
+            log.info("peer %s left", membership.describe(self._view.get(p), p))
+        self._view = view
+        if joined or left:
+            self._view_changed.set()
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s crashed: %r", task.get_name(), task.exception())
+
+    async def _stop_advertiser(self) -> None:
+        if self._advertiser is not None:
+            await self._advertiser.stop()
+            self._advertiser = None
+
+    async def _stop_dataplane(self) -> None:
+        if self.dataplane is not None:
+            await self.dataplane.stop()
+
+    async def _stop_dht(self) -> None:
+        if self._dht is not None:
+            await self._dht.shutdown()
+            self._dht = None
+
+    async def _stop_p2p(self) -> None:
+        if self._p2p is not None:
+            await self._p2p.shutdown()
+            self._p2p = None

@@ -1,0 +1,181 @@
+"""Scenario files (``peers/*.toml``): an emulated wide-area swarm on one machine.
+
+The schema is documented in README.md ("Scenario files"). ``load`` parses and checks a file and
+returns a frozen ``Scenario``; every mistake is reported as ``ScenarioError`` naming the field.
+The runtime's profiler and prober never read this: only the launcher and the emulator do.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LinkClass:
+    name: str
+    rtt_ms: float
+    mbps: float
+    jitter_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    tflops: float
+    memory_gb: float
+    gpus: int = 1
+
+
+@dataclass(frozen=True)
+class RegionLink:
+    a: str
+    b: str
+    link: str
+    trace: tuple[tuple[float, float], ...] = ()  # (t seconds, bandwidth factor), t ascending
+
+
+@dataclass(frozen=True)
+class ScenarioPeer:
+    name: str
+    region: str
+    device: str
+    uplink_mbps: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    compute_scale: float
+    link_classes: dict[str, LinkClass]
+    device_classes: dict[str, DeviceClass]
+    regions: dict[str, str]  # region -> link class used between its peers
+    region_links: tuple[RegionLink, ...]
+    peers: tuple[ScenarioPeer, ...]
+    default_link: str = ""
+    path: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def peer(self, name: str) -> ScenarioPeer:
+        for p in self.peers:
+            if p.name == name:
+                return p
+        raise ScenarioError(f"scenario {self.name!r} has no peer {name!r} (peers: {', '.join(p.name for p in self.peers)})")
+
+    def link_between(self, src: str, dst: str) -> tuple[LinkClass, tuple[tuple[float, float], ...]]:
+        """The link class (and bandwidth trace) from peer ``src`` to peer ``dst``."""
+        ra, rb = self.peer(src).region, self.peer(dst).region
+        if ra == rb:
+            return self.link_classes[self.regions[ra]], ()
+        for rl in self.region_links:
+            if {rl.a, rl.b} == {ra, rb}:
+                return self.link_classes[rl.link], rl.trace
+        return self.link_classes[self.default_link], ()
+
+    def device_of(self, peer: str) -> DeviceClass:
+        return self.device_classes[self.peer(peer).device]
+
+
+def _num(d: dict, key: str, where: str, lo: float = 0.0, default: Any = None, positive: bool = True) -> float:
+    if key not in d:
+        if default is not None:
+            return default
+        raise ScenarioError(f"{where}: missing {key!r}")
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo or (positive and v <= 0):
+        raise ScenarioError(f"{where}.{key} must be a {'positive ' if positive else ''}number, not {v!r}")
+    return float(v)
+
+
+def _table(d: dict, key: str, where: str) -> dict:
+    v = d.get(key, {})
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{where}: {key!r} must be a table")
+    return v
+
+
+def parse(data: dict, path: str = "") -> Scenario:
+    where = path or "scenario"
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(f"{where}: missing 'name'")
+    links = {}
+    for k, v in _table(data, "link_classes", where).items():
+        w = f"link_classes.{k}"
+        links[k] = LinkClass(k, _num(v, "rtt_ms", w), _num(v, "mbps", w), _num(v, "jitter_ms", w, default=0.0, positive=False))
+    devices = {}
+    for k, v in _table(data, "device_classes", where).items():
+        w = f"device_classes.{k}"
+        devices[k] = DeviceClass(k, _num(v, "tflops", w), _num(v, "memory_gb", w), int(_num(v, "gpus", w, default=1)))
+    if not links or not devices:
+        raise ScenarioError(f"{where}: needs at least one [link_classes.X] and one [device_classes.X]")
+    default_link = data.get("default_link", "")
+    if default_link and default_link not in links:
+        raise ScenarioError(f"{where}: default_link {default_link!r} is not a link class")
+    regions = {}
+    for k, v in _table(data, "regions", where).items():
+        link = v.get("link") if isinstance(v, dict) else None
+        if link not in links:
+            raise ScenarioError(f"regions.{k}.link must name a link class, not {link!r}")
+        regions[k] = link
+    rlinks = []
+    for i, v in enumerate(data.get("region_links", [])):
+        w = f"region_links[{i}]"
+        pair = v.get("regions")
+        if not (isinstance(pair, list) and len(pair) == 2 and all(r in regions for r in pair) and pair[0] != pair[1]):
+            raise ScenarioError(f"{w}.regions must name two different regions, not {pair!r}")
+        if v.get("link") not in links:
+            raise ScenarioError(f"{w}.link must name a link class, not {v.get('link')!r}")
+        trace = []
+        for j, pt in enumerate(v.get("trace", [])):
+            if not (isinstance(pt, list) and len(pt) == 2):
+                raise ScenarioError(f"{w}.trace[{j}] must be [t_seconds, factor]")
+            t, f = _num({"t": pt[0]}, "t", f"{w}.trace[{j}]", positive=False), _num({"f": pt[1]}, "f", f"{w}.trace[{j}]")
+            if trace and t <= trace[-1][0]:
+                raise ScenarioError(f"{w}.trace times must increase")
+            trace.append((t, f))
+        rlinks.append(RegionLink(pair[0], pair[1], v["link"], tuple(trace)))
+    peers = []
+    for i, v in enumerate(data.get("peers", [])):
+        w = f"peers[{i}]"
+        pname, region, device = v.get("name"), v.get("region"), v.get("device")
+        if not isinstance(pname, str) or not pname or len(pname) > 64:
+            raise ScenarioError(f"{w}.name must be a short non-empty string")
+        if region not in regions:
+            raise ScenarioError(f"{w} ({pname}): region {region!r} is not defined")
+        if device not in devices:
+            raise ScenarioError(f"{w} ({pname}): device {device!r} is not defined")
+        up = _num(v, "uplink_mbps", w, default=0.0, positive=False) or None
+        peers.append(ScenarioPeer(pname, region, device, up))
+    if not peers:
+        raise ScenarioError(f"{where}: no [[peers]]")
+    names = [p.name for p in peers]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"{where}: peer names must be unique")
+    used = {p.region for p in peers}
+    missing = [(a, b) for a in sorted(used) for b in sorted(used) if a < b and not any({r.a, r.b} == {a, b} for r in rlinks)]
+    if missing and not default_link:
+        raise ScenarioError(f"{where}: no link between regions {missing[0][0]} and {missing[0][1]} (add a [[region_links]] or default_link)")
+    return Scenario(
+        name=name, description=str(data.get("description", "")),
+        compute_scale=_num(data, "compute_scale", where, default=1.0),
+        link_classes=links, device_classes=devices, regions=regions, region_links=tuple(rlinks),
+        peers=tuple(peers), default_link=default_link, path=path,
+    )
+
+
+def load(path: str) -> Scenario:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ScenarioError(f"scenario file {path} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{path}: not valid TOML: {e}") from None
+    return parse(data, path)

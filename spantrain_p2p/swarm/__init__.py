@@ -1,0 +1,1 @@
+"""Swarm membership: identities, signed peer records, discovery."""

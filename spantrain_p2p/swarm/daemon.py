@@ -1,0 +1,34 @@
+"""Starting hivemind's p2pd so that it never outlives its peer.
+
+hivemind starts p2pd with ``asyncio.subprocess.create_subprocess_exec``; a peer killed with
+SIGKILL would leave the daemon running. On Linux we ask the kernel to SIGKILL the daemon when
+its parent dies (PR_SET_PDEATHSIG), by adding a ``preexec_fn`` to that call.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import signal
+import sys
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the forked child, before exec
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
+def tie_daemons_to_this_process() -> None:
+    """Idempotent: every subprocess started via asyncio from now on dies with this process."""
+    if not sys.platform.startswith("linux"):
+        return
+    create = asyncio.subprocess.create_subprocess_exec
+    if getattr(create, "_spantrain_tied", False):
+        return
+
+    async def create_tied(*args, **kwargs):
+        kwargs.setdefault("preexec_fn", _die_with_parent)
+        return await create(*args, **kwargs)
+
+    create_tied._spantrain_tied = True  # type: ignore[attr-defined]
+    asyncio.subprocess.create_subprocess_exec = create_tied

@@ -1,0 +1,140 @@
+"""Signed, versioned peer records: what each peer announces about itself in the DHT.
+
+Pure functions over plain data: ``seal`` turns a record into the signed DHT value, ``open_record``
+checks an untrusted DHT value and returns the record or raises ``BadRecord`` with the reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import msgpack
+
+from .identity import Identity, peer_id_from_public_der, verify
+
+RECORD_SCHEMA = 1
+STATES = ("joining", "idle", "measuring", "training", "left")
+MAX_RECORD_BYTES = 8 << 10
+MAX_KEY_BYTES = 2048
+MAX_SIG_BYTES = 1024
+MAX_STR = 256
+MAX_LIST = 16
+
+
+class BadRecord(ValueError):
+    """An untrusted record that failed validation; the message says why."""
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    peer_id: str
+    seq: int  # grows with every heartbeat of one run of the peer
+    ts: float  # DHT time of the announcement, seconds
+    state: str
+    version: str
+    data_url: str  # data plane, e.g. http://127.0.0.1:34567
+    maddrs: tuple[str, ...]
+    instance: str  # random per process start: tells a restart from a duplicate
+    name: str = ""  # human name (a scenario's peer name), may be empty
+    device: Mapping[str, Any] = field(default_factory=dict)  # {"kind", "tflops", "memory_gb", "cpus"}
+    schema: int = RECORD_SCHEMA
+
+    @property
+    def alive(self) -> bool:
+        return self.state != "left"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["maddrs"] = list(self.maddrs)
+        d["device"] = dict(self.device)
+        return d
+
+
+def seal(record: PeerRecord, identity: Identity) -> dict:
+    """The DHT value for ``record``: msgpack body, the public key, and a signature over the body."""
+    if record.peer_id != identity.peer_id:
+        raise ValueError("a peer can only sign its own record")
+    body = msgpack.packb(record.to_dict(), use_bin_type=True)
+    if len(body) > MAX_RECORD_BYTES:
+        raise ValueError(f"peer record is {len(body)} bytes, over the {MAX_RECORD_BYTES} limit")
+    return {"body": body, "key": identity.public_der, "sig": identity.sign(body)}
+
+
+def _str(d: Mapping, name: str, max_len: int = MAX_STR) -> str:
+    v = d.get(name)
+    if not isinstance(v, str) or len(v) > max_len:
+        raise BadRecord(f"field {name!r} must be a string of at most {max_len} characters")
+    return v
+
+
+def _number(d: Mapping, name: str, lo: float, hi: float) -> float:
+    v = d.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise BadRecord(f"field {name!r} must be a number in [{lo}, {hi}]")
+    return v
+
+
+def _device(raw: Any) -> dict:
+    if not isinstance(raw, dict) or len(raw) > MAX_LIST:
+        raise BadRecord("field 'device' must be a small map")
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or len(k) > 32:
+            raise BadRecord("device keys must be short strings")
+        if isinstance(v, str) and len(v) <= MAX_STR:
+            out[k] = v
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < 1e12:
+            out[k] = v
+        else:
+            raise BadRecord(f"device field {k!r} must be a short string or a finite number")
+    return out
+
+
+def open_record(subkey: Any, value: Any) -> PeerRecord:
+    """Validates an untrusted DHT entry (subkey, value) and returns its record."""
+    if not isinstance(value, dict) or set(value) != {"body", "key", "sig"}:
+        raise BadRecord("not a signed peer record (want a map with body, key, sig)")
+    body, key, sig = value["body"], value["key"], value["sig"]
+    if not all(isinstance(x, bytes) for x in (body, key, sig)):
+        raise BadRecord("body, key and sig must be bytes")
+    if len(body) > MAX_RECORD_BYTES or len(key) > MAX_KEY_BYTES or len(sig) > MAX_SIG_BYTES:
+        raise BadRecord(f"record too large ({len(body)} + {len(key)} + {len(sig)} bytes)")
+    if not verify(key, body, sig):
+        raise BadRecord("bad signature")
+    signer = peer_id_from_public_der(key)
+    try:
+        d = msgpack.unpackb(body, raw=False, strict_map_key=True, max_str_len=MAX_RECORD_BYTES)
+    except Exception as e:
+        raise BadRecord(f"body is not msgpack ({e.__class__.__name__})") from None
+    if not isinstance(d, dict):
+        raise BadRecord("body must be a map")
+    schema = d.get("schema")
+    if schema != RECORD_SCHEMA:
+        raise BadRecord(f"unknown record schema {schema!r} (this peer reads {RECORD_SCHEMA})")
+    peer_id = _str(d, "peer_id", 128)
+    if peer_id != signer or subkey != peer_id:
+        raise BadRecord(f"record for {peer_id!r} under subkey {subkey!r} is signed by {signer}")
+    state = _str(d, "state", 16)
+    if state not in STATES:
+        raise BadRecord(f"unknown state {state!r}")
+    maddrs = d.get("maddrs")
+    if not isinstance(maddrs, list) or len(maddrs) > MAX_LIST or not all(
+        isinstance(m, str) and len(m) <= MAX_STR for m in maddrs
+    ):
+        raise BadRecord("field 'maddrs' must be a short list of strings")
+    data_url = _str(d, "data_url")
+    if data_url and not data_url.startswith(("http://", "https://")):
+        raise BadRecord("field 'data_url' must be an http(s) URL")
+    return PeerRecord(
+        peer_id=peer_id,
+        seq=int(_number(d, "seq", 0, 2**62)),
+        ts=float(_number(d, "ts", 0, 1e11)),
+        state=state,
+        version=_str(d, "version", 64),
+        data_url=data_url,
+        maddrs=tuple(maddrs),
+        instance=_str(d, "instance", 64),
+        name=_str(d, "name", 64),
+        device=_device(d.get("device", {})),
+    )

@@ -189,16 +189,13 @@ class Peer:
                 initial_peers=join or None,
                 host_maddrs=[cfg.listen],
                 identity_path=identity_path,
-                check_if_identity_free=check_identity and bool(join),
+                check_if_identity_free=False,  # hivemind's check misses live peers; see _refuse_duplicate
                 startup_timeout=cfg.join_timeout_s,
             )
         except P2PDaemonError as e:
             msg = str(e)
-            if "already taken" in msg:
-                raise PeerError(
-                    f"identity {cfg.identity_path} (peer id {self.identity.peer_id}) is already used by a live "
-                    "peer of this swarm; stop that peer or use another --identity"
-                ) from None
+            if "failed to connect to bootstrap peers" in msg:
+                raise PeerError(f"could not join via {', '.join(join)}: no address answered") from None
             if "address already in use" in msg.lower():
                 raise PeerError(f"cannot listen on {cfg.listen}: address already in use") from None
             raise PeerError(f"p2p daemon failed: {msg}") from None
@@ -217,6 +214,8 @@ class Peer:
                 raise PeerError(f"could not join via {', '.join(join)}: {e}") from None
             raise
 
+        if check_identity:
+            await self._refuse_duplicate()
         await self._announce()
         self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
         self.spawn(self._heartbeat_loop(), "heartbeat")
@@ -268,6 +267,23 @@ class Peer:
         self.identity = Identity.generate()
         self.identity.save(path)
         return path, False
+
+    async def _refuse_duplicate(self) -> None:
+        """PeerError if another live process already runs with our identity (a stale record is fine)."""
+        view = await membership.read_members(self._dht, self.config.swarm, self._on_bad)
+        other = view.get(self.peer_id)
+        if other is None or not other.alive or other.instance == self.instance or not other.data_url:
+            return
+        try:
+            st = await self.client.status(other.data_url, timeout=3.0)
+        except Exception:
+            log.info("replacing the record of an earlier run of this identity (it does not answer)")
+            return
+        if st.get("peer_id") == self.peer_id:
+            raise PeerError(
+                f"identity {self.config.identity_path} (peer id {self.peer_id}) is already used by a live peer of "
+                f"this swarm at {other.data_url}; stop that peer or use another --identity"
+            )
 
     def _record(self) -> PeerRecord:
         from hivemind.utils import get_dht_time

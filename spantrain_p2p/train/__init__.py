@@ -1,0 +1,1 @@
+"""Training workload: the reference model as a list of cuttable layers, and its deterministic data."""

@@ -1,0 +1,69 @@
+"""The Python peer API, with real peers (p2pd + DHT node) on loopback in this process."""
+import asyncio
+
+import pytest
+
+from spantrain_p2p.peer import Peer, PeerConfig, PeerError
+from spantrain_p2p.swarm import membership
+
+FAST = dict(heartbeat_s=0.5, poll_s=0.25)
+
+
+async def test_two_peers_see_each_other_and_a_leaver_drops_out_at_once():
+    async with Peer(PeerConfig(name="a", **FAST)) as a:
+        assert "/p2p/" + a.peer_id in a.address
+        async with Peer(PeerConfig(name="b", join=(a.address,), **FAST)) as b:
+            await a.wait_members(2, 10)
+            await b.wait_members(2, 10)
+            names = sorted(r.name for r in await b.members())
+            assert names == ["a", "b"]
+            assert {m["name"] for m in a.status()["members"]} == {"a", "b"}
+        await a.wait_members(1, 3)  # tombstone: long before the record would expire
+
+
+async def test_close_cancels_every_task_and_stops_the_daemon():
+    peer = Peer(PeerConfig(**FAST))
+    await peer.start()
+    tasks = list(peer._tasks)
+    daemon = peer._p2p._child
+    await peer.close()
+    assert tasks and all(t.done() for t in tasks)
+    assert daemon.returncode is not None
+
+
+async def test_a_bad_record_in_the_dht_is_ignored_and_the_peer_keeps_working(caplog):
+    from hivemind.utils import get_dht_time
+
+    async with Peer(PeerConfig(name="a", **FAST)) as a:
+        async with Peer(PeerConfig(name="b", join=(a.address,), **FAST)) as b:
+            await a.wait_members(2, 10)
+            key = membership.members_key("default")
+            await b.dht.store(key, {"body": b"evil", "key": b"k", "sig": b"s"}, get_dht_time() + 30, subkey="QmFake")
+            await b.dht.store(key, b"x" * 1000, get_dht_time() + 30, subkey="QmJunk")
+            with caplog.at_level("WARNING"):
+                await asyncio.sleep(1.0)
+                members = await a.members()
+            assert sorted(r.name for r in members) == ["a", "b"]
+            assert any("ignoring peer record" in r.message for r in caplog.records)
+            assert not any(t.done() for t in a._tasks)
+
+
+async def test_an_identity_file_gives_a_stable_peer_id_and_cannot_be_used_twice(tmp_path):
+    path = str(tmp_path / "peer.key")
+    async with Peer(PeerConfig(identity_path=path, **FAST)) as first:
+        first_id = first.peer_id
+    async with Peer(PeerConfig(**FAST)) as seed:
+        async with Peer(PeerConfig(identity_path=path, join=(seed.address,), **FAST)) as again:
+            assert again.peer_id == first_id
+            with pytest.raises(PeerError, match="already used by a live peer"):
+                async with Peer(PeerConfig(identity_path=path, join=(seed.address,), **FAST)):
+                    pass
+
+
+async def test_a_malformed_join_address_is_named_in_the_error():
+    with pytest.raises(ValueError, match="malformed multiaddr '/ip4/1.2.3/tcp/1'"):
+        async with Peer(PeerConfig(join=("/ip4/1.2.3/tcp/1",))):
+            pass
+    with pytest.raises(ValueError, match="must end with /p2p/"):
+        async with Peer(PeerConfig(join=("/ip4/127.0.0.1/tcp/1",))):
+            pass

@@ -47,9 +47,61 @@ def peer_parser() -> argparse.ArgumentParser:
                    help="seconds between heartbeats; a silent peer is dropped after 3 (default: %(default)s)")
     p.add_argument("--mdns", action="store_true", help="advertise this peer on the LAN through mDNS")
     p.add_argument("--ready-file", metavar="PATH", help="write a JSON line here once joined (for launchers)")
+    t = p.add_argument_group("training job (only on the peer that starts the swarm; joiners adopt it)")
+    t.add_argument("--steps", type=int, help="define the swarm's job: train this many steps")
+    t.add_argument("--peers", type=int, default=1, help="ready peers to wait for before training (default 1)")
+    t.add_argument("--model", default="transformer", metavar="SPEC",
+                   help="'transformer' (built in) or package.module:function returning a list of layers; on a "
+                   "joiner it names the user model this peer agrees to run")
+    t.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="argument of the model (transformer: dim, depth, heads, mlp_ratio, vocab, seed); repeatable")
+    t.add_argument("--seq-len", type=int, default=32)
+    t.add_argument("--micro-batch-size", type=int, default=4)
+    t.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step")
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    t.add_argument("--seed", type=int, default=0, help="seed of the data order and the model init")
+    t.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
+    t.add_argument("--recv-timeout", type=float, default=60.0, metavar="S",
+                   help="deadline of every activation/gradient receive (default %(default)s)")
+    t.add_argument("--dump-grads", metavar="DIR", help="save this stage's gradients of --dump-step to DIR (testing)")
+    t.add_argument("--dump-step", type=int, default=0)
     p.add_argument("-v", "--verbose", action="count", default=0)
     p.add_argument("--version", action="version", version=f"spantrain-peer {__version__}")
     return p
+
+
+def _model_args(pairs: list[str]) -> dict:
+    out = {}
+    for kv in pairs:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--model-arg wants KEY=VALUE, not {kv!r}")
+        for conv in (int, float):
+            try:
+                out[k] = conv(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return out
+
+
+def _train_options(a: argparse.Namespace):
+    from .train.job import BUILTIN, JobSpec
+    from .train.worker import TrainOptions
+
+    allowed = (a.model,) if a.model != BUILTIN else ()
+    job = None
+    if a.steps is not None:
+        if a.join and a.join != ["auto"]:
+            raise ValueError("--steps defines the swarm's job: give it to the peer that starts the swarm, not a joiner")
+        job = JobSpec(model=a.model, model_args=_model_args(a.model_arg), seq_len=a.seq_len,
+                      micro_batch_size=a.micro_batch_size, num_micro_batches=a.micro_batches, steps=a.steps,
+                      seed=a.seed, lr=a.lr, optimizer=a.optimizer, schedule=a.schedule, peers=a.peers,
+                      recv_timeout_s=a.recv_timeout)
+    return TrainOptions(job=job, allowed_models=allowed, dump_grads_dir=a.dump_grads, dump_step=a.dump_step)
 
 
 def _config_from_args(a: argparse.Namespace):
@@ -79,14 +131,19 @@ def _config_from_args(a: argparse.Namespace):
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns)
 
 
-async def _run_peer(config, ready_file: Optional[str]) -> int:
+async def _run_peer(config, ready_file: Optional[str], train_options=None) -> int:
     from .peer import Peer
+    from .train.worker import Trainer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Peer(config) as peer:
+    peer = Peer(config)
+    trainer = Trainer(peer, train_options) if train_options is not None else None
+    async with peer:
+        if trainer is not None:
+            peer.spawn(trainer.run(), "trainer")
         print(f"swarm address: {peer.address}", flush=True)
         if not config.join:
             print(f"others join with: spantrain-peer --join {peer.address}", flush=True)
@@ -96,7 +153,20 @@ async def _run_peer(config, ready_file: Optional[str]) -> int:
                 json.dump({"peer_id": peer.peer_id, "address": peer.address, "maddrs": peer.maddrs,
                            "data_url": peer.dataplane.url, "pid": os.getpid(), "name": config.name}, f)
             os.replace(tmp, ready_file)
-        await stop.wait()
+        waits = [asyncio.create_task(stop.wait())]
+        if trainer is not None:
+            waits.append(asyncio.create_task(trainer.finished.wait()))
+        while not stop.is_set():
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if trainer is not None and trainer.refused:
+                print(f"spantrain-peer: error: refusing to join this run: {trainer.refused}", file=sys.stderr, flush=True)
+                for w in waits:
+                    w.cancel()
+                return 3
+            if trainer is not None and trainer.finished.is_set():
+                waits = [w for w in waits if not w.done()]
+        for w in waits:
+            w.cancel()
         log.info("stopping: leaving the swarm")
     return 0
 
@@ -109,7 +179,7 @@ def peer_main(argv: Optional[list[str]] = None) -> int:
 
     try:
         config = _config_from_args(args)
-        return asyncio.run(_run_peer(config, args.ready_file))
+        return asyncio.run(_run_peer(config, args.ready_file, _train_options(args)))
     except (PeerError, ScenarioError, ValueError) as e:
         print(f"spantrain-peer: error: {e}", file=sys.stderr, flush=True)
         return 1

@@ -80,6 +80,8 @@ class Peer:
         self._view: dict[str, PeerRecord] = {}
         self._on_bad = membership.BadRecordLog()
         self._view_changed = asyncio.Event()
+        self.status_extras: dict[str, Any] = {}
+        self._before_serving: list = []  # callables(peer) run once the data plane exists, before it serves  # name -> callable returning JSON, merged into /status
 
     # ---- public surface -------------------------------------------------------------------
     @property
@@ -127,6 +129,14 @@ class Peer:
             self.state = state
             await self._announce()
 
+    def before_serving(self, hook) -> None:
+        """Registers ``hook(peer)``, run at start once the data plane exists (to add handlers and routes)."""
+        self._before_serving.append(hook)
+
+    def data_url_of(self, peer_id: str) -> Optional[str]:
+        rec = self._view.get(peer_id)
+        return rec.data_url if rec is not None and rec.alive else None
+
     def spawn(self, coro, name: str) -> asyncio.Task:
         """Starts a task the peer owns: cancelled on close, and its crash is logged."""
         task = asyncio.create_task(coro, name=name)
@@ -148,6 +158,7 @@ class Peer:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "members": [{"peer_id": r.peer_id, "name": r.name, "state": r.state} for r in members],
             "member_count": len(members),
+            **{k: fn() for k, fn in self.status_extras.items()},
         }
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -178,6 +189,8 @@ class Peer:
             join = discovery.parse_join(join)
 
         self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes)
+        for hook in self._before_serving:
+            hook(self)
         try:
             await self.dataplane.start()
         except OSError as e:

@@ -22,6 +22,10 @@ Reply = Optional[tuple[dict, Sequence[bytes | memoryview]]]
 Handler = Callable[[dict, list[memoryview]], Awaitable[Reply]]
 
 
+class Retry(Exception):
+    """Raised by a handler that cannot take the message yet (e.g. it has no stage map): 503."""
+
+
 class RemoteError(RuntimeError):
     """The other peer refused a message; ``status`` is the HTTP code, the message its reason."""
 
@@ -41,12 +45,16 @@ class DataPlaneServer:
     ):
         self.host, self.port = host, port
         self.max_message_bytes = max_message_bytes
-        self._status = status
         self._handlers: dict[str, Handler] = {}
+        self._json_gets: dict[str, Callable[[], dict]] = {"/status": status}
         self._runner: Optional[web.AppRunner] = None
 
     def register(self, kind: str, handler: Handler) -> None:
         self._handlers[kind] = handler
+
+    def add_json_get(self, path: str, fn: Callable[[], dict]) -> None:
+        """Serves ``GET path`` with the JSON ``fn()`` returns (before start)."""
+        self._json_gets[path] = fn
 
     @property
     def url(self) -> str:
@@ -54,7 +62,8 @@ class DataPlaneServer:
 
     async def start(self) -> None:
         app = web.Application(client_max_size=self.max_message_bytes)
-        app.router.add_get("/status", self._get_status)
+        for path, fn in self._json_gets.items():
+            app.router.add_get(path, lambda request, fn=fn: self._get_json(fn))
         app.router.add_post("/msg/{kind}", self._post_msg)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -73,8 +82,8 @@ class DataPlaneServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _get_status(self, request: web.Request) -> web.Response:
-        return web.json_response(self._status())
+    async def _get_json(self, fn: Callable[[], dict]) -> web.Response:
+        return web.json_response(fn())
 
     async def _post_msg(self, request: web.Request) -> web.StreamResponse:
         kind = request.match_info["kind"]
@@ -98,6 +107,8 @@ class DataPlaneServer:
         except framing.FrameError as e:
             log.warning("rejected %s message: %s", kind, e)
             return web.Response(status=400, text=str(e))
+        except Retry as e:
+            return web.Response(status=503, text=str(e))
         if reply is None:
             return web.Response(status=204)
         chunks = framing.encode(*reply)
@@ -155,7 +166,7 @@ class DataPlaneClient:
                     raise RemoteError(413, f"reply is over our limit of {self.max_message_bytes} bytes")
             return framing.decode(data, self.max_message_bytes)
 
-    async def status(self, url: str, timeout: float = 5.0) -> dict:
-        async with self._get_session().get(f"{url}/status", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+    async def status(self, url: str, timeout: float = 5.0, path: str = "/status") -> dict:
+        async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()
             return json.loads(await resp.text())

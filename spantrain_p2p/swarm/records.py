@@ -14,7 +14,7 @@ import msgpack
 from .identity import Identity, peer_id_from_public_der, verify
 
 RECORD_SCHEMA = 1
-STATES = ("joining", "idle", "measuring", "training", "left")
+STATES = ("joining", "idle", "ready", "measuring", "training", "done", "failed", "left")
 MAX_RECORD_BYTES = 8 << 10
 MAX_KEY_BYTES = 2048
 MAX_SIG_BYTES = 1024
@@ -51,14 +51,39 @@ class PeerRecord:
         return d
 
 
+def sign_payload(payload: dict, identity: Identity, max_bytes: int = MAX_RECORD_BYTES) -> dict:
+    """A signed DHT value: msgpack body, the signer's public key, and a signature over the body."""
+    body = msgpack.packb(payload, use_bin_type=True)
+    if len(body) > max_bytes:
+        raise ValueError(f"signed payload is {len(body)} bytes, over the {max_bytes} limit")
+    return {"body": body, "key": identity.public_der, "sig": identity.sign(body)}
+
+
+def open_payload(value: Any, max_bytes: int = MAX_RECORD_BYTES) -> tuple[str, dict]:
+    """(signer peer id, payload) of an untrusted signed DHT value; BadRecord saying why not."""
+    if not isinstance(value, dict) or set(value) != {"body", "key", "sig"}:
+        raise BadRecord("not a signed peer record (want a map with body, key, sig)")
+    body, key, sig = value["body"], value["key"], value["sig"]
+    if not all(isinstance(x, bytes) for x in (body, key, sig)):
+        raise BadRecord("body, key and sig must be bytes")
+    if len(body) > max_bytes or len(key) > MAX_KEY_BYTES or len(sig) > MAX_SIG_BYTES:
+        raise BadRecord(f"record too large ({len(body)} + {len(key)} + {len(sig)} bytes)")
+    if not verify(key, body, sig):
+        raise BadRecord("bad signature")
+    try:
+        d = msgpack.unpackb(body, raw=False, strict_map_key=True, max_str_len=max_bytes)
+    except Exception as e:
+        raise BadRecord(f"body is not msgpack ({e.__class__.__name__})") from None
+    if not isinstance(d, dict):
+        raise BadRecord("body must be a map")
+    return peer_id_from_public_der(key), d
+
+
 def seal(record: PeerRecord, identity: Identity) -> dict:
-    """The DHT value for ``record``: msgpack body, the public key, and a signature over the body."""
+    """The DHT value for ``record``, signed by its own peer."""
     if record.peer_id != identity.peer_id:
         raise ValueError("a peer can only sign its own record")
-    body = msgpack.packb(record.to_dict(), use_bin_type=True)
-    if len(body) > MAX_RECORD_BYTES:
-        raise ValueError(f"peer record is {len(body)} bytes, over the {MAX_RECORD_BYTES} limit")
-    return {"body": body, "key": identity.public_der, "sig": identity.sign(body)}
+    return sign_payload(record.to_dict(), identity)
 
 
 def _str(d: Mapping, name: str, max_len: int = MAX_STR) -> str:
@@ -93,22 +118,7 @@ def _device(raw: Any) -> dict:
 
 def open_record(subkey: Any, value: Any) -> PeerRecord:
     """Validates an untrusted DHT entry (subkey, value) and returns its record."""
-    if not isinstance(value, dict) or set(value) != {"body", "key", "sig"}:
-        raise BadRecord("not a signed peer record (want a map with body, key, sig)")
-    body, key, sig = value["body"], value["key"], value["sig"]
-    if not all(isinstance(x, bytes) for x in (body, key, sig)):
-        raise BadRecord("body, key and sig must be bytes")
-    if len(body) > MAX_RECORD_BYTES or len(key) > MAX_KEY_BYTES or len(sig) > MAX_SIG_BYTES:
-        raise BadRecord(f"record too large ({len(body)} + {len(key)} + {len(sig)} bytes)")
-    if not verify(key, body, sig):
-        raise BadRecord("bad signature")
-    signer = peer_id_from_public_der(key)
-    try:
-        d = msgpack.unpackb(body, raw=False, strict_map_key=True, max_str_len=MAX_RECORD_BYTES)
-    except Exception as e:
-        raise BadRecord(f"body is not msgpack ({e.__class__.__name__})") from None
-    if not isinstance(d, dict):
-        raise BadRecord("body must be a map")
+    signer, d = open_payload(value)
     schema = d.get("schema")
     if schema != RECORD_SCHEMA:
         raise BadRecord(f"unknown record schema {schema!r} (this peer reads {RECORD_SCHEMA})")

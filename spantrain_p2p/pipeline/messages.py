@@ -1,0 +1,126 @@
+"""Tensor messages between pipeline stages: activations downstream, their gradients upstream.
+
+A message is one frame (see ``net.framing``): header ``{"v", "kind", "job", "epoch", "step",
+"mb", "src", "dtype", "shape"}`` and one raw buffer of the tensor's bytes. The receiver checks
+every field against what its stage map says it must get; anything else is a ``FrameError``.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..net.framing import FrameError, check_fields
+
+MESSAGE_VERSION = 1
+ACT, GRAD = "act", "grad"
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_NP = {"float32": np.float32, "float16": np.float16}
+MAX_DIMS = 8
+
+
+def encode_tensor(kind: str, job_id: str, epoch: int, step: int, mb: int, src: str,
+                  t: torch.Tensor) -> tuple[dict, list[memoryview]]:
+    t = t.detach().contiguous()
+    dtype = next((n for n, d in DTYPES.items() if d == t.dtype), None)
+    if dtype is None or dtype == "bfloat16":
+        raise ValueError(f"cannot send tensors of dtype {t.dtype}")
+    header = {"v": MESSAGE_VERSION, "kind": kind, "job": job_id, "epoch": epoch, "step": step, "mb": mb,
+              "src": src, "dtype": dtype, "shape": list(t.shape)}
+    return header, [memoryview(t.numpy()).cast("B")]
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a stage accepts for one kind of message under its current stage map."""
+
+    kind: str
+    job_id: str
+    epoch: int
+    src: frozenset[str]  # peers allowed to send it
+    shape: tuple[int, ...]
+    num_microbatches: int
+    dtype: str = "float32"
+
+
+def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps: tuple[int, int]) -> tuple[int, int, torch.Tensor]:
+    """(step, micro-batch, tensor) of a validated message; FrameError naming the first bad field."""
+    check_fields(header, {"v": int, "kind": str, "job": str, "epoch": int, "step": int, "mb": int,
+                          "src": str, "dtype": str, "shape": list})
+    if header["v"] != MESSAGE_VERSION:
+        raise FrameError(f"message version {header['v']}, this peer reads {MESSAGE_VERSION}")
+    if header["kind"] != expect.kind:
+        raise FrameError(f"message kind {header['kind']!r} sent to the {expect.kind!r} endpoint")
+    if header["job"] != expect.job_id:
+        raise FrameError(f"message for job {header['job'][:16]!r}, this peer runs {expect.job_id[:16]!r}")
+    if header["epoch"] != expect.epoch:
+        raise FrameError(f"message for stage-map epoch {header['epoch']}, this peer is at epoch {expect.epoch}")
+    if header["src"] not in expect.src:
+        raise FrameError(f"{expect.kind} from {header['src'][:16]}…, which is not a neighbour of this stage")
+    step, mb = header["step"], header["mb"]
+    if not steps[0] <= step <= steps[1]:
+        raise FrameError(f"message for step {step}, this stage accepts steps {steps[0]}..{steps[1]}")
+    if not 0 <= mb < expect.num_microbatches:
+        raise FrameError(f"micro-batch {mb} out of range 0..{expect.num_microbatches - 1}")
+    if header["dtype"] != expect.dtype:
+        raise FrameError(f"dtype {header['dtype']!r}, expected {expect.dtype!r}")
+    shape = header["shape"]
+    if len(shape) > MAX_DIMS or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise FrameError("shape must be a short list of ints")
+    if tuple(shape) != expect.shape:
+        raise FrameError(f"shape {shape}, expected {list(expect.shape)}")
+    if len(buffers) != 1:
+        raise FrameError(f"a tensor message carries 1 buffer, not {len(buffers)}")
+    want = math.prod(shape) * np.dtype(_NP[expect.dtype]).itemsize
+    if buffers[0].nbytes != want:
+        raise FrameError(f"tensor of {buffers[0].nbytes} bytes, shape {shape} {expect.dtype} needs {want}")
+    arr = np.frombuffer(buffers[0], dtype=_NP[expect.dtype]).reshape(shape).copy()  # own the memory
+    if not np.isfinite(arr).all():
+        raise FrameError("tensor holds NaN or infinite values")
+    return step, mb, torch.from_numpy(arr)
+
+
+class Inbox:
+    """Received tensors by (kind, step, micro-batch), awaited with deadlines; bounded."""
+
+    def __init__(self, max_pending: int):
+        self.max_pending = max_pending
+        self._slots: dict[tuple[str, int, int], asyncio.Future] = {}
+
+    def _slot(self, key) -> asyncio.Future:
+        fut = self._slots.get(key)
+        if fut is None:
+            fut = self._slots[key] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def put(self, key: tuple[str, int, int], tensor: torch.Tensor) -> None:
+        fut = self._slots.get(key)
+        if fut is None and len(self._slots) >= self.max_pending:
+            raise FrameError(f"inbox full ({self.max_pending} pending messages)")
+        fut = self._slot(key)
+        if fut.done():
+            raise FrameError(f"duplicate {key[0]} for step {key[1]} micro-batch {key[2]}")
+        fut.set_result(tensor)
+
+    async def get(self, key: tuple[str, int, int], timeout: float) -> torch.Tensor:
+        fut = self._slot(key)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no {key[0]} for step {key[1]} micro-batch {key[2]} within {timeout:.0f}s") from None
+        finally:
+            if fut.done():
+                self._slots.pop(key, None)
+
+    def drop_before(self, step: int) -> None:
+        for key in [k for k in self._slots if k[1] < step]:
+            fut = self._slots.pop(key)
+            if not fut.done():
+                fut.cancel()
+
+    def clear(self) -> None:
+        self.drop_before(2**62)

@@ -1,0 +1,112 @@
+"""The stage map: which peers run which layers, in which pipeline order, under which epoch.
+
+Until the planner exists, ``placeholder_map`` is the rule every peer computes the same way:
+layers split evenly over the ready peers in peer-id order, one peer per stage.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MAX_STAGES = 4096
+
+
+@dataclass(frozen=True)
+class Stage:
+    peers: tuple[str, ...]
+    layers: tuple[int, int]  # [first, last_exclusive)
+
+
+@dataclass(frozen=True)
+class StageMap:
+    epoch: int
+    job_id: str
+    stages: tuple[Stage, ...]
+    start_step: int = 0
+    names: tuple[tuple[str, str], ...] = ()  # (peer id, human name) for display
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def stage_of(self, peer_id: str) -> Optional[int]:
+        for i, s in enumerate(self.stages):
+            if peer_id in s.peers:
+                return i
+        return None
+
+    def name_of(self, peer_id: str) -> str:
+        return dict(self.names).get(peer_id) or peer_id[:12]
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "job_id": self.job_id, "start_step": self.start_step,
+                "stages": [{"peers": list(s.peers), "layers": list(s.layers)} for s in self.stages],
+                "names": [list(x) for x in self.names]}
+
+    def summary(self) -> dict:
+        """The contract form of the run summary: peers by name, layer ranges."""
+        return {"epoch": self.epoch,
+                "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers)} for s in self.stages]}
+
+    @classmethod
+    def from_dict(cls, d: Any, num_layers: int) -> "StageMap":
+        """Validates an untrusted stage map against the job's layer count."""
+        if not isinstance(d, dict):
+            raise ValueError("stage map must be a map")
+        epoch, job_id, start = d.get("epoch"), d.get("job_id"), d.get("start_step", 0)
+        if not (isinstance(epoch, int) and not isinstance(epoch, bool) and 0 <= epoch < 2**62):
+            raise ValueError("stage map epoch must be a non-negative int")
+        if not isinstance(job_id, str) or len(job_id) > 128:
+            raise ValueError("stage map job_id must be a short string")
+        if not (isinstance(start, int) and not isinstance(start, bool) and 0 <= start < 2**62):
+            raise ValueError("stage map start_step must be a non-negative int")
+        raw = d.get("stages")
+        if not isinstance(raw, list) or not 0 < len(raw) <= MAX_STAGES:
+            raise ValueError("stage map needs 1 to 4096 stages")
+        stages, expect, seen = [], 0, set()
+        for i, s in enumerate(raw):
+            if not isinstance(s, dict):
+                raise ValueError(f"stage {i} must be a map")
+            peers, layers = s.get("peers"), s.get("layers")
+            if not isinstance(peers, list) or not peers or not all(isinstance(p, str) and len(p) <= 128 for p in peers):
+                raise ValueError(f"stage {i} needs a non-empty list of peer ids")
+            if seen & set(peers) or len(set(peers)) != len(peers):
+                raise ValueError(f"stage {i}: a peer appears in two places")
+            seen |= set(peers)
+            if not (isinstance(layers, list) and len(layers) == 2 and all(isinstance(x, int) for x in layers)):
+                raise ValueError(f"stage {i} layers must be [first, last_exclusive]")
+            if layers[0] != expect or layers[1] <= layers[0]:
+                raise ValueError(f"stage {i} layers {layers} do not continue from layer {expect}")
+            expect = layers[1]
+            stages.append(Stage(tuple(peers), (layers[0], layers[1])))
+        if expect != num_layers:
+            raise ValueError(f"stage map covers layers [0, {expect}) of a {num_layers}-layer model")
+        names = d.get("names", [])
+        if not isinstance(names, list) or len(names) > MAX_STAGES * 8 or not all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) and len(y) <= 128 for y in x) for x in names
+        ):
+            raise ValueError("stage map names must be [peer id, name] pairs")
+        return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names))
+
+
+def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """Contiguous layer ranges, as equal as possible, the larger ones first."""
+    if not 0 < num_stages <= num_layers:
+        raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages")
+    base, extra = divmod(num_layers, num_stages)
+    out, first = [], 0
+    for i in range(num_stages):
+        n = base + (1 if i < extra else 0)
+        out.append((first, first + n))
+        first += n
+    return out
+
+
+def placeholder_map(peer_ids: list[str], num_layers: int, job_id: str, epoch: int = 1,
+                    names: dict[str, str] | None = None, start_step: int = 0) -> StageMap:
+    """Layers split evenly over the peers in peer-id order (at most one stage per layer)."""
+    peers = sorted(peer_ids)[:num_layers]
+    ranges = even_split(num_layers, len(peers))
+    names = names or {}
+    return StageMap(epoch, job_id, tuple(Stage((p,), r) for p, r in zip(peers, ranges)), start_step,
+                    tuple((p, names.get(p, "")) for p in peers))

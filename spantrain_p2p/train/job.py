@@ -1,0 +1,182 @@
+"""The training job: what the swarm trains, defined by the peer that starts it, adopted by joiners.
+
+A ``JobSpec`` travels through the DHT, so ``from_dict`` treats it as untrusted. A joiner only
+takes part if it runs the same protocol, is allowed to load the model (the built-in transformer,
+or a user model the operator named on this peer with ``--model``: a job from the network never
+makes a peer import arbitrary code), and builds a model with the same fingerprint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import secrets
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping, Optional
+
+import torch
+from torch import nn
+
+from .. import PROTOCOL_VERSION, __version__
+from . import model as model_lib
+
+BUILTIN = "transformer"
+SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+OPTIMIZERS = ("adam", "sgd")
+
+
+class JobRefused(RuntimeError):
+    """This peer cannot take part in the swarm's job; the message says why."""
+
+
+def _scalar_args(d: Any) -> dict:
+    if not isinstance(d, dict) or len(d) > 32:
+        raise ValueError("model_args must be a map of at most 32 entries")
+    for k, v in d.items():
+        if not isinstance(k, str) or len(k) > 64:
+            raise ValueError("model_args keys must be short strings")
+        ok = isinstance(v, (bool, int, str)) or (isinstance(v, float) and math.isfinite(v))
+        if not ok or (isinstance(v, str) and len(v) > 256) or (isinstance(v, int) and abs(v) > 2**40):
+            raise ValueError(f"model_args[{k!r}] must be a bounded int, float, bool or short string")
+    return dict(d)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    model: str = BUILTIN  # "transformer" or "package.module:function"
+    model_args: Mapping[str, Any] = field(default_factory=dict)  # ModelConfig fields, or the function's kwargs
+    seq_len: int = 32
+    micro_batch_size: int = 4
+    num_micro_batches: int = 4
+    steps: int = 100
+    seed: int = 0  # data order; the built-in model's init seed comes from model_args (default: this)
+    lr: float = 3e-3
+    optimizer: str = "adam"
+    schedule: str = "gpipe"
+    peers: int = 1  # ready peers to wait for before the first stage map
+    recv_timeout_s: float = 60.0
+    protocol: int = PROTOCOL_VERSION
+    version: str = __version__
+    job_id: str = ""
+    fingerprint: str = ""
+
+    def __post_init__(self) -> None:
+        ints = {"seq_len": (1, 1 << 16), "micro_batch_size": (1, 4096), "num_micro_batches": (1, 4096),
+                "steps": (0, 10**8), "seed": (0, 2**32 - 1), "peers": (1, 100_000), "protocol": (0, 2**31)}
+        for name, (lo, hi) in ints.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"job field {name!r} must be an int in [{lo}, {hi}], not {v!r}")
+        for name, (lo, hi) in {"lr": (0.0, 10.0), "recv_timeout_s": (0.1, 3600.0)}.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v <= hi:
+                raise ValueError(f"job field {name!r} must be a number in ({lo}, {hi}], not {v!r}")
+        if not isinstance(self.model, str) or not 0 < len(self.model) <= 200:
+            raise ValueError("job field 'model' must be a short string")
+        if self.model != BUILTIN and self.model.count(":") != 1:
+            raise ValueError(f"model {self.model!r} must be {BUILTIN!r} or 'package.module:function'")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, not {self.schedule!r}")
+        for name in ("version", "job_id", "fingerprint"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or len(v) > 128:
+                raise ValueError(f"job field {name!r} must be a short string")
+        object.__setattr__(self, "model_args", _scalar_args(self.model_args))
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch_size * self.num_micro_batches
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["model_args"] = dict(self.model_args)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "JobSpec":
+        if not isinstance(d, dict):
+            raise ValueError("a job must be a map")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown job fields: {sorted(unknown)[:5]}")
+        return cls(**d)
+
+    def finalized(self) -> "JobSpec":
+        """This job with a fresh id and the model fingerprint filled in (done by the peer that starts it)."""
+        job = replace(self, job_id=self.job_id or secrets.token_hex(8))
+        return replace(job, fingerprint=ModelHandle(job).fingerprint())
+
+
+class ModelHandle:
+    """Builds the job's model, or a slice of it, and knows its shapes."""
+
+    def __init__(self, job: JobSpec):
+        self.job = job
+        self._num_layers: Optional[int] = None
+
+    def _config(self) -> model_lib.ModelConfig:
+        args = {"seed": self.job.seed, **self.job.model_args, "seq_len": self.job.seq_len}
+        return model_lib.ModelConfig.from_dict({**model_lib.ModelConfig().to_dict(), **args})
+
+    def _build_all(self) -> list[nn.Module]:
+        if self.job.model == BUILTIN:
+            return model_lib.build_layers(self._config())
+        return model_lib.load_user_model(self.job.model, **self.job.model_args)
+
+    def build(self, first: int, last_exclusive: int) -> list[nn.Module]:
+        if self.job.model == BUILTIN:
+            return model_lib.build_layer_range(self._config(), first, last_exclusive)
+        return self._build_all()[first:last_exclusive]
+
+    def meta_layers(self) -> list[nn.Module]:
+        with torch.device("meta"):
+            return self._build_all()
+
+    @property
+    def num_layers(self) -> int:
+        if self._num_layers is None:
+            self._num_layers = len(self.meta_layers())
+        return self._num_layers
+
+    def boundary_shapes(self) -> list[tuple[int, ...]]:
+        """shapes[i] = shape of the activation entering layer i (i >= 1) for one micro-batch; [0] = input."""
+        B, T = self.job.micro_batch_size, self.job.seq_len
+        layers = self.meta_layers()
+        x = torch.empty(B, T, dtype=torch.long, device="meta")
+        shapes = [tuple(x.shape)]
+        with torch.no_grad():
+            for layer in layers[:-1]:
+                x = layer(x)
+                if not isinstance(x, torch.Tensor):
+                    raise ValueError(f"layer {len(shapes) - 1} returned {type(x).__name__}, not a tensor")
+                shapes.append(tuple(x.shape))
+        return shapes
+
+    def fingerprint(self) -> str:
+        """Hash of the model spec and every parameter's name and shape, layer by layer."""
+        layers = self.meta_layers()
+        desc = [self.job.model, sorted(self.job.model_args.items()), self.job.seq_len,
+                [[(n, list(p.shape)) for n, p in layer.named_parameters()] for layer in layers]]
+        return hashlib.sha256(json.dumps(desc, default=str).encode()).hexdigest()[:32]
+
+
+def check_compatible(job: JobSpec, allowed_models: tuple[str, ...] = ()) -> ModelHandle:
+    """The model handle if this peer can run ``job``; JobRefused with the reason otherwise."""
+    if job.protocol != PROTOCOL_VERSION:
+        raise JobRefused(f"the swarm's job speaks protocol {job.protocol} (software {job.version}); this peer "
+                         f"speaks {PROTOCOL_VERSION} (software {__version__}): upgrade or downgrade to match")
+    if job.model != BUILTIN and job.model not in allowed_models:
+        raise JobRefused(f"the swarm trains user model {job.model!r}; this peer only runs models named with "
+                         f"--model (it has: {list(allowed_models) or 'none'})")
+    handle = ModelHandle(job)
+    try:
+        fp = handle.fingerprint()
+    except Exception as e:
+        raise JobRefused(f"cannot build model {job.model!r} of the swarm's job: {e}") from None
+    if job.fingerprint and fp != job.fingerprint:
+        raise JobRefused(f"model {job.model!r} built here differs from the swarm's (fingerprint {fp[:12]} vs "
+                         f"{job.fingerprint[:12]}): the peers run different code for it")
+    return handle

@@ -1,0 +1,36 @@
+"""Single-process training of a job: the reference the swarm's losses and gradients must match."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import data
+from .job import JobSpec, ModelHandle
+from .optim import make_optimizer
+
+
+def reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """(loss per step, {"<layer>.<param>": grad} after the backward of step ``grads_at``)."""
+    handle = ModelHandle(job)
+    layers = handle.build(0, handle.num_layers)
+    params = [p for layer in layers for p in layer.parameters()]
+    opt = make_optimizer(job, params)
+    losses, grads = [], {}
+    M = job.num_micro_batches
+    for step in range(steps):
+        total = 0.0
+        for mb in range(M):
+            x, y = data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len)
+            for layer in layers[:-1]:
+                x = layer(x)
+            loss = layers[-1](x, y)
+            (loss / M).backward()
+            total += float(loss.detach())
+        losses.append(total / M)
+        if step == grads_at:
+            grads = {f"{i}.{n}": p.grad.detach().clone() for i, layer in enumerate(layers)
+                     for n, p in layer.named_parameters() if p.grad is not None}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, grads

@@ -1,0 +1,296 @@
+"""A peer's part in training: adopt the job, agree on the stage map, run its stage step by step.
+
+There is no coordinator. The peer that starts the swarm publishes the job in the DHT; every peer
+checks it can run it and says so (state ``ready``). The stage map is computed by a rule every
+peer can evaluate (``plan.stagemap.placeholder_map``, until the planner exists) and published,
+signed, by the ready peer with the lowest id; every peer adopts the newest epoch it sees. Then
+each stage runs its schedule: activations and gradients go peer to peer over the data plane.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import aiohttp
+import torch
+
+from ..net.dataplane import RemoteError, Retry
+from ..net.framing import FrameError
+from ..pipeline import schedule as sched
+from ..pipeline.executor import StageExecutor, StepFailed
+from ..pipeline.messages import ACT, GRAD, Expect, Inbox, decode_tensor, encode_tensor
+from ..plan.stagemap import StageMap, placeholder_map
+from ..swarm.records import BadRecord, open_payload, sign_payload
+from . import data
+from .job import JobRefused, JobSpec, ModelHandle, check_compatible
+from .optim import make_optimizer
+
+log = logging.getLogger("spantrain.train")
+
+RECORD_TTL_S = 600.0
+MAX_MAP_BYTES = 256 << 10
+
+
+def job_key(swarm: str) -> str:
+    return f"spantrain/{swarm}/job"
+
+
+def stagemap_key(swarm: str) -> str:
+    return f"spantrain/{swarm}/stagemap"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    job: Optional[JobSpec] = None  # set on the peer that defines the swarm's job
+    allowed_models: tuple[str, ...] = ()  # user models this peer agrees to import (its --model)
+    dump_grads_dir: Optional[str] = None  # save this stage's gradients of step dump_step here
+    dump_step: int = 0
+    poll_s: float = 0.5
+
+
+class Trainer:
+    def __init__(self, peer, options: TrainOptions):
+        self.peer = peer
+        self.opts = options
+        self.job: Optional[JobSpec] = None
+        self.handle: Optional[ModelHandle] = None
+        self.smap: Optional[StageMap] = None
+        self.stage: Optional[int] = None
+        self.step = 0  # the step being run (or next to run)
+        self.steps_done = 0
+        self.losses: dict[int, float] = {}
+        self.step_times: list[tuple[int, float, float]] = []  # (step, start unix, end unix)
+        self.compute_s: list[float] = []
+        self.error: Optional[str] = None
+        self.refused: Optional[str] = None
+        self.inbox = Inbox(max_pending=64)
+        self._expect: dict[str, Expect] = {}
+        self._neighbours: dict[str, Optional[str]] = {ACT: None, GRAD: None}
+        self.finished = asyncio.Event()
+        peer.before_serving(self._install)
+
+    # ---- wiring -------------------------------------------------------------------------------------
+    def _install(self, peer) -> None:
+        peer.dataplane.register(ACT, self._on_tensor)
+        peer.dataplane.register(GRAD, self._on_tensor)
+        peer.dataplane.add_json_get("/report", self.report)
+        peer.status_extras["train"] = self.status
+
+    async def _on_tensor(self, header: dict, buffers) -> None:
+        kind, epoch = header.get("kind"), header.get("epoch")
+        if self.smap is None or (isinstance(epoch, int) and epoch > self.smap.epoch):
+            raise Retry("this peer has no stage map for that epoch yet")
+        if self.stage is None:
+            raise FrameError("this peer has no stage in the current stage map")
+        if not self._expect:
+            raise Retry("this peer is still setting up its stage")
+        expect = self._expect.get(kind) if isinstance(kind, str) else None
+        if expect is None:
+            raise FrameError(f"this peer's stage does not take {kind!r} messages")
+        step, mb, t = decode_tensor(header, buffers, expect, (self.step, self.step + 1))
+        self.inbox.put((kind, step, mb), t)
+        return None
+
+    # ---- what the outside sees -----------------------------------------------------------------------
+    def status(self) -> dict:
+        last = self.losses.get(max(self.losses)) if self.losses else None
+        return {"job": self.job.job_id if self.job else None, "stage": self.stage,
+                "num_stages": self.smap.num_stages if self.smap else None,
+                "epoch": self.smap.epoch if self.smap else None, "step": self.step,
+                "steps_done": self.steps_done, "steps_total": self.job.steps if self.job else None,
+                "loss": last, "error": self.error or self.refused}
+
+    def report(self) -> dict:
+        durations = [e - s for _, s, e in self.step_times]
+        return {"peer_id": self.peer.peer_id, "name": self.peer.config.name, "stage": self.stage,
+                "layers": list(self.smap.stages[self.stage].layers) if self.smap and self.stage is not None else None,
+                "plan": self.smap.summary() if self.smap else None, "job": self.job.to_dict() if self.job else None,
+                "steps_done": self.steps_done, "losses": [[s, l] for s, l in sorted(self.losses.items())],
+                "step_times": [list(x) for x in self.step_times],
+                "step_s_median": statistics.median(durations) if durations else None,
+                "compute_s_median": statistics.median(self.compute_s) if self.compute_s else None,
+                "error": self.error, "refused": self.refused}
+
+    # ---- the life of a trainer ----------------------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except JobRefused as e:
+            self.refused = str(e)
+            log.error("refusing to take part: %s", e)
+            await self.peer.set_state("failed")
+        except StepFailed as e:
+            self.error = str(e)
+            log.error("training stopped: %s", e)
+            await self.peer.set_state("failed")
+        finally:
+            self.finished.set()
+
+    async def _run(self) -> None:
+        self.job = await self._obtain_job()
+        self.handle = check_compatible(self.job, self.opts.allowed_models)
+        self.peer.spawn(self._refresh_job(), "refresh-job")
+        log.info("job %s: model %s (%d layers), %d steps of %d x %d samples, schedule %s", self.job.job_id,
+                 self.job.model, self.handle.num_layers, self.job.steps, self.job.num_micro_batches,
+                 self.job.micro_batch_size, self.job.schedule)
+        await self.peer.set_state("ready")
+        self.smap = await self._await_stage_map()
+        self.stage = self.smap.stage_of(self.peer.peer_id)
+        if self.stage is None:
+            log.info("not in stage map epoch %d: standing by as a spare", self.smap.epoch)
+            return
+        await self._train()
+
+    async def _obtain_job(self) -> JobSpec:
+        dht = self.peer.dht
+        if self.opts.job is not None:
+            job = self.opts.job if self.opts.job.fingerprint else self.opts.job.finalized()
+            await self._store(job_key(self.peer.config.swarm), "job", sign_payload(job.to_dict(), self.peer.identity))
+            return job
+        waited = 0.0
+        while True:
+            found = await dht.get(job_key(self.peer.config.swarm), latest=True)
+            entry = found.value.get("job") if found is not None and isinstance(found.value, dict) else None
+            if entry is not None:
+                try:
+                    _, payload = open_payload(entry.value)
+                    return JobSpec.from_dict(payload)
+                except (BadRecord, ValueError, TypeError) as e:
+                    raise JobRefused(f"the swarm's job record is invalid: {e}") from None
+            if waited == 0.0:
+                log.info("waiting for the swarm's job to appear in the DHT")
+            await asyncio.sleep(self.opts.poll_s)
+            waited += self.opts.poll_s
+
+    async def _store(self, key: str, subkey: str, value: dict) -> None:
+        from hivemind.utils import get_dht_time
+
+        await self.peer.dht.store(key, value, get_dht_time() + RECORD_TTL_S, subkey=subkey)
+
+    async def _refresh_job(self) -> None:
+        """Every peer keeps the job record alive, so it outlives the peer that published it."""
+        from hivemind.utils import get_dht_time
+
+        while True:
+            await asyncio.sleep(RECORD_TTL_S / 4)
+            found = await self.peer.dht.get(job_key(self.peer.config.swarm), latest=True)
+            if found is not None and isinstance(found.value, dict) and "job" in found.value:
+                await self.peer.dht.store(job_key(self.peer.config.swarm), found.value["job"].value,
+                                          get_dht_time() + RECORD_TTL_S, subkey="job")
+
+    async def _read_stage_maps(self) -> Optional[StageMap]:
+        found = await self.peer.dht.get(stagemap_key(self.peer.config.swarm), latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return None
+        best = None
+        members = {r.peer_id for r in self.peer.live_members()}
+        for sub, entry in found.value.items():
+            try:
+                signer, payload = open_payload(entry.value, MAX_MAP_BYTES)
+                smap = StageMap.from_dict(payload, self.handle.num_layers)
+            except (BadRecord, ValueError) as e:
+                log.warning("ignoring stage map %r: %s", sub, e)
+                continue
+            if smap.job_id != self.job.job_id or signer not in members | set(smap.stages[0].peers):
+                continue
+            if best is None or smap.epoch > best.epoch:
+                best = smap
+        return best
+
+    async def _await_stage_map(self) -> StageMap:
+        announced = False
+        while True:
+            smap = await self._read_stage_maps()
+            if smap is not None:
+                log.info("stage map epoch %d: %s", smap.epoch, " | ".join(
+                    f"{'+'.join(smap.name_of(p) for p in s.peers)} [{s.layers[0]},{s.layers[1]})" for s in smap.stages))
+                return smap
+            ready = [r for r in await self.peer.members() if r.state in ("ready", "training")]
+            if len(ready) >= self.job.peers and ready[0].peer_id == self.peer.peer_id:
+                smap = placeholder_map([r.peer_id for r in ready], self.handle.num_layers, self.job.job_id,
+                                       epoch=1, names={r.peer_id: r.name for r in ready})
+                await self._store(stagemap_key(self.peer.config.swarm), f"{smap.epoch:012d}",
+                                  sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
+                log.info("published stage map epoch %d for %d peers", smap.epoch, len(ready))
+            elif not announced:
+                log.info("waiting for a stage map (%d of %d peers ready)", len(ready), self.job.peers)
+                announced = True
+            await asyncio.sleep(self.opts.poll_s)
+
+    async def _train(self) -> None:
+        job, smap, k = self.job, self.smap, self.stage
+        first, last = smap.stages[k].layers
+        n = smap.num_stages
+        shapes = self.handle.boundary_shapes()
+        torch.manual_seed(job.seed)
+        layers = self.handle.build(first, last)
+        prev = smap.stages[k - 1].peers if k > 0 else ()
+        nxt = smap.stages[k + 1].peers if k < n - 1 else ()
+        self._neighbours = {ACT: nxt[0] if nxt else None, GRAD: prev[0] if prev else None}
+        self._expect = {}
+        if k > 0:
+            self._expect[ACT] = Expect(ACT, job.job_id, smap.epoch, frozenset(prev), shapes[first], job.num_micro_batches)
+        if k < n - 1:
+            self._expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt), shapes[last], job.num_micro_batches)
+        executor = StageExecutor(layers, k == 0, k == n - 1, job.num_micro_batches,
+                                 batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
+                                 recv=self._recv, send=self._send)
+        opt = make_optimizer(job, executor.params)
+        actions = [a for a in sched.schedule(job.schedule, n, job.num_micro_batches, k)]
+        await self.peer.set_state("training")
+        try:
+            for step in range(smap.start_step, job.steps):
+                self.step = step
+                t0 = time.time()
+                result = await executor.run_step(step, actions)
+                if self.opts.dump_grads_dir and step == self.opts.dump_step:
+                    self._dump_grads(layers, first, step)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                self.inbox.drop_before(step + 1)
+                t1 = time.time()
+                self.step_times.append((step, t0, t1))
+                self.compute_s.append(result.compute_s)
+                self.steps_done += 1
+                if result.losses:
+                    self.losses[step] = sum(result.losses) / len(result.losses)
+                    log.info("step %d: loss %.4f (%.2fs)", step, self.losses[step], t1 - t0)
+                self.step = step + 1
+        finally:
+            executor.close()
+        await self.peer.set_state("done")
+        log.info("training done: %d steps", self.steps_done)
+
+    def _dump_grads(self, layers, first: int, step: int) -> None:
+        os.makedirs(self.opts.dump_grads_dir, exist_ok=True)
+        grads = {f"{first + i}.{name}": p.grad.detach().clone() for i, layer in enumerate(layers)
+                 for name, p in layer.named_parameters() if p.grad is not None}
+        torch.save(grads, os.path.join(self.opts.dump_grads_dir, f"grads-step{step}-{self.peer.peer_id}.pt"))
+
+    async def _recv(self, kind: str, step: int, mb: int) -> torch.Tensor:
+        return await self.inbox.get((kind, step, mb), self.job.recv_timeout_s)
+
+    async def _send(self, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
+        dst = self._neighbours[kind]
+        header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.job.recv_timeout_s
+        while True:
+            url = self.peer.data_url_of(dst)
+            try:
+                if url is None:
+                    raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
+                await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()))
+                return
+            except RemoteError as e:
+                if e.status != 503 or loop.time() > deadline:
+                    raise StepFailed(f"{self.smap.name_of(dst)} refused {kind} step {step} mb {mb}: {e}") from None
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                if loop.time() > deadline:
+                    raise StepFailed(f"cannot send {kind} to {self.smap.name_of(dst)}: {e!r}") from None
+            await asyncio.sleep(0.2)

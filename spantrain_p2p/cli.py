@@ -58,7 +58,7 @@ def peer_parser() -> argparse.ArgumentParser:
     t.add_argument("--seq-len", type=int, default=32)
     t.add_argument("--micro-batch-size", type=int, default=4)
     t.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step")
-    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     t.add_argument("--seed", type=int, default=0, help="seed of the data order and the model init")
     t.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
@@ -207,6 +207,17 @@ def main_parser() -> argparse.ArgumentParser:
     sw.add_argument("--run-dir", default=None, help="where peer logs go (default: a new folder under runs/)")
     sw.add_argument("--heartbeat", type=float, default=2.0)
     sw.add_argument("--json", action="store_true", help="print one JSON summary on the last line of stdout")
+    sw.add_argument("--steps", type=int, default=None, help="train this many steps, then stop (default: only form)")
+    sw.add_argument("--model", default="transformer", metavar="SPEC",
+                    help="'transformer' or package.module:function returning a list of layers")
+    sw.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE")
+    sw.add_argument("--seq-len", type=int, default=32)
+    sw.add_argument("--micro-batch-size", type=int, default=4)
+    sw.add_argument("--micro-batches", type=int, default=4)
+    sw.add_argument("--lr", type=float, default=1e-3)
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
+    sw.add_argument("--recv-timeout", type=float, default=60.0)
     sw.add_argument("-v", "--verbose", action="count", default=0)
     return p
 

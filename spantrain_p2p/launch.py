@@ -71,8 +71,8 @@ class PeerProcess:
             time.sleep(0.1)
         return self.info
 
-    def status(self, timeout: float = 5.0) -> dict:
-        with urllib.request.urlopen(f"{self.info['data_url']}/status", timeout=timeout) as r:
+    def status(self, timeout: float = 5.0, path: str = "/status") -> dict:
+        with urllib.request.urlopen(f"{self.info['data_url']}{path}", timeout=timeout) as r:
             return json.loads(r.read())
 
     def alive(self) -> bool:
@@ -139,14 +139,15 @@ def wait_until(pred, timeout: float, interval: float = 0.25):
 
 
 def launch_scenario(scenario_path: str, run_dir: str, heartbeat: float = 2.0, swarm: Optional[str] = None,
-                    extra_args: tuple[str, ...] = ()) -> list[PeerProcess]:
-    """Starts one peer per scenario peer: the first one alone, then the rest joining it."""
+                    extra_args: tuple[str, ...] = (), first_args: tuple[str, ...] = ()) -> list[PeerProcess]:
+    """Starts one peer per scenario peer: the first one alone (with ``first_args``), the rest joining it."""
     from . import scenario as sc
 
     s = sc.load(scenario_path)
     swarm = swarm or f"{s.name}-{os.getpid()}-{int(time.time())}"
     common = ["--swarm", swarm, "--heartbeat", str(heartbeat), *extra_args]
     procs = [PeerProcess(p.name, ["--emulate", f"{scenario_path}:{p.name}", *common], run_dir) for p in s.peers]
+    procs[0].args += list(first_args)
     try:
         first = procs[0].start()
         first.wait_ready(60)
@@ -162,6 +163,88 @@ def launch_scenario(scenario_path: str, run_dir: str, heartbeat: float = 2.0, sw
     return procs
 
 
+def job_args(args, num_peers: int) -> tuple[list[str], list[str]]:
+    """(flags for the peer that defines the job, flags for every peer) from `spantrain swarm` options."""
+    first = ["--steps", str(args.steps), "--peers", str(num_peers), "--seed", str(args.seed),
+             "--micro-batches", str(args.micro_batches), "--micro-batch-size", str(args.micro_batch_size),
+             "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--schedule", args.schedule]
+    for kv in args.model_arg:
+        first += ["--model-arg", kv]
+    every = ["--model", args.model, "--recv-timeout", str(args.recv_timeout)]
+    return first, every
+
+
+def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
+    """The run summary from the peers' reports (see README: run summary)."""
+    staged = [r for r in reports if r.get("stage") is not None]
+    if not staged:
+        return {"steps": 0, "losses": [], "samples_per_s": 0.0, "tokens_per_s": 0.0, "step_s": None, "plan": None}
+    last = max(staged, key=lambda r: r["stage"])
+    losses = [l for _, l in last["losses"]]
+    ends: dict[int, float] = {}
+    starts: dict[int, float] = {}
+    for r in staged:
+        for step, t0, t1 in r["step_times"]:
+            ends[step] = max(ends.get(step, 0.0), t1)
+            starts[step] = min(starts.get(step, float("inf")), t0)
+    steps = sorted(ends)
+    intervals = [ends[b] - ends[a] for a, b in zip(steps, steps[1:])] or [ends[s] - starts[s] for s in steps]
+    wall = ends[steps[-1]] - starts[steps[0]] if steps else 0.0
+    sps = len(steps) * samples_per_step / wall if wall > 0 else 0.0
+    import statistics
+
+    return {"steps": len(steps), "losses": losses, "samples_per_s": round(sps, 3),
+            "tokens_per_s": round(sps * seq_len, 1), "step_s": round(statistics.median(intervals), 5) if intervals else None,
+            "wall_s": round(wall, 3), "plan": last["plan"],
+            "peers": [{"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
+                       "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
+                       "error": r["error"]} for r in reports]}
+
+
+def _progress(procs: list["PeerProcess"], total: int, t_start: float) -> tuple[Optional[str], bool, Optional[str]]:
+    """(progress line, finished, error) from the peers' /status."""
+    sts = []
+    for p in procs:
+        if not p.alive():
+            return None, False, f"peer {p.name} exited (code {p.proc.returncode}):\n{p.log_tail(8)}"
+        sts.append(p.status())
+    trains = [st.get("train") or {} for st in sts]
+    errors = [f"{p.name}: {t['error']}" for p, t in zip(procs, trains) if t.get("error")]
+    if errors:
+        return None, False, "; ".join(errors)
+    staged = [(st, t) for st, t in zip(sts, trains) if t.get("stage") is not None]
+    if not staged:
+        return "waiting for the stage map…", False, None
+    done = min(t["steps_done"] for _, t in staged)
+    loss = next((t["loss"] for _, t in staged if t["stage"] == t["num_stages"] - 1), None)
+    elapsed = time.monotonic() - t_start
+    rate = done / elapsed if elapsed > 0 and done else 0.0
+    eta = (total - done) / rate if rate else float("nan")
+    line = (f"step {done:>4}/{total}  loss {loss:.4f}  {rate:.2f} steps/s  ETA {eta:.0f}s" if loss is not None
+            else f"step {done:>4}/{total}")
+    finished = all(st["state"] == "done" for st, _ in staged)
+    return line, finished, None
+
+
+def train_and_report(procs: list["PeerProcess"], args, say) -> dict:
+    """Follows training until every stage is done; returns the run summary."""
+    t_start = time.monotonic()
+    last_line, last_print = "", 0.0
+    while True:
+        line, finished, error = _progress(procs, args.steps, t_start)
+        if error:
+            raise RuntimeError(f"training failed: {error}")
+        now = time.monotonic()
+        if line and line != last_line and (now - last_print > 1.0 or finished):
+            say(line)
+            last_line, last_print = line, now
+        if finished:
+            break
+        time.sleep(0.3)
+    reports = [p.status(path="/report") for p in procs]
+    return summarize(reports, args.micro_batches * args.micro_batch_size, args.seq_len)
+
+
 def swarm_command(args) -> int:
     from . import scenario as sc
 
@@ -175,7 +258,10 @@ def swarm_command(args) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1) or (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat)
+        training = args.steps is not None
+        first_args, every_args = job_args(args, len(s.peers)) if training else ([], [])
+        procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat, extra_args=tuple(every_args),
+                                first_args=tuple(first_args))
         n = len(procs)
         started = time.monotonic() - t0
 
@@ -192,7 +278,14 @@ def swarm_command(args) -> int:
             say(f"  {p.name:<10} {p.info['peer_id']:<48} {st['state']:<8} {p.info['data_url']}")
         say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm "
             f"{procs[0].status()['swarm']}")
-        if args.duration is None:
+        if training:
+            summary = train_and_report(procs, args, say)
+            summary["scenario"] = s.name
+            summary["run_dir"] = run_dir
+            if summary["losses"]:
+                say(f"trained {summary['steps']} steps: loss {summary['losses'][0]:.4f} -> {summary['losses'][-1]:.4f}, "
+                    f"{summary['samples_per_s']:.1f} samples/s, median step {summary['step_s']:.3f}s")
+        elif args.duration is None:
             say("Ctrl-C stops the swarm")
             while all(p.alive() for p in procs):
                 time.sleep(0.5)
@@ -200,9 +293,11 @@ def swarm_command(args) -> int:
             say(f"peer(s) {', '.join(dead)} exited; stopping the swarm")
         else:
             time.sleep(args.duration)
-        summary = {"scenario": s.name, "peers": [{"name": p.name, **{k: p.info[k] for k in ("peer_id", "address", "data_url")}}
-                                                 for p in procs],
-                   "formed_s": round(formed, 3), "members_seen": n, "run_dir": run_dir}
+        if not training:
+                summary = {"scenario": s.name,
+                       "peers": [{"name": p.name, **{k: p.info[k] for k in ("peer_id", "address", "data_url")}}
+                                 for p in procs],
+                       "formed_s": round(formed, 3), "members_seen": n, "run_dir": run_dir}
         code = 0
     except KeyboardInterrupt:
         say("stopping the swarm")

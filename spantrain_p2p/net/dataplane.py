@@ -63,7 +63,7 @@ class DataPlaneServer:
     async def start(self) -> None:
         app = web.Application(client_max_size=self.max_message_bytes)
         for path, fn in self._json_gets.items():
-            app.router.add_get(path, lambda request, fn=fn: self._get_json(fn))
+            app.router.add_get(path, self._json_handler(fn))
         app.router.add_post("/msg/{kind}", self._post_msg)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -82,8 +82,12 @@ class DataPlaneServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _get_json(self, fn: Callable[[], dict]) -> web.Response:
-        return web.json_response(fn())
+    @staticmethod
+    def _json_handler(fn: Callable[[], dict]):
+        async def handle(request: web.Request) -> web.Response:
+            return web.json_response(fn())
+
+        return handle
 
     async def _post_msg(self, request: web.Request) -> web.StreamResponse:
         kind = request.match_info["kind"]

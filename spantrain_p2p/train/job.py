@@ -50,7 +50,7 @@ class JobSpec:
     num_micro_batches: int = 4
     steps: int = 100
     seed: int = 0  # data order; the built-in model's init seed comes from model_args (default: this)
-    lr: float = 3e-3
+    lr: float = 1e-3
     optimizer: str = "adam"
     schedule: str = "gpipe"
     peers: int = 1  # ready peers to wait for before the first stage map

@@ -1,0 +1,76 @@
+import pytest
+
+from spantrain_p2p import PROTOCOL_VERSION
+from spantrain_p2p.plan.stagemap import StageMap, even_split, placeholder_map
+from spantrain_p2p.train.job import JobRefused, JobSpec, ModelHandle, check_compatible
+
+USER = "spantrain_p2p.train.example_user_model:tiny_mlp"
+
+
+def test_even_split_covers_all_layers_with_near_equal_stages():
+    assert even_split(6, 4) == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    assert even_split(5, 5) == [(i, i + 1) for i in range(5)]
+    with pytest.raises(ValueError):
+        even_split(3, 4)
+
+
+def test_placeholder_map_is_the_same_whatever_order_peers_are_listed_in():
+    a = placeholder_map(["c", "a", "b"], 6, "j")
+    b = placeholder_map(["b", "c", "a"], 6, "j")
+    assert a == b and [s.peers for s in a.stages] == [("a",), ("b",), ("c",)]
+    assert placeholder_map(list("abcdefgh"), 6, "j").num_stages == 6  # extra peers stand by
+
+
+@pytest.mark.parametrize("patch,reason", [
+    ({"epoch": -1}, "epoch"),
+    ({"stages": []}, "1 to 4096"),
+    ({"stages": [{"peers": ["a"], "layers": [0, 3]}, {"peers": ["b"], "layers": [4, 6]}]}, "do not continue"),
+    ({"stages": [{"peers": ["a"], "layers": [0, 3]}, {"peers": ["a"], "layers": [3, 6]}]}, "two places"),
+    ({"stages": [{"peers": ["a"], "layers": [0, 5]}]}, "covers layers"),
+    ({"stages": [{"peers": [], "layers": [0, 6]}]}, "non-empty"),
+    ({"names": [["a"]]}, "names"),
+])
+def test_an_invalid_stage_map_is_rejected(patch, reason):
+    d = placeholder_map(["a", "b"], 6, "j").to_dict()
+    d.update(patch)
+    with pytest.raises(ValueError, match=reason):
+        StageMap.from_dict(d, 6)
+
+
+def test_a_stage_map_round_trips():
+    m = placeholder_map(["a", "b", "c"], 6, "j", epoch=4, names={"a": "cloud-1"})
+    assert StageMap.from_dict(m.to_dict(), 6) == m
+    assert m.summary()["stages"][0] == {"peers": ["cloud-1"], "layers": [0, 2]}
+
+
+@pytest.mark.parametrize("patch,reason", [
+    ({"steps": -1}, "steps"), ({"lr": 0}, "lr"), ({"micro_batch_size": 10**6}, "micro_batch_size"),
+    ({"schedule": "pipedream"}, "schedule"), ({"model": "os.system"}, "package.module:function"),
+    ({"model_args": {"x": [1]}}, "model_args"), ({"bogus": 1}, "unknown job fields"),
+    ({"lr": float("nan")}, "lr"), ({"peers": True}, "peers"),
+])
+def test_an_invalid_job_from_the_network_is_rejected(patch, reason):
+    d = JobSpec().to_dict()
+    d.update(patch)
+    with pytest.raises(ValueError, match=reason):
+        JobSpec.from_dict(d)
+
+
+def test_a_job_round_trips_and_its_fingerprint_is_stable():
+    job = JobSpec(model_args={"dim": 32}).finalized()
+    again = JobSpec.from_dict(job.to_dict())
+    assert again == job and ModelHandle(again).fingerprint() == job.fingerprint
+    assert JobSpec(model_args={"dim": 16}).finalized().fingerprint != job.fingerprint
+
+
+def test_a_peer_refuses_a_job_it_cannot_run_and_says_why():
+    with pytest.raises(JobRefused, match=f"protocol {PROTOCOL_VERSION + 1}"):
+        check_compatible(JobSpec(protocol=PROTOCOL_VERSION + 1).finalized())
+    user_job = JobSpec(model=USER).finalized()
+    with pytest.raises(JobRefused, match="only runs models named with --model"):
+        check_compatible(user_job)
+    assert check_compatible(user_job, (USER,)).num_layers == 4
+    with pytest.raises(JobRefused, match="fingerprint"):
+        check_compatible(JobSpec(fingerprint="0" * 32))
+    with pytest.raises(JobRefused, match="cannot build"):
+        check_compatible(JobSpec(model="nosuchpkg.mod:fn", fingerprint="x"), ("nosuchpkg.mod:fn",))

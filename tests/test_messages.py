@@ -1,0 +1,73 @@
+import asyncio
+
+import pytest
+import torch
+
+from spantrain_p2p.net import framing
+from spantrain_p2p.net.framing import FrameError
+from spantrain_p2p.pipeline.messages import ACT, GRAD, Expect, Inbox, decode_tensor, encode_tensor
+
+EXPECT = Expect(ACT, "job1", 3, frozenset({"up"}), (2, 4, 8), num_microbatches=4)
+
+
+def wire(header, bufs):
+    """Encodes and decodes a frame, as the data plane does."""
+    frame = b"".join(bytes(c) for c in framing.encode(header, bufs))
+    return framing.decode(frame)
+
+
+def test_a_tensor_round_trips_exactly():
+    t = torch.randn(2, 4, 8)
+    step, mb, got = decode_tensor(*wire(*encode_tensor(ACT, "job1", 3, 7, 2, "up", t)), EXPECT, (7, 8))
+    assert (step, mb) == (7, 2) and torch.equal(got, t)
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"shape": [2, 4, 9]}, "shape"),
+    ({"dtype": "float16"}, "dtype"),
+    ({"epoch": 2}, "epoch 2"),
+    ({"job": "other"}, "job"),
+    ({"src": "stranger"}, "not a neighbour"),
+    ({"step": 9}, "step 9"),
+    ({"mb": 4}, "micro-batch 4"),
+    ({"kind": GRAD}, "kind"),
+    ({"v": 2}, "version"),
+    ({"step": "7"}, "'step'"),
+    ({"shape": [2, 4, True]}, "shape"),
+])
+def test_a_message_that_does_not_match_the_stage_map_is_rejected(change, reason):
+    header, bufs = encode_tensor(ACT, "job1", 3, 7, 2, "up", torch.zeros(2, 4, 8))
+    header.update(change)
+    with pytest.raises(FrameError, match=reason):
+        decode_tensor(*wire(header, bufs), EXPECT, (7, 8))
+
+
+def test_a_buffer_of_the_wrong_length_is_rejected():
+    header, _ = encode_tensor(ACT, "job1", 3, 7, 2, "up", torch.zeros(2, 4, 8))
+    with pytest.raises(FrameError, match="bytes"):
+        decode_tensor(*wire(header, [b"\0" * 100]), EXPECT, (7, 8))
+
+
+def test_non_finite_values_are_rejected():
+    t = torch.zeros(2, 4, 8)
+    t[0, 0, 0] = float("nan")
+    with pytest.raises(FrameError, match="NaN"):
+        decode_tensor(*wire(*encode_tensor(ACT, "job1", 3, 7, 2, "up", t)), EXPECT, (7, 8))
+
+
+async def test_inbox_delivers_early_and_late_arrivals_and_refuses_duplicates():
+    inbox = Inbox(2)
+    inbox.put((ACT, 0, 0), torch.ones(1))
+    assert torch.equal(await inbox.get((ACT, 0, 0), 1), torch.ones(1))
+    waiter = asyncio.create_task(inbox.get((ACT, 0, 1), 1))
+    await asyncio.sleep(0)
+    inbox.put((ACT, 0, 1), torch.zeros(1))
+    assert torch.equal(await waiter, torch.zeros(1))
+    inbox.put((ACT, 1, 0), torch.ones(1))
+    with pytest.raises(FrameError, match="duplicate"):
+        inbox.put((ACT, 1, 0), torch.ones(1))
+    inbox.put((ACT, 1, 1), torch.ones(1))
+    with pytest.raises(FrameError, match="inbox full"):
+        inbox.put((ACT, 1, 2), torch.ones(1))
+    with pytest.raises(TimeoutError, match="no act for step 5 micro-batch 0"):
+        await inbox.get((ACT, 5, 0), 0.05)

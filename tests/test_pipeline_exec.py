@@ -1,0 +1,88 @@
+"""The executor follows GPipe, 1F1B and ZB-H1 schedules in-process and matches single-process training."""
+import asyncio
+
+import pytest
+import torch
+
+from spantrain_p2p.pipeline import schedule as sched
+from spantrain_p2p.pipeline.executor import StageExecutor, StepFailed
+from spantrain_p2p.pipeline.messages import ACT, GRAD, Inbox
+from spantrain_p2p.plan.stagemap import even_split
+from spantrain_p2p.train import data
+from spantrain_p2p.train.job import JobSpec, ModelHandle
+from spantrain_p2p.train.optim import make_optimizer
+from spantrain_p2p.train.reference import reference_run
+
+JOB = JobSpec(model_args={"dim": 32, "depth": 4, "heads": 2}, seq_len=16, micro_batch_size=2, num_micro_batches=4,
+              steps=4, lr=1e-3)
+
+
+def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int = 0):
+    handle = ModelHandle(job)
+    ranges = even_split(handle.num_layers, num_stages)
+    inboxes = [Inbox(64) for _ in range(num_stages)]
+    execs = []
+    for k, (a, b) in enumerate(ranges):
+        async def recv(kind, step, mb, k=k):
+            return await inboxes[k].get((kind, step, mb), 10)
+
+        async def send(kind, step, mb, t, k=k):
+            dst = k + 1 if kind == ACT else k - 1
+            inboxes[dst].put((kind, step, mb), t.clone())
+
+        execs.append(StageExecutor(handle.build(a, b), k == 0, k == num_stages - 1, job.num_micro_batches,
+                                   lambda s, m: data.batch(job.seed, s, m, job.micro_batch_size, job.seq_len),
+                                   recv, send))
+    opts = [make_optimizer(job, e.params) for e in execs]
+    losses, grads = [], {}
+    for step in range(steps):
+        results = await asyncio.gather(*[e.run_step(step, sched.schedule(job.schedule, num_stages, job.num_micro_batches, k))
+                                         for k, e in enumerate(execs)])
+        losses.append(sum(results[-1].losses) / len(results[-1].losses))
+        if step == grads_at:
+            for (a, _), e in zip(ranges, execs):
+                for i, layer in enumerate(e.layers):
+                    for n, p in layer.named_parameters():
+                        grads[f"{a + i}.{n}"] = p.grad.clone()
+        for o in opts:
+            o.step()
+            o.zero_grad(set_to_none=True)
+    for e in execs:
+        e.close()
+    return losses, grads
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
+async def test_every_schedule_gives_the_single_process_gradients_and_losses(schedule):
+    from dataclasses import replace
+
+    job = replace(JOB, schedule=schedule)
+    ref_losses, ref_grads = reference_run(job, 4, grads_at=0)
+    losses, grads = await run_pipeline(job, 3, 4)
+    assert grads.keys() == ref_grads.keys()
+    worst = max(max_rel_err(grads[k], ref_grads[k]) for k in ref_grads)
+    assert worst < 1e-5, f"worst relative gradient error {worst:.2e}"
+    for got, want in zip(losses, ref_losses):
+        assert abs(got - want) <= 1e-4 * abs(want)
+
+
+async def test_a_receive_past_its_deadline_fails_the_step_and_leaves_no_gradient():
+    handle = ModelHandle(JOB)
+    inbox = Inbox(8)
+
+    async def recv(kind, step, mb):
+        return await inbox.get((kind, step, mb), 0.3)
+
+    async def send(kind, step, mb, t):
+        return None
+
+    ex = StageExecutor(handle.build(0, 3), True, False, 2,
+                       lambda s, m: data.batch(0, s, m, 2, JOB.seq_len), recv, send)
+    with pytest.raises(StepFailed, match="no grad for step 0 micro-batch 0 within"):
+        await ex.run_step(0, sched.schedule("gpipe", 2, 2, 0))
+    assert all(p.grad is None for p in ex.params)
+    ex.close()

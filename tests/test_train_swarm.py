@@ -1,0 +1,144 @@
+"""Training across real peer processes on loopback, checked against single-process training."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from spantrain_p2p.launch import wait_until
+from spantrain_p2p.train.job import JobSpec
+from spantrain_p2p.train.reference import reference_run
+
+USER = "spantrain_p2p.train.example_user_model:tiny_mlp"
+
+
+def rel(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def wait_done(procs, timeout):
+    def all_done():
+        for p in procs:
+            if not p.alive():
+                raise AssertionError(f"{p.name} exited:\n{p.log_tail()}")
+        sts = [p.status() for p in procs]
+        errors = [s["train"]["error"] for s in sts if s.get("train", {}).get("error")]
+        assert not errors, errors
+        return all(s["state"] == "done" for s in sts)
+    wait_until(all_done, timeout, interval=0.3)
+
+
+def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_path):
+    """1 peer defines the job, 3 join by hand: gradients after step 0 and 30 losses match the reference."""
+    swarm, steps, grads_dir = f"hand-{os.getpid()}", 30, str(tmp_path / "grads")
+    origin = peers("p0", "--swarm", swarm, "--steps", str(steps), "--peers", "4", "--dump-grads", grads_dir)
+    origin.wait_ready(60)
+    rest = [peers(f"p{i}", "--swarm", swarm, "--join", origin.info["address"], "--dump-grads", grads_dir)
+            for i in range(1, 4)]
+    for p in rest:
+        p.wait_ready(60)
+    everyone = [origin, *rest]
+    wait_done(everyone, 120)
+
+    reports = [p.status(path="/report") for p in everyone]
+    assert sorted(r["stage"] for r in reports) == [0, 1, 2, 3]
+    last = max(reports, key=lambda r: r["stage"])
+    losses = [l for _, l in last["losses"]]
+
+    ref_losses, ref_grads = reference_run(JobSpec(steps=steps), steps, grads_at=0)
+    assert len(losses) == steps
+    worst_loss = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+    assert worst_loss <= 1e-4, worst_loss
+
+    grads = {}
+    for f in glob.glob(os.path.join(grads_dir, "grads-step0-*.pt")):
+        grads.update(torch.load(f))
+    assert grads.keys() == ref_grads.keys()
+    worst_grad = max(rel(grads[k], ref_grads[k]) for k in ref_grads)
+    assert worst_grad <= 1e-5, worst_grad
+    print(f"\n4 peers by hand: worst gradient rel. error {worst_grad:.2e}, worst loss rel. error {worst_loss:.2e} "
+          f"over {steps} steps; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
+
+def test_a_user_model_trains_through_spantrain_swarm(tmp_path):
+    steps = 20
+    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
+                        "--steps", str(steps), "--model", USER, "--json", "--run-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == steps and len(summary["losses"]) == steps
+    assert summary["samples_per_s"] > 0 and summary["step_s"] > 0
+    stages = summary["plan"]["stages"]
+    assert [s["layers"] for s in stages] == [[0, 1], [1, 2], [2, 3], [3, 4]]  # tiny_mlp: 4 layers, 4 peers
+    assert sorted(p for s in stages for p in s["peers"]) == ["p0", "p1", "p2", "p3"]
+    ref, _ = reference_run(JobSpec(model=USER, steps=steps), steps)
+    assert max(abs(a - b) / b for a, b in zip(summary["losses"], ref)) <= 1e-4
+    assert summary["losses"][-1] < summary["losses"][0] - 0.5
+
+
+def test_a_joiner_refuses_a_job_it_may_not_run_and_the_others_carry_on(peers):
+    swarm = f"refuse-{os.getpid()}"
+    origin = peers("origin", "--swarm", swarm, "--steps", "5", "--peers", "2", "--model", USER)
+    origin.wait_ready(60)
+    stranger = peers("stranger", "--swarm", swarm, "--join", origin.info["address"])  # no --model: not allowed
+    assert stranger.proc.wait(60) == 3
+    log = open(stranger.log_file).read()
+    assert "refusing to join this run" in log and USER in log
+    ok = peers("ok", "--swarm", swarm, "--join", origin.info["address"], "--model", USER)
+    ok.wait_ready(60)
+    wait_done([origin, ok], 90)
+
+
+async def test_a_joiner_refuses_a_job_of_another_protocol_version(peers):
+    """An in-process peer publishes a job as a newer release would; a CLI joiner refuses it."""
+    import asyncio
+    from dataclasses import replace
+
+    from spantrain_p2p import PROTOCOL_VERSION
+    from spantrain_p2p.peer import Peer, PeerConfig
+    from spantrain_p2p.train.worker import Trainer, TrainOptions
+
+    job = replace(JobSpec(steps=3).finalized(), protocol=PROTOCOL_VERSION + 1, version="9.9.9")
+    swarm = f"proto-{os.getpid()}"
+    peer = Peer(PeerConfig(swarm=swarm, heartbeat_s=0.5))
+    trainer = Trainer(peer, TrainOptions(job=job))
+    async with peer:
+        task = peer.spawn(trainer.run(), "trainer")
+        joiner = peers("joiner", "--swarm", swarm, "--join", peer.address)
+        code = await asyncio.get_running_loop().run_in_executor(None, joiner.proc.wait, 60)
+        assert code == 3
+        log = open(joiner.log_file).read()
+        assert f"protocol {PROTOCOL_VERSION + 1}" in log and "9.9.9" in log
+
+
+def test_a_bad_tensor_message_is_rejected_with_its_reason_and_training_goes_on(peers):
+    import urllib.error
+    import urllib.request
+
+    from spantrain_p2p.net import framing
+    from spantrain_p2p.pipeline.messages import encode_tensor
+
+    swarm = f"bad-{os.getpid()}"
+    a = peers("a", "--swarm", swarm, "--steps", "100000", "--peers", "2")
+    a.wait_ready(60)
+    b = peers("b", "--swarm", swarm, "--join", a.info["address"])
+    b.wait_ready(60)
+    wait_until(lambda: all(p.status()["state"] == "training" for p in (a, b)), 60, interval=0.1)
+    stage1 = next(p for p in (a, b) if p.status()["train"]["stage"] == 1)
+    stage0 = a if stage1 is b else b
+    before = stage1.status()["train"]["steps_done"]
+    job = stage1.status()["train"]["job"]
+    step = stage1.status()["train"]["step"]
+    header, bufs = encode_tensor("act", job, 1, step, 0, stage0.info["peer_id"], torch.zeros(3, 3))  # wrong shape
+    body = b"".join(bytes(c) for c in framing.encode(header, bufs))
+    req = urllib.request.Request(f"{stage1.info['data_url']}/msg/act", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    reason = e.value.read().decode()
+    assert e.value.code == 400 and ("shape [3, 3]" in reason or "step" in reason), reason
+    wait_until(lambda: stage1.status()["train"]["steps_done"] >= before + 10, 60)  # training goes on
+    assert all(p.status()["train"]["error"] is None for p in (a, b))

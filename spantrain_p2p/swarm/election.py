@@ -1,0 +1,158 @@
+"""Electing the planner: a lease in the DHT with a term number.
+
+Each claim is a signed entry under ``spantrain/<swarm>/planner``, subkey = the term, holding
+``{term, peer_id, expires}``; the DHT entry expires with the lease. The leader is the holder of
+the highest unexpired term (for two claims of one term, the better-ranked candidate wins). The
+leader renews its lease; when it lapses, candidates claim term + 1 in rank order, each waiting
+its turn, so the best live candidate takes over and a stale leader's old term loses everywhere.
+
+The pure functions here decide; ``Election`` only reads and writes the DHT around them.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from .records import BadRecord, open_payload, sign_payload
+
+log = logging.getLogger("spantrain.election")
+
+
+@dataclass(frozen=True)
+class Lease:
+    term: int
+    peer_id: str
+    expires: float  # DHT time
+
+    def to_dict(self) -> dict:
+        return {"term": self.term, "peer_id": self.peer_id, "expires": self.expires}
+
+
+def rank(candidates: Iterable[str]) -> list[str]:
+    """Candidates in the order they may claim the lease: deterministic, the same on every peer."""
+    return sorted(set(candidates))
+
+
+def current_leader(leases: Iterable[Lease], now: float, candidates: Iterable[str]) -> Optional[Lease]:
+    """The valid lease: highest unexpired term; ties broken by candidate rank (then peer id)."""
+    order = {p: i for i, p in enumerate(rank(candidates))}
+    live = [l for l in leases if l.expires > now]
+    if not live:
+        return None
+    top = max(l.term for l in live)
+    return min((l for l in live if l.term == top), key=lambda l: (order.get(l.peer_id, len(order)), l.peer_id))
+
+
+def highest_term(leases: Iterable[Lease]) -> int:
+    return max((l.term for l in leases), default=0)
+
+
+def claim_delay(peer_id: str, candidates: Iterable[str], lapsed_at: float, now: float, slot_s: float) -> float:
+    """Seconds this peer still waits before claiming a lapsed lease (0: its turn has come)."""
+    order = rank(candidates)
+    if peer_id not in order:
+        return float("inf")
+    return max(0.0, lapsed_at + order.index(peer_id) * slot_s - now)
+
+
+def parse_leases(raw: Any, on_bad: Callable[[object, str], None]) -> list[Lease]:
+    """Valid leases from the raw DHT dictionary: signed by the peer they name, sane fields."""
+    out = []
+    if not isinstance(raw, dict):
+        return out
+    for sub, item in raw.items():
+        try:
+            signer, d = open_payload(getattr(item, "value", None))
+            term, pid, exp = d.get("term"), d.get("peer_id"), d.get("expires")
+            if not (isinstance(term, int) and not isinstance(term, bool) and 0 < term < 2**62):
+                raise BadRecord("lease term must be a positive int")
+            if pid != signer or not isinstance(exp, (int, float)):
+                raise BadRecord("lease must be signed by the peer it names")
+            if sub != f"{term:012d}":
+                raise BadRecord("lease stored under another term's subkey")
+            out.append(Lease(term, pid, float(exp)))
+        except BadRecord as e:
+            on_bad(sub, str(e))
+    return out
+
+
+def lease_key(swarm: str) -> str:
+    return f"spantrain/{swarm}/planner"
+
+
+class Election:
+    """Runs on every peer: keeps ``leader`` up to date, claims or renews the lease when it is its turn."""
+
+    def __init__(self, peer, lease_s: float = 6.0, candidates: Callable[[], list[str]] | None = None,
+                 on_change: Callable[[Optional[Lease], Optional[Lease]], Any] | None = None):
+        self.peer = peer
+        self.lease_s = lease_s
+        self.leader: Optional[Lease] = None
+        self.max_term_seen = 0
+        self._candidates = candidates or (lambda: [r.peer_id for r in peer.live_members()])
+        self._on_change = on_change
+        self._lapsed_at: Optional[float] = None
+        self._bad = set()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader is not None and self.leader.peer_id == self.peer.peer_id
+
+    def _log_bad(self, sub, reason):
+        if (sub, reason) not in self._bad:
+            self._bad.add((sub, reason))
+            log.warning("ignoring lease %r: %s", sub, reason)
+
+    async def _read(self) -> list[Lease]:
+        found = await self.peer.dht.get(lease_key(self.peer.config.swarm), latest=True)
+        return parse_leases(found.value if found is not None else None, self._log_bad)
+
+    async def _write(self, lease: Lease) -> None:
+        value = sign_payload(lease.to_dict(), self.peer.identity)
+        await self.peer.dht.store(lease_key(self.peer.config.swarm), value, lease.expires, subkey=f"{lease.term:012d}")
+
+    async def tick(self) -> Optional[Lease]:
+        """One round: read, then renew, claim or wait. Returns the leader as this peer sees it."""
+        from hivemind.utils import get_dht_time
+
+        leases = await self._read()
+        now = get_dht_time()
+        cands = self._candidates()
+        self.max_term_seen = max(self.max_term_seen, highest_term(leases))
+        leader = current_leader(leases, now, cands)
+        if leader is not None and leader.peer_id == self.peer.peer_id:
+            renewed = Lease(leader.term, leader.peer_id, now + self.lease_s)
+            await self._write(renewed)
+            leader = renewed
+        elif leader is None:
+            if self._lapsed_at is None:
+                self._lapsed_at = now
+            if claim_delay(self.peer.peer_id, cands, self._lapsed_at, now, self.lease_s / 3) == 0.0:
+                claim = Lease(self.max_term_seen + 1, self.peer.peer_id, now + self.lease_s)
+                await self._write(claim)
+                leases = await self._read()
+                leader = current_leader(leases + [claim], get_dht_time(), cands)
+                self.max_term_seen = max(self.max_term_seen, claim.term)
+        if leader is not None:
+            self._lapsed_at = None
+        if (leader and (leader.term, leader.peer_id)) != (self.leader and (self.leader.term, self.leader.peer_id)):
+            old, self.leader = self.leader, leader
+            if leader is not None:
+                who = "this peer" if leader.peer_id == self.peer.peer_id else leader.peer_id[:12] + "…"
+                log.info("planner of term %d: %s", leader.term, who)
+            if self._on_change is not None:
+                self._on_change(old, leader)
+        else:
+            self.leader = leader
+        return leader
+
+    async def run(self, interval_s: Optional[float] = None) -> None:
+        interval = interval_s or self.lease_s / 3
+        while True:
+            try:
+                await self.tick()
+            except Exception as e:
+                log.warning("election round failed: %s", e)
+            await asyncio.sleep(interval)

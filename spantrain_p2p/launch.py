@@ -170,7 +170,10 @@ def job_args(args, num_peers: int) -> tuple[list[str], list[str]]:
              "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--schedule", args.schedule]
     for kv in args.model_arg:
         first += ["--model-arg", kv]
+    first += ["--stages", str(args.stages), "--checkpoint-every", str(args.checkpoint_every)]
     every = ["--model", args.model, "--recv-timeout", str(args.recv_timeout)]
+    if args.dump_grads:
+        every += ["--dump-grads", args.dump_grads]
     return first, every
 
 
@@ -179,8 +182,16 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     staged = [r for r in reports if r.get("stage") is not None]
     if not staged:
         return {"steps": 0, "losses": [], "samples_per_s": 0.0, "tokens_per_s": 0.0, "step_s": None, "plan": None}
-    last = max(staged, key=lambda r: r["stage"])
-    losses = [l for _, l in last["losses"]]
+    last_stage = max(r["stage"] for r in staged)
+    sums: dict[int, list[float]] = {}
+    for r in staged:
+        if r["stage"] == last_stage:
+            for step, total, count in r["loss_sums"]:
+                acc = sums.setdefault(step, [0.0, 0])
+                acc[0] += total
+                acc[1] += count
+    losses = [sums[s][0] / sums[s][1] for s in sorted(sums)]
+    last = next(r for r in staged if r["stage"] == last_stage)
     ends: dict[int, float] = {}
     starts: dict[int, float] = {}
     for r in staged:

@@ -40,7 +40,23 @@ def test_an_invalid_stage_map_is_rejected(patch, reason):
 def test_a_stage_map_round_trips():
     m = placeholder_map(["a", "b", "c"], 6, "j", epoch=4, names={"a": "cloud-1"})
     assert StageMap.from_dict(m.to_dict(), 6) == m
-    assert m.summary()["stages"][0] == {"peers": ["cloud-1"], "layers": [0, 2]}
+    assert m.summary()["stages"][0] == {"peers": ["cloud-1"], "layers": [0, 2], "microbatch_share": {"cloud-1": 1.0}}
+
+
+def test_replicated_stages_deal_peers_in_order_and_share_micro_batches():
+    m = placeholder_map(list("edcba"), 6, "j", num_stages=2)
+    assert [s.peers for s in m.stages] == [("a", "b", "c"), ("d", "e")]
+    assert m.stages[0].assign(7) == ["a", "b", "c", "a", "b", "c", "a"]
+    assert StageMap.from_dict(m.to_dict(), 6) == m
+
+
+def test_micro_batches_follow_the_shares_and_are_spread_over_the_step():
+    from spantrain_p2p.plan.stagemap import assign_microbatches
+
+    got = assign_microbatches(["fast", "slow"], [3.0, 1.0], 8)
+    assert got.count("fast") == 6 and got.count("slow") == 2
+    assert got.index("slow") < 4  # not bunched at the end
+    assert assign_microbatches(["a", "b"], [1.0, 1.0], 1) == ["a"]
 
 
 @pytest.mark.parametrize("patch,reason", [

@@ -63,6 +63,26 @@ def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_pa
           f"over {steps} steps; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
 
+def test_replicated_stages_average_gradients_and_train_like_one_process(tmp_path):
+    """lan-4 as 2 stages of 2 data-parallel replicas: same gradients and losses as one process."""
+    steps, grads_dir = 20, str(tmp_path / "grads")
+    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
+                        "--steps", str(steps), "--stages", "2", "--micro-batches", "6", "--dump-grads", grads_dir,
+                        "--json", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    stages = summary["plan"]["stages"]
+    assert [len(s["peers"]) for s in stages] == [2, 2]
+    job = JobSpec(steps=steps, num_micro_batches=6)
+    ref_losses, ref_grads = reference_run(job, steps, grads_at=0)
+    assert max(abs(a - b) / b for a, b in zip(summary["losses"], ref_losses)) <= 1e-4
+    files = glob.glob(os.path.join(grads_dir, "grads-step0-*.pt"))
+    assert len(files) == 4
+    for f in files:  # every replica holds the full (summed) gradient of its stage
+        for k, g in torch.load(f).items():
+            assert rel(g, ref_grads[k]) <= 1e-5, k
+
+
 def test_a_user_model_trains_through_spantrain_swarm(tmp_path):
     steps = 20
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",

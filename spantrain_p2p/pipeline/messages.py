@@ -17,7 +17,7 @@ import torch
 from ..net.framing import FrameError, check_fields
 
 MESSAGE_VERSION = 1
-ACT, GRAD = "act", "grad"
+ACT, GRAD, GSUM = "act", "grad", "gsum"  # activations, their gradients, weight gradients to sum
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _NP = {"float32": np.float32, "float16": np.float16}
 MAX_DIMS = 8
@@ -43,8 +43,9 @@ class Expect:
     epoch: int
     src: frozenset[str]  # peers allowed to send it
     shape: tuple[int, ...]
-    num_microbatches: int
+    num_microbatches: int  # valid "mb" values: 0 .. num_microbatches - 1
     dtype: str = "float32"
+    shapes_by_mb: tuple[tuple[int, ...], ...] = ()  # when the shape depends on "mb" (e.g. one per layer)
 
 
 def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps: tuple[int, int]) -> tuple[int, int, torch.Tensor]:
@@ -71,8 +72,9 @@ def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps
     shape = header["shape"]
     if len(shape) > MAX_DIMS or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise FrameError("shape must be a short list of ints")
-    if tuple(shape) != expect.shape:
-        raise FrameError(f"shape {shape}, expected {list(expect.shape)}")
+    want_shape = expect.shapes_by_mb[mb] if expect.shapes_by_mb else expect.shape
+    if tuple(shape) != want_shape:
+        raise FrameError(f"shape {shape}, expected {list(want_shape)}")
     if len(buffers) != 1:
         raise FrameError(f"a tensor message carries 1 buffer, not {len(buffers)}")
     want = math.prod(shape) * np.dtype(_NP[expect.dtype]).itemsize

@@ -15,6 +15,37 @@ MAX_STAGES = 4096
 class Stage:
     peers: tuple[str, ...]
     layers: tuple[int, int]  # [first, last_exclusive)
+    shares: tuple[float, ...] = ()  # micro-batch share of each peer (empty: equal shares)
+
+    def share_of(self) -> dict[str, float]:
+        shares = self.shares or tuple(1.0 for _ in self.peers)
+        total = sum(shares)
+        return {p: s / total for p, s in zip(self.peers, shares)}
+
+    def assign(self, num_microbatches: int) -> list[str]:
+        """The peer that runs each micro-batch of this stage (see ``assign_microbatches``)."""
+        return assign_microbatches(list(self.peers), list(self.share_of().values()), num_microbatches)
+
+
+def assign_microbatches(peers: list[str], shares: list[float], num_microbatches: int) -> list[str]:
+    """Deterministic interleaved assignment: peer p gets about shares[p] * M micro-batches.
+
+    Quotas by largest remainder, then smooth weighted round-robin, so the micro-batches of a
+    faster peer are spread over the step instead of bunched at its end.
+    """
+    total = sum(shares)
+    raw = [s / total * num_microbatches for s in shares]
+    quota = [int(r) for r in raw]
+    for i in sorted(range(len(peers)), key=lambda i: (-(raw[i] - quota[i]), i))[: num_microbatches - sum(quota)]:
+        quota[i] += 1
+    out, given = [], [0] * len(peers)
+    for mb in range(num_microbatches):
+        # the peer furthest behind its quota, in proportion
+        i = min((i for i in range(len(peers)) if given[i] < quota[i]),
+                key=lambda i: ((given[i] + 0.5) / quota[i], i))
+        given[i] += 1
+        out.append(peers[i])
+    return out
 
 
 @dataclass(frozen=True)
@@ -40,13 +71,16 @@ class StageMap:
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "job_id": self.job_id, "start_step": self.start_step,
-                "stages": [{"peers": list(s.peers), "layers": list(s.layers)} for s in self.stages],
+                "stages": [{"peers": list(s.peers), "layers": list(s.layers), "shares": list(s.shares)}
+                           for s in self.stages],
                 "names": [list(x) for x in self.names]}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
         return {"epoch": self.epoch,
-                "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers)} for s in self.stages]}
+                "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers),
+                            "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()}}
+                           for s in self.stages]}
 
     @classmethod
     def from_dict(cls, d: Any, num_layers: int) -> "StageMap":
@@ -78,7 +112,12 @@ class StageMap:
             if layers[0] != expect or layers[1] <= layers[0]:
                 raise ValueError(f"stage {i} layers {layers} do not continue from layer {expect}")
             expect = layers[1]
-            stages.append(Stage(tuple(peers), (layers[0], layers[1])))
+            shares = s.get("shares", [])
+            if not isinstance(shares, list) or (shares and len(shares) != len(peers)) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9 for x in shares
+            ):
+                raise ValueError(f"stage {i} shares must be one positive number per peer")
+            stages.append(Stage(tuple(peers), (layers[0], layers[1]), tuple(float(x) for x in shares)))
         if expect != num_layers:
             raise ValueError(f"stage map covers layers [0, {expect}) of a {num_layers}-layer model")
         names = d.get("names", [])
@@ -103,10 +142,26 @@ def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
 
 
 def placeholder_map(peer_ids: list[str], num_layers: int, job_id: str, epoch: int = 1,
-                    names: dict[str, str] | None = None, start_step: int = 0) -> StageMap:
-    """Layers split evenly over the peers in peer-id order (at most one stage per layer)."""
-    peers = sorted(peer_ids)[:num_layers]
-    ranges = even_split(num_layers, len(peers))
+                    names: dict[str, str] | None = None, start_step: int = 0, num_stages: int = 0) -> StageMap:
+    """Layers split evenly over the peers in peer-id order.
+
+    ``num_stages`` 0: one peer per stage (at most one stage per layer; extra peers stand by).
+    Otherwise the peers are dealt into that many stages in order, the first stages getting one
+    more peer when they do not divide evenly: the peers of a stage are data-parallel replicas.
+    """
+    peers = sorted(peer_ids)
     names = names or {}
-    return StageMap(epoch, job_id, tuple(Stage((p,), r) for p, r in zip(peers, ranges)), start_step,
-                    tuple((p, names.get(p, "")) for p in peers))
+    if num_stages <= 0:
+        peers = peers[:num_layers]
+        groups = [(p,) for p in peers]
+    else:
+        n = min(num_stages, num_layers, len(peers))
+        base, extra = divmod(len(peers), n)
+        groups, i = [], 0
+        for k in range(n):
+            size = base + (1 if k < extra else 0)
+            groups.append(tuple(peers[i:i + size]))
+            i += size
+    ranges = even_split(num_layers, len(groups))
+    return StageMap(epoch, job_id, tuple(Stage(g, r) for g, r in zip(groups, ranges)), start_step,
+                    tuple((p, names.get(p, "")) for g in groups for p in g))

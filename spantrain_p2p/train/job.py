@@ -54,6 +54,8 @@ class JobSpec:
     optimizer: str = "adam"
     schedule: str = "gpipe"
     peers: int = 1  # ready peers to wait for before the first stage map
+    stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
+    checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
     recv_timeout_s: float = 60.0
     protocol: int = PROTOCOL_VERSION
     version: str = __version__
@@ -62,7 +64,8 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         ints = {"seq_len": (1, 1 << 16), "micro_batch_size": (1, 4096), "num_micro_batches": (1, 4096),
-                "steps": (0, 10**8), "seed": (0, 2**32 - 1), "peers": (1, 100_000), "protocol": (0, 2**31)}
+                "steps": (0, 10**8), "seed": (0, 2**32 - 1), "peers": (1, 100_000), "protocol": (0, 2**31),
+                "stages": (0, 100_000), "checkpoint_every": (0, 10**8)}
         for name, (lo, hi) in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:

@@ -23,7 +23,7 @@ from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError
 from ..pipeline import schedule as sched
 from ..pipeline.executor import StageExecutor, StepFailed
-from ..pipeline.messages import ACT, GRAD, Expect, Inbox, decode_tensor, encode_tensor
+from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap, placeholder_map
 from ..swarm.records import BadRecord, open_payload, sign_payload
 from . import data
@@ -50,6 +50,7 @@ class TrainOptions:
     allowed_models: tuple[str, ...] = ()  # user models this peer agrees to import (its --model)
     dump_grads_dir: Optional[str] = None  # save this stage's gradients of step dump_step here
     dump_step: int = 0
+    checkpoint_dir: Optional[str] = None  # where this peer writes its stage's checkpoints
     poll_s: float = 0.5
 
 
@@ -63,21 +64,23 @@ class Trainer:
         self.stage: Optional[int] = None
         self.step = 0  # the step being run (or next to run)
         self.steps_done = 0
-        self.losses: dict[int, float] = {}
+        self.losses: dict[int, float] = {}  # step -> mean loss of this peer's micro-batches (last stage)
+        self.loss_sums: dict[int, tuple[float, int]] = {}  # step -> (sum of micro-batch losses, count)
         self.step_times: list[tuple[int, float, float]] = []  # (step, start unix, end unix)
         self.compute_s: list[float] = []
         self.error: Optional[str] = None
         self.refused: Optional[str] = None
         self.inbox = Inbox(max_pending=64)
         self._expect: dict[str, Expect] = {}
-        self._neighbours: dict[str, Optional[str]] = {ACT: None, GRAD: None}
+        self._route: dict[str, list[str]] = {}  # kind -> destination peer of each micro-batch
+        self._replicas: tuple[str, ...] = ()  # peers of this stage (data-parallel replicas), self included
         self.finished = asyncio.Event()
         peer.before_serving(self._install)
 
     # ---- wiring -------------------------------------------------------------------------------------
     def _install(self, peer) -> None:
-        peer.dataplane.register(ACT, self._on_tensor)
-        peer.dataplane.register(GRAD, self._on_tensor)
+        for kind in (ACT, GRAD, GSUM):
+            peer.dataplane.register(kind, self._on_tensor)
         peer.dataplane.add_json_get("/report", self.report)
         peer.status_extras["train"] = self.status
 
@@ -93,7 +96,7 @@ class Trainer:
         if expect is None:
             raise FrameError(f"this peer's stage does not take {kind!r} messages")
         step, mb, t = decode_tensor(header, buffers, expect, (self.step, self.step + 1))
-        self.inbox.put((kind, step, mb), t)
+        self.inbox.put((f"{kind}/{header['src']}" if kind == GSUM else kind, step, mb), t)
         return None
 
     # ---- what the outside sees -----------------------------------------------------------------------
@@ -111,6 +114,7 @@ class Trainer:
                 "layers": list(self.smap.stages[self.stage].layers) if self.smap and self.stage is not None else None,
                 "plan": self.smap.summary() if self.smap else None, "job": self.job.to_dict() if self.job else None,
                 "steps_done": self.steps_done, "losses": [[s, l] for s, l in sorted(self.losses.items())],
+                "loss_sums": [[s, a, n] for s, (a, n) in sorted(self.loss_sums.items())],
                 "step_times": [list(x) for x in self.step_times],
                 "step_s_median": statistics.median(durations) if durations else None,
                 "compute_s_median": statistics.median(self.compute_s) if self.compute_s else None,
@@ -213,7 +217,7 @@ class Trainer:
             ready = [r for r in await self.peer.members() if r.state in ("ready", "training")]
             if len(ready) >= self.job.peers and ready[0].peer_id == self.peer.peer_id:
                 smap = placeholder_map([r.peer_id for r in ready], self.handle.num_layers, self.job.job_id,
-                                       epoch=1, names={r.peer_id: r.name for r in ready})
+                                       epoch=1, names={r.peer_id: r.name for r in ready}, num_stages=self.job.stages)
                 await self._store(stagemap_key(self.peer.config.swarm), f"{smap.epoch:012d}",
                                   sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
                 log.info("published stage map epoch %d for %d peers", smap.epoch, len(ready))
@@ -224,30 +228,40 @@ class Trainer:
 
     async def _train(self) -> None:
         job, smap, k = self.job, self.smap, self.stage
+        me = self.peer.peer_id
         first, last = smap.stages[k].layers
-        n = smap.num_stages
+        n, M = smap.num_stages, job.num_micro_batches
         shapes = self.handle.boundary_shapes()
-        torch.manual_seed(job.seed)
         layers = self.handle.build(first, last)
-        prev = smap.stages[k - 1].peers if k > 0 else ()
-        nxt = smap.stages[k + 1].peers if k < n - 1 else ()
-        self._neighbours = {ACT: nxt[0] if nxt else None, GRAD: prev[0] if prev else None}
-        self._expect = {}
-        if k > 0:
-            self._expect[ACT] = Expect(ACT, job.job_id, smap.epoch, frozenset(prev), shapes[first], job.num_micro_batches)
-        if k < n - 1:
-            self._expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt), shapes[last], job.num_micro_batches)
-        executor = StageExecutor(layers, k == 0, k == n - 1, job.num_micro_batches,
+        mine = [mb for mb, p in enumerate(smap.stages[k].assign(M)) if p == me]
+        prev = smap.stages[k - 1] if k > 0 else None
+        nxt = smap.stages[k + 1] if k < n - 1 else None
+        self._route = {ACT: nxt.assign(M) if nxt else [], GRAD: prev.assign(M) if prev else []}
+        self._replicas = smap.stages[k].peers
+        expect = {}
+        if prev:
+            expect[ACT] = Expect(ACT, job.job_id, smap.epoch, frozenset(prev.peers), shapes[first], M)
+        if nxt:
+            expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt.peers), shapes[last], M)
+        params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
+        if len(self._replicas) > 1:
+            expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(self._replicas) - {me}, (),
+                                  len(params), shapes_by_mb=tuple((p.numel(),) for p in params))
+        executor = StageExecutor(layers, k == 0, k == n - 1, M,
                                  batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
                                  recv=self._recv, send=self._send)
         opt = make_optimizer(job, executor.params)
-        actions = [a for a in sched.schedule(job.schedule, n, job.num_micro_batches, k)]
+        local = sched.schedule(job.schedule, n, len(mine), k) if mine else []
+        actions = [sched.Action(a.op, mine[a.mb]) for a in local]  # this peer's micro-batches, in order
+        self._expect = expect
         await self.peer.set_state("training")
         try:
             for step in range(smap.start_step, job.steps):
                 self.step = step
                 t0 = time.time()
                 result = await executor.run_step(step, actions)
+                if len(self._replicas) > 1:
+                    await self._sum_gradients(step, params)
                 if self.opts.dump_grads_dir and step == self.opts.dump_step:
                     self._dump_grads(layers, first, step)
                 opt.step()
@@ -258,13 +272,58 @@ class Trainer:
                 self.compute_s.append(result.compute_s)
                 self.steps_done += 1
                 if result.losses:
+                    self.loss_sums[step] = (sum(result.losses), len(result.losses))
                     self.losses[step] = sum(result.losses) / len(result.losses)
                     log.info("step %d: loss %.4f (%.2fs)", step, self.losses[step], t1 - t0)
                 self.step = step + 1
+                if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
+                    self._checkpoint(layers, opt, first, last)
         finally:
             executor.close()
         await self.peer.set_state("done")
         log.info("training done: %d steps", self.steps_done)
+
+    async def _sum_gradients(self, step: int, params: list[torch.nn.Parameter]) -> None:
+        """All-reduce (sum) of this stage's weight gradients among its replicas, layer by layer.
+
+        Every replica sends its gradients to the others and adds all of them up in peer-id order,
+        so every replica ends with bit-identical gradients and stays identical after the step.
+        """
+        me, others = self.peer.peer_id, [p for p in self._replicas if p != self.peer.peer_id]
+        local = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
+        sends = [asyncio.create_task(self._send_to(dst, GSUM, step, i, g)) for dst in others for i, g in enumerate(local)]
+        try:
+            for i, p in enumerate(params):
+                parts = {me: local[i]}
+                for src in others:
+                    parts[src] = await self.inbox.get((f"{GSUM}/{src}", step, i), self.job.recv_timeout_s)
+                total = torch.zeros(p.numel())
+                for src in sorted(parts):
+                    total += parts[src]
+                p.grad = total.view_as(p)
+            await asyncio.gather(*sends)
+        except BaseException as e:
+            for t in sends:
+                t.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+            for p in params:
+                p.grad = None
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise StepFailed(f"step {step}: gradient averaging with {len(others)} replica(s) failed: {e}") from e
+
+    def _checkpoint(self, layers, opt, first: int, last: int) -> None:
+        os.makedirs(self.opts.checkpoint_dir, exist_ok=True)
+        name = f"ckpt-{self.job.job_id}-layers{first}-{last}-step{self.step}.pt"
+        path = os.path.join(self.opts.checkpoint_dir, name)
+        torch.save({"job_id": self.job.job_id, "step": self.step, "layers": [first, last],
+                    "model": [layer.state_dict() for layer in layers], "optimizer": opt.state_dict()}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        old = sorted((f for f in os.listdir(self.opts.checkpoint_dir)
+                      if f.startswith(f"ckpt-{self.job.job_id}-layers{first}-{last}-")),
+                     key=lambda f: int(f.rsplit("step", 1)[1].split(".")[0]))
+        for f in old[:-2]:
+            os.remove(os.path.join(self.opts.checkpoint_dir, f))
 
     def _dump_grads(self, layers, first: int, step: int) -> None:
         os.makedirs(self.opts.dump_grads_dir, exist_ok=True)
@@ -276,7 +335,9 @@ class Trainer:
         return await self.inbox.get((kind, step, mb), self.job.recv_timeout_s)
 
     async def _send(self, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
-        dst = self._neighbours[kind]
+        await self._send_to(self._route[kind][mb], kind, step, mb, t)
+
+    async def _send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
         header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.job.recv_timeout_s

@@ -7,7 +7,8 @@ import torch
 from spantrain_p2p.pipeline import schedule as sched
 from spantrain_p2p.pipeline.executor import StageExecutor, StepFailed
 from spantrain_p2p.pipeline.messages import ACT, GRAD, Inbox
-from spantrain_p2p.plan.stagemap import even_split
+from spantrain_p2p.pipeline.peerplan import peer_actions
+from spantrain_p2p.plan.stagemap import assign_microbatches, even_split
 from spantrain_p2p.train import data
 from spantrain_p2p.train.job import JobSpec, ModelHandle
 from spantrain_p2p.train.optim import make_optimizer
@@ -21,37 +22,53 @@ def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int = 0):
+async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int = 0, widths=None, shares=None):
+    """In-process pipeline: stage k has widths[k] replicas; replicas sum their gradients each step."""
     handle = ModelHandle(job)
     ranges = even_split(handle.num_layers, num_stages)
-    inboxes = [Inbox(64) for _ in range(num_stages)]
-    execs = []
-    for k, (a, b) in enumerate(ranges):
-        async def recv(kind, step, mb, k=k):
-            return await inboxes[k].get((kind, step, mb), 10)
+    widths = widths or [1] * num_stages
+    M = job.num_micro_batches
+    assigns = [assign_microbatches([f"{k}.{i}" for i in range(w)], (shares or [1.0] * w)[:w] if shares else [1.0] * w, M)
+               for k, w in enumerate(widths)]
+    plan = peer_actions(assigns, job.schedule)
+    inboxes = {key: Inbox(64) for key in plan}
+    execs = {}
+    for (k, peer) in plan:
+        a, b = ranges[k]
+
+        async def recv(kind, step, mb, key=(k, peer)):
+            return await inboxes[key].get((kind, step, mb), 10)
 
         async def send(kind, step, mb, t, k=k):
             dst = k + 1 if kind == ACT else k - 1
-            inboxes[dst].put((kind, step, mb), t.clone())
+            inboxes[(dst, assigns[dst][mb])].put((kind, step, mb), t.clone())
 
-        execs.append(StageExecutor(handle.build(a, b), k == 0, k == num_stages - 1, job.num_micro_batches,
-                                   lambda s, m: data.batch(job.seed, s, m, job.micro_batch_size, job.seq_len),
-                                   recv, send))
-    opts = [make_optimizer(job, e.params) for e in execs]
+        execs[(k, peer)] = StageExecutor(handle.build(a, b), k == 0, k == num_stages - 1, M,
+                                         lambda s, m: data.batch(job.seed, s, m, job.micro_batch_size, job.seq_len),
+                                         recv, send)
+    opts = {key: make_optimizer(job, e.params) for key, e in execs.items()}
     losses, grads = [], {}
     for step in range(steps):
-        results = await asyncio.gather(*[e.run_step(step, sched.schedule(job.schedule, num_stages, job.num_micro_batches, k))
-                                         for k, e in enumerate(execs)])
-        losses.append(sum(results[-1].losses) / len(results[-1].losses))
+        keys = list(execs)
+        results = await asyncio.gather(*[execs[key].run_step(step, plan[key]) for key in keys])
+        last = [r.losses for key, r in zip(keys, results) if key[0] == num_stages - 1]
+        losses.append(sum(sum(l) for l in last) / M)
+        for k in range(num_stages):  # the replicas' all-reduce, in peer order
+            reps = sorted(key for key in execs if key[0] == k)
+            for ps in zip(*[execs[key].params for key in reps]):
+                total = sum((p.grad if p.grad is not None else torch.zeros_like(p)) for p in ps)
+                for p in ps:
+                    p.grad = total.clone()
         if step == grads_at:
-            for (a, _), e in zip(ranges, execs):
+            for (k, peer), e in execs.items():
+                a = ranges[k][0]
                 for i, layer in enumerate(e.layers):
                     for n, p in layer.named_parameters():
                         grads[f"{a + i}.{n}"] = p.grad.clone()
-        for o in opts:
+        for o in opts.values():
             o.step()
             o.zero_grad(set_to_none=True)
-    for e in execs:
+    for e in execs.values():
         e.close()
     return losses, grads
 
@@ -64,6 +81,19 @@ async def test_every_schedule_gives_the_single_process_gradients_and_losses(sche
     ref_losses, ref_grads = reference_run(job, 4, grads_at=0)
     losses, grads = await run_pipeline(job, 3, 4)
     assert grads.keys() == ref_grads.keys()
+    worst = max(max_rel_err(grads[k], ref_grads[k]) for k in ref_grads)
+    assert worst < 1e-5, f"worst relative gradient error {worst:.2e}"
+    for got, want in zip(losses, ref_losses):
+        assert abs(got - want) <= 1e-4 * abs(want)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
+async def test_every_schedule_with_replicated_stages_gives_the_single_process_gradients(schedule):
+    from dataclasses import replace
+
+    job = replace(JOB, schedule=schedule, num_micro_batches=6)
+    ref_losses, ref_grads = reference_run(job, 3, grads_at=0)
+    losses, grads = await run_pipeline(job, 3, 3, widths=[2, 1, 3], shares=[3.0, 1.0, 2.0])
     worst = max(max_rel_err(grads[k], ref_grads[k]) for k in ref_grads)
     assert worst < 1e-5, f"worst relative gradient error {worst:.2e}"
     for got, want in zip(losses, ref_losses):

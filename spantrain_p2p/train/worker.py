@@ -23,6 +23,7 @@ from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError
 from ..pipeline import schedule as sched
 from ..pipeline.executor import StageExecutor, StepFailed
+from ..pipeline.peerplan import peer_actions
 from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap, placeholder_map
 from ..swarm.records import BadRecord, open_payload, sign_payload
@@ -233,7 +234,6 @@ class Trainer:
         n, M = smap.num_stages, job.num_micro_batches
         shapes = self.handle.boundary_shapes()
         layers = self.handle.build(first, last)
-        mine = [mb for mb, p in enumerate(smap.stages[k].assign(M)) if p == me]
         prev = smap.stages[k - 1] if k > 0 else None
         nxt = smap.stages[k + 1] if k < n - 1 else None
         self._route = {ACT: nxt.assign(M) if nxt else [], GRAD: prev.assign(M) if prev else []}
@@ -251,8 +251,8 @@ class Trainer:
                                  batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
                                  recv=self._recv, send=self._send)
         opt = make_optimizer(job, executor.params)
-        local = sched.schedule(job.schedule, n, len(mine), k) if mine else []
-        actions = [sched.Action(a.op, mine[a.mb]) for a in local]  # this peer's micro-batches, in order
+        assignments = [st.assign(M) for st in smap.stages]
+        actions = peer_actions(assignments, job.schedule).get((k, me), [])  # this peer's micro-batches, in order
         self._expect = expect
         await self.peer.set_state("training")
         try:

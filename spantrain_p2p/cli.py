@@ -64,6 +64,8 @@ def peer_parser() -> argparse.ArgumentParser:
     t.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
     t.add_argument("--recv-timeout", type=float, default=60.0, metavar="S",
                    help="deadline of every activation/gradient receive (default %(default)s)")
+    t.add_argument("--compression", default="none",
+                   help="activations/gradients between stages: none, fp16, int8, topk:R, adaptive (default none)")
     t.add_argument("--stages", type=int, default=0,
                    help="pipeline depth: 0 = one peer per stage; N = peers share N stages as data-parallel replicas")
     t.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps (0: never)")
@@ -104,7 +106,7 @@ def _train_options(a: argparse.Namespace):
         job = JobSpec(model=a.model, model_args=_model_args(a.model_arg), seq_len=a.seq_len,
                       micro_batch_size=a.micro_batch_size, num_micro_batches=a.micro_batches, steps=a.steps,
                       seed=a.seed, lr=a.lr, optimizer=a.optimizer, schedule=a.schedule, peers=a.peers,
-                      recv_timeout_s=a.recv_timeout, stages=a.stages, checkpoint_every=a.checkpoint_every)
+                      recv_timeout_s=a.recv_timeout, stages=a.stages, compression=a.compression, checkpoint_every=a.checkpoint_every)
     return TrainOptions(job=job, allowed_models=allowed, dump_grads_dir=a.dump_grads, dump_step=a.dump_step,
                         checkpoint_dir=a.checkpoint_dir)
 
@@ -224,6 +226,7 @@ def main_parser() -> argparse.ArgumentParser:
     sw.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
     sw.add_argument("--recv-timeout", type=float, default=60.0)
     sw.add_argument("--stages", type=int, default=0, help="pipeline depth (0: one peer per stage)")
+    sw.add_argument("--compression", default="none", help="none, fp16, int8, topk:R or adaptive")
     sw.add_argument("--checkpoint-every", type=int, default=0, metavar="K")
     sw.add_argument("--dump-grads", metavar="DIR", help="peers save their gradients of step 0 here (testing)")
     sw.add_argument("-v", "--verbose", action="count", default=0)

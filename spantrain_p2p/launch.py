@@ -170,7 +170,8 @@ def job_args(args, num_peers: int) -> tuple[list[str], list[str]]:
              "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--schedule", args.schedule]
     for kv in args.model_arg:
         first += ["--model-arg", kv]
-    first += ["--stages", str(args.stages), "--checkpoint-every", str(args.checkpoint_every)]
+    first += ["--stages", str(args.stages), "--checkpoint-every", str(args.checkpoint_every),
+              "--compression", args.compression]
     every = ["--model", args.model, "--recv-timeout", str(args.recv_timeout)]
     if args.dump_grads:
         every += ["--dump-grads", args.dump_grads]

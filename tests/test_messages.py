@@ -71,3 +71,19 @@ async def test_inbox_delivers_early_and_late_arrivals_and_refuses_duplicates():
         inbox.put((ACT, 1, 2), torch.ones(1))
     with pytest.raises(TimeoutError, match="no act for step 5 micro-batch 0"):
         await inbox.get((ACT, 5, 0), 0.05)
+
+
+@pytest.mark.parametrize("codec,tol", [("fp16", 1e-3), ("int8", 2e-2), ("topk:0.5", 1.0)])
+def test_compressed_tensors_decode_to_the_expected_shape(codec, tol):
+    t = torch.randn(2, 4, 8)
+    header, bufs = encode_tensor(ACT, "job1", 3, 7, 2, "up", t, codec)
+    assert header["comp"]["codec"] == codec.split(":")[0]
+    _, _, got = decode_tensor(*wire(header, bufs), EXPECT, (7, 8))
+    assert got.shape == t.shape and float((got - t).norm() / t.norm()) <= tol
+
+
+def test_a_hostile_compressed_tensor_is_rejected():
+    header, bufs = encode_tensor(ACT, "job1", 3, 7, 2, "up", torch.randn(2, 4, 8), "int8")
+    header["comp"] = {"codec": "int8", "block": 3}
+    with pytest.raises(FrameError, match="compressed tensor rejected"):
+        decode_tensor(*wire(header, bufs), EXPECT, (7, 8))

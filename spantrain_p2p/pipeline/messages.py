@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..compress import codecs
 from ..net.framing import FrameError, check_fields
 
 MESSAGE_VERSION = 1
@@ -23,15 +24,27 @@ _NP = {"float32": np.float32, "float16": np.float16}
 MAX_DIMS = 8
 
 
-def encode_tensor(kind: str, job_id: str, epoch: int, step: int, mb: int, src: str,
-                  t: torch.Tensor) -> tuple[dict, list[memoryview]]:
+def encode_tensor(kind: str, job_id: str, epoch: int, step: int, mb: int, src: str, t: torch.Tensor,
+                  codec: str = "none", feedback: Optional[codecs.ErrorFeedback] = None,
+                  slot: object = None) -> tuple[dict, list[memoryview]]:
+    """The message for ``t``; ``codec`` (a spec such as "int8" or "topk:0.05") compresses it, and
+    with ``feedback`` the part a lossy codec drops is carried over to the next tensor of ``slot``."""
     t = t.detach().contiguous()
     dtype = next((n for n, d in DTYPES.items() if d == t.dtype), None)
     if dtype is None or dtype == "bfloat16":
         raise ValueError(f"cannot send tensors of dtype {t.dtype}")
     header = {"v": MESSAGE_VERSION, "kind": kind, "job": job_id, "epoch": epoch, "step": step, "mb": mb,
               "src": src, "dtype": dtype, "shape": list(t.shape)}
-    return header, [memoryview(t.numpy()).cast("B")]
+    if codec == "none":
+        return header, [memoryview(t.numpy()).cast("B")]
+    name, params = codecs.parse_spec(codec)
+    if feedback is not None:
+        meta, bufs = feedback.encode(slot, name, t.float(), **params)
+    else:
+        meta, bufs = codecs.encode(name, t.float(), **params)
+    header["dtype"] = "float32"
+    header["comp"] = meta
+    return header, bufs
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,15 @@ def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps
     want_shape = expect.shapes_by_mb[mb] if expect.shapes_by_mb else expect.shape
     if tuple(shape) != want_shape:
         raise FrameError(f"shape {shape}, expected {list(want_shape)}")
+    comp = header.get("comp")
+    if comp is not None:
+        if not isinstance(comp, dict):
+            raise FrameError("'comp' must be a map")
+        try:
+            t = codecs.decode(comp, buffers, want_shape)
+        except codecs.CodecError as e:
+            raise FrameError(f"compressed tensor rejected: {e}") from None
+        return step, mb, t
     if len(buffers) != 1:
         raise FrameError(f"a tensor message carries 1 buffer, not {len(buffers)}")
     want = math.prod(shape) * np.dtype(_NP[expect.dtype]).itemsize

@@ -53,6 +53,7 @@ class JobSpec:
     lr: float = 1e-3
     optimizer: str = "adam"
     schedule: str = "gpipe"
+    compression: str = "none"  # none | fp16 | int8 | topk:R | adaptive (per link, see compress.adaptive)
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -82,6 +83,13 @@ class JobSpec:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, not {self.schedule!r}")
+        if self.compression != "adaptive":
+            from ..compress import codecs
+
+            try:
+                codecs.parse_spec(self.compression)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"compression {self.compression!r}: {e}") from None
         for name in ("version", "job_id", "fingerprint"):
             v = getattr(self, name)
             if not isinstance(v, str) or len(v) > 128:

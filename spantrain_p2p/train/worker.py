@@ -19,6 +19,9 @@ from typing import Any, Optional
 import aiohttp
 import torch
 
+from ..compress import codecs
+from ..compress.adaptive import AdaptivePolicy
+from ..net import framing
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError
 from ..pipeline import schedule as sched
@@ -76,6 +79,11 @@ class Trainer:
         self._route: dict[str, list[str]] = {}  # kind -> destination peer of each micro-batch
         self._replicas: tuple[str, ...] = ()  # peers of this stage (data-parallel replicas), self included
         self.finished = asyncio.Event()
+        self.wire_bytes: dict[int, dict[str, int]] = {}  # step -> destination peer -> bytes sent
+        self.codecs_used: dict[str, str] = {}  # "kind->destination name" -> last codec
+        self._policy = AdaptivePolicy()
+        self._feedback = codecs.ErrorFeedback()
+        self._mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
         peer.before_serving(self._install)
 
     # ---- wiring -------------------------------------------------------------------------------------
@@ -118,6 +126,9 @@ class Trainer:
                 "loss_sums": [[s, a, n] for s, (a, n) in sorted(self.loss_sums.items())],
                 "step_times": [list(x) for x in self.step_times],
                 "step_s_median": statistics.median(durations) if durations else None,
+                "wire_bytes": [[s, {self.smap.name_of(d): b for d, b in per.items()}]
+                               for s, per in sorted(self.wire_bytes.items())] if self.smap else [],
+                "codecs": dict(self.codecs_used),
                 "compute_s_median": statistics.median(self.compute_s) if self.compute_s else None,
                 "error": self.error, "refused": self.refused}
 
@@ -270,6 +281,9 @@ class Trainer:
                 t1 = time.time()
                 self.step_times.append((step, t0, t1))
                 self.compute_s.append(result.compute_s)
+                if actions:
+                    per_mb = result.compute_s / max(1, sum(a.op is sched.Op.F for a in actions))
+                    self._mb_compute_s = per_mb if self._mb_compute_s is None else 0.7 * self._mb_compute_s + 0.3 * per_mb
                 self.steps_done += 1
                 if result.losses:
                     self.loss_sums[step] = (sum(result.losses), len(result.losses))
@@ -337,9 +351,25 @@ class Trainer:
     async def _send(self, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
         await self._send_to(self._route[kind][mb], kind, step, mb, t)
 
+    def _codec_for(self, kind: str, dst: str, raw_bytes: int) -> str:
+        c = self.job.compression
+        if kind == GSUM or c == "none":
+            return "none"
+        if c != "adaptive":
+            return c
+        if self._policy.bandwidth(dst) is None or self._mb_compute_s is None:
+            return "none"  # nothing observed yet: the first transfers measure the link
+        return codecs.spec(*self._policy.decide(dst, raw_bytes, self._mb_compute_s, kind))
+
     async def _send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
-        header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t)
+        codec = self._codec_for(kind, dst, t.numel() * 4)
+        lossy_grad = kind == GRAD and codec.startswith("topk")
+        header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t, codec,
+                                     self._feedback if lossy_grad else None, (dst, mb))
+        self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
+        nbytes = sum(b.nbytes for b in bufs) + 256  # + header, about
         loop = asyncio.get_running_loop()
+        t0 = loop.time()
         deadline = loop.time() + self.job.recv_timeout_s
         while True:
             url = self.peer.data_url_of(dst)
@@ -347,6 +377,10 @@ class Trainer:
                 if url is None:
                     raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
                 await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()))
+                per = self.wire_bytes.setdefault(step, {})
+                per[dst] = per.get(dst, 0) + nbytes
+                if kind != GSUM:
+                    self._policy.observe(dst, nbytes, loop.time() - t0)
                 return
             except RemoteError as e:
                 if e.status != 503 or loop.time() > deadline:

@@ -1,0 +1,364 @@
+"""Network prober: RTT and bandwidth of links, measured over the data plane like any other traffic.
+
+Server side: register ``handle_probe`` for the message kind ``PROBE_KIND`` ("probe") on the peer's
+``DataPlaneServer``. It echoes small pings and swallows bulk payloads, answering with their size.
+
+Client side: ``probe_link(client, url, dst, emulator)`` measures one link:
+- RTT: the median of ``ping_count`` small ping round trips (after one unmeasured warm-up ping);
+- bandwidth: a timed bulk transfer, ``bytes / (transfer time − RTT)``; the size starts at
+  ``bulk_bytes`` and grows until one transfer takes at least ``min_bulk_s`` (aiming at ``target_s``),
+  so fast and slow links are both measured in well under a second or two;
+- everything runs under ``deadline_s``: a peer that fails, refuses or hangs gives a measurement with
+  status ``"unknown"`` (and the error) when the deadline fires, never a hang.
+With ``emulator`` (a ``LinkEmulator``), traffic goes through the emulated link to ``dst``; pass None
+once the data-plane client shapes its own traffic. The prober never reads a scenario.
+
+``sparse_probe_plan`` chooses which (src, dst) pairs to probe: the full mesh for small swarms, else
+every pair inside each candidate group plus a few samples across groups (about linear in N).
+``PassiveEstimator`` turns completed real transfers into a smoothed bytes/s per destination.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
+
+from . import framing
+from .dataplane import RemoteError
+from .emulator import send_shaped
+
+if TYPE_CHECKING:
+    from .dataplane import DataPlaneClient
+    from .emulator import LinkEmulator
+
+PROBE_KIND = "probe"
+PROBE_VERSION = 1
+MAX_PING_BYTES = 1024
+FULL_MESH_MAX_PEERS = 16
+MAX_RTT_MS = 600_000.0
+MAX_MBPS = 1e7
+
+
+# ---------------------------------------------------------------------------------------------
+# server side
+
+
+async def handle_probe(header: dict, buffers: list[memoryview]) -> tuple[dict, list]:
+    """Data-plane handler for ``PROBE_KIND``: ``{"op": "ping", "seq": n}`` is echoed with its (small)
+    payload; ``{"op": "bulk"}`` is answered with ``{"nbytes": received}`` only."""
+    framing.check_fields(header, {"v": int, "op": str})
+    if header["v"] != PROBE_VERSION:
+        raise framing.FrameError(f"probe version {header['v']} is not {PROBE_VERSION}")
+    size = sum(b.nbytes for b in buffers)
+    if header["op"] == "ping":
+        seq = header.get("seq")
+        if size > MAX_PING_BYTES:
+            raise framing.FrameError(f"a ping carries at most {MAX_PING_BYTES} bytes, not {size}")
+        if not isinstance(seq, int) or isinstance(seq, bool):
+            raise framing.FrameError("ping needs an int 'seq'")
+        return {"v": PROBE_VERSION, "op": "pong", "seq": seq}, [bytes(b) for b in buffers]
+    if header["op"] == "bulk":
+        return {"v": PROBE_VERSION, "op": "ack", "nbytes": size}, []
+    raise framing.FrameError(f"probe op must be 'ping' or 'bulk', not {header['op']!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# one link
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """What a probe of the link to ``dst`` found. ``status`` is "ok" when both RTT and bandwidth were
+    measured, else "unknown" with ``error`` saying why (whatever was measured before is kept)."""
+
+    dst: str
+    status: str
+    rtt_ms: Optional[float] = None
+    mbps: Optional[float] = None
+    error: str = ""
+    bulk_bytes: int = 0  # size of the transfer the bandwidth comes from
+    seconds: float = 0.0  # how long the probe took
+    version: int = PROBE_VERSION
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dst, str) or not 0 < len(self.dst) <= 256:
+            raise ValueError("link measurement dst must be a non-empty string of at most 256 chars")
+        if self.status not in ("ok", "unknown"):
+            raise ValueError(f"link measurement status must be 'ok' or 'unknown', not {self.status!r}")
+        for name, hi in (("rtt_ms", MAX_RTT_MS), ("mbps", MAX_MBPS)):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= hi):
+                raise ValueError(f"link measurement {name} must be None or in (0, {hi:g}], not {v!r}")
+        if self.status == "ok" and (self.rtt_ms is None or self.mbps is None):
+            raise ValueError("an 'ok' link measurement needs rtt_ms and mbps")
+        if not isinstance(self.error, str) or len(self.error) > 500:
+            raise ValueError("link measurement error must be a string of at most 500 chars")
+        if isinstance(self.bulk_bytes, bool) or not isinstance(self.bulk_bytes, int) or not 0 <= self.bulk_bytes <= 1 << 40:
+            raise ValueError(f"link measurement bulk_bytes must be an int >= 0, not {self.bulk_bytes!r}")
+        s = self.seconds
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= 86400:
+            raise ValueError(f"link measurement seconds must be in [0, 86400], not {s!r}")
+        if self.version != PROBE_VERSION:
+            raise ValueError(f"link measurement version {self.version!r} is not {PROBE_VERSION}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "dst": self.dst, "status": self.status, "rtt_ms": self.rtt_ms,
+                "mbps": self.mbps, "error": self.error, "bulk_bytes": self.bulk_bytes, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "LinkMeasurement":
+        """From untrusted data (the DHT): every field checked, else ValueError."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"link measurement must be a map, not {type(d).__name__}")
+        known = {"version", "dst", "status", "rtt_ms", "mbps", "error", "bulk_bytes", "seconds"}
+        unknown = [k for k in d if k not in known]
+        if unknown:
+            raise ValueError(f"link measurement has unknown fields {sorted(map(str, unknown))[:8]}")
+        if not {"version", "dst", "status"} <= set(d):
+            raise ValueError("link measurement needs version, dst and status")
+        return cls(**d)
+
+
+class _Probe:
+    """State of one probe, so that a deadline keeps what was measured before it fired."""
+
+    def __init__(self) -> None:
+        self.rtts: list[float] = []
+        self.mbps: Optional[float] = None
+        self.bulk_bytes = 0
+
+
+async def probe_link(
+    client: "DataPlaneClient",
+    url: str,
+    dst_name: str,
+    emulator: Optional["LinkEmulator"] = None,
+    ping_count: int = 7,
+    bulk_bytes: int = 64 << 10,
+    deadline_s: float = 10.0,
+    *,
+    min_bulk_s: float = 0.25,
+    target_s: float = 0.4,
+    max_bulk_bytes: int = 64 << 20,
+    clock: Callable[[], float] = time.perf_counter,
+) -> LinkMeasurement:
+    """Measures the link to ``dst_name`` (served at ``url``); see the module docstring."""
+    if ping_count < 1 or bulk_bytes < 1 or deadline_s <= 0 or max_bulk_bytes < bulk_bytes or not 0 < min_bulk_s <= target_s:
+        raise ValueError("probe_link: need ping_count >= 1, 0 < bulk_bytes <= max_bulk_bytes, deadline_s > 0, "
+                         "0 < min_bulk_s <= target_s")
+    link = emulator.link_for(dst_name) if emulator is not None else None
+    t0 = clock()
+    deadline = t0 + deadline_s
+    st = _Probe()
+
+    async def send(header: dict, buffers: Sequence[Any]) -> Any:
+        left = deadline - clock()
+        if left <= 0:
+            raise asyncio.TimeoutError()
+        return await send_shaped(client, link, url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left)
+
+    async def run() -> None:
+        for seq in range(ping_count + 1):  # the first one sets up the connection and is not counted
+            t = clock()
+            reply = await send({"op": "ping", "seq": seq}, [b"p" * 16])
+            dt = clock() - t
+            if not reply or reply[0].get("op") != "pong" or reply[0].get("seq") != seq:
+                raise ValueError(f"bad ping reply {reply[0] if reply else None!r}")
+            if seq:
+                st.rtts.append(dt)
+        rtt = statistics.median(st.rtts)
+        size, payload = bulk_bytes, bytearray()
+        last: Optional[tuple[int, float]] = None  # (size, transfer seconds) of the previous round
+        cap = max_bulk_bytes  # lowered if the peer refuses messages that big
+        while True:
+            if len(payload) < size:
+                payload = bytearray(size)
+            t = clock()
+            try:
+                reply = await send({"op": "bulk"}, [memoryview(payload)[:size]])
+            except RemoteError as e:
+                if e.status != 413 or last is None:
+                    raise
+                # the peer takes no message this big: halve the cap, down to the last size that went
+                cap = size // 2
+                if cap <= last[0]:
+                    if last[1] <= 0:
+                        raise
+                    st.mbps, st.bulk_bytes = last[0] * 8 / last[1] / 1e6, last[0]
+                    return
+                size = cap
+                continue
+            dt = clock() - t
+            if not reply or reply[0].get("nbytes") != size:
+                raise ValueError(f"bulk transfer of {size} bytes acknowledged as {reply[0] if reply else None!r}")
+            transfer = dt - rtt  # the bytes' own time on the link
+            if transfer >= min_bulk_s or size >= cap:
+                if transfer <= 0:
+                    raise ValueError(f"bulk transfer of {size} bytes took {dt * 1e3:.2f} ms, less than the RTT")
+                st.mbps, st.bulk_bytes = size * 8 / transfer / 1e6, size
+                return
+            last = (size, transfer)
+            grow = target_s / transfer if transfer > 1e-3 else 16.0
+            nxt = int(min(cap, size * min(16.0, max(2.0, grow))))
+            if clock() + dt * nxt / size > deadline:  # the next one would not make it: keep this one
+                st.mbps, st.bulk_bytes = size * 8 / max(transfer, 1e-6) / 1e6, size
+                return
+            size = nxt
+
+    error = ""
+    try:
+        await asyncio.wait_for(run(), max(0.0, deadline - clock()))
+    except asyncio.TimeoutError:
+        error = f"no answer within the {deadline_s:g} s probe deadline"
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # a refused, broken or misbehaving peer: the link is unknown, nothing more
+        error = f"{type(e).__name__}: {e}"[:500]
+    rtt_ms = statistics.median(st.rtts) * 1e3 if st.rtts else None
+    ok = not error and rtt_ms is not None and st.mbps is not None
+    return LinkMeasurement(
+        dst=dst_name, status="ok" if ok else "unknown", rtt_ms=rtt_ms if rtt_ms and rtt_ms > 0 else None,
+        mbps=st.mbps if st.mbps and math.isfinite(st.mbps) and 0 < st.mbps <= MAX_MBPS else None,
+        error=error, bulk_bytes=st.bulk_bytes, seconds=min(86400.0, clock() - t0),
+    )
+
+
+async def probe_links(
+    client: "DataPlaneClient",
+    targets: Iterable[tuple[str, str]],
+    emulator: Optional["LinkEmulator"] = None,
+    **kwargs: Any,
+) -> list[LinkMeasurement]:
+    """Probes ``(dst_name, url)`` targets one after the other (probes of one peer would otherwise
+    share its uplink and measure each other)."""
+    return [await probe_link(client, url, dst, emulator, **kwargs) for dst, url in targets]
+
+
+# ---------------------------------------------------------------------------------------------
+# which pairs to probe
+
+
+def _h(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def sparse_probe_plan(
+    peer_ids: Sequence[str],
+    candidate_groups: Sequence[Sequence[str]] = (),
+    samples_across: int = 2,
+    full_mesh_max: int = FULL_MESH_MAX_PEERS,
+) -> list[tuple[str, str]]:
+    """Directed (src, dst) pairs to probe; every peer computes the same plan from the same inputs.
+
+    Up to ``full_mesh_max`` peers: every ordered pair. Beyond: every ordered pair inside each
+    candidate group (peers in no group form groups of one), plus, for each peer, ``samples_across``
+    destinations in other groups (spread over different groups, picked by a hash of the pair, so
+    the choice is deterministic and varies from peer to peer). With groups of bounded size the
+    total grows linearly with N. Groups are not split: one huge group costs its size squared.
+    """
+    peers = sorted(set(peer_ids))
+    if len(peers) <= full_mesh_max:
+        return [(a, b) for a in peers for b in peers if a != b]
+    known = set(peers)
+    group_of: dict[str, int] = {}
+    groups: list[list[str]] = []
+    for g in sorted(sorted({p for p in g if p in known}) for g in candidate_groups):  # order-independent
+        members = [p for p in g if p not in group_of]
+        if members:
+            for p in members:
+                group_of[p] = len(groups)
+            groups.append(members)
+    for p in peers:
+        if p not in group_of:
+            group_of[p] = len(groups)
+            groups.append([p])
+    pairs: set[tuple[str, str]] = set()
+    for g in groups:
+        pairs.update((a, b) for a in g for b in g if a != b)
+    if len(groups) > 1 and samples_across > 0:
+        for p in peers:
+            mine = group_of[p]
+            others = sorted((gi for gi in range(len(groups)) if gi != mine), key=lambda gi: _h(p, groups[gi][0]))
+            for k in range(samples_across):
+                g = groups[others[k % len(others)]]
+                taken = {b for a, b in pairs if a == p}
+                choices = [q for q in g if q not in taken]
+                if choices:
+                    pairs.add((p, min(choices, key=lambda q: _h(p, q))))
+    return sorted(pairs)
+
+
+# ---------------------------------------------------------------------------------------------
+# passive estimate from real traffic
+
+
+class PassiveEstimator:
+    """Bytes/s of a link estimated from the real transfers that completed on it.
+
+    ``observe(dst, nbytes, seconds, latency_s)`` after each transfer (``seconds`` from its start to
+    its completion, ``latency_s`` the fixed part of it, e.g. the probed RTT). ``estimate(dst)`` is
+    Σw·bytes / Σw·seconds over the transfers of the last ``window_s`` seconds, each weighted by
+    ``exp(-age / tau_s)``: a bytes-weighted, exponentially smoothed rate. With traffic flowing, a 10×
+    drop shows as a 5× lower estimate about ``2.2 × tau_s`` later (2.2 s with the default; sooner
+    when the transfers themselves slow down a lot). Transfers smaller than ``min_bytes`` are ignored
+    (their time is mostly latency). None when nothing recent was seen.
+    """
+
+    def __init__(self, tau_s: float = 1.0, window_s: float = 10.0, min_bytes: int = 0,
+                 clock: Callable[[], float] = time.monotonic, max_samples: int = 1024):
+        if not (tau_s > 0 and window_s > 0 and min_bytes >= 0 and max_samples > 0):
+            raise ValueError("PassiveEstimator: need tau_s > 0, window_s > 0, min_bytes >= 0, max_samples > 0")
+        self.tau_s, self.window_s, self.min_bytes = tau_s, window_s, min_bytes
+        self.clock = clock
+        self.max_samples = max_samples
+        self._samples: dict[str, deque[tuple[float, int, float]]] = {}
+
+    def observe(self, dst: str, nbytes: int, seconds: float, latency_s: float = 0.0, now: Optional[float] = None) -> None:
+        """A transfer of ``nbytes`` to ``dst`` completed in ``seconds``. ``latency_s``: the part of
+        that time that is not the bytes' (e.g. the link's RTT for a send that waits for its reply);
+        a transfer that is mostly latency (bytes' time under a fifth of the total) says little about
+        bandwidth and is skipped."""
+        if nbytes < max(1, self.min_bytes) or not (math.isfinite(seconds) and seconds > 0):
+            return
+        if latency_s > 0:
+            if seconds - latency_s < 0.2 * seconds:
+                return
+            seconds -= latency_s
+        now = self.clock() if now is None else now
+        q = self._samples.setdefault(dst, deque(maxlen=self.max_samples))
+        q.append((now, int(nbytes), float(seconds)))
+        self._expire(q, now)
+
+    def _expire(self, q: deque, now: float) -> None:
+        while q and now - q[0][0] > self.window_s:
+            q.popleft()
+
+    def estimate(self, dst: str, now: Optional[float] = None) -> Optional[float]:
+        """Smoothed bytes/s to ``dst``, or None without recent transfers."""
+        q = self._samples.get(dst)
+        if not q:
+            return None
+        now = self.clock() if now is None else now
+        self._expire(q, now)
+        num = den = 0.0
+        for t, n, s in q:
+            w = math.exp(-max(0.0, now - t) / self.tau_s)
+            num += w * n
+            den += w * s
+        return num / den if den > 0 else None
+
+    def estimate_mbps(self, dst: str, now: Optional[float] = None) -> Optional[float]:
+        e = self.estimate(dst, now)
+        return None if e is None else e * 8 / 1e6
+
+    def destinations(self) -> list[str]:
+        return sorted(d for d, q in self._samples.items() if q)

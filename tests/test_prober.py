@@ -1,0 +1,242 @@
+import asyncio
+import socket
+import time
+
+import pytest
+
+from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
+from spantrain_p2p.net.emulator import LinkEmulator, send_shaped
+from spantrain_p2p.net.prober import (
+    PROBE_KIND, LinkMeasurement, PassiveEstimator, handle_probe, probe_link, sparse_probe_plan,
+)
+from spantrain_p2p.scenario import parse
+
+# three link classes, as in cee-3region (jitter kept where it does not blur a 10 % check)
+LINKS = {
+    "wan": {"rtt_ms": 40, "mbps": 100, "jitter_ms": 2},
+    "metro": {"rtt_ms": 5, "mbps": 1000},
+    "slow": {"rtt_ms": 100, "mbps": 20, "jitter_ms": 5},
+}
+
+
+def star_scenario(trace=None):
+    """Peer "me" in region "home"; one peer per link class in a region reached over that class."""
+    regions = {"home": {"link": "metro"}, **{f"r-{k}": {"link": "metro"} for k in LINKS}}
+    rl = [{"regions": ["home", f"r-{k}"], "link": k} for k in LINKS]
+    if trace:
+        rl[0]["trace"] = trace
+    peers = [{"name": "me", "region": "home", "device": "d"}] + [
+        {"name": f"peer-{k}", "region": f"r-{k}", "device": "d"} for k in LINKS
+    ]
+    return parse({"name": "probe-test", "link_classes": LINKS, "device_classes": {"d": {"tflops": 1, "memory_gb": 1}},
+                  "regions": regions, "region_links": rl, "peers": peers, "default_link": "metro"})
+
+
+@pytest.fixture
+async def probe_server():
+    srv = DataPlaneServer("127.0.0.1", 0, lambda: {})
+    srv.register(PROBE_KIND, handle_probe)
+    await srv.start()
+    client = DataPlaneClient()
+    yield srv, client
+    await client.close()
+    await srv.stop()
+
+
+@pytest.mark.parametrize("cls", ["wan", "metro", "slow"])
+async def test_probing_measures_bandwidth_and_rtt_within_10_percent(probe_server, cls):
+    srv, client = probe_server
+    emu = LinkEmulator(star_scenario(), "me")
+    m = await probe_link(client, srv.url, f"peer-{cls}", emu, deadline_s=10)
+    assert m.status == "ok" and m.error == "", m
+    c = LINKS[cls]
+    print(f"FIGURE probe {cls} ({c['mbps']} Mbit/s, {c['rtt_ms']} ms): RTT {m.rtt_ms:.2f} ms ({m.rtt_ms / c['rtt_ms'] - 1:+.1%}), "
+          f"bandwidth {m.mbps:.1f} Mbit/s ({m.mbps / c['mbps'] - 1:+.1%}), {m.bulk_bytes / 2**20:.1f} MiB bulk, {m.seconds:.2f} s")
+    assert m.rtt_ms == pytest.approx(LINKS[cls]["rtt_ms"], rel=0.10), m
+    assert m.mbps == pytest.approx(LINKS[cls]["mbps"], rel=0.10), m
+    assert m.seconds < 2.5, m
+    assert LinkMeasurement.from_dict(m.to_dict()) == m
+
+
+async def test_a_peer_that_never_answers_is_unknown_within_the_deadline(probe_server):
+    srv, client = probe_server
+    release = asyncio.Event()
+
+    async def stuck(header, buffers):
+        await release.wait()  # never answers until the test is over
+        return None
+
+    srv.register("probe", stuck)
+    try:
+        t = time.perf_counter()
+        m = await probe_link(client, srv.url, "peer-wan", LinkEmulator(star_scenario(), "me"), deadline_s=1.0)
+        assert time.perf_counter() - t < 1.5
+        assert m.status == "unknown" and m.rtt_ms is None and m.mbps is None and "deadline" in m.error
+    finally:
+        release.set()  # else stopping the server waits for the stuck handler
+
+
+async def test_a_peer_that_stops_answering_mid_probe_is_unknown_and_keeps_what_was_measured(probe_server):
+    srv, client = probe_server
+    release = asyncio.Event()
+
+    async def pings_only(header, buffers):
+        if header.get("op") == "bulk":
+            await release.wait()
+        return await handle_probe(header, buffers)
+
+    srv.register("probe", pings_only)
+    try:
+        m = await probe_link(client, srv.url, "peer-metro", LinkEmulator(star_scenario(), "me"), deadline_s=1.0)
+        assert m.status == "unknown" and m.mbps is None and m.rtt_ms == pytest.approx(5, rel=0.2)
+    finally:
+        release.set()
+
+
+async def test_a_closed_port_or_a_peer_without_a_prober_is_unknown_at_once():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: nobody listens there
+    client = DataPlaneClient()
+    try:
+        t = time.perf_counter()
+        m = await probe_link(client, f"http://127.0.0.1:{port}", "x", None, deadline_s=5)
+        assert m.status == "unknown" and m.error and time.perf_counter() - t < 1.0
+        srv = DataPlaneServer("127.0.0.1", 0, lambda: {})  # serves no "probe" kind: 404
+        await srv.start()
+        try:
+            m = await probe_link(client, srv.url, "x", None, deadline_s=5)
+            assert m.status == "unknown" and "404" in m.error
+        finally:
+            await srv.stop()
+    finally:
+        await client.close()
+
+
+async def test_the_probe_handler_refuses_malformed_probes_with_a_reason(probe_server):
+    srv, client = probe_server
+    for header, bufs, why in [
+        ({"v": 1, "op": "ping", "seq": 1}, [b"x" * 5000], "at most"),
+        ({"v": 1, "op": "dance"}, [], "op"),
+        ({"v": 9, "op": "ping", "seq": 1}, [], "version"),
+        ({"op": "ping", "seq": 1}, [], "'v'"),
+        ({"v": 1, "op": "ping"}, [], "seq"),
+    ]:
+        with pytest.raises(RemoteError) as e:
+            await client.send(srv.url, PROBE_KIND, header, bufs)
+        assert e.value.status == 400 and why in e.value.reason
+    assert (await client.send(srv.url, PROBE_KIND, {"v": 1, "op": "bulk"}, [b"y" * 100000]))[0]["nbytes"] == 100000
+
+
+def test_link_measurements_from_the_network_are_validated():
+    good = LinkMeasurement("b", "ok", 40.0, 100.0, "", 1 << 20, 0.8).to_dict()
+    assert LinkMeasurement.from_dict(good).ok
+    for change in ({"status": "great"}, {"rtt_ms": -1.0}, {"mbps": float("nan")}, {"status": "ok", "mbps": None},
+                   {"dst": ""}, {"error": "x" * 600}, {"seconds": -1}, {"bulk_bytes": 1.5}, {"spam": 1}, {"version": 7}):
+        with pytest.raises((ValueError, TypeError)):
+            LinkMeasurement.from_dict({**good, **change})
+    assert LinkMeasurement.from_dict({**good, "status": "unknown", "mbps": None}).status == "unknown"
+
+
+# ---- which pairs to probe ----------------------------------------------------------------------------
+
+
+def test_small_swarms_are_probed_as_a_full_mesh():
+    peers = [f"p{i}" for i in range(16)]
+    plan = sparse_probe_plan(peers, [peers[:8], peers[8:]])
+    assert len(plan) == 16 * 15 and len(set(plan)) == len(plan)
+
+
+def test_large_swarms_probe_inside_groups_plus_samples_across_so_cost_grows_linearly():
+    sizes = {}
+    for n in (32, 64, 128, 256):
+        peers = [f"peer-{i:03d}" for i in range(n)]
+        groups = [peers[i:i + 8] for i in range(0, n, 8)]
+        plan = sparse_probe_plan(peers, groups, samples_across=2)
+        sizes[n] = len(plan)
+        group_of = {p: gi for gi, g in enumerate(groups) for p in g}
+        inside = {(a, b) for g in groups for a in g for b in g if a != b}
+        assert inside <= set(plan)  # every pair inside a group
+        for p in peers:  # and each peer samples 2 peers of 2 other groups
+            across = [b for a, b in plan if a == p and group_of[b] != group_of[p]]
+            assert len(across) == 2 and len({group_of[b] for b in across}) == 2
+        assert plan == sparse_probe_plan(list(reversed(peers)), [list(reversed(g)) for g in reversed(groups)])
+    assert all(sizes[n] == n * (7 + 2) for n in sizes)  # exactly linear here
+    assert sizes[256] < 256 * 255 / 25
+
+
+def test_peers_outside_every_group_still_get_sampled():
+    peers = [f"p{i:02d}" for i in range(40)]
+    plan = sparse_probe_plan(peers, [peers[:20]], samples_across=3)
+    lonely = peers[20:]
+    assert all(sum(1 for a, _ in plan if a == p) == 3 for p in lonely)
+
+
+# ---- passive estimate ----------------------------------------------------------------------------------
+
+
+def detection_time(est_at, drop_t, pre, factor=0.2):
+    """Seconds after ``drop_t`` until the estimate first falls to ``factor`` × ``pre``."""
+    for t, e in est_at:
+        if t >= drop_t and e <= factor * pre:
+            return t - drop_t
+    return None
+
+
+def test_the_passive_estimate_sees_a_10x_drop_within_5_seconds_fake_clock():
+    est = PassiveEstimator(tau_s=1.0)
+    seen, t = [], 0.0
+    while t < 20.0:  # back-to-back 1 MB transfers; 100 MB/s until t=10, then 10 MB/s
+        rate = 100e6 if t < 10.0 else 10e6
+        dur = 1e6 / rate
+        t += dur
+        est.observe("b", 1_000_000, dur, now=t)
+        seen.append((t, est.estimate("b", now=t)))
+    pre = [e for t, e in seen if t <= 10.0][-1]
+    assert pre == pytest.approx(100e6, rel=0.01)
+    d = detection_time(seen, 10.0, pre)
+    assert d is not None and d < 5.0, d
+    print(f"FIGURE passive estimate (fake clock): a 10x drop shows as a 5x lower estimate {d:.2f} s after it")
+    assert seen[-1][1] == pytest.approx(10e6, rel=0.05)
+    assert est.estimate("b", now=100.0) is None and est.estimate("zzz") is None  # old data expires
+
+
+async def test_the_passive_estimate_sees_a_trace_drop_on_real_traffic_within_5_seconds(probe_server):
+    srv, client = probe_server
+    drop_at = 0.8
+    sc = star_scenario(trace=[[0, 1.0], [drop_at, 0.1]])  # the wan link: 100 -> 10 Mbit/s
+    emu = LinkEmulator(sc, "me")
+    link = emu.link_for("peer-wan")
+    est = PassiveEstimator(tau_s=1.0, clock=emu.clock)
+    rtt_s = LINKS["wan"]["rtt_ms"] / 1e3  # as a probe would have measured it
+    seen, pre = [], None
+    while emu.clock() - emu.t0 < drop_at + 5.0:
+        t = time.perf_counter()
+        await send_shaped(client, link, srv.url, PROBE_KIND, {"v": 1, "op": "bulk"}, [bytes(256 << 10)])
+        est.observe("peer-wan", 256 << 10, time.perf_counter() - t, latency_s=rtt_s)
+        now = emu.clock() - emu.t0
+        e = est.estimate("peer-wan")
+        seen.append((now, e))
+        if now < drop_at:
+            pre = e
+        d = detection_time(seen, drop_at, pre, factor=0.25)
+        if d is not None:
+            break
+    assert pre is not None and pre * 8 / 1e6 == pytest.approx(100, rel=0.15)
+    assert d is not None and d < 5.0, seen
+    print(f"FIGURE passive estimate: {pre * 8 / 1e6:.1f} Mbit/s before the drop, 1/4 of it {d:.2f} s after the drop")
+
+
+async def test_a_peer_with_a_small_message_limit_is_probed_with_what_it_accepts():
+    srv = DataPlaneServer("127.0.0.1", 0, lambda: {}, max_message_bytes=1 << 20)
+    srv.register(PROBE_KIND, handle_probe)
+    await srv.start()
+    client = DataPlaneClient()
+    try:
+        emu = LinkEmulator(star_scenario(), "me")
+        m = await probe_link(client, srv.url, "peer-slow", emu, deadline_s=10)  # 20 Mbit/s wants ~1 MiB rounds
+        assert m.status == "ok" and m.bulk_bytes < 1 << 20, m
+        assert m.mbps == pytest.approx(20, rel=0.15), m
+    finally:
+        await client.close()
+        await srv.stop()

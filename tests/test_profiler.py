@@ -1,0 +1,144 @@
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from spantrain_p2p.profile import DeviceProfile, FlopCache, ProfileError, VirtualDevice, profile_layers
+from spantrain_p2p.profile.profiler import ProfileCache, model_fingerprint
+from spantrain_p2p.train.model import ModelConfig, build_layers
+
+CFG = ModelConfig(dim=64, depth=2, heads=4, seq_len=32)
+SHAPE = (4, 32)
+
+
+@pytest.fixture
+def one_thread():
+    """Profile with one intra-op thread, as an emulated peer sharing the CPU should: several OpenMP
+    threads on an oversubscribed CPU wait for each other and make the CPU time erratic."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return build_layers(CFG)
+
+
+def test_a_profile_has_f_b_w_times_for_every_layer(layers, one_thread):
+    p = profile_layers(layers, SHAPE, warmup=1, reps=3)
+    assert p.num_layers == len(layers) == 4
+    assert all(t > 0 for t in p.fwd_s)
+    assert p.bwd_input_s[0] == 0.0 and all(t > 0 for t in p.bwd_input_s[1:])  # token ids have no gradient
+    assert all(t > 0 for t in p.bwd_weight_s)
+    assert p.memory_bytes > 0 and p.effective_tflops > 0
+    assert DeviceProfile.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+
+
+def test_measured_speed_ratios_of_virtual_devices_match_the_configured_ones(layers, one_thread):
+    # padding dominates: a block's forward takes ~0.3 ms of CPU and is padded to 27 ms (fast) or 109 ms
+    # (slow), long enough that a loaded CPU waking a thread a millisecond late does not blur a 10 % check
+    flops = FlopCache()
+    fast = VirtualDevice(tflops=4.0, scale=1.25e-4, memory_bytes=48 << 30)  # 0.5 GFLOP/s in real time
+    slow = VirtualDevice(tflops=1.0, scale=1.25e-4, memory_bytes=16 << 30)
+    pf = profile_layers(layers, SHAPE, device=fast, warmup=0, reps=3, flop_cache=flops)
+    ps = profile_layers(layers, SHAPE, device=slow, warmup=0, reps=3, flop_cache=flops)
+    ratio = ps.total_s / pf.total_s
+    print(f"FIGURE virtual devices 4 vs 1 TFLOP/s: measured ratio {ratio:.3f} ({ratio / 4 - 1:+.1%}), "
+          f"{pf.effective_tflops / fast.scale:.3f} and {ps.effective_tflops / slow.scale:.3f} TFLOP/s, "
+          f"fidelity {fast.fidelity():.3f} / {slow.fidelity():.3f} over {fast.stats().padded_ops} / {slow.stats().padded_ops} padded ops")
+    assert ratio == pytest.approx(4.0, rel=0.10)
+    assert pf.effective_tflops / fast.scale == pytest.approx(4.0, rel=0.10)
+    assert ps.effective_tflops / slow.scale == pytest.approx(1.0, rel=0.10)
+    for i in range(1, len(layers)):  # layer by layer too, where there are FLOPs to pad
+        assert ps.fwd_s[i] / pf.fwd_s[i] == pytest.approx(4.0, rel=0.15)
+    assert (pf.memory_bytes, ps.memory_bytes) == (48 << 30, 16 << 30)
+    assert fast.fidelity() >= 0.95 and slow.fidelity() >= 0.95
+
+
+def test_profiles_are_cached_per_model_shape_and_device(layers, tmp_path, one_thread):
+    def no_timer():
+        raise AssertionError("measured again instead of using the cache")
+
+    dev = VirtualDevice(tflops=100.0, scale=1.0)
+    p = profile_layers(layers, SHAPE, device=dev, reps=1, warmup=0, cache_dir=str(tmp_path))
+    assert len(os.listdir(tmp_path)) == 1
+    assert profile_layers(layers, SHAPE, device=dev, reps=1, cache_dir=str(tmp_path), timer=no_timer) == p
+    with pytest.raises(AssertionError):  # another shape, device or model is measured anew
+        profile_layers(layers, (2, 32), device=dev, reps=1, cache_dir=str(tmp_path), timer=no_timer)
+    with pytest.raises(AssertionError):
+        profile_layers(layers, SHAPE, device=VirtualDevice(50.0), reps=1, cache_dir=str(tmp_path), timer=no_timer)
+    with pytest.raises(AssertionError):
+        profile_layers(layers, SHAPE, device=dev, reps=1, cache_dir=str(tmp_path), fingerprint="other", timer=no_timer)
+    # a corrupt cache file is a miss, not a crash, and is replaced
+    path = ProfileCache(str(tmp_path)).path(model_fingerprint(layers), SHAPE, dev.key)
+    with open(path, "w") as f:
+        f.write('{"key": 1, "profile": {"fwd_s": [-1]}}')
+    q = profile_layers(layers, SHAPE, device=dev, reps=1, warmup=0, cache_dir=str(tmp_path))
+    assert ProfileCache(str(tmp_path)).get(model_fingerprint(layers), SHAPE, dev.key) == q
+
+
+class FlakyTimer:
+    """perf_counter, except that some readings come out zero, negative, NaN or absurd."""
+
+    def __init__(self, bad_every: int, always: bool = False):
+        self.calls = 0
+        self.bad_every = bad_every
+        self.always = always
+        self.injected = 0
+        self._start = None
+
+    def __call__(self):
+        import time
+
+        self.calls += 1
+        now = time.perf_counter()
+        if self.calls % 2:  # a start reading
+            self._start = now
+            return now
+        n = self.calls // 2
+        if self.always or n % self.bad_every == 0:
+            self.injected += 1
+            return [self._start, self._start - 1.0, math.nan, self._start + 1e6][self.injected % 4]
+        return now
+
+
+def test_zero_negative_nan_or_absurd_readings_are_measured_again_never_returned(layers, one_thread):
+    timer = FlakyTimer(bad_every=5)
+    p = profile_layers(layers, SHAPE, reps=3, warmup=1, timer=timer)
+    assert timer.injected >= 5
+    for col in (p.fwd_s, p.bwd_input_s[1:], p.bwd_weight_s):
+        assert all(math.isfinite(t) and 0 < t < 1.0 for t in col)
+
+
+def test_a_device_that_never_gives_a_sane_reading_raises_instead_of_publishing(layers, tmp_path):
+    with pytest.raises(ProfileError):
+        profile_layers(layers, SHAPE, reps=2, max_retries=2, timer=FlakyTimer(1, always=True), cache_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == []  # nothing cached either
+
+
+@pytest.mark.parametrize("change", [
+    {"fwd_s": [0.0, 1.0]},  # a zero forward
+    {"fwd_s": [-1.0, 1.0]},
+    {"bwd_input_s": [float("nan"), 1.0]},
+    {"bwd_weight_s": [1.0]},  # wrong length
+    {"bwd_weight_s": [1.0, 1e9]},  # absurd
+    {"memory_bytes": -5},
+    {"memory_bytes": 1.5},
+    {"effective_tflops": float("inf")},
+    {"version": 2},
+    {"extra": 1},
+    {"fwd_s": "fast"},
+    {"fwd_s": []},
+])
+def test_a_profile_from_the_network_is_validated(change):
+    good = {"version": 1, "fwd_s": [0.1, 0.2], "bwd_input_s": [0.0, 0.2], "bwd_weight_s": [0.1, 0.3],
+            "memory_bytes": 1 << 30, "effective_tflops": 1.5}
+    assert DeviceProfile.from_dict(good).total_s == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        DeviceProfile.from_dict({**good, **change})
+    with pytest.raises(ValueError):
+        DeviceProfile.from_dict({k: v for k, v in good.items() if k != "fwd_s"})

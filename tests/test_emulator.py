@@ -5,7 +5,7 @@ import time
 import pytest
 
 from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer
-from spantrain_p2p.net.emulator import LinkEmulator, TokenBucket, send_shaped, trace_factor
+from spantrain_p2p.net.emulator import LinkEmulator, TokenBucket, trace_factor
 from spantrain_p2p.scenario import parse
 
 
@@ -184,7 +184,7 @@ def wan_scenario(rtt_ms=40, mbps=100, jitter_ms=0.0, uplinks=None):
 
 async def ping_s(client, link, url) -> float:
     t = time.perf_counter()
-    await send_shaped(client, link, url, "ack", {}, [b"x" * 16])
+    await client.send(url, "ack", {}, [b"x" * 16], link=link)
     return time.perf_counter() - t
 
 
@@ -205,7 +205,7 @@ async def test_a_bulk_transfer_over_a_100_mbit_link_measures_100_mbit_within_5_p
     rtt = statistics.median([await ping_s(client, link, srv.url) for _ in range(3)])
     n = 4 << 20
     t = time.perf_counter()
-    header, _ = await send_shaped(client, link, srv.url, "ack", {}, [bytes(n)])
+    header, _ = await client.send(srv.url, "ack", {}, [bytes(n)], link=link)
     dt = time.perf_counter() - t
     assert header == {"n": n}
     mbps = n * 8 / (dt - rtt) / 1e6
@@ -221,7 +221,7 @@ async def test_concurrent_transfers_share_the_link_fairly(server):
     ends = {}
 
     async def send(name, n):
-        await send_shaped(client, link, srv.url, "ack", {}, [bytes(n)])
+        await client.send(srv.url, "ack", {}, [bytes(n)], link=link)
         ends[name] = time.perf_counter() - t
 
     bulk = asyncio.create_task(send("bulk", 2_000_000))  # 0.2 s alone
@@ -243,7 +243,7 @@ async def test_the_uplink_cap_is_shared_by_all_outgoing_links(server):
     for dst in ("b", "c"):
         await ping_s(client, emu.link_for(dst), srv.url)
     t = time.perf_counter()
-    await asyncio.gather(*(send_shaped(client, emu.link_for(d), srv.url, "ack", {}, [bytes(1_000_000)]) for d in ("b", "c")))
+    await asyncio.gather(*(client.send(srv.url, "ack", {}, [bytes(1_000_000)], link=emu.link_for(d)) for d in ("b", "c")))
     assert time.perf_counter() - t == pytest.approx(0.2, rel=0.1)
 
 
@@ -255,9 +255,9 @@ async def test_a_partitioned_link_holds_traffic_until_the_deadline_or_until_it_h
     emu.set_factor("b", 0)
     t = time.perf_counter()
     with pytest.raises(asyncio.TimeoutError):
-        await send_shaped(client, link, srv.url, "ack", {}, [b"x"], timeout=0.3)
+        await client.send(srv.url, "ack", {}, [b"x"], timeout=0.3, link=link)
     assert time.perf_counter() - t < 0.5
     asyncio.get_running_loop().call_later(0.2, emu.set_factor, "b", 1.0)
     t = time.perf_counter()
-    await send_shaped(client, link, srv.url, "ack", {}, [b"x"], timeout=5)
+    await client.send(srv.url, "ack", {}, [b"x"], timeout=5, link=link)
     assert 0.2 <= time.perf_counter() - t < 0.4

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
-from spantrain_p2p.net.emulator import LinkEmulator, send_shaped
+from spantrain_p2p.net.emulator import LinkEmulator
 from spantrain_p2p.net.prober import (
     PROBE_KIND, LinkMeasurement, PassiveEstimator, handle_probe, probe_link, sparse_probe_plan,
 )
@@ -212,7 +212,7 @@ async def test_the_passive_estimate_sees_a_trace_drop_on_real_traffic_within_5_s
     seen, pre = [], None
     while emu.clock() - emu.t0 < drop_at + 5.0:
         t = time.perf_counter()
-        await send_shaped(client, link, srv.url, PROBE_KIND, {"v": 1, "op": "bulk"}, [bytes(256 << 10)])
+        await client.send(srv.url, PROBE_KIND, {"v": 1, "op": "bulk"}, [bytes(256 << 10)], link=link)
         est.observe("peer-wan", 256 << 10, time.perf_counter() - t, latency_s=rtt_s)
         now = emu.clock() - emu.t0
         e = est.estimate("peer-wan")

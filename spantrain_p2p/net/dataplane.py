@@ -143,32 +143,47 @@ class DataPlaneClient:
             self._session = None
 
     async def send(
-        self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0
+        self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
+        link=None,
     ) -> tuple[dict, list[memoryview]] | None:
-        """Posts one frame; the reply frame, or None if the peer had nothing to say."""
+        """Posts one frame; the reply frame, or None if the peer had nothing to say.
+
+        ``link`` (an ``emulator.EmulatedLink``) shapes the exchange like a wide-area link: the body
+        leaves at the link's rate after its delay, the reply comes back likewise. ``timeout`` bounds
+        the whole exchange, emulated time included.
+        """
         chunks = framing.encode(header, buffers)
         size = framing.frame_size(chunks)
+        ex = link.exchange() if link is not None else None
 
-        async def body():
+        async def plain_body():
             for c in chunks:
                 yield c
 
-        t = aiohttp.ClientTimeout(total=timeout)
-        async with self._get_session().post(
-            f"{url}/msg/{kind}", data=body(), timeout=t, headers={"Content-Length": str(size)}
-        ) as resp:
-            if resp.status == 204:
-                return None
-            if resp.status != 200:
-                raise RemoteError(resp.status, (await resp.text())[:500])
-            if resp.content_length is not None and resp.content_length > self.max_message_bytes:
-                raise RemoteError(413, f"reply of {resp.content_length} bytes is over our limit")
-            data = bytearray()
-            async for part in resp.content.iter_any():
-                data += part
-                if len(data) > self.max_message_bytes:
-                    raise RemoteError(413, f"reply is over our limit of {self.max_message_bytes} bytes")
-            return framing.decode(data, self.max_message_bytes)
+        async def exchange():
+            reply, size_back = None, 0
+            async with self._get_session().post(
+                f"{url}/msg/{kind}", data=ex.body(chunks) if ex else plain_body(),
+                timeout=aiohttp.ClientTimeout(total=timeout), headers={"Content-Length": str(size)},
+            ) as resp:
+                if ex:
+                    ex.reply_started()
+                if resp.status != 204:
+                    if resp.status != 200:
+                        raise RemoteError(resp.status, (await resp.text())[:500])
+                    if resp.content_length is not None and resp.content_length > self.max_message_bytes:
+                        raise RemoteError(413, f"reply of {resp.content_length} bytes is over our limit")
+                    data = bytearray()
+                    async for part in resp.content.iter_any():
+                        data += part
+                        if len(data) > self.max_message_bytes:
+                            raise RemoteError(413, f"reply is over our limit of {self.max_message_bytes} bytes")
+                    reply, size_back = framing.decode(data, self.max_message_bytes), len(data)
+            if ex:
+                await ex.reply_done(size_back)
+            return reply
+
+        return await asyncio.wait_for(exchange(), timeout)
 
     async def status(self, url: str, timeout: float = 5.0, path: str = "/status") -> dict:
         async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

@@ -28,8 +28,7 @@ How the data plane uses it: one ``Exchange`` per request/reply, three calls.
 after the one-way delay), so the real loopback transfer overlaps the emulated one. ``reply_done``
 leaves out the real loopback time the reply already spent (the floor of recent request→reply tails,
 at most 2 ms, plus the reply's own read time), so that a 5 ms RTT measures 5 ms, not 5.4.
-``send_shaped(client, link, url, kind, header, buffers, timeout)`` below is exactly that around a
-``DataPlaneClient`` (the reference for giving ``DataPlaneClient.send`` a ``link`` argument).
+``DataPlaneClient.send(url, kind, header, buffers, timeout, link=link)`` does exactly that.
 ``link.transmit(n)`` / ``emulator.transmit(dst, n)`` only sleep as long as ``n`` bytes would take,
 for callers that cannot stream; the real transfer then adds to the emulated one, which costs
 accuracy at high rates (loopback moves about 1 GB/s here).
@@ -54,10 +53,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Optional, Sequence, Union
 
-import aiohttp
 
 from . import framing
-from .dataplane import RemoteError
 
 if TYPE_CHECKING:
     from ..scenario import LinkClass, Scenario
@@ -400,48 +397,3 @@ class LinkEmulator:
             await self._sleep_fn(d - self.spin_s)
         while self.clock() < t:  # the last ~1 ms: yield to the loop rather than oversleep
             await asyncio.sleep(0)
-
-
-async def send_shaped(
-    client: "DataPlaneClient",
-    link: Optional[EmulatedLink],
-    url: str,
-    kind: str,
-    header: dict,
-    buffers: Sequence[Union[bytes, memoryview]] = (),
-    timeout: float = 30.0,
-) -> Optional[tuple[dict, list[memoryview]]]:
-    """``client.send`` through an emulated link (or plainly when ``link`` is None).
-
-    An ``Exchange``: the body is paced, the reply delayed; ``timeout`` bounds the whole exchange,
-    emulated time included. It mirrors ``DataPlaneClient.send`` (and reaches for its session) until
-    that method takes a ``link`` argument; then this helper goes.
-    """
-    if link is None:
-        return await client.send(url, kind, header, buffers, timeout)
-    chunks = framing.encode(header, buffers)
-    size = framing.frame_size(chunks)
-    ex = link.exchange()
-
-    async def exchange() -> Optional[tuple[dict, list[memoryview]]]:
-        reply, size_back = None, 0
-        async with client._get_session().post(
-            f"{url}/msg/{kind}", data=ex.body(chunks), timeout=aiohttp.ClientTimeout(total=timeout),
-            headers={"Content-Length": str(size)},
-        ) as resp:
-            ex.reply_started()
-            if resp.status != 204:
-                if resp.status != 200:
-                    raise RemoteError(resp.status, (await resp.text())[:500])
-                if resp.content_length is not None and resp.content_length > client.max_message_bytes:
-                    raise RemoteError(413, f"reply of {resp.content_length} bytes is over our limit")
-                data = bytearray()
-                async for part in resp.content.iter_any():
-                    data += part
-                    if len(data) > client.max_message_bytes:
-                        raise RemoteError(413, f"reply is over our limit of {client.max_message_bytes} bytes")
-                reply, size_back = framing.decode(data, client.max_message_bytes), len(data)
-        await ex.reply_done(size_back)
-        return reply
-
-    return await asyncio.wait_for(exchange(), timeout)

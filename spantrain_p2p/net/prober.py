@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 from . import framing
 from .dataplane import RemoteError
-from .emulator import send_shaped
 
 if TYPE_CHECKING:
     from .dataplane import DataPlaneClient
@@ -164,7 +163,7 @@ async def probe_link(
         left = deadline - clock()
         if left <= 0:
             raise asyncio.TimeoutError()
-        return await send_shaped(client, link, url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left)
+        return await client.send(url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left, link=link)
 
     async def run() -> None:
         for seq in range(ping_count + 1):  # the first one sets up the connection and is not counted

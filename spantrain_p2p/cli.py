@@ -43,6 +43,8 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="", help="a human name for this peer, shown to others")
     p.add_argument("--emulate", metavar="SCENARIO:PEER",
                    help="behave as PEER of the scenario file SCENARIO (name and device class)")
+    p.add_argument("--emulate-t0", type=float, default=None, metavar="T",
+                   help="CLOCK_MONOTONIC time the scenario's bandwidth traces count from (default: peer start)")
     p.add_argument("--heartbeat", type=float, default=2.0, metavar="S",
                    help="seconds between heartbeats; a silent peer is dropped after 3 (default: %(default)s)")
     p.add_argument("--mdns", action="store_true", help="advertise this peer on the LAN through mDNS")
@@ -70,6 +72,8 @@ def peer_parser() -> argparse.ArgumentParser:
                    help="pipeline depth: 0 = one peer per stage; N = peers share N stages as data-parallel replicas")
     t.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="checkpoint every K steps (0: never)")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="where this peer writes its checkpoints")
+    t.add_argument("--no-measure", action="store_true", help="skip device profiling and link probing")
+    t.add_argument("--measure-only", action="store_true", help="measure (profile and probe), then stop")
     t.add_argument("--dump-grads", metavar="DIR", help="save this stage's gradients of --dump-step to DIR (testing)")
     t.add_argument("--dump-step", type=int, default=0)
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -108,7 +112,7 @@ def _train_options(a: argparse.Namespace):
                       seed=a.seed, lr=a.lr, optimizer=a.optimizer, schedule=a.schedule, peers=a.peers,
                       recv_timeout_s=a.recv_timeout, stages=a.stages, compression=a.compression, checkpoint_every=a.checkpoint_every)
     return TrainOptions(job=job, allowed_models=allowed, dump_grads_dir=a.dump_grads, dump_step=a.dump_step,
-                        checkpoint_dir=a.checkpoint_dir)
+                        checkpoint_dir=a.checkpoint_dir, measure=not a.no_measure, measure_only=a.measure_only)
 
 
 def _config_from_args(a: argparse.Namespace):
@@ -135,7 +139,8 @@ def _config_from_args(a: argparse.Namespace):
     if a.heartbeat <= 0:
         raise ValueError("--heartbeat must be positive")
     return PeerConfig(join=join, swarm=a.swarm, listen=a.listen, host=a.host, data_port=a.data_port,
-                      identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns)
+                      identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
+                      emulate=a.emulate or "", emulate_t0=a.emulate_t0)
 
 
 async def _run_peer(config, ready_file: Optional[str], train_options=None) -> int:
@@ -181,6 +186,9 @@ async def _run_peer(config, ready_file: Optional[str], train_options=None) -> in
 def peer_main(argv: Optional[list[str]] = None) -> int:
     args = peer_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    import torch
+
+    torch.set_num_threads(1)  # peers share the machine's cores; more threads only add stalls
     from .peer import PeerError
     from .scenario import ScenarioError
 
@@ -226,6 +234,8 @@ def main_parser() -> argparse.ArgumentParser:
     sw.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
     sw.add_argument("--recv-timeout", type=float, default=60.0)
     sw.add_argument("--stages", type=int, default=0, help="pipeline depth (0: one peer per stage)")
+    sw.add_argument("--measure-only", action="store_true",
+                    help="profile devices and probe links, print the measurements, stop")
     sw.add_argument("--compression", default="none", help="none, fp16, int8, topk:R or adaptive")
     sw.add_argument("--checkpoint-every", type=int, default=0, metavar="K")
     sw.add_argument("--dump-grads", metavar="DIR", help="peers save their gradients of step 0 here (testing)")

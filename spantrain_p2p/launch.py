@@ -257,6 +257,35 @@ def train_and_report(procs: list["PeerProcess"], args, say) -> dict:
     return summarize(reports, args.micro_batches * args.micro_batch_size, args.seq_len)
 
 
+def measurement_summary(scenario, measurements: list[dict]) -> dict:
+    """The --measure-only contract: measured links and devices beside the scenario's configuration."""
+    links, devices, ops, ok_ops = [], [], 0, 0
+    for m in measurements:
+        src = m["peer"]
+        for dst, lm in sorted(m["links"].items()):
+            conf, _ = scenario.link_between(src, dst)
+            links.append({"src": src, "dst": dst, "rtt_ms": lm["rtt_ms"], "mbps": lm["mbps"], "status": lm["status"],
+                          "configured_rtt_ms": conf.rtt_ms, "configured_mbps": conf.mbps})
+        dev = scenario.device_of(src)
+        devices.append({"peer": src, "tflops": m["tflops"], "configured_tflops": dev.tflops,
+                        "memory_gb": m["memory_gb"], "configured_memory_gb": dev.memory_gb})
+        stats = m.get("device_stats") or {}
+        ops += stats.get("padded_ops", 0)
+        ok_ops += stats.get("padded_ops", 0) - stats.get("overruns", 0)
+    return {"links": links, "devices": devices,
+            "probe_seconds": max((m["probe_seconds"] for m in measurements), default=0.0),
+            "fidelity": round(ok_ops / ops, 4) if ops else None}
+
+
+def measure_and_report(procs: list["PeerProcess"], scenario, say, timeout: float = 300) -> dict:
+    say("measuring: device profiles and link probes…")
+    wait_until(lambda: all(p.status()["state"] == "done" or not p.alive() for p in procs), timeout, interval=0.5)
+    dead = [p.name for p in procs if not p.alive()]
+    if dead:
+        raise RuntimeError(f"peer(s) {', '.join(dead)} exited while measuring")
+    return measurement_summary(scenario, [p.status(path="/measurements") for p in procs])
+
+
 def swarm_command(args) -> int:
     from . import scenario as sc
 
@@ -270,8 +299,13 @@ def swarm_command(args) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1) or (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        training = args.steps is not None
+        training = args.steps is not None or args.measure_only
+        if args.measure_only:
+            args.steps = 0
         first_args, every_args = job_args(args, len(s.peers)) if training else ([], [])
+        every_args += ["--emulate-t0", str(time.monotonic())]
+        if args.measure_only:
+            every_args.append("--measure-only")
         procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat, extra_args=tuple(every_args),
                                 first_args=tuple(first_args))
         n = len(procs)
@@ -290,7 +324,9 @@ def swarm_command(args) -> int:
             say(f"  {p.name:<10} {p.info['peer_id']:<48} {st['state']:<8} {p.info['data_url']}")
         say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm "
             f"{procs[0].status()['swarm']}")
-        if training:
+        if args.measure_only:
+            summary = measure_and_report(procs, s, say)
+        elif training:
             summary = train_and_report(procs, args, say)
             summary["scenario"] = s.name
             summary["run_dir"] = run_dir

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from . import PROTOCOL_VERSION, __version__
 from .net.dataplane import DataPlaneClient, DataPlaneServer
+from .net.prober import PROBE_KIND, handle_probe
 from .net.framing import DEFAULT_MAX_MESSAGE_BYTES
 from .swarm import discovery, membership
 from .swarm.daemon import tie_daemons_to_this_process
@@ -51,6 +52,8 @@ class PeerConfig:
     discover_s: float = 5.0  # how long --join auto looks for a swarm on mDNS
     mdns: bool = False  # advertise on mDNS (always on with --join auto)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    emulate: str = ""  # "SCENARIO:PEER": shape outgoing links and pad compute like that scenario peer
+    emulate_t0: Optional[float] = None  # CLOCK_MONOTONIC origin of the scenario's bandwidth traces
 
 
 def local_device_summary() -> dict:
@@ -71,6 +74,8 @@ class Peer:
         self.maddrs: list[str] = []
         self.dataplane: Optional[DataPlaneServer] = None
         self.client = DataPlaneClient(config.max_message_bytes)
+        self.emulator = None  # net.emulator.LinkEmulator when emulating a scenario peer
+        self.device = None  # profile.virtual.VirtualDevice when emulating
         self._p2p = None
         self._dht = None
         self._advertiser: Optional[discovery.Advertiser] = None
@@ -133,6 +138,32 @@ class Peer:
         """Registers ``hook(peer)``, run at start once the data plane exists (to add handlers and routes)."""
         self._before_serving.append(hook)
 
+    def name_of(self, peer_id: str) -> str:
+        rec = self._view.get(peer_id)
+        return rec.name if rec is not None and rec.name else peer_id
+
+    def link_to(self, peer_id: str):
+        """The emulated link to a peer (None when not emulating, or for a peer outside the scenario)."""
+        if self.emulator is None:
+            return None
+        name = self.name_of(peer_id)
+        try:
+            return self.emulator.link_for(name)
+        except Exception:
+            return None
+
+    def _start_emulation(self, spec: str, t0: Optional[float]) -> None:
+        from . import scenario as sc
+        from .net.emulator import LinkEmulator
+        from .profile.virtual import VirtualDevice
+
+        path, _, name = spec.rpartition(":")
+        s = sc.load(path)
+        dev = s.device_of(name)
+        self.emulator = LinkEmulator(s, name, t0=t0)
+        self.device = VirtualDevice(dev.tflops, s.compute_scale, memory_bytes=int(dev.memory_gb * 2**30))
+        log.info("emulating %s of %s: %s, links shaped from this peer", name, s.name, self.device)
+
     def data_url_of(self, peer_id: str) -> Optional[str]:
         rec = self._view.get(peer_id)
         return rec.data_url if rec is not None and rec.alive else None
@@ -188,7 +219,10 @@ class Peer:
         else:
             join = discovery.parse_join(join)
 
+        if cfg.emulate:
+            self._start_emulation(cfg.emulate, cfg.emulate_t0)
         self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes)
+        self.dataplane.register(PROBE_KIND, handle_probe)
         for hook in self._before_serving:
             hook(self)
         try:
@@ -370,4 +404,6 @@ class Peer:
     async def _stop_p2p(self) -> None:
         if self._p2p is not None:
             await self._p2p.shutdown()
-            self._p2p = None
+            self.emulator = None  # net.emulator.LinkEmulator when emulating a scenario peer
+        self.device = None  # profile.virtual.VirtualDevice when emulating
+        self._p2p = None

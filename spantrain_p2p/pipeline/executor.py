@@ -43,18 +43,25 @@ class StepResult:
 
 class StageExecutor:
     def __init__(self, layers: list[nn.Module], is_first: bool, is_last: bool, num_microbatches: int,
-                 batch: Batch, recv: Recv, send: Send):
+                 batch: Batch, recv: Recv, send: Send, device=None, flops: Optional[dict[str, float]] = None):
+        """``device`` (a profile.virtual.VirtualDevice) pads each op to ``flops[phase]`` of one micro-batch."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
         self.batch, self.recv, self.send = batch, recv, send
         self.params = [p for p in self.layers.parameters() if p.requires_grad]
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stage-compute")
+        self.device = device
+        self.flops = flops or {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _compute(self, fn, *args):
+    async def _compute(self, phase: str, fn, *args):
+        if self.device is not None:
+            flops = self.flops.get("B", 0.0) + self.flops.get("W", 0.0) if phase == "BW" else self.flops.get(phase, 0.0)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, lambda: self.device.run(fn, *args, flops=flops, phase="B" if phase == "BW" else phase))
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # ---- compute (worker thread) ---------------------------------------------------------------
@@ -111,15 +118,15 @@ class StageExecutor:
                 else:
                     t0 = loop.time()
                     if op is sched.Op.F:
-                        loss = await self._compute(self._forward, step, a.mb, st)
+                        loss = await self._compute("F", self._forward, step, a.mb, st)
                         if loss is not None:
                             result.losses.append(loss)
                     elif op is sched.Op.B:
-                        await self._compute(self._backward_input, st)
+                        await self._compute("B", self._backward_input, st)
                     elif op is sched.Op.W:
-                        await self._compute(self._backward_weight, st)
+                        await self._compute("W", self._backward_weight, st)
                     elif op is sched.Op.BW:
-                        await self._compute(self._backward_full, st)
+                        await self._compute("BW", self._backward_full, st)
                     t_compute += loop.time() - t0
             await asyncio.gather(*sends)
         except BaseException as e:
@@ -136,3 +143,22 @@ class StageExecutor:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+
+def stage_flops(layers: list[nn.Module], sample_input: torch.Tensor, targets: Optional[torch.Tensor]) -> dict[str, float]:
+    """FLOPs of F, B and W of one micro-batch through these layers, counted by torch's own counter."""
+    from ..profile.virtual import FlopCache
+
+    cache = FlopCache()
+    total = {"F": 0.0, "B": 0.0, "W": 0.0}
+    x = sample_input
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1 and targets is not None
+        args = (x, targets) if last else (x,)
+        pf = cache.phase_flops(layer, args)
+        for ph in total:
+            total[ph] += pf[ph]
+        if not last:
+            with torch.no_grad():
+                x = layer(x)
+    return total

@@ -25,7 +25,7 @@ from ..net import framing
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError
 from ..pipeline import schedule as sched
-from ..pipeline.executor import StageExecutor, StepFailed
+from ..pipeline.executor import StageExecutor, StepFailed, stage_flops
 from ..pipeline.peerplan import peer_actions
 from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap, placeholder_map
@@ -55,6 +55,9 @@ class TrainOptions:
     dump_grads_dir: Optional[str] = None  # save this stage's gradients of step dump_step here
     dump_step: int = 0
     checkpoint_dir: Optional[str] = None  # where this peer writes its stage's checkpoints
+    measure: bool = True  # profile the device and probe links before saying ready
+    measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
+    profile_cache_dir: Optional[str] = None
     poll_s: float = 0.5
 
 
@@ -84,6 +87,11 @@ class Trainer:
         self._policy = AdaptivePolicy()
         self._feedback = codecs.ErrorFeedback()
         self._mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
+        self.profile = None  # profile.profiler.DeviceProfile of this peer
+        self.probes: dict[str, Any] = {}  # peer id -> net.prober.LinkMeasurement
+        self.probe_seconds = 0.0
+        self.measured = asyncio.Event()
+        self._bad_logged: set = set()
         peer.before_serving(self._install)
 
     # ---- wiring -------------------------------------------------------------------------------------
@@ -91,6 +99,7 @@ class Trainer:
         for kind in (ACT, GRAD, GSUM):
             peer.dataplane.register(kind, self._on_tensor)
         peer.dataplane.add_json_get("/report", self.report)
+        peer.dataplane.add_json_get("/measurements", self.measurements)
         peer.status_extras["train"] = self.status
 
     async def _on_tensor(self, header: dict, buffers) -> None:
@@ -129,6 +138,8 @@ class Trainer:
                 "wire_bytes": [[s, {self.smap.name_of(d): b for d, b in per.items()}]
                                for s, per in sorted(self.wire_bytes.items())] if self.smap else [],
                 "codecs": dict(self.codecs_used),
+                "fidelity": self.peer.device.fidelity() if self.peer.device else None,
+                "device_stats": self.peer.device.stats().to_dict() if self.peer.device else None,
                 "compute_s_median": statistics.median(self.compute_s) if self.compute_s else None,
                 "error": self.error, "refused": self.refused}
 
@@ -154,6 +165,12 @@ class Trainer:
         log.info("job %s: model %s (%d layers), %d steps of %d x %d samples, schedule %s", self.job.job_id,
                  self.job.model, self.handle.num_layers, self.job.steps, self.job.num_micro_batches,
                  self.job.micro_batch_size, self.job.schedule)
+        if self.opts.measure:
+            await self.peer.set_state("measuring")
+            await self._measure()
+            if self.opts.measure_only:
+                await self.peer.set_state("done")
+                return
         await self.peer.set_state("ready")
         self.smap = await self._await_stage_map()
         self.stage = self.smap.stage_of(self.peer.peer_id)
@@ -161,6 +178,92 @@ class Trainer:
             log.info("not in stage map epoch %d: standing by as a spare", self.smap.epoch)
             return
         await self._train()
+
+    # ---- measurement ---------------------------------------------------------------------------------
+    def measurements(self) -> dict:
+        """This peer's own measurements, for the operator (names as the peers call themselves)."""
+        dev = self.peer.device
+        return {"peer": self.peer.config.name or self.peer.peer_id,
+                "profile": self.profile.to_dict() if self.profile else None,
+                "tflops": self._tflops(), "scale": dev.scale if dev else 1.0,
+                "memory_gb": round(self.profile.memory_bytes / 2**30, 3) if self.profile else None,
+                "links": {self.peer.name_of(p): m.to_dict() for p, m in self.probes.items()},
+                "probe_seconds": round(self.probe_seconds, 3),
+                "device_stats": dev.stats().to_dict() if dev else None,
+                "fidelity": dev.fidelity() if dev else None, "complete": self.measured.is_set()}
+
+    def _tflops(self) -> Optional[float]:
+        """Measured speed in the scenario's units (a virtual device's real FLOP/s divided by its scale)."""
+        if self.profile is None:
+            return None
+        scale = self.peer.device.scale if self.peer.device else 1.0
+        return self.profile.effective_tflops / scale
+
+    def _log_bad(self, sub, reason) -> None:
+        if (str(sub)[:32], reason) not in self._bad_logged:
+            self._bad_logged.add((str(sub)[:32], reason))
+            log.warning("ignoring %s", reason)
+
+    async def _measure(self) -> None:
+        from ..profile.profiler import profile_layers
+        from ..swarm import measure
+
+        job = self.job
+        # measure a settled swarm: peers still starting up (importing torch) would steal the CPU
+        while len(self.peer.live_members()) < job.peers:
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2.0)
+        layers = self.handle.build(0, self.handle.num_layers)
+        inputs, targets = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
+        self.profile = await asyncio.to_thread(
+            profile_layers, layers, (job.micro_batch_size, job.seq_len), device=self.peer.device,
+            cache_dir=self.opts.profile_cache_dir, fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}",
+            inputs=inputs, targets=targets)
+        await measure.publish(self.peer, measure.PROFILES,
+                              {"profile": self.profile.to_dict(), "tflops": self._tflops(), "job": job.job_id})
+        log.info("device profile published: %.4g TFLOP/s, %.1f ms per micro-batch through the whole model",
+                 self._tflops(), self.profile.total_s * 1e3)
+        self.peer.spawn(self._probe_loop(), "probe-links")
+        await self.measured.wait()
+
+    async def _probe_loop(self) -> None:
+        """Probes every member not yet probed (newcomers included), one link at a time."""
+        from ..net.prober import probe_link
+        from ..swarm import measure
+
+        await self._wait_probe_turn()
+        t_start = time.monotonic()
+        while True:
+            members = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
+            todo = [r for r in members if r.peer_id not in self.probes and r.data_url]
+            for r in todo:
+                m = await probe_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator)
+                self.probes[r.peer_id] = m
+                if not m.ok:
+                    log.warning("link to %s unknown: %s", self.peer.name_of(r.peer_id), m.error)
+            if todo:
+                self.probe_seconds = time.monotonic() - t_start
+                await measure.publish(self.peer, measure.LINKS,
+                                      {"links": {p: m.to_dict() for p, m in self.probes.items()}})
+                log.info("probed %d link(s) in %.1fs", len(self.probes), self.probe_seconds)
+            if len(members) + 1 >= self.job.peers and all(r.peer_id in self.probes for r in members):
+                self.measured.set()
+            await asyncio.sleep(1.0)
+
+    async def _wait_probe_turn(self, at_once: int = 2, max_wait_s: float = 60.0) -> None:
+        """Peers probe in turns of ``at_once``, in peer-id order: many concurrent probes would share
+        the CPU (and the loopback) and measure each other instead of the links."""
+        from ..swarm import measure
+
+        order = sorted(r.peer_id for r in self.peer.live_members())
+        mine = order.index(self.peer.peer_id) if self.peer.peer_id in order else 0
+        before = order[: mine - mine % at_once]
+        deadline = time.monotonic() + max_wait_s
+        while before and time.monotonic() < deadline:
+            links = await measure.read(self.peer, measure.LINKS, lambda d: set(d["links"]), self._log_bad)
+            if all(p in links and set(order) - {p} <= links[p] for p in before):
+                return
+            await asyncio.sleep(0.3)
 
     async def _obtain_job(self) -> JobSpec:
         dht = self.peer.dht
@@ -258,9 +361,14 @@ class Trainer:
         if len(self._replicas) > 1:
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(self._replicas) - {me}, (),
                                   len(params), shapes_by_mb=tuple((p.numel(),) for p in params))
+        flops = None
+        if self.peer.device is not None:
+            ids, tgt = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
+            sample = ids if k == 0 else torch.randn(shapes[first])
+            flops = await asyncio.to_thread(stage_flops, layers, sample, tgt if k == n - 1 else None)
         executor = StageExecutor(layers, k == 0, k == n - 1, M,
                                  batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
-                                 recv=self._recv, send=self._send)
+                                 recv=self._recv, send=self._send, device=self.peer.device, flops=flops)
         opt = make_optimizer(job, executor.params)
         assignments = [st.assign(M) for st in smap.stages]
         actions = peer_actions(assignments, job.schedule).get((k, me), [])  # this peer's micro-batches, in order
@@ -376,7 +484,8 @@ class Trainer:
             try:
                 if url is None:
                     raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
-                await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()))
+                await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()),
+                                            link=self.peer.link_to(dst))
                 per = self.wire_bytes.setdefault(step, {})
                 per[dst] = per.get(dst, 0) + nbytes
                 if kind != GSUM:

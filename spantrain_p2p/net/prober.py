@@ -136,17 +136,25 @@ class _Probe:
         self.bulk_bytes = 0
 
 
+def _robust_rtt(samples: Sequence[float]) -> float:
+    """Median of the fastest two thirds of the pings: a busy CPU or a GC pause only ever delays a
+    ping, so the slowest third is dropped; the link's own jitter is symmetric and biases this by
+    about a sixth of its amplitude."""
+    fastest = sorted(samples)[: max(1, (2 * len(samples) + 2) // 3)]
+    return statistics.median(fastest)
+
+
 async def probe_link(
     client: "DataPlaneClient",
     url: str,
     dst_name: str,
     emulator: Optional["LinkEmulator"] = None,
-    ping_count: int = 7,
+    ping_count: int = 9,
     bulk_bytes: int = 64 << 10,
     deadline_s: float = 10.0,
     *,
-    min_bulk_s: float = 0.25,
-    target_s: float = 0.4,
+    min_bulk_s: float = 0.2,
+    target_s: float = 0.3,
     max_bulk_bytes: int = 64 << 20,
     clock: Callable[[], float] = time.perf_counter,
 ) -> LinkMeasurement:
@@ -174,7 +182,7 @@ async def probe_link(
                 raise ValueError(f"bad ping reply {reply[0] if reply else None!r}")
             if seq:
                 st.rtts.append(dt)
-        rtt = statistics.median(st.rtts)
+        rtt = _robust_rtt(st.rtts)
         size, payload = bulk_bytes, bytearray()
         last: Optional[tuple[int, float]] = None  # (size, transfer seconds) of the previous round
         cap = max_bulk_bytes  # lowered if the peer refuses messages that big
@@ -204,6 +212,14 @@ async def probe_link(
                 if transfer <= 0:
                     raise ValueError(f"bulk transfer of {size} bytes took {dt * 1e3:.2f} ms, less than the RTT")
                 st.mbps, st.bulk_bytes = size * 8 / transfer / 1e6, size
+                if clock() + 1.5 * dt < deadline:
+                    # once more at this size, keeping the faster: noise (a busy CPU, a GC pause)
+                    # only ever slows a transfer down, it never speeds one up
+                    t = clock()
+                    reply = await send({"op": "bulk"}, [memoryview(payload)[:size]])
+                    again = clock() - t - rtt
+                    if reply and reply[0].get("nbytes") == size and 0 < again < transfer:
+                        st.mbps = size * 8 / again / 1e6
                 return
             last = (size, transfer)
             grow = target_s / transfer if transfer > 1e-3 else 16.0
@@ -222,7 +238,7 @@ async def probe_link(
         raise
     except Exception as e:  # a refused, broken or misbehaving peer: the link is unknown, nothing more
         error = f"{type(e).__name__}: {e}"[:500]
-    rtt_ms = statistics.median(st.rtts) * 1e3 if st.rtts else None
+    rtt_ms = _robust_rtt(st.rtts) * 1e3 if st.rtts else None
     ok = not error and rtt_ms is not None and st.mbps is not None
     return LinkMeasurement(
         dst=dst_name, status="ok" if ok else "unknown", rtt_ms=rtt_ms if rtt_ms and rtt_ms > 0 else None,

@@ -85,11 +85,15 @@ class Trainer:
         self.wire_bytes: dict[int, dict[str, int]] = {}  # step -> destination peer -> bytes sent
         self.codecs_used: dict[str, str] = {}  # "kind->destination name" -> last codec
         self._policy = AdaptivePolicy()
+        from ..net.prober import PassiveEstimator
+
+        self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination
         self._feedback = codecs.ErrorFeedback()
         self._mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
         self.profile = None  # profile.profiler.DeviceProfile of this peer
         self.probes: dict[str, Any] = {}  # peer id -> net.prober.LinkMeasurement
         self.probe_seconds = 0.0
+        self.probe_window: list[float] = []  # [unix start, unix end] of this peer's probing
         self.measured = asyncio.Event()
         self._bad_logged: set = set()
         peer.before_serving(self._install)
@@ -124,7 +128,9 @@ class Trainer:
                 "num_stages": self.smap.num_stages if self.smap else None,
                 "epoch": self.smap.epoch if self.smap else None, "step": self.step,
                 "steps_done": self.steps_done, "steps_total": self.job.steps if self.job else None,
-                "loss": last, "error": self.error or self.refused}
+                "loss": last, "error": self.error or self.refused,
+                "links_mbps": {self.peer.name_of(d): round(v, 2) for d in self.passive.destinations()
+                               if (v := self.passive.estimate_mbps(d)) is not None}}
 
     def report(self) -> dict:
         durations = [e - s for _, s, e in self.step_times]
@@ -188,7 +194,7 @@ class Trainer:
                 "tflops": self._tflops(), "scale": dev.scale if dev else 1.0,
                 "memory_gb": round(self.profile.memory_bytes / 2**30, 3) if self.profile else None,
                 "links": {self.peer.name_of(p): m.to_dict() for p, m in self.probes.items()},
-                "probe_seconds": round(self.probe_seconds, 3),
+                "probe_seconds": round(self.probe_seconds, 3), "probe_window": self.probe_window,
                 "device_stats": dev.stats().to_dict() if dev else None,
                 "fidelity": dev.fidelity() if dev else None, "complete": self.measured.is_set()}
 
@@ -233,6 +239,7 @@ class Trainer:
 
         await self._wait_probe_turn()
         t_start = time.monotonic()
+        self.probe_window = [time.time(), time.time()]
         while True:
             members = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
             todo = [r for r in members if r.peer_id not in self.probes and r.data_url]
@@ -243,6 +250,7 @@ class Trainer:
                     log.warning("link to %s unknown: %s", self.peer.name_of(r.peer_id), m.error)
             if todo:
                 self.probe_seconds = time.monotonic() - t_start
+                self.probe_window[1] = time.time()
                 await measure.publish(self.peer, measure.LINKS,
                                       {"links": {p: m.to_dict() for p, m in self.probes.items()}})
                 log.info("probed %d link(s) in %.1fs", len(self.probes), self.probe_seconds)
@@ -250,7 +258,7 @@ class Trainer:
                 self.measured.set()
             await asyncio.sleep(1.0)
 
-    async def _wait_probe_turn(self, at_once: int = 2, max_wait_s: float = 60.0) -> None:
+    async def _wait_probe_turn(self, at_once: int = 3, max_wait_s: float = 60.0) -> None:
         """Peers probe in turns of ``at_once``, in peer-id order: many concurrent probes would share
         the CPU (and the loopback) and measure each other instead of the links."""
         from ..swarm import measure
@@ -488,8 +496,12 @@ class Trainer:
                                             link=self.peer.link_to(dst))
                 per = self.wire_bytes.setdefault(step, {})
                 per[dst] = per.get(dst, 0) + nbytes
+                elapsed = loop.time() - t0
+                probe = self.probes.get(dst)
+                one_way = probe.rtt_ms / 2000 if probe is not None and probe.rtt_ms else 0.0
+                self.passive.observe(dst, nbytes, elapsed, latency_s=one_way)
                 if kind != GSUM:
-                    self._policy.observe(dst, nbytes, loop.time() - t0)
+                    self._policy.observe(dst, nbytes, elapsed)
                 return
             except RemoteError as e:
                 if e.status != 503 or loop.time() > deadline:

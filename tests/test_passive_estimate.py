@@ -1,0 +1,47 @@
+"""The passive bandwidth estimate, from real training traffic, sees a link's bandwidth drop."""
+import os
+import time
+
+from spantrain_p2p import scenario
+from spantrain_p2p.launch import wait_until
+
+SCENARIO = "peers/trace-drop.toml"
+
+
+def test_a_bandwidth_drop_in_a_trace_is_seen_within_5_seconds(peers):
+    s = scenario.load(SCENARIO)
+    (rl,) = s.region_links
+    t_drop = rl.trace[1][0]
+    region = {p.name: p.region for p in s.peers}
+    t0 = time.monotonic()
+    swarm = f"trace-{os.getpid()}"
+    common = ["--swarm", swarm, "--emulate-t0", str(t0)]
+    first = peers("west-1", "--emulate", f"{SCENARIO}:west-1", *common, "--steps", "1000000", "--peers", "4",
+                  "--stages", "4", "--micro-batches", "4")
+    first.wait_ready(60)
+    rest = [peers(n, "--emulate", f"{SCENARIO}:{n}", *common, "--join", first.info["address"])
+            for n in ("west-2", "east-1", "east-2")]
+    everyone = [first, *rest]
+    for p in rest:
+        p.wait_ready(60)
+    wait_until(lambda: all(p.status()["state"] == "training" for p in everyone), t_drop - 5 - (time.monotonic() - t0))
+
+    seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    while time.monotonic() - t0 < t_drop + 8:
+        for p in everyone:
+            for dst, mbps in p.status()["train"]["links_mbps"].items():
+                if region[p.name] != region[dst]:
+                    seen.setdefault((p.name, dst), []).append((time.monotonic() - t0, mbps))
+        time.sleep(0.25)
+    assert seen, "no training traffic crossed the regions"
+    delays = []
+    for link, samples in seen.items():
+        before = [m for t, m in samples if t_drop - 8 < t < t_drop]
+        if not before:
+            continue
+        level = sorted(before)[len(before) // 2]
+        after = [t for t, m in samples if t >= t_drop and m < 0.3 * level]
+        assert after, f"{link}: estimate never fell below 30 % of {level:.1f} Mbit/s: {samples[-10:]}"
+        delays.append(after[0] - t_drop)
+    assert delays and max(delays) <= 5.0, delays
+    print(f"\nbandwidth drop seen after {', '.join(f'{d:.2f}s' for d in delays)} on {len(delays)} cross-region link(s)")

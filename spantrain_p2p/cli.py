@@ -63,7 +63,10 @@ def peer_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     t.add_argument("--seed", type=int, default=0, help="seed of the data order and the model init")
-    t.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
+    t.add_argument("--schedule", default="auto", choices=["auto", "gpipe", "1f1b", "zb-h1"],
+                   help="pipeline schedule (default auto: the planner picks)")
+    t.add_argument("--plan", default="planner", choices=["planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy"],
+                   help="who places the layers (default: the planner, from the measurements)")
     t.add_argument("--recv-timeout", type=float, default=60.0, metavar="S",
                    help="deadline of every activation/gradient receive (default %(default)s)")
     t.add_argument("--compression", default="none",
@@ -110,7 +113,7 @@ def _train_options(a: argparse.Namespace):
         job = JobSpec(model=a.model, model_args=_model_args(a.model_arg), seq_len=a.seq_len,
                       micro_batch_size=a.micro_batch_size, num_micro_batches=a.micro_batches, steps=a.steps,
                       seed=a.seed, lr=a.lr, optimizer=a.optimizer, schedule=a.schedule, peers=a.peers,
-                      recv_timeout_s=a.recv_timeout, stages=a.stages, compression=a.compression, checkpoint_every=a.checkpoint_every)
+                      recv_timeout_s=a.recv_timeout, stages=a.stages, compression=a.compression, plan=a.plan, checkpoint_every=a.checkpoint_every)
     return TrainOptions(job=job, allowed_models=allowed, dump_grads_dir=a.dump_grads, dump_step=a.dump_step,
                         checkpoint_dir=a.checkpoint_dir, measure=not a.no_measure, measure_only=a.measure_only)
 
@@ -231,7 +234,8 @@ def main_parser() -> argparse.ArgumentParser:
     sw.add_argument("--micro-batches", type=int, default=4)
     sw.add_argument("--lr", type=float, default=1e-3)
     sw.add_argument("--seed", type=int, default=0)
-    sw.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "zb-h1"])
+    sw.add_argument("--schedule", default="auto", choices=["auto", "gpipe", "1f1b", "zb-h1"])
+    sw.add_argument("--plan", default="planner", choices=["planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy"])
     sw.add_argument("--recv-timeout", type=float, default=60.0)
     sw.add_argument("--stages", type=int, default=0, help="pipeline depth (0: one peer per stage)")
     sw.add_argument("--measure-only", action="store_true",

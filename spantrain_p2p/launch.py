@@ -171,7 +171,7 @@ def job_args(args, num_peers: int) -> tuple[list[str], list[str]]:
     for kv in args.model_arg:
         first += ["--model-arg", kv]
     first += ["--stages", str(args.stages), "--checkpoint-every", str(args.checkpoint_every),
-              "--compression", args.compression]
+              "--compression", args.compression, "--plan", args.plan]
     every = ["--model", args.model, "--recv-timeout", str(args.recv_timeout)]
     if args.dump_grads:
         every += ["--dump-grads", args.dump_grads]

@@ -34,7 +34,8 @@ def wait_done(procs, timeout):
 def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_path):
     """1 peer defines the job, 3 join by hand: gradients after step 0 and 30 losses match the reference."""
     swarm, steps, grads_dir = f"hand-{os.getpid()}", 30, str(tmp_path / "grads")
-    origin = peers("p0", "--swarm", swarm, "--steps", str(steps), "--peers", "4", "--dump-grads", grads_dir)
+    origin = peers("p0", "--swarm", swarm, "--steps", str(steps), "--peers", "4", "--dump-grads", grads_dir,
+                   "--plan", "even", "--schedule", "gpipe")
     origin.wait_ready(60)
     rest = [peers(f"p{i}", "--swarm", swarm, "--join", origin.info["address"], "--dump-grads", grads_dir)
             for i in range(1, 4)]
@@ -68,6 +69,7 @@ def test_replicated_stages_average_gradients_and_train_like_one_process(tmp_path
     steps, grads_dir = 20, str(tmp_path / "grads")
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
                         "--steps", str(steps), "--stages", "2", "--micro-batches", "6", "--dump-grads", grads_dir,
+                        "--plan", "even",
                         "--json", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
@@ -143,7 +145,7 @@ def test_a_bad_tensor_message_is_rejected_with_its_reason_and_training_goes_on(p
     from spantrain_p2p.pipeline.messages import encode_tensor
 
     swarm = f"bad-{os.getpid()}"
-    a = peers("a", "--swarm", swarm, "--steps", "100000", "--peers", "2")
+    a = peers("a", "--swarm", swarm, "--steps", "100000", "--peers", "2", "--plan", "even")
     a.wait_ready(60)
     b = peers("b", "--swarm", swarm, "--join", a.info["address"])
     b.wait_ready(60)

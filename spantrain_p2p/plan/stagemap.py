@@ -55,6 +55,10 @@ class StageMap:
     stages: tuple[Stage, ...]
     start_step: int = 0
     names: tuple[tuple[str, str], ...] = ()  # (peer id, human name) for display
+    schedule: str = ""  # "" = the job's
+    term: int = 0  # the planner's election term that published it
+    predicted_step_s: float = 0.0  # the planner's cost-model prediction (0: none)
+    bottleneck: str = ""
 
     @property
     def num_stages(self) -> int:
@@ -73,11 +77,13 @@ class StageMap:
         return {"epoch": self.epoch, "job_id": self.job_id, "start_step": self.start_step,
                 "stages": [{"peers": list(s.peers), "layers": list(s.layers), "shares": list(s.shares)}
                            for s in self.stages],
-                "names": [list(x) for x in self.names]}
+                "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
+                "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
-        return {"epoch": self.epoch,
+        return {"epoch": self.epoch, "term": self.term, "schedule": self.schedule,
+                "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck,
                 "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers),
                             "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()}}
                            for s in self.stages]}
@@ -114,9 +120,9 @@ class StageMap:
             expect = layers[1]
             shares = s.get("shares", [])
             if not isinstance(shares, list) or (shares and len(shares) != len(peers)) or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < 1e9 for x in shares
-            ):
-                raise ValueError(f"stage {i} shares must be one positive number per peer")
+                isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1e9 for x in shares
+            ) or (shares and sum(shares) <= 0):
+                raise ValueError(f"stage {i} shares must be one non-negative number per peer, not all zero")
             stages.append(Stage(tuple(peers), (layers[0], layers[1]), tuple(float(x) for x in shares)))
         if expect != num_layers:
             raise ValueError(f"stage map covers layers [0, {expect}) of a {num_layers}-layer model")
@@ -125,7 +131,18 @@ class StageMap:
             isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) and len(y) <= 128 for y in x) for x in names
         ):
             raise ValueError("stage map names must be [peer id, name] pairs")
-        return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names))
+        schedule, term = d.get("schedule", ""), d.get("term", 0)
+        pred, bottleneck = d.get("predicted_step_s", 0.0), d.get("bottleneck", "")
+        if schedule not in ("", "gpipe", "1f1b", "zb-h1"):
+            raise ValueError(f"stage map schedule {schedule!r} is unknown")
+        if not (isinstance(term, int) and not isinstance(term, bool) and 0 <= term < 2**62):
+            raise ValueError("stage map term must be a non-negative int")
+        if isinstance(pred, bool) or not isinstance(pred, (int, float)) or not 0 <= pred < 1e9 or pred != pred:
+            raise ValueError("stage map predicted_step_s must be a non-negative number")
+        if not isinstance(bottleneck, str) or len(bottleneck) > 200:
+            raise ValueError("stage map bottleneck must be a short string")
+        return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
+                   float(pred), bottleneck)
 
 
 def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

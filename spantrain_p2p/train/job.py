@@ -21,7 +21,8 @@ from .. import PROTOCOL_VERSION, __version__
 from . import model as model_lib
 
 BUILTIN = "transformer"
-SCHEDULES = ("gpipe", "1f1b", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "auto")  # auto: the planner picks
+PLANS = ("planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy")
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -54,6 +55,7 @@ class JobSpec:
     optimizer: str = "adam"
     schedule: str = "gpipe"
     compression: str = "none"  # none | fp16 | int8 | topk:R | adaptive (per link, see compress.adaptive)
+    plan: str = "planner"  # who places the layers: the planner, an even split, or a baseline
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -83,6 +85,8 @@ class JobSpec:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, not {self.schedule!r}")
+        if self.plan not in PLANS:
+            raise ValueError(f"plan must be one of {PLANS}, not {self.plan!r}")
         if self.compression != "adaptive":
             from ..compress import codecs
 

@@ -1,10 +1,11 @@
 """A peer's part in training: adopt the job, agree on the stage map, run its stage step by step.
 
 There is no coordinator. The peer that starts the swarm publishes the job in the DHT; every peer
-checks it can run it and says so (state ``ready``). The stage map is computed by a rule every
-peer can evaluate (``plan.stagemap.placeholder_map``, until the planner exists) and published,
-signed, by the ready peer with the lowest id; every peer adopts the newest epoch it sees. Then
-each stage runs its schedule: activations and gradients go peer to peer over the data plane.
+checks it can run it, measures its device and its links (published in the DHT) and says so
+(state ``ready``). Every peer computes the region groups of the same measurement snapshot and
+publishes their digest; the elected planner (``swarm.election``) plans once a quorum agrees and
+publishes the signed stage map; every peer adopts the newest (term, epoch) it sees. Then each
+stage runs its schedule: activations and gradients go peer to peer over the data plane.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import aiohttp
@@ -30,7 +31,8 @@ from ..pipeline.peerplan import peer_actions
 from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap, placeholder_map
 from ..swarm.records import BadRecord, open_payload, sign_payload
-from . import data
+from ..swarm.election import Election
+from . import data, planning
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .optim import make_optimizer
 
@@ -95,6 +97,10 @@ class Trainer:
         self.probe_seconds = 0.0
         self.probe_window: list[float] = []  # [unix start, unix end] of this peer's probing
         self.measured = asyncio.Event()
+        self.election: Optional[Election] = None
+        self.groups_digest: Optional[str] = None
+        self.groups: list[list[str]] = []
+        self.replans = 0
         self._bad_logged: set = set()
         peer.before_serving(self._install)
 
@@ -129,6 +135,10 @@ class Trainer:
                 "epoch": self.smap.epoch if self.smap else None, "step": self.step,
                 "steps_done": self.steps_done, "steps_total": self.job.steps if self.job else None,
                 "loss": last, "error": self.error or self.refused,
+                "planner": (self.peer.name_of(self.election.leader.peer_id) if self.election and self.election.leader
+                            else None),
+                "term": self.election.leader.term if self.election and self.election.leader else None,
+                "groups_digest": self.groups_digest, "groups": self.groups, "replans": self.replans,
                 "links_mbps": {self.peer.name_of(d): round(v, 2) for d in self.passive.destinations()
                                if (v := self.passive.estimate_mbps(d)) is not None}}
 
@@ -178,6 +188,11 @@ class Trainer:
                 await self.peer.set_state("done")
                 return
         await self.peer.set_state("ready")
+        self.election = Election(self.peer, lease_s=6.0,
+                                 candidates=lambda: [r.peer_id for r in self._ready_peers()])
+        self.peer.spawn(self.election.run(1.0), "election")
+        self.peer.spawn(self._groups_loop(), "groups")
+        self.peer.spawn(self._planner_loop(), "planner")
         self.smap = await self._await_stage_map()
         self.stage = self.smap.stage_of(self.peer.peer_id)
         if self.stage is None:
@@ -311,21 +326,22 @@ class Trainer:
                                           get_dht_time() + RECORD_TTL_S, subkey="job")
 
     async def _read_stage_maps(self) -> Optional[StageMap]:
+        """The newest valid stage map of this job: highest (term, epoch), so a stale planner's
+        publications (an older term) lose to its successor's."""
         found = await self.peer.dht.get(stagemap_key(self.peer.config.swarm), latest=True)
         if found is None or not isinstance(found.value, dict):
             return None
         best = None
-        members = {r.peer_id for r in self.peer.live_members()}
         for sub, entry in found.value.items():
             try:
                 signer, payload = open_payload(entry.value, MAX_MAP_BYTES)
                 smap = StageMap.from_dict(payload, self.handle.num_layers)
             except (BadRecord, ValueError) as e:
-                log.warning("ignoring stage map %r: %s", sub, e)
+                self._log_bad(sub, f"stage map {str(sub)[:16]}: {e}")
                 continue
-            if smap.job_id != self.job.job_id or signer not in members | set(smap.stages[0].peers):
+            if smap.job_id != self.job.job_id:
                 continue
-            if best is None or smap.epoch > best.epoch:
+            if best is None or (smap.term, smap.epoch) > (best.term, best.epoch):
                 best = smap
         return best
 
@@ -334,20 +350,109 @@ class Trainer:
         while True:
             smap = await self._read_stage_maps()
             if smap is not None:
-                log.info("stage map epoch %d: %s", smap.epoch, " | ".join(
-                    f"{'+'.join(smap.name_of(p) for p in s.peers)} [{s.layers[0]},{s.layers[1]})" for s in smap.stages))
+                self._log_map(smap)
                 return smap
-            ready = [r for r in await self.peer.members() if r.state in ("ready", "training")]
-            if len(ready) >= self.job.peers and ready[0].peer_id == self.peer.peer_id:
-                smap = placeholder_map([r.peer_id for r in ready], self.handle.num_layers, self.job.job_id,
-                                       epoch=1, names={r.peer_id: r.name for r in ready}, num_stages=self.job.stages)
-                await self._store(stagemap_key(self.peer.config.swarm), f"{smap.epoch:012d}",
-                                  sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
-                log.info("published stage map epoch %d for %d peers", smap.epoch, len(ready))
-            elif not announced:
-                log.info("waiting for a stage map (%d of %d peers ready)", len(ready), self.job.peers)
+            if not announced:
+                log.info("waiting for the planner's stage map (%d of %d peers ready)",
+                         len(self._ready_peers()), self.job.peers)
                 announced = True
             await asyncio.sleep(self.opts.poll_s)
+
+    def _log_map(self, smap: StageMap) -> None:
+        pred = f", predicted step {smap.predicted_step_s:.3f}s ({smap.bottleneck})" if smap.predicted_step_s else ""
+        log.info("stage map epoch %d (term %d, %s%s): %s", smap.epoch, smap.term, smap.schedule or self.job.schedule,
+                 pred, " | ".join(f"{'+'.join(smap.name_of(p) for p in st.peers)} [{st.layers[0]},{st.layers[1]})"
+                                  for st in smap.stages))
+
+    def _ready_peers(self) -> list:
+        return [r for r in self.peer.live_members() if r.state in ("ready", "training", "done")]
+
+    # ---- groups, election, planning ----------------------------------------------------------------
+    async def _measured_snapshot(self):
+        """(peer ids, profiles, links) of the ready peers whose measurements are in the DHT."""
+        from ..swarm import measure
+
+        profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self._log_bad)
+        links = await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self._log_bad)
+        ids = sorted(r.peer_id for r in self._ready_peers() if r.peer_id in profiles and r.peer_id in links)
+        return ids, profiles, links
+
+    async def _groups_loop(self) -> None:
+        """Every peer computes the grouping of the same snapshot and publishes its digest."""
+        from ..swarm import grouping, measure
+
+        published = None
+        while True:
+            try:
+                ids, profiles, links = await self._measured_snapshot()
+                if ids:
+                    snap = planning.snapshot(profiles, links, ids)
+                    g = grouping.group(snap)
+                    self.groups_digest = g.digest()
+                    self.groups = [sorted(self.peer.name_of(p) for p in grp.peers) for grp in g.groups]
+                    if (self.groups_digest, ids) != published:
+                        await measure.publish(self.peer, measure.GROUPS, {"digest": self.groups_digest, "peers": ids})
+                        published = (self.groups_digest, ids)
+            except Exception as e:
+                log.warning("grouping round failed: %s", e)
+            await asyncio.sleep(1.0)
+
+    async def _quorum(self, ids: list[str], digest: str) -> bool:
+        """More than half of the snapshot's peers published the same groups digest for it."""
+        from ..swarm import measure
+
+        votes = await measure.read(self.peer, measure.GROUPS, lambda d: (d["digest"], list(d["peers"])), self._log_bad)
+        agree = sum(1 for p in ids if votes.get(p) == (digest, ids))
+        return agree * 2 > len(ids)
+
+    async def _planner_loop(self) -> None:
+        """Runs on every peer; acts while this peer holds the planner lease: publishes the first
+        stage map once enough peers are measured and agree on the groups, and a new epoch when a
+        peer of the current map is gone."""
+        while True:
+            await asyncio.sleep(self.opts.poll_s)
+            if self.election is None or not self.election.is_leader:
+                continue
+            try:
+                current = await self._read_stage_maps()
+                alive = {r.peer_id for r in self.peer.live_members()}
+                if current is not None and all(p in alive for st in current.stages for p in st.peers):
+                    continue
+                await self._plan_and_publish(current)
+            except Exception as e:
+                log.warning("planning round failed: %r", e)
+
+    async def _plan_and_publish(self, current: Optional[StageMap]) -> None:
+        job = self.job
+        measured = job.plan != "even" and self.opts.measure and planning.model_profile(job) is not None
+        if measured:
+            ids, profiles, links = await self._measured_snapshot()
+            if current is None and len(ids) < job.peers:
+                return
+            if not ids or self.groups_digest is None or not await self._quorum(ids, self.groups_digest):
+                return
+        else:
+            ids = sorted(r.peer_id for r in self._ready_peers())
+            if current is None and len(ids) < job.peers:
+                return
+        names = {r.peer_id: r.name for r in self.peer.live_members()}
+        epoch = (current.epoch if current else 0) + 1
+        term = self.election.leader.term
+        start = current.start_step if current else 0
+        if measured:
+            snap = planning.snapshot(profiles, links, ids)
+            t0 = time.perf_counter()
+            plan = await asyncio.to_thread(planning.make_plan, job, snap, job.plan)
+            smap = planning.to_stage_map(plan, job, epoch, names, term, start)
+            log.info("planned %d stages for %d peers in %.2fs: predicted %.3fs per step, bottleneck %s",
+                     smap.num_stages, len(ids), time.perf_counter() - t0, plan.step_s, plan.bottleneck)
+        else:
+            smap = replace(placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names,
+                                           start_step=start, num_stages=job.stages), term=term)
+        await self._store(stagemap_key(self.peer.config.swarm), f"{smap.epoch:012d}",
+                          sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
+        self.replans += current is not None
+        log.info("published stage map epoch %d (term %d)", smap.epoch, term)
 
     async def _train(self) -> None:
         job, smap, k = self.job, self.smap, self.stage
@@ -379,7 +484,7 @@ class Trainer:
                                  recv=self._recv, send=self._send, device=self.peer.device, flops=flops)
         opt = make_optimizer(job, executor.params)
         assignments = [st.assign(M) for st in smap.stages]
-        actions = peer_actions(assignments, job.schedule).get((k, me), [])  # this peer's micro-batches, in order
+        actions = peer_actions(assignments, smap.schedule or self._default_schedule()).get((k, me), [])  # this peer's micro-batches, in order
         self._expect = expect
         await self.peer.set_state("training")
         try:
@@ -412,6 +517,9 @@ class Trainer:
             executor.close()
         await self.peer.set_state("done")
         log.info("training done: %d steps", self.steps_done)
+
+    def _default_schedule(self) -> str:
+        return "gpipe" if self.job.schedule == "auto" else self.job.schedule
 
     async def _sum_gradients(self, step: int, params: list[torch.nn.Parameter]) -> None:
         """All-reduce (sum) of this stage's weight gradients among its replicas, layer by layer.

@@ -1,0 +1,65 @@
+"""From the swarm's measurements to a stage map: the glue between the live swarm and the planner.
+
+Pure functions: the trainer reads profiles and probes from the DHT, these turn them into the
+planner's snapshot, run the planner (or a baseline) for the job, and turn the plan into the stage
+map the peers follow.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ..plan import types as pt
+from ..plan.stagemap import Stage, StageMap
+from .job import BUILTIN, JobSpec, ModelHandle
+
+PLANNERS = ("planner", "gpipe-uniform", "1f1b-uniform", "greedy", "even")
+
+
+def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: list[str]) -> pt.Snapshot:
+    """Snapshot of ``peer_ids`` in real time units: a peer's FLOP/s is what it measured on itself
+    (its virtual device's real speed when emulating); links are the measured ones (unknown if none)."""
+    ids = [p for p in peer_ids if p in profiles]
+    devices = [{"peer": p, "tflops": profiles[p]["profile"]["effective_tflops"],
+                "memory_gb": profiles[p]["profile"]["memory_bytes"] / 2**30} for p in ids]
+    rows = []
+    for src in ids:
+        for dst, m in (links.get(src) or {}).items():
+            if dst in ids and dst != src:
+                rows.append({"src": src, "dst": dst, "rtt_ms": m.get("rtt_ms"), "mbps": m.get("mbps"),
+                             "status": m.get("status", "unknown")})
+    return pt.Snapshot.from_measurements({"devices": devices, "links": rows})
+
+
+def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
+    """The job's model as the planner sees it (None for a user model: no FLOP model of it yet)."""
+    if job.model != BUILTIN:
+        return None
+    return pt.ModelProfile.from_model_config(ModelHandle(job)._config())
+
+
+def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan:
+    """The plan of ``kind`` for the job: micro-batch size and count stay the job's (the data of a
+    step is addressed by micro-batch, so the loss curve does not depend on the plan)."""
+    from ..plan import planner as pl
+
+    prof = model_profile(job)
+    if prof is None:
+        raise ValueError("the planner needs a FLOP model of the job's model")
+    schedules = ("gpipe", "1f1b", "zb-h1") if job.schedule == "auto" else (job.schedule,)
+    comp = ("none", "fp16", "int8") if job.compression == "adaptive" else ("none",)
+    opts = pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
+                             schedules=schedules, compressions=comp)
+    if kind == "planner":
+        return pl.plan(snap, prof, opts).plan
+    found = pl.baselines(snap, prof, opts)
+    return found[kind]
+
+
+def to_stage_map(plan: pt.Plan, job: JobSpec, epoch: int, names: Mapping[str, str], term: int = 0,
+                 start_step: int = 0) -> StageMap:
+    stages = tuple(Stage(tuple(s.peers), (s.layers[0], s.layers[1]), tuple(max(x, 0.0) for x in s.shares))
+                   for s in plan.stages)
+    used = [p for s in stages for p in s.peers]
+    return StageMap(epoch, job.job_id, stages, start_step, tuple((p, names.get(p, "")) for p in used),
+                    schedule=plan.schedule, term=term, predicted_step_s=float(plan.step_s),
+                    bottleneck=plan.bottleneck)

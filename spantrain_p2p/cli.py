@@ -238,6 +238,9 @@ def main_parser() -> argparse.ArgumentParser:
     sw.add_argument("--plan", default="planner", choices=["planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy"])
     sw.add_argument("--recv-timeout", type=float, default=60.0)
     sw.add_argument("--stages", type=int, default=0, help="pipeline depth (0: one peer per stage)")
+    sw.add_argument("--chaos", action="append", default=[], metavar="SPEC",
+                    help="fault injection, repeatable: kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "
+                    "degrade:A-B:F@t=S, restore:A-B@t=S")
     sw.add_argument("--measure-only", action="store_true",
                     help="profile devices and probe links, print the measurements, stop")
     sw.add_argument("--compression", default="none", help="none, fp16, int8, topk:R or adaptive")

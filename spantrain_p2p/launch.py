@@ -139,22 +139,27 @@ def wait_until(pred, timeout: float, interval: float = 0.25):
 
 
 def launch_scenario(scenario_path: str, run_dir: str, heartbeat: float = 2.0, swarm: Optional[str] = None,
-                    extra_args: tuple[str, ...] = (), first_args: tuple[str, ...] = ()) -> list[PeerProcess]:
-    """Starts one peer per scenario peer: the first one alone (with ``first_args``), the rest joining it."""
+                    extra_args: tuple[str, ...] = (), first_args: tuple[str, ...] = (),
+                    hold: tuple[str, ...] = ()) -> list[PeerProcess]:
+    """Starts one peer per scenario peer: the first one alone (with ``first_args``), the rest joining it.
+    Peers named in ``hold`` are prepared (with --join) but not started: ``start()`` them later."""
     from . import scenario as sc
 
     s = sc.load(scenario_path)
     swarm = swarm or f"{s.name}-{os.getpid()}-{int(time.time())}"
     common = ["--swarm", swarm, "--heartbeat", str(heartbeat), *extra_args]
     procs = [PeerProcess(p.name, ["--emulate", f"{scenario_path}:{p.name}", *common], run_dir) for p in s.peers]
-    procs[0].args += list(first_args)
+    starting = [p for p in procs if p.name not in hold]
+    starting[0].args += list(first_args)
     try:
-        first = procs[0].start()
+        first = starting[0].start()
         first.wait_ready(60)
-        for p in procs[1:]:
-            p.args += ["--join", first.info["address"]]
+        for p in procs:
+            if p is not first:
+                p.args += ["--join", first.info["address"]]
+        for p in starting[1:]:
             p.start()
-        for p in procs[1:]:
+        for p in starting[1:]:
             p.wait_ready(90)
     except BaseException:
         for p in procs:
@@ -213,48 +218,173 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
                        "error": r["error"]} for r in reports]}
 
 
-def _progress(procs: list["PeerProcess"], total: int, t_start: float) -> tuple[Optional[str], bool, Optional[str]]:
-    """(progress line, finished, error) from the peers' /status."""
-    sts = []
-    for p in procs:
-        if not p.alive():
-            return None, False, f"peer {p.name} exited (code {p.proc.returncode}):\n{p.log_tail(8)}"
-        sts.append(p.status())
-    trains = [st.get("train") or {} for st in sts]
-    errors = [f"{p.name}: {t['error']}" for p, t in zip(procs, trains) if t.get("error")]
-    if errors:
-        return None, False, "; ".join(errors)
-    staged = [(st, t) for st, t in zip(sts, trains) if t.get("stage") is not None]
-    if not staged:
-        return "waiting for the stage map…", False, None
-    done = min(t["steps_done"] for _, t in staged)
-    loss = next((t["loss"] for _, t in staged if t["stage"] == t["num_stages"] - 1), None)
-    elapsed = time.monotonic() - t_start
-    rate = done / elapsed if elapsed > 0 and done else 0.0
-    eta = (total - done) / rate if rate else float("nan")
-    line = (f"step {done:>4}/{total}  loss {loss:.4f}  {rate:.2f} steps/s  ETA {eta:.0f}s" if loss is not None
-            else f"step {done:>4}/{total}")
-    finished = all(st["state"] == "done" for st, _ in staged)
-    return line, finished, None
+class RunFollower:
+    """Follows a training run from the peers' /status: progress line, chaos, losses, events.
+
+    Losses are gathered while the run goes (each peer's recent ones, tagged with its epoch), so a
+    peer killed later does not take its part of the loss curve with it; for each step the newest
+    epoch's values count (a redone step replaces the abandoned one).
+    """
+
+    def __init__(self, procs: list["PeerProcess"], args, say, chaos: list, launch_peer=None):
+        self.procs, self.args, self.say = procs, args, say
+        self.chaos = sorted(chaos, key=lambda c: (c.at_step if c.at_step is not None else -1, c.at_t or 0))
+        self.launch_peer = launch_peer
+        self.t0 = time.monotonic()
+        self.killed: set[str] = set()
+        self.losses: dict[tuple[int, str], dict[int, tuple[float, int]]] = {}
+        self.plans: dict[int, dict] = {}
+        self.events: list[dict] = []
+        self.pending_recovery: list[dict] = []
+        self.max_step = 0
+
+    def live(self) -> list["PeerProcess"]:
+        return [p for p in self.procs if p.name not in self.killed and p.proc is not None]
+
+    def poll(self) -> tuple[list[tuple["PeerProcess", dict]], Optional[str]]:
+        sts = []
+        for p in self.live():
+            if not p.alive():
+                return [], f"peer {p.name} exited (code {p.proc.returncode}):\n{p.log_tail(8)}"
+            try:
+                sts.append((p, p.status()))
+            except OSError:
+                continue
+        for p, st in sts:
+            t = st.get("train") or {}
+            if t.get("error") and "stopped the run" in t["error"]:
+                return sts, f"{p.name}: {t['error']}"
+            plan = t.get("plan")
+            if plan:
+                self.plans.setdefault(plan["epoch"], plan)
+                for step, total, count in t.get("recent_losses", []):
+                    self.losses.setdefault((plan["epoch"], p.name), {})[step] = (total, count)
+        return sts, None
+
+    def loss_curve(self) -> list[float]:
+        best: dict[int, tuple[int, float, int]] = {}
+        per_epoch: dict[tuple[int, int], list[float]] = {}
+        for (epoch, _), steps in self.losses.items():
+            for step, (total, count) in steps.items():
+                acc = per_epoch.setdefault((epoch, step), [0.0, 0])
+                acc[0] += total
+                acc[1] += count
+        for (epoch, step), (total, count) in per_epoch.items():
+            if step not in best or epoch > best[step][0]:
+                best[step] = (epoch, total, count)
+        return [best[s][1] / best[s][2] for s in sorted(best) if best[s][2]]
+
+    def fire_chaos(self, sts) -> None:
+        now = time.monotonic() - self.t0
+        done = min((st["train"]["steps_done"] for _, st in sts if (st.get("train") or {}).get("stage") is not None),
+                   default=0)
+        while self.chaos:
+            c = self.chaos[0]
+            if (c.at_step is not None and done < c.at_step) or (c.at_t is not None and now < c.at_t):
+                return
+            self.chaos.pop(0)
+            ev = {"kind": c.action, "target": c.target, "step": self.max_step, "t_s": round(now, 2)}
+            if c.action == "kill":
+                name = c.target
+                if name == "planner":
+                    name = next((st["train"].get("planner") for _, st in sts if (st.get("train") or {}).get("planner")), None)
+                victim = next((p for p in self.live() if p.name == name), None)
+                if victim is None:
+                    self.say(f"chaos: cannot kill {c.target}: not running")
+                    continue
+                victim.kill()
+                self.killed.add(victim.name)
+                ev["target"] = victim.name
+                self.say(f"chaos: killed {victim.name} (SIGKILL) after step {done}")
+                self.pending_recovery.append(ev)
+            elif c.action == "join":
+                self.say(f"chaos: {c.target} joins at step {done}")
+                self.launch_peer(c.target)
+                self.pending_recovery.append(ev)
+            else:
+                a, b = c.regions
+                for p in self.live():
+                    try:
+                        import asyncio as _a
+
+                        from .net.dataplane import DataPlaneClient
+
+                        async def send(url):
+                            client = DataPlaneClient()
+                            try:
+                                await client.send(url, "chaos", {"regions": [a, b], "factor": c.factor}, timeout=5)
+                            finally:
+                                await client.close()
+
+                        _a.run(send(p.info["data_url"]))
+                    except Exception as e:
+                        self.say(f"chaos: {p.name} did not take {c.describe()}: {e}")
+                self.say(f"chaos: {c.describe()}")
+            ev["epoch_before"] = max(self.plans) if self.plans else 0
+            self.events.append(ev)
+
+    def check_recovery(self, sts) -> None:
+        """An event is recovered once a newer epoch runs past the step the swarm had reached."""
+        for ev in list(self.pending_recovery):
+            newer = [st for _, st in sts if (st.get("train") or {}).get("plan")
+                     and st["train"]["plan"]["epoch"] > ev["epoch_before"] and st["state"] in ("training", "done")]
+            if newer and min(st["train"]["step"] for st in newer) > ev["step"]:
+                ev["recovery_s"] = round(time.monotonic() - self.t0 - ev["t_s"], 2)
+                self.pending_recovery.remove(ev)
+                self.say(f"recovered from {ev['kind']} {ev['target']} in {ev['recovery_s']}s")
+
+    def follow(self) -> dict:
+        total = self.args.steps
+        last_line, last_print = "", 0.0
+        while True:
+            sts, error = self.poll()
+            if error:
+                raise RuntimeError(f"training failed: {error}")
+            staged = [(p, st) for p, st in sts if (st.get("train") or {}).get("stage") is not None]
+            self.max_step = max([self.max_step] + [st["train"]["step"] for _, st in staged])
+            self.fire_chaos(sts)
+            self.check_recovery(sts)
+            newest = max(self.plans) if self.plans else 0
+            current = [(p, st) for p, st in staged if st["train"]["plan"]["epoch"] == newest]
+            finished = bool(current) and not self.chaos and all(st["state"] == "done" for _, st in current) and \
+                all(st["state"] != "recovering" for _, st in sts)
+            curve = self.loss_curve()
+            done = min((st["train"]["step"] for _, st in current), default=0)
+            elapsed = time.monotonic() - self.t0
+            line = f"step {done:>4}/{total}" + (f"  loss {curve[-1]:.4f}" if curve else "") + \
+                (f"  epoch {newest}" if newest > 1 else "")
+            if line != last_line and (time.monotonic() - last_print > 1.0 or finished):
+                rate = done / elapsed if elapsed > 0 else 0.0
+                eta = (total - done) / rate if rate else float("nan")
+                self.say(f"{line}  {rate:.2f} steps/s  ETA {eta:.0f}s")
+                last_line, last_print = line, time.monotonic()
+            if finished:
+                return {"statuses": sts}
+            time.sleep(0.3)
 
 
-def train_and_report(procs: list["PeerProcess"], args, say) -> dict:
-    """Follows training until every stage is done; returns the run summary."""
-    t_start = time.monotonic()
-    last_line, last_print = "", 0.0
-    while True:
-        line, finished, error = _progress(procs, args.steps, t_start)
-        if error:
-            raise RuntimeError(f"training failed: {error}")
-        now = time.monotonic()
-        if line and line != last_line and (now - last_print > 1.0 or finished):
-            say(line)
-            last_line, last_print = line, now
-        if finished:
-            break
-        time.sleep(0.3)
-    reports = [p.status(path="/report") for p in procs]
-    return summarize(reports, args.micro_batches * args.micro_batch_size, args.seq_len)
+def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_peer=None) -> dict:
+    """Follows training until every stage of the newest epoch is done; returns the run summary."""
+    follower = RunFollower(procs, args, say, list(chaos), launch_peer)
+    follower.follow()
+    reports = []
+    for p in follower.live():
+        try:
+            reports.append(p.status(path="/report"))
+        except OSError:
+            continue
+    summary = summarize(reports, args.micro_batches * args.micro_batch_size, args.seq_len)
+    summary["losses"] = follower.loss_curve()
+    epochs = sorted(follower.plans)
+    moves = 0
+    for a, b in zip(epochs, epochs[1:]):
+        old = {tuple(s["layers"]): sorted(s["peers"]) for s in follower.plans[a]["stages"]}
+        new = {tuple(s["layers"]): sorted(s["peers"]) for s in follower.plans[b]["stages"]}
+        moves += sum(1 for k, v in new.items() if old.get(k) != v)
+    summary.update({"replans": max(0, len(epochs) - 1), "stage_moves": moves,
+                    "lost_steps": max(0, args.steps - len(summary["losses"])), "events": follower.events,
+                    "plans": [follower.plans[e] for e in epochs]})
+    return summary
 
 
 def measurement_summary(scenario, measurements: list[dict]) -> dict:
@@ -293,6 +423,10 @@ def swarm_command(args) -> int:
     from . import scenario as sc
 
     s = sc.load(args.scenario)
+    from .chaos import parse as parse_chaos
+
+    chaos = [parse_chaos(c, [p.name for p in s.peers], list(s.regions)) for c in (args.chaos or [])]
+    held = tuple(c.target for c in chaos if c.action == "join")
     run_dir = args.run_dir or new_run_dir()
     os.makedirs(run_dir, exist_ok=True)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
@@ -305,13 +439,20 @@ def swarm_command(args) -> int:
         training = args.steps is not None or args.measure_only
         if args.measure_only:
             args.steps = 0
-        first_args, every_args = job_args(args, len(s.peers)) if training else ([], [])
+        first_args, every_args = job_args(args, len(s.peers) - len(held)) if training else ([], [])
         every_args += ["--emulate-t0", str(time.monotonic())]
         if args.measure_only:
             every_args.append("--measure-only")
         procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat, extra_args=tuple(every_args),
-                                first_args=tuple(first_args))
+                                first_args=tuple(first_args), hold=held)
+        all_procs = procs
+        procs = [p for p in procs if p.name not in held]
         n = len(procs)
+
+        def launch_peer(name: str) -> None:
+            p = next(x for x in all_procs if x.name == name)
+            p.start()
+            procs.append(p)
         started = time.monotonic() - t0
 
         def everyone_sees_all():
@@ -330,7 +471,7 @@ def swarm_command(args) -> int:
         if args.measure_only:
             summary = measure_and_report(procs, s, say)
         elif training:
-            summary = train_and_report(procs, args, say)
+            summary = train_and_report(procs, args, say, chaos, launch_peer)
             summary["scenario"] = s.name
             summary["run_dir"] = run_dir
             if summary["losses"]:
@@ -361,6 +502,8 @@ def swarm_command(args) -> int:
             p.signal(signal.SIGINT)
         for p in procs:
             p.stop(timeout=10)
+        for p in locals().get("all_procs", []):
+            p.kill()
     if summary is not None and args.json:
         print(json.dumps(summary), flush=True)
     return code

@@ -70,6 +70,7 @@ class Peer:
         self.identity: Optional[Identity] = None
         self.instance = secrets.token_hex(8)
         self.state = "joining"
+        self.progress: dict = {}
         self.started_at = time.monotonic()
         self.maddrs: list[str] = []
         self.dataplane: Optional[DataPlaneServer] = None
@@ -128,10 +129,13 @@ class Peer:
                 pass
         return self.live_members()
 
-    async def set_state(self, state: str) -> None:
-        if state != self.state:
-            log.info("state %s -> %s", self.state, state)
+    async def set_state(self, state: str, **progress) -> None:
+        """Changes this peer's state (and progress fields others read), announced at once."""
+        if state != self.state or (progress and progress != self.progress):
+            if state != self.state:
+                log.info("state %s -> %s", self.state, state)
             self.state = state
+            self.progress = dict(progress)
             await self._announce()
 
     def before_serving(self, hook) -> None:
@@ -163,6 +167,19 @@ class Peer:
         self.emulator = LinkEmulator(s, name, t0=t0)
         self.device = VirtualDevice(dev.tflops, s.compute_scale, memory_bytes=int(dev.memory_gb * 2**30))
         log.info("emulating %s of %s: %s, links shaped from this peer", name, s.name, self.device)
+
+    async def _on_chaos(self, header: dict, buffers) -> tuple[dict, list]:
+        """Fault injection by the local launcher: change the emulated links between two regions."""
+        from .net.framing import FrameError
+
+        regions, factor = header.get("regions"), header.get("factor")
+        if not (isinstance(regions, list) and len(regions) == 2 and all(isinstance(r, str) for r in regions)
+                and isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 <= factor <= 1e3):
+            raise FrameError("chaos wants {'regions': [A, B], 'factor': F}")
+        changed = self.emulator.set_factor((regions[0], regions[1]), float(factor))
+        if changed:
+            log.info("links to %s now at %g x bandwidth", ", ".join(changed), factor)
+        return {"changed": changed}, []
 
     def data_url_of(self, peer_id: str) -> Optional[str]:
         rec = self._view.get(peer_id)
@@ -223,6 +240,8 @@ class Peer:
             self._start_emulation(cfg.emulate, cfg.emulate_t0)
         self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes)
         self.dataplane.register(PROBE_KIND, handle_probe)
+        if self.emulator is not None:
+            self.dataplane.register("chaos", self._on_chaos)
         for hook in self._before_serving:
             hook(self)
         try:
@@ -340,6 +359,7 @@ class Peer:
             peer_id=self.peer_id, seq=self._seq, ts=get_dht_time(), state=self.state, version=__version__,
             data_url=self.dataplane.url if self.dataplane else "", maddrs=tuple(self.maddrs[:4]),
             instance=self.instance, name=self.config.name, device=self.config.device or local_device_summary(),
+            progress=self.progress,
         )
 
     async def _announce(self) -> None:

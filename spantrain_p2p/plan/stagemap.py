@@ -59,6 +59,7 @@ class StageMap:
     term: int = 0  # the planner's election term that published it
     predicted_step_s: float = 0.0  # the planner's cost-model prediction (0: none)
     bottleneck: str = ""
+    error: str = ""  # set by a planner that cannot continue the run: peers stop with this message
 
     @property
     def num_stages(self) -> int:
@@ -78,7 +79,7 @@ class StageMap:
                 "stages": [{"peers": list(s.peers), "layers": list(s.layers), "shares": list(s.shares)}
                            for s in self.stages],
                 "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
-                "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck}
+                "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
@@ -141,8 +142,11 @@ class StageMap:
             raise ValueError("stage map predicted_step_s must be a non-negative number")
         if not isinstance(bottleneck, str) or len(bottleneck) > 200:
             raise ValueError("stage map bottleneck must be a short string")
+        error = d.get("error", "")
+        if not isinstance(error, str) or len(error) > 1000:
+            raise ValueError("stage map error must be a short string")
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
-                   float(pred), bottleneck)
+                   float(pred), bottleneck, error)
 
 
 def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

@@ -14,7 +14,7 @@ import msgpack
 from .identity import Identity, peer_id_from_public_der, verify
 
 RECORD_SCHEMA = 1
-STATES = ("joining", "idle", "ready", "measuring", "training", "done", "failed", "left")
+STATES = ("joining", "idle", "ready", "measuring", "training", "recovering", "done", "failed", "left")
 MAX_RECORD_BYTES = 8 << 10
 MAX_KEY_BYTES = 2048
 MAX_SIG_BYTES = 1024
@@ -38,6 +38,7 @@ class PeerRecord:
     instance: str  # random per process start: tells a restart from a duplicate
     name: str = ""  # human name (a scenario's peer name), may be empty
     device: Mapping[str, Any] = field(default_factory=dict)  # {"kind", "tflops", "memory_gb", "cpus"}
+    progress: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"epoch": 3, "failed_epoch": 2}
     schema: int = RECORD_SCHEMA
 
     @property
@@ -48,6 +49,7 @@ class PeerRecord:
         d = asdict(self)
         d["maddrs"] = list(self.maddrs)
         d["device"] = dict(self.device)
+        d["progress"] = dict(self.progress)
         return d
 
 
@@ -100,19 +102,19 @@ def _number(d: Mapping, name: str, lo: float, hi: float) -> float:
     return v
 
 
-def _device(raw: Any) -> dict:
+def _small_map(raw: Any, what: str = "device") -> dict:
     if not isinstance(raw, dict) or len(raw) > MAX_LIST:
-        raise BadRecord("field 'device' must be a small map")
+        raise BadRecord(f"field {what!r} must be a small map")
     out: dict[str, Any] = {}
     for k, v in raw.items():
         if not isinstance(k, str) or len(k) > 32:
-            raise BadRecord("device keys must be short strings")
+            raise BadRecord(f"{what} keys must be short strings")
         if isinstance(v, str) and len(v) <= MAX_STR:
             out[k] = v
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < 1e12:
             out[k] = v
         else:
-            raise BadRecord(f"device field {k!r} must be a short string or a finite number")
+            raise BadRecord(f"{what} field {k!r} must be a short string or a finite number")
     return out
 
 
@@ -146,5 +148,6 @@ def open_record(subkey: Any, value: Any) -> PeerRecord:
         maddrs=tuple(maddrs),
         instance=_str(d, "instance", 64),
         name=_str(d, "name", 64),
-        device=_device(d.get("device", {})),
+        device=_small_map(d.get("device", {})),
+        progress=_small_map(d.get("progress", {}), "progress"),
     )

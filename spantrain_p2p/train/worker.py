@@ -24,7 +24,7 @@ from ..compress import codecs
 from ..compress.adaptive import AdaptivePolicy
 from ..net import framing
 from ..net.dataplane import RemoteError, Retry
-from ..net.framing import FrameError
+from ..net.framing import FrameError, check_fields
 from ..pipeline import schedule as sched
 from ..pipeline.executor import StageExecutor, StepFailed, stage_flops
 from ..pipeline.peerplan import peer_actions
@@ -33,6 +33,7 @@ from ..plan.stagemap import StageMap, placeholder_map
 from ..swarm.records import BadRecord, open_payload, sign_payload
 from ..swarm.election import Election
 from . import data, planning
+from . import state as layer_state
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .optim import make_optimizer
 
@@ -101,6 +102,11 @@ class Trainer:
         self.groups_digest: Optional[str] = None
         self.groups: list[list[str]] = []
         self.replans = 0
+        self.store = layer_state.Store(keep_steps=3)  # own snapshots and a buddy's copies, by (layer, step)
+        self.events: list[dict] = []  # recoveries, for the run summary
+        self._train_task: Optional[asyncio.Task] = None
+        self._buddy_push: Optional[asyncio.Task] = None
+        self._meta_layers = None
         self._bad_logged: set = set()
         peer.before_serving(self._install)
 
@@ -108,6 +114,9 @@ class Trainer:
     def _install(self, peer) -> None:
         for kind in (ACT, GRAD, GSUM):
             peer.dataplane.register(kind, self._on_tensor)
+        peer.dataplane.register("ckpt", self._on_ckpt)
+        peer.dataplane.register("fetch", self._on_fetch)
+        peer.dataplane.add_json_get("/inventory", self.inventory)
         peer.dataplane.add_json_get("/report", self.report)
         peer.dataplane.add_json_get("/measurements", self.measurements)
         peer.status_extras["train"] = self.status
@@ -127,6 +136,37 @@ class Trainer:
         self.inbox.put((f"{kind}/{header['src']}" if kind == GSUM else kind, step, mb), t)
         return None
 
+    def inventory(self) -> dict:
+        return {"inventory": {str(k): v for k, v in self.store.inventory().items()}, "step": self.step,
+                "epoch": self.smap.epoch if self.smap else None}
+
+    def _expected_layer_shapes(self, layer: int) -> dict:
+        if self._meta_layers is None:
+            self._meta_layers = self.handle.meta_layers()
+        return layer_state.expected_shapes(self._meta_layers[layer])
+
+    def _check_layer_header(self, header: dict) -> tuple[int, int]:
+        check_fields(header, {"job": str, "layer": int, "step": int})
+        if self.job is None or header["job"] != self.job.job_id:
+            raise FrameError("layer state for another job")
+        if not 0 <= header["layer"] < self.handle.num_layers or not 0 <= header["step"] <= self.job.steps:
+            raise FrameError("layer or step out of range")
+        return header["layer"], header["step"]
+
+    async def _on_ckpt(self, header: dict, buffers) -> None:
+        """A buddy's copy of one of its layers after a step: held for recovery."""
+        layer, step = self._check_layer_header(header)
+        self.store.put(layer, step, layer_state.decode(header, buffers, self._expected_layer_shapes(layer)))
+        return None
+
+    async def _on_fetch(self, header: dict, buffers):
+        """Another peer takes over a layer: send it the state held for (layer, step)."""
+        layer, step = self._check_layer_header(header)
+        st = self.store.get(layer, step)
+        if st is None:
+            raise FrameError(f"this peer holds no state of layer {layer} at step {step}")
+        return layer_state.encode(st)
+
     # ---- what the outside sees -----------------------------------------------------------------------
     def status(self) -> dict:
         last = self.losses.get(max(self.losses)) if self.losses else None
@@ -139,6 +179,8 @@ class Trainer:
                             else None),
                 "term": self.election.leader.term if self.election and self.election.leader else None,
                 "groups_digest": self.groups_digest, "groups": self.groups, "replans": self.replans,
+                "recent_losses": [[st, a, n] for st, (a, n) in sorted(self.loss_sums.items())[-30:]],
+                "plan": self.smap.summary() if self.smap else None, "events": self.events[-20:],
                 "links_mbps": {self.peer.name_of(d): round(v, 2) for d in self.passive.destinations()
                                if (v := self.passive.estimate_mbps(d)) is not None}}
 
@@ -193,12 +235,52 @@ class Trainer:
         self.peer.spawn(self.election.run(1.0), "election")
         self.peer.spawn(self._groups_loop(), "groups")
         self.peer.spawn(self._planner_loop(), "planner")
-        self.smap = await self._await_stage_map()
-        self.stage = self.smap.stage_of(self.peer.peer_id)
-        if self.stage is None:
-            log.info("not in stage map epoch %d: standing by as a spare", self.smap.epoch)
-            return
-        await self._train()
+        self.peer.spawn(self._watch_epochs(), "watch-epochs")
+        await self._epochs()
+
+    async def _epochs(self) -> None:
+        """Follows stage maps until the job is done: train on each, and when an epoch breaks
+        (a peer died, a newer map came), go back to the newest map and redo from its start step."""
+        while True:
+            smap = await self._await_stage_map(after=self.smap.epoch if self.smap else 0)
+            if smap.error:
+                raise StepFailed(f"the planner stopped the run: {smap.error}")
+            self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)
+            self._expect = {}
+            self.inbox.clear()
+            self.step = smap.start_step
+            if self.stage is None:
+                log.info("not in stage map epoch %d: standing by as a spare", smap.epoch)
+                await self.peer.set_state("ready", epoch=smap.epoch)
+                continue
+            self._train_task = asyncio.create_task(self._train())
+            try:
+                await self._train_task
+                return
+            except (StepFailed, asyncio.CancelledError) as e:
+                if isinstance(e, asyncio.CancelledError) and not self._train_task.cancelled():
+                    raise
+                why = str(e) or f"stage map epoch {smap.epoch} superseded"
+                log.warning("epoch %d abandoned at step %d: %s", smap.epoch, self.step, why)
+                self.events.append({"kind": "abandoned", "epoch": smap.epoch, "step": self.step, "t": time.time(),
+                                    "reason": why[:300]})
+                await self.peer.set_state("recovering", failed_epoch=smap.epoch)
+            finally:
+                self._train_task = None
+
+    async def _watch_epochs(self) -> None:
+        """Aborts the running epoch as soon as a newer stage map is out: no waiting on a dead peer."""
+        while True:
+            await asyncio.sleep(self.opts.poll_s)
+            task, cur = self._train_task, self.smap
+            if task is None or cur is None or task.done():
+                continue
+            try:
+                newest = await self._read_stage_maps()
+            except Exception:
+                continue
+            if newest is not None and (newest.term, newest.epoch) > (cur.term, cur.epoch) and self._train_task is task:
+                task.cancel()
 
     # ---- measurement ---------------------------------------------------------------------------------
     def measurements(self) -> dict:
@@ -345,11 +427,11 @@ class Trainer:
                 best = smap
         return best
 
-    async def _await_stage_map(self) -> StageMap:
+    async def _await_stage_map(self, after: int = 0) -> StageMap:
         announced = False
         while True:
             smap = await self._read_stage_maps()
-            if smap is not None:
+            if smap is not None and smap.epoch > after:
                 self._log_map(smap)
                 return smap
             if not announced:
@@ -365,7 +447,7 @@ class Trainer:
                                   for st in smap.stages))
 
     def _ready_peers(self) -> list:
-        return [r for r in self.peer.live_members() if r.state in ("ready", "training", "done")]
+        return [r for r in self.peer.live_members() if r.state in ("ready", "training", "recovering", "done")]
 
     # ---- groups, election, planning ----------------------------------------------------------------
     async def _measured_snapshot(self):
@@ -415,12 +497,41 @@ class Trainer:
                 continue
             try:
                 current = await self._read_stage_maps()
-                alive = {r.peer_id for r in self.peer.live_members()}
-                if current is not None and all(p in alive for st in current.stages for p in st.peers):
+                if current is not None and (current.error or not self._epoch_broken(current)):
                     continue
                 await self._plan_and_publish(current)
             except Exception as e:
                 log.warning("planning round failed: %r", e)
+
+    def _epoch_broken(self, current: StageMap) -> bool:
+        """A peer of the map is gone, or abandoned this epoch."""
+        recs = {r.peer_id: r for r in self.peer.live_members()}
+        for st in current.stages:
+            for p in st.peers:
+                r = recs.get(p)
+                if r is None or (r.state == "recovering" and r.progress.get("failed_epoch") == current.epoch):
+                    return True
+        return False
+
+    async def _resume_point(self, current: StageMap) -> tuple[Optional[int], str]:
+        """(step to redo from, error): the latest step whose state of every layer survives."""
+        invs = []
+        for r in self.peer.live_members():
+            if not r.data_url:
+                continue
+            try:
+                got = await self.peer.client.status(r.data_url, timeout=3.0, path="/inventory")
+                invs.append({int(k): [int(x) for x in v][:16] for k, v in list(got["inventory"].items())[:4096]})
+            except Exception as e:
+                log.info("no inventory from %s: %s", self.peer.name_of(r.peer_id), e)
+        step, missing = layer_state.resume_step(invs, self.handle.num_layers)
+        if missing:
+            spans = [(a, b) for st in current.stages for a, b in [st.layers] if any(a <= m < b for m in missing)]
+            return None, (f"layers {missing} (of stage range {spans}) have no surviving copy: no live replica and "
+                          f"no checkpoint on any live peer; the run cannot continue without losing them")
+        if step is None:
+            return None, "the surviving copies of the layers share no common step"
+        return step, ""
 
     async def _plan_and_publish(self, current: Optional[StageMap]) -> None:
         job = self.job
@@ -438,7 +549,13 @@ class Trainer:
         names = {r.peer_id: r.name for r in self.peer.live_members()}
         epoch = (current.epoch if current else 0) + 1
         term = self.election.leader.term
-        start = current.start_step if current else 0
+        start, error = (await self._resume_point(current)) if current is not None else (0, "")
+        if error:
+            smap = replace(current, epoch=epoch, term=term, error=error)
+            await self._store(stagemap_key(self.peer.config.swarm), f"{smap.epoch:012d}",
+                              sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
+            log.error("run stopped: %s", error)
+            return
         if measured:
             snap = planning.snapshot(profiles, links, ids)
             t0 = time.perf_counter()
@@ -483,10 +600,11 @@ class Trainer:
                                  batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
                                  recv=self._recv, send=self._send, device=self.peer.device, flops=flops)
         opt = make_optimizer(job, executor.params)
+        await self._load_state(layers, opt, first, smap.start_step)
         assignments = [st.assign(M) for st in smap.stages]
         actions = peer_actions(assignments, smap.schedule or self._default_schedule()).get((k, me), [])  # this peer's micro-batches, in order
         self._expect = expect
-        await self.peer.set_state("training")
+        await self.peer.set_state("training", epoch=smap.epoch)
         try:
             for step in range(smap.start_step, job.steps):
                 self.step = step
@@ -511,12 +629,93 @@ class Trainer:
                     self.losses[step] = sum(result.losses) / len(result.losses)
                     log.info("step %d: loss %.4f (%.2fs)", step, self.losses[step], t1 - t0)
                 self.step = step + 1
+                self._snapshot(layers, opt, first, self.step)
                 if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
                     self._checkpoint(layers, opt, first, last)
         finally:
             executor.close()
         await self.peer.set_state("done")
         log.info("training done: %d steps", self.steps_done)
+
+    def _snapshot(self, layers, opt, first: int, step: int) -> None:
+        """Keeps the state after ``step`` completed steps, and sends a copy to the buddy peer."""
+        states = [(first + i, layer_state.capture(layer, opt)) for i, layer in enumerate(layers)]
+        for i, st in states:
+            self.store.put(i, step, st)
+        buddy = self._buddy()
+        if buddy is not None and (self._buddy_push is None or self._buddy_push.done()):
+            self._buddy_push = asyncio.create_task(self._push_to_buddy(buddy, states, step))
+
+    def _buddy(self) -> Optional[str]:
+        """Where this peer's layers are copied after each step: nowhere if a replica of the stage
+        holds them anyway, else the peer of the map nearest to this one (local first)."""
+        me, smap = self.peer.peer_id, self.smap
+        if len(smap.stages[self.stage].peers) > 1:
+            return None
+        others = [p for st in smap.stages for p in st.peers if p != me]
+        if not others:
+            return None
+        rtt = lambda p: (self.probes[p].rtt_ms or 1e9) if p in self.probes else 1e9
+        return min(others, key=lambda p: (rtt(p), p))
+
+    async def _push_to_buddy(self, buddy: str, states, step: int) -> None:
+        try:
+            for layer, st in states:
+                header, bufs = layer_state.encode(st)
+                header.update({"job": self.job.job_id, "layer": layer, "step": step})
+                url = self.peer.data_url_of(buddy)
+                if url is None:
+                    return
+                await self.peer.client.send(url, "ckpt", header, bufs, timeout=self.job.recv_timeout_s,
+                                            link=self.peer.link_to(buddy))
+        except Exception as e:
+            log.info("copy of step %d to buddy %s failed: %s", step, self.peer.name_of(buddy), e)
+
+    async def _load_state(self, layers, opt, first: int, step: int) -> None:
+        """Puts the layers in their state after ``step`` steps: fresh at step 0, else from this peer's
+        own snapshot, a live replica or a buddy's copy (nearest first)."""
+        if step == 0 and all(self.store.get(first + i, 0) is None for i in range(len(layers))):
+            for i, layer in enumerate(layers):
+                self.store.put(first + i, 0, layer_state.capture(layer, opt))
+            return
+        invs = None
+        for i, layer in enumerate(layers):
+            idx = first + i
+            st = self.store.get(idx, step)
+            if st is None:
+                if invs is None:
+                    invs = await self._inventories()
+                st = await self._fetch_layer(idx, step, invs)
+                self.events.append({"kind": "fetched", "layer": idx, "step": step, "t": time.time()})
+            layer_state.apply(layer, opt, st)
+            self.store.put(idx, step, st)
+
+    async def _inventories(self) -> dict[str, dict[int, list[int]]]:
+        out = {}
+        for r in self.peer.live_members():
+            if r.peer_id == self.peer.peer_id or not r.data_url:
+                continue
+            try:
+                got = await self.peer.client.status(r.data_url, timeout=3.0, path="/inventory")
+                out[r.peer_id] = {int(k): [int(x) for x in v] for k, v in got["inventory"].items()}
+            except Exception:
+                continue
+        return out
+
+    async def _fetch_layer(self, layer: int, step: int, invs: dict) -> list:
+        holders = [p for p, inv in invs.items() if step in inv.get(layer, [])]
+        rtt = lambda p: (self.probes[p].rtt_ms or 1e9) if p in self.probes else 1e9
+        for src in sorted(holders, key=lambda p: (rtt(p), p)):
+            try:
+                reply = await self.peer.client.send(
+                    self.peer.data_url_of(src), "fetch", {"job": self.job.job_id, "layer": layer, "step": step},
+                    timeout=self.job.recv_timeout_s, link=self.peer.link_to(src))
+                st = layer_state.decode(*reply, self._expected_layer_shapes(layer))
+                log.info("layer %d at step %d fetched from %s", layer, step, self.peer.name_of(src))
+                return st
+            except Exception as e:
+                log.warning("fetching layer %d from %s failed: %s", layer, self.peer.name_of(src), e)
+        raise StepFailed(f"no live peer could give layer {layer} at step {step}")
 
     def _default_schedule(self) -> str:
         return "gpipe" if self.job.schedule == "auto" else self.job.schedule

@@ -1,0 +1,63 @@
+"""Fault injection for ``spantrain swarm --chaos``: what to do to the swarm, and when.
+
+    kill:PEER@step=K          SIGKILL a scenario peer once the swarm has completed K steps
+    kill:planner@step=K       the same for whichever peer holds the planner lease then
+    join:PEER@step=K          hold a scenario peer back from the launch; start it at step K
+    degrade:A-B:F@t=S         from S seconds after launch, links between regions A and B carry F x bandwidth
+    restore:A-B@t=S           back to the scenario's bandwidth
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+_RE = re.compile(r"^(kill|join|degrade|restore):([A-Za-z0-9_.\-]+?)(?::([0-9.]+))?@(step|t)=([0-9.]+)$")
+
+
+@dataclass(frozen=True)
+class Chaos:
+    action: str  # kill | join | degrade | restore
+    target: str  # peer name, "planner", or "A-B" (regions)
+    at_step: Optional[int] = None
+    at_t: Optional[float] = None
+    factor: float = 1.0
+
+    @property
+    def regions(self) -> tuple[str, str]:
+        a, _, b = self.target.partition("-")
+        return a, b
+
+    def describe(self) -> str:
+        when = f"step {self.at_step}" if self.at_step is not None else f"t={self.at_t:g}s"
+        extra = f" x{self.factor:g}" if self.action == "degrade" else ""
+        return f"{self.action} {self.target}{extra} at {when}"
+
+
+def parse(spec: str, peers: list[str], regions: list[str]) -> Chaos:
+    """One --chaos spec, checked against the scenario's peer and region names."""
+    m = _RE.match(spec.strip())
+    if not m:
+        raise ValueError(f"--chaos {spec!r}: want kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "
+                         "degrade:A-B:F@t=S or restore:A-B@t=S")
+    action, target, factor, unit, value = m.groups()
+    if action in ("kill", "join"):
+        if unit != "step":
+            raise ValueError(f"--chaos {spec!r}: {action} happens at a step (@step=K)")
+        if target not in peers and not (action == "kill" and target == "planner"):
+            raise ValueError(f"--chaos {spec!r}: no peer {target!r} in the scenario")
+        if factor is not None:
+            raise ValueError(f"--chaos {spec!r}: {action} takes no factor")
+        return Chaos(action, target, at_step=int(float(value)))
+    if unit != "t":
+        raise ValueError(f"--chaos {spec!r}: {action} happens at a time (@t=SECONDS)")
+    a, sep, b = target.partition("-")
+    if not sep or a not in regions or b not in regions or a == b:
+        raise ValueError(f"--chaos {spec!r}: {target!r} must be REGION-REGION (regions: {', '.join(regions)})")
+    if action == "degrade":
+        if factor is None or float(factor) <= 0:
+            raise ValueError(f"--chaos {spec!r}: degrade needs a positive factor (degrade:A-B:0.1@t=20)")
+        return Chaos(action, target, at_t=float(value), factor=float(factor))
+    if factor is not None:
+        raise ValueError(f"--chaos {spec!r}: restore takes no factor")
+    return Chaos(action, target, at_t=float(value), factor=1.0)

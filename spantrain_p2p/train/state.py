@@ -1,0 +1,135 @@
+"""Training state of single layers: snapshot, wire form, and loading into a stage.
+
+A layer's state is its parameters and buffers plus the optimizer's state of its parameters,
+as ``(name, tensor)`` pairs: ``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``. Peers keep
+snapshots of the last few steps of their own layers and hold copies of a buddy's, so that when
+a peer dies, the layers it ran can be rebuilt elsewhere at a step every survivor can also return
+to: the interrupted step is redone, none is lost and none applied twice.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..net.framing import FrameError
+
+LayerState = list[tuple[str, torch.Tensor]]
+MAX_ENTRIES = 4096
+
+
+def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer]) -> LayerState:
+    """A copy of the layer's state now (parameters, buffers, optimizer state of its parameters)."""
+    out: LayerState = [(f"p:{n}", p.detach().clone()) for n, p in layer.named_parameters()]
+    out += [(f"b:{n}", b.detach().clone()) for n, b in layer.named_buffers()]
+    if opt is not None:
+        for n, p in layer.named_parameters():
+            for key, v in sorted(opt.state.get(p, {}).items()):
+                t = v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+                out.append((f"o:{n}:{key}", t.detach().clone().float()))
+    return out
+
+
+def apply(layer: nn.Module, opt: Optional[torch.optim.Optimizer], state: LayerState) -> None:
+    """Loads ``state`` into the layer (and the optimizer's state of its parameters)."""
+    d = dict(state)
+    params = dict(layer.named_parameters())
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(d[f"p:{n}"])
+        for n, b in layer.named_buffers():
+            if f"b:{n}" in d:
+                b.copy_(d[f"b:{n}"])
+    if opt is None:
+        return
+    for n, p in params.items():
+        prefix = f"o:{n}:"
+        st = {k[len(prefix):]: v.clone() for k, v in d.items() if k.startswith(prefix)}
+        if st:
+            opt.state[p] = st
+
+
+def encode(state: LayerState) -> tuple[dict, list[memoryview]]:
+    names = [n for n, _ in state]
+    shapes = [list(t.shape) for _, t in state]
+    bufs = [memoryview(t.contiguous().float().numpy()).cast("B") for _, t in state]
+    return {"names": names, "shapes": shapes}, bufs
+
+
+def decode(header: dict, buffers: list[memoryview], expected: Optional[dict[str, tuple[int, ...]]] = None) -> LayerState:
+    """Validated layer state from a frame; ``expected`` = the parameter and buffer shapes it must have."""
+    names, shapes = header.get("names"), header.get("shapes")
+    if not isinstance(names, list) or not isinstance(shapes, list) or len(names) != len(shapes) != len(buffers):
+        raise FrameError("layer state needs matching names, shapes and buffers")
+    if len(names) > MAX_ENTRIES or len(buffers) != len(names):
+        raise FrameError("layer state has too many or too few entries")
+    out = []
+    for n, shape, buf in zip(names, shapes, buffers):
+        if not isinstance(n, str) or len(n) > 256 or n[:2] not in ("p:", "b:", "o:"):
+            raise FrameError(f"bad layer state entry name {str(n)[:40]!r}")
+        if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(x, int) and x >= 0 for x in shape):
+            raise FrameError(f"bad shape for {n}")
+        if buf.nbytes != math.prod(shape) * 4:
+            raise FrameError(f"{n}: {buf.nbytes} bytes for shape {shape}")
+        arr = np.frombuffer(buf, dtype=np.float32).reshape(shape).copy()
+        if not np.isfinite(arr).all():
+            raise FrameError(f"{n} holds NaN or infinite values")
+        out.append((n, torch.from_numpy(arr)))
+    if expected is not None:
+        got = {n: tuple(t.shape) for n, t in out if not n.startswith("o:")}
+        if got != expected:
+            missing = sorted(set(expected) ^ set(got))[:3] or [k for k in expected if expected[k] != got.get(k)][:3]
+            raise FrameError(f"layer state does not match the layer (e.g. {missing})")
+    return out
+
+
+def expected_shapes(layer: nn.Module) -> dict[str, tuple[int, ...]]:
+    out = {f"p:{n}": tuple(p.shape) for n, p in layer.named_parameters()}
+    out.update({f"b:{n}": tuple(b.shape) for n, b in layer.named_buffers()})
+    return out
+
+
+class Store:
+    """States of layers by (layer index, step): this peer's own snapshots and a buddy's copies."""
+
+    def __init__(self, keep_steps: int = 3):
+        self.keep = keep_steps
+        self._d: dict[tuple[int, int], LayerState] = {}
+
+    def put(self, layer: int, step: int, state: LayerState) -> None:
+        self._d[(layer, step)] = state
+        steps = sorted({s for (l, s) in self._d if l == layer})
+        for s in steps[: -self.keep]:
+            self._d.pop((layer, s), None)
+
+    def get(self, layer: int, step: int) -> Optional[LayerState]:
+        return self._d.get((layer, step))
+
+    def inventory(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for layer, step in sorted(self._d):
+            out.setdefault(layer, []).append(step)
+        return out
+
+    def clear(self) -> None:
+        self._d.clear()
+
+
+def resume_step(inventories: Iterable[dict[int, list[int]]], num_layers: int) -> tuple[Optional[int], list[int]]:
+    """(the latest step at which every layer's state is held somewhere, layers held nowhere).
+
+    The swarm redoes from there: every survivor can go back to it, and every layer has a copy.
+    """
+    have: dict[int, set[int]] = {i: set() for i in range(num_layers)}
+    for inv in inventories:
+        for layer, steps in inv.items():
+            if 0 <= int(layer) < num_layers:
+                have[int(layer)].update(int(s) for s in steps)
+    missing = [i for i, s in have.items() if not s]
+    if missing:
+        return None, missing
+    common = set.intersection(*have.values())
+    return (max(common) if common else None), []

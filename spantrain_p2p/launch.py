@@ -207,11 +207,14 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     steps = sorted(ends)
     intervals = [ends[b] - ends[a] for a, b in zip(steps, steps[1:])] or [ends[s] - starts[s] for s in steps]
     wall = ends[steps[-1]] - starts[steps[0]] if steps else 0.0
-    sps = len(steps) * samples_per_step / wall if wall > 0 else 0.0
     import statistics
 
+    step_s = statistics.median(intervals) if intervals else None
+    # steady state: a step's samples over the median time between step completions
+    sps = samples_per_step / step_s if step_s else 0.0
     return {"steps": len(steps), "losses": losses, "samples_per_s": round(sps, 3),
-            "tokens_per_s": round(sps * seq_len, 1), "step_s": round(statistics.median(intervals), 5) if intervals else None,
+            "tokens_per_s": round(sps * seq_len, 1), "step_s": round(step_s, 5) if step_s else None,
+            "samples_per_s_wall": round(len(steps) * samples_per_step / wall, 3) if wall > 0 else 0.0,
             "wall_s": round(wall, 3), "plan": last["plan"],
             "peers": [{"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
                        "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
@@ -363,7 +366,43 @@ class RunFollower:
             time.sleep(0.3)
 
 
-def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_peer=None) -> dict:
+def figures(summary: dict, reports: list[dict], scenario=None) -> dict:
+    """DESIGN.md section 5 figures from the peers' reports: prediction and bound, utilization,
+    wire bytes per step (by link class when the scenario is known), emulation fidelity."""
+    import statistics
+
+    plan = summary.get("plan") or {}
+    gb = summary.get("samples_per_step") or 0
+    pred = plan.get("predicted_step_s") or None
+    out = {"predicted_step_s": pred, "bottleneck": plan.get("bottleneck") or None,
+           "bound_samples_per_s": round(gb / pred, 3) if pred else None}
+    devs = [r.get("train_device") for r in reports if r.get("train_device")]
+    wall = summary.get("wall_s") or 0
+    if devs and wall:
+        out["compute_utilization"] = round(sum(d["flops"] for d in devs) / wall / sum(d["flops_per_s"] for d in devs), 4)
+        padded = sum(d["padded_ops"] for d in devs)
+        out["fidelity"] = round(1 - sum(d["overruns"] for d in devs) / padded, 4) if padded else None
+    else:
+        out["compute_utilization"], out["fidelity"] = None, None
+    per_step: dict[int, int] = {}
+    by_class: dict[str, list[int]] = {}
+    for r in reports:
+        for step, per in r.get("wire_bytes", []):
+            per_step[step] = per_step.get(step, 0) + sum(per.values())
+            if scenario is not None:
+                for dst, nbytes in per.items():
+                    try:
+                        cls = scenario.link_between(r["name"], dst)[0].name
+                    except Exception:
+                        cls = "unknown"
+                    by_class.setdefault(cls, []).append(nbytes)
+    steps = max(1, len(per_step))
+    out["wire_bytes_per_step"] = int(statistics.median(per_step.values())) if per_step else 0
+    out["wire_bytes_per_step_by_link_class"] = {k: int(sum(v) / steps) for k, v in sorted(by_class.items())}
+    return out
+
+
+def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_peer=None, scenario=None) -> dict:
     """Follows training until every stage of the newest epoch is done; returns the run summary."""
     follower = RunFollower(procs, args, say, list(chaos), launch_peer)
     follower.follow()
@@ -381,6 +420,8 @@ def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_pee
         old = {tuple(s["layers"]): sorted(s["peers"]) for s in follower.plans[a]["stages"]}
         new = {tuple(s["layers"]): sorted(s["peers"]) for s in follower.plans[b]["stages"]}
         moves += sum(1 for k, v in new.items() if old.get(k) != v)
+    summary["samples_per_step"] = args.micro_batches * args.micro_batch_size
+    summary.update(figures(summary, reports, scenario))
     summary.update({"replans": max(0, len(epochs) - 1), "stage_moves": moves,
                     "lost_steps": max(0, args.steps - len(summary["losses"])), "events": follower.events,
                     "plans": [follower.plans[e] for e in epochs]})
@@ -419,7 +460,43 @@ def measure_and_report(procs: list["PeerProcess"], scenario, say, timeout: float
     return measurement_summary(scenario, [p.status(path="/measurements") for p in procs])
 
 
+def bench_command(args) -> int:
+    """The planner's plan and the baselines on the same scenario, one after the other."""
+    import copy
+
+    runs, code = {}, 0
+    for kind in ("planner", "gpipe-uniform", "1f1b-uniform"):
+        a = copy.copy(args)
+        a.plan, a.json, a.measure_only, a.chaos, a.duration = kind, True, False, [], None
+        if kind != "planner":
+            a.schedule = "gpipe" if kind == "gpipe-uniform" else "1f1b"
+        print(f"bench: {kind}", file=sys.stderr, flush=True)
+        rc, summary = run_swarm(a)
+        if rc != 0 or summary is None:
+            code = rc or 1
+            runs[kind] = {"error": f"exit code {rc}"}
+            continue
+        keep = ("samples_per_s", "tokens_per_s", "step_s", "predicted_step_s", "bound_samples_per_s", "bottleneck",
+                "compute_utilization", "wire_bytes_per_step", "fidelity", "plan")
+        runs[kind] = {k: summary.get(k) for k in keep}
+    base = runs.get("planner", {}).get("samples_per_s")
+    ratios = {f"planner/{k}": round(base / v["samples_per_s"], 3) for k, v in runs.items()
+              if k != "planner" and base and v.get("samples_per_s")}
+    out = {"scenario": args.scenario, "steps": args.steps, "runs": runs, "ratios": ratios}
+    if not args.json:
+        for k, v in runs.items():
+            print(f"{k:>14}: {v.get('samples_per_s')} samples/s (bound {v.get('bound_samples_per_s')})")
+        print(f"ratios: {ratios}")
+    print(json.dumps(out), flush=True)
+    return code
+
+
 def swarm_command(args) -> int:
+    code, summary = run_swarm(args)
+    return code, summary
+
+
+def run_swarm(args) -> tuple[int, Optional[dict]]:
     from . import scenario as sc
 
     s = sc.load(args.scenario)
@@ -471,7 +548,7 @@ def swarm_command(args) -> int:
         if args.measure_only:
             summary = measure_and_report(procs, s, say)
         elif training:
-            summary = train_and_report(procs, args, say, chaos, launch_peer)
+            summary = train_and_report(procs, args, say, chaos, launch_peer, s)
             summary["scenario"] = s.name
             summary["run_dir"] = run_dir
             if summary["losses"]:
@@ -504,6 +581,4 @@ def swarm_command(args) -> int:
             p.stop(timeout=10)
         for p in locals().get("all_procs", []):
             p.kill()
-    if summary is not None and args.json:
-        print(json.dumps(summary), flush=True)
-    return code
+    return code, summary

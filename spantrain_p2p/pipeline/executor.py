@@ -156,8 +156,11 @@ def stage_flops(layers: list[nn.Module], sample_input: torch.Tensor, targets: Op
         last = i == len(layers) - 1 and targets is not None
         args = (x, targets) if last else (x,)
         pf = cache.phase_flops(layer, args)
-        for ph in total:
-            total[ph] += pf[ph]
+        total["F"] += pf["F"]
+        total["B"] += pf["B"]
+        # the counter's W pass (autograd to the weights alone) re-walks the input-gradient chain;
+        # the weight gradients' own work is what is left once B is taken out
+        total["W"] += max(0.0, pf["W"] - pf["B"])
         if not last:
             with torch.no_grad():
                 x = layer(x)

@@ -40,6 +40,20 @@ from .optim import make_optimizer
 log = logging.getLogger("spantrain.train")
 
 RECORD_TTL_S = 600.0
+BUCKET_BYTES = 4 << 20
+
+
+def grad_buckets(numels: list[int], bucket_bytes: int = BUCKET_BYTES) -> list[list[tuple[int, int]]]:
+    """Consecutive parameters grouped into buckets of at most ``bucket_bytes`` (one message each)."""
+    out: list[list[tuple[int, int]]] = [[]]
+    size = 0
+    for i, n in enumerate(numels):
+        if out[-1] and size + 4 * n > bucket_bytes:
+            out.append([])
+            size = 0
+        out[-1].append((i, n))
+        size += 4 * n
+    return out if out[0] else []
 MAX_MAP_BYTES = 256 << 10
 
 
@@ -107,6 +121,7 @@ class Trainer:
         self._train_task: Optional[asyncio.Task] = None
         self._buddy_push: Optional[asyncio.Task] = None
         self._meta_layers = None
+        self._device_base = None  # device counters when training began
         self._bad_logged: set = set()
         peer.before_serving(self._install)
 
@@ -196,8 +211,8 @@ class Trainer:
                 "wire_bytes": [[s, {self.smap.name_of(d): b for d, b in per.items()}]
                                for s, per in sorted(self.wire_bytes.items())] if self.smap else [],
                 "codecs": dict(self.codecs_used),
-                "fidelity": self.peer.device.fidelity() if self.peer.device else None,
                 "device_stats": self.peer.device.stats().to_dict() if self.peer.device else None,
+                "train_device": self._train_device_stats(),
                 "compute_s_median": statistics.median(self.compute_s) if self.compute_s else None,
                 "error": self.error, "refused": self.refused}
 
@@ -589,8 +604,9 @@ class Trainer:
             expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt.peers), shapes[last], M)
         params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
         if len(self._replicas) > 1:
+            self._buckets = grad_buckets([p.numel() for p in params])
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(self._replicas) - {me}, (),
-                                  len(params), shapes_by_mb=tuple((p.numel(),) for p in params))
+                                  len(self._buckets), shapes_by_mb=tuple((sum(n for _, n in b),) for b in self._buckets))
         flops = None
         if self.peer.device is not None:
             ids, tgt = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
@@ -604,6 +620,8 @@ class Trainer:
         assignments = [st.assign(M) for st in smap.stages]
         actions = peer_actions(assignments, smap.schedule or self._default_schedule()).get((k, me), [])  # this peer's micro-batches, in order
         self._expect = expect
+        if self._device_base is None and self.peer.device is not None:
+            self._device_base = self.peer.device.stats()
         await self.peer.set_state("training", epoch=smap.epoch)
         try:
             for step in range(smap.start_step, job.steps):
@@ -717,27 +735,44 @@ class Trainer:
                 log.warning("fetching layer %d from %s failed: %s", layer, self.peer.name_of(src), e)
         raise StepFailed(f"no live peer could give layer {layer} at step {step}")
 
+    def _train_device_stats(self) -> Optional[dict]:
+        """FLOPs, padded ops and overruns of the virtual device since training began, and its speed."""
+        dev = self.peer.device
+        if dev is None:
+            return None
+        now, base = dev.stats(), self._device_base
+        d = {"flops": now.flops, "padded_ops": now.padded_ops, "overruns": now.overruns}
+        if base is not None:
+            d = {k: v - getattr(base, k) for k, v in d.items()}
+        d["flops_per_s"] = dev.flops_per_s
+        return d
+
     def _default_schedule(self) -> str:
         return "gpipe" if self.job.schedule == "auto" else self.job.schedule
 
     async def _sum_gradients(self, step: int, params: list[torch.nn.Parameter]) -> None:
-        """All-reduce (sum) of this stage's weight gradients among its replicas, layer by layer.
+        """All-reduce (sum) of this stage's weight gradients among its replicas, bucket by bucket
+        (consecutive layers' gradients packed up to ``BUCKET_BYTES``, as DDP does).
 
         Every replica sends its gradients to the others and adds all of them up in peer-id order,
         so every replica ends with bit-identical gradients and stays identical after the step.
         """
         me, others = self.peer.peer_id, [p for p in self._replicas if p != self.peer.peer_id]
-        local = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
-        sends = [asyncio.create_task(self._send_to(dst, GSUM, step, i, g)) for dst in others for i, g in enumerate(local)]
+        flat = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
+        local = [torch.cat([flat[i] for i, _ in b]) for b in self._buckets]
+        sends = [asyncio.create_task(self._send_to(dst, GSUM, step, k, g)) for dst in others for k, g in enumerate(local)]
         try:
-            for i, p in enumerate(params):
-                parts = {me: local[i]}
+            for k, bucket in enumerate(self._buckets):
+                parts = {me: local[k]}
                 for src in others:
-                    parts[src] = await self.inbox.get((f"{GSUM}/{src}", step, i), self.job.recv_timeout_s)
-                total = torch.zeros(p.numel())
+                    parts[src] = await self.inbox.get((f"{GSUM}/{src}", step, k), self.job.recv_timeout_s)
+                total = torch.zeros_like(local[k])
                 for src in sorted(parts):
                     total += parts[src]
-                p.grad = total.view_as(p)
+                offset = 0
+                for i, n in bucket:
+                    params[i].grad = total[offset:offset + n].view_as(params[i]).clone()
+                    offset += n
             await asyncio.gather(*sends)
         except BaseException as e:
             for t in sends:

@@ -1,0 +1,243 @@
+"""The cost model: a plan's step time, throughput and bottleneck, in closed form.
+
+Per stage ``s`` and peer ``q`` (``n_q`` of the ``m`` micro-batches, per micro-batch
+``f_q, b_q, w_q`` seconds = FLOPs / FLOP/s; a stage's micro-batches are shared by speed):
+
+- **compute**: the stage is busy ``max_q n_q (f_q + b_q + w_q)``;
+- **hops**: a micro-batch's activation (and later its gradient) goes from its owner on stage
+  ``s`` to its owner on ``s + 1`` in RTT/2 + bytes/bandwidth, bytes after the hop's compression;
+  a directed link carries its messages one at a time, so it is busy for the sum of their
+  bytes/bandwidth;
+- **latency**: 1F1B and ZB-H1 let a stage run only so many forwards (its warm-up ``W_s``) before
+  it needs a gradient back. For every pair of stages ``s < t`` that is a cycle: forward from
+  ``s`` to ``t``, backward from ``t`` to ``s``, then ``s``'s next forward, ``W_s - W_t + 1``
+  micro-batches later. A peer of ``s`` owns its share of those (at least one), so it cannot go
+  faster than one cycle per owned micro-batch in flight. Over slow links this, not compute,
+  sets the pace. A stage of ``k`` replicas waits for fewer forwards ((k - 1)/2 on average,
+  capped by its warm-up: a replica only runs its own); and as micro-batches move in index
+  order, one whose owner downstream is slower than the window allows stalls the peer that
+  sent it (the expected stall over the owners is added to that peer's period);
+- **schedule**: steady period ``P`` = the largest of the above per micro-batch. 1F1B: the
+  pipeline takes ``m P`` plus one micro-batch's way through every stage and hop and back, less
+  the bottleneck's own share (uniform stages: ``(m + p - 1)(T_F + T_B + T_W)``). ZB-H1: less
+  the weight-grads it moves into the bubble (uniform: ``m (T_F + T_B + T_W) + (p-1)(T_F + T_B
+  - T_W)``), never below the busiest stage's own work. GPipe: a forward wave then a backward
+  wave, each a flow shop of ``m`` equal jobs;
+- **all-reduce**: each stage's replicas average gradients in a ring when the stage is done:
+  2(n-1) steps of ``param_bytes / n`` over the ring's slowest edge; the step ends with the last;
+- **memory**: weights + gradients + optimizer state (Adam: 2x) + the stash of the most
+  micro-batches the peer's schedule holds at once must fit, else the step time is infinite.
+
+The discrete-event simulator (``spantrain_p2p.sim``) runs the same plan action by action; the
+two agree within 10 % on the shipped scenarios' plans and baselines (``tests/test_sim.py``).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .layout import Layout, LinkTable, build_layout, held_bound, stage_warmups
+from .types import ModelProfile, Plan, Snapshot, compression_ratio
+
+INF = math.inf
+# A replica of a stage runs the backward of micro-batch y once it has run its *own* forwards up
+# to y + lookahead: with k replicas that is on average (k - 1) / 2 micro-batches fewer.
+_REPLICA_SLACK = 1.0
+# Weight of the expected stall behind micro-batches whose owner downstream is slow.
+_HETERO = 1.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    step_s: float
+    samples_per_s: float
+    bottleneck: str
+    parts: dict = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return math.isfinite(self.step_s)
+
+
+def _infeasible(reason: str) -> Estimate:
+    return Estimate(INF, 0.0, reason, {})
+
+
+def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optional[LinkTable] = None,
+             op_overhead_s: float = 0.0, layout: Optional[Layout] = None, comm_scale: float = 1.0) -> Estimate:
+    """The cost model's step time for ``plan`` (``inf`` with the reason if it does not fit).
+
+    ``layout``: ``build_layout`` of a plan with the same stages and micro-batching, to evaluate
+    other schedules and compressions of it cheaply. ``comm_scale``: every hop's latency and
+    transfer time multiplied by this (a what-if for slower links; the planner's safety margin).
+    """
+    if layout is None or not layout.matches(plan):
+        links = links or LinkTable(snapshot)
+        layout = build_layout(plan, snapshot, profile, links, op_overhead_s)
+    p, m = plan.num_stages, plan.num_micro_batches
+    sched = plan.schedule
+    fused = sched != "zb-h1"
+    warm = stage_warmups(sched, [st.shares for st in plan.stages], m)
+
+    # --- memory: a hard limit
+    for s, sw in enumerate(layout.stages):
+        for pw in sw.peers:
+            held = held_bound(sched, s, warm[s], len(pw.mbs), m)
+            if sw.state_bytes + held * sw.stash_bytes > pw.memory_bytes:
+                return _infeasible(f"memory:{pw.id}")
+
+    # --- per stage compute
+    fbar, bbar, wbar, busy, busy_f, busy_bw = [], [], [], [], [], []
+    for sw in layout.stages:
+        f = b = w = bz = bzf = bzb = 0.0
+        for pw in sw.peers:
+            n = len(pw.mbs)
+            f += n * pw.f
+            b += n * pw.b
+            w += n * pw.w
+            bz = max(bz, n * (pw.f + pw.b + pw.w))
+            bzf = max(bzf, n * pw.f)
+            bzb = max(bzb, n * (pw.b + pw.w))
+        fbar.append(f / m)
+        bbar.append(b / m)
+        wbar.append(w / m)
+        busy.append(bz)
+        busy_f.append(bzf)
+        busy_bw.append(bzb)
+
+    # --- per hop: latency of one message each way, busiest directed link each way
+    lat_f, lat_b, hop_busy_f, hop_busy_b, hop_worst = [], [], [], [], []
+    for h, hl in enumerate(layout.hops):
+        nbytes = layout.stages[h].act_bytes * compression_ratio(plan.compression[h])
+        lat_f.append(comm_scale * (hl.half_rtt_f + nbytes * hl.inv_bw_f))
+        lat_b.append(comm_scale * (hl.half_rtt_b + nbytes * hl.inv_bw_b))
+        hop_busy_f.append(comm_scale * nbytes * hl.busy_coef_f)
+        hop_busy_b.append(comm_scale * nbytes * hl.busy_coef_b)
+        hop_worst.append(hl.worst_f if hl.busy_coef_f >= hl.busy_coef_b else hl.worst_b)
+
+    # --- steady period: the slowest resource per micro-batch
+    # (period, name, latency of one micro-batch through that element): a stage of k peers
+    # works on k micro-batches at once, so its own latency is k periods, not one
+    cands: list[tuple[float, str, float]] = []
+    for s in range(p):
+        per = busy[s] / m
+        cands.append((per, f"compute:stage {s}", max(per, fbar[s] + bbar[s] + wbar[s])))
+    for h in range(p - 1):
+        per = max(hop_busy_f[h], hop_busy_b[h]) / m
+        cands.append((per, f"link:{hop_worst[h]}", per))
+    if sched != "gpipe":
+        # in-flight limits: one cycle per pair of stages s < t (see the module docstring)
+        inner = [fbar[u] + bbar[u] + (wbar[u] if fused else 0.0) for u in range(p)]
+        cycles = []  # (stage s, stage t, tokens, downstream latency excluding stage t's owner)
+        for s in range(p - 1):
+            sw = layout.stages[s]
+            down = 0.0
+            for t in range(s + 1, p):
+                hops_t = lat_f[t - 1] + lat_b[t - 1]
+                ahead = warm[t] if fused else warm[t] - 1  # forwards stage t runs past y before y's backward
+                slack = min(ahead, _REPLICA_SLACK * (len(layout.stages[t].peers) - 1) / 2)
+                tokens = min(m, warm[s] - warm[t] + 1 + slack)
+                if tokens > 0:
+                    worst = 0.0
+                    for pw in sw.peers:
+                        n = len(pw.mbs)
+                        if n:
+                            own = 1.0 + (tokens - 1.0) * n / m  # its own micro-batches in a window from one of them
+                            per = n * (pw.f + pw.b + pw.w + down + hops_t + inner[t]) / own / m
+                            worst = max(worst, per)
+                    cands.append((worst, f"latency:stage {s}->{t}", worst))
+                    cycles.append((s, t, tokens, down + hops_t))
+                down += inner[t] + hops_t
+        # Micro-batches move in index order: one whose owner downstream is slower than average
+        # holds up the window until it is back, and a peer that is busy anyway cannot make that up.
+        if _HETERO and cycles:
+            p_star = max(c[0] for c in cands)
+            tails = {}  # stage t -> its owners' per-micro-batch times, sorted, with suffix sums
+            for t in {c[1] for c in cycles}:
+                owners = sorted((rw.f + rw.b + (rw.w if fused else 0.0), len(rw.mbs) / m)
+                                for rw in layout.stages[t].peers if rw.mbs)
+                if len(owners) > 1:
+                    xs = [x for x, _ in owners]
+                    suf_w, suf_wx = [0.0] * (len(owners) + 1), [0.0] * (len(owners) + 1)
+                    for i in range(len(owners) - 1, -1, -1):
+                        suf_w[i] = suf_w[i + 1] + owners[i][1]
+                        suf_wx[i] = suf_wx[i + 1] + owners[i][1] * owners[i][0]
+                    tails[t] = (xs, suf_w, suf_wx)
+            for s, t, tokens, down in cycles:
+                if t not in tails:
+                    continue
+                xs, suf_w, suf_wx = tails[t]
+                worst = 0.0
+                for pw in layout.stages[s].peers:
+                    n = len(pw.mbs)
+                    if n:
+                        own = 1.0 + (tokens - 1.0) * n / m
+                        budget = own * p_star * m / n  # time its window allows per own micro-batch
+                        base = pw.f + pw.b + pw.w + down
+                        i = bisect.bisect_right(xs, budget - base)  # owners slower than that stall it
+                        stall = ((base - budget) * suf_w[i] + suf_wx[i]) / own
+                        worst = max(worst, p_star + _HETERO * n / m * stall)
+                cands.append((worst, f"latency:stage {s}->{t}", worst))
+    period, why, lam = max(cands)
+    top_terms = sorted(cands, reverse=True)[:6]
+    path = sum(fbar) + sum(bbar) + sum(lat_f) + sum(lat_b)
+    ends: list[float] = []
+    if sched == "gpipe":
+        # a forward wave, then a backward wave, each a flow shop of m equal jobs through the
+        # stages and hops: done when the last job leaves = every element's latency once plus
+        # (m - 1) times the slowest element's period
+        fw_lat = sum(fbar) + sum(lat_f)
+        fw_per = max([x / m for x in busy_f] + [x / m for x in hop_busy_f])
+        t_fwd = fw_lat + (m - 1) * fw_per
+        lat_acc, per_max = 0.0, 0.0
+        ends = [0.0] * p
+        for s in range(p - 1, -1, -1):
+            lat_acc += bbar[s] + wbar[s]
+            per_max = max(per_max, busy_bw[s] / m)
+            if s < p - 1:
+                lat_acc += lat_b[s]
+                per_max = max(per_max, hop_busy_b[s] / m)
+            ends[s] = t_fwd + lat_acc + (m - 1) * per_max
+        pipe = max(ends)
+        if max(busy) > pipe:
+            pipe = max(busy)
+        period = max(period, fw_per + per_max)
+    elif fused:
+        pipe = m * period - lam + path + sum(wbar)
+    else:
+        # ZB-H1: weight-grads fill the bubble; never below the busiest stage's own work
+        pipe = m * period - lam + path + wbar[0] - sum(wbar[1:])
+        lower = max(sum(fbar[:s]) + sum(lat_f[:s]) + busy[s] for s in range(p))
+        pipe = max(pipe, lower)
+    if not ends:
+        back = 0.0
+        for s in range(p):
+            if fused:
+                ends.append(pipe - back)
+            else:
+                owed = min(m, s + 1) * wbar[s] if s > 0 else wbar[0]
+                ends.append(min(pipe, pipe - wbar[0] - back + owed))
+            back += bbar[s] + (wbar[s] if fused else 0.0) + (lat_b[s] if s < p - 1 else 0.0)
+
+    # --- all-reduce after each stage's last weight-grad
+    total = pipe
+    ar_stage = -1
+    ars = list(layout.allreduce_s)
+    for s in range(p):
+        if ends[s] + ars[s] > total:
+            total, ar_stage = ends[s] + ars[s], s
+
+    steady = m * period
+    bubble = pipe - steady
+    tail = total - pipe
+    parts = {"period_s": period, "steady_s": steady, "bubble_s": bubble, "allreduce_tail_s": tail,
+             "pipeline_s": pipe, "allreduce_s": ars, "top_terms": top_terms}
+    if ar_stage >= 0 and (tail >= max(steady, bubble) or tail > 0.25 * total):
+        bottleneck = f"allreduce:stage {ar_stage}"
+    elif bubble > steady:
+        bottleneck = "bubble"
+    else:
+        bottleneck = why
+    return Estimate(total, plan.global_batch / total if total > 0 else 0.0, bottleneck, parts)

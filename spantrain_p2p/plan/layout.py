@@ -1,0 +1,313 @@
+"""What a plan means peer by peer, shared by the cost model and the simulator.
+
+- ``microbatch_counts`` / ``microbatch_owners``: which peer of a stage runs which micro-batch
+  (counts by largest remainder of ``share * m``, each peer's micro-batches spread evenly over
+  the index range; the same assignment as ``plan.stagemap.assign_microbatches``).
+- ``stage_warmups`` / ``stage_actions`` / ``peer_lists``: each peer's action list. A stage of
+  several replicas runs its schedule's list over all ``m`` micro-batches with a warm-up scaled
+  to its replicas, and each replica keeps the actions of its own micro-batches. (Giving each
+  replica the schedule generated for its own count instead can deadlock: stages of 1, 3 and 1
+  peers, m = 4, 1F1B or ZB-H1.)
+- ``LinkTable``: a link for every pair, estimating unknown ones from the grouping.
+- ``build_layout``: per peer compute times, per hop link summaries, per stage all-reduce.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..pipeline.schedule import schedule as make_schedule
+from .types import Link, ModelProfile, Plan, Snapshot, Stage
+
+
+def microbatch_counts(shares: Sequence[float], m: int) -> list[int]:
+    """``m`` micro-batches split by ``shares`` (largest remainder; ties to the earlier peer)."""
+    n = len(shares)
+    total = sum(shares)
+    if n == 0 or total <= 0:
+        raise ValueError("micro-batch shares must be positive")
+    exact = [s / total * m for s in shares]
+    counts = [int(math.floor(x)) for x in exact]
+    left = m - sum(counts)
+    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:left]:
+        counts[i] += 1
+    return counts
+
+
+def microbatch_owners(shares: Sequence[float], m: int) -> list[int]:
+    """For each micro-batch ``0..m-1``, the index of the peer (in ``shares`` order) that runs it.
+
+    Peer ``i`` with ``c`` micro-batches takes the slots nearest to ``(k + 0.5) * m / c``: its
+    work is spread evenly over the step, so no peer waits for a clump of another's.
+    """
+    counts = microbatch_counts(shares, m)
+    keys = []
+    for i, c in enumerate(counts):
+        for k in range(c):
+            keys.append(((k + 0.5) / c, i))
+    keys.sort()
+    return [i for _, i in keys]
+
+
+def stage_warmups(schedule_name: str, shares: Sequence[Sequence[float]], m: int) -> list[int]:
+    """Forwards each stage runs before its first backward.
+
+    The schedule's own warm-up (1F1B: ``p - s - 1``, ZB-H1: ``p - s``) is meant for one device per
+    stage; a stage of several peers splits its micro-batches among them, so its warm-up is
+    scaled by ``1 / largest share`` to give each peer about the schedule's own number in flight.
+    Warm-ups never grow downstream (stage ``s`` runs at least as many as ``s + 1``), which is
+    what keeps the filtered per-peer lists free of deadlock.
+    """
+    p = len(shares)
+    if schedule_name == "gpipe":
+        return [m] * p
+    out = [0] * p
+    for s in range(p - 1, -1, -1):
+        std = (p - s - 1) if schedule_name == "1f1b" else (p - s)
+        if s == p - 1:
+            out[s] = std
+            continue
+        scaled = int(math.ceil(std / max(shares[s]) - 1e-9))
+        out[s] = min(max(std, scaled, out[s + 1] + 1), max(m, std))
+    return out
+
+
+def stage_actions(schedule_name: str, num_stages: int, stage: int, m: int, warmup: int) -> list:
+    """The whole stage's action list (``m`` micro-batches) with ``warmup`` forwards first.
+
+    Built with ``pipeline.schedule``'s generators at a virtual pipeline depth that gives this
+    warm-up while keeping the stage's receives and sends (first / middle / last stage).
+    """
+    p, s = num_stages, stage
+    last = s == p - 1
+    if schedule_name == "gpipe" or last:
+        return make_schedule(schedule_name, p, m, s)
+    if schedule_name == "1f1b":
+        if s == 0:
+            return make_schedule("1f1b", max(warmup, 1) + 1, m, 0)
+        return make_schedule("1f1b", max(warmup, 1) + 2, m, 1)
+    if s == 0:
+        return make_schedule("zb-h1", max(warmup, 2), m, 0)
+    return make_schedule("zb-h1", max(warmup, 2) + s, m, s)
+
+
+def peer_lists(schedule_name: str, num_stages: int, stage: int, m: int, warmup: int,
+               owner: Sequence[int], n_peers: int) -> list[list]:
+    """Each peer's action list: the stage's list filtered to the micro-batches it owns.
+
+    A sub-sequence of a deadlock-free stage list, run by more devices, cannot deadlock.
+    """
+    lists: list[list] = [[] for _ in range(n_peers)]
+    for a in stage_actions(schedule_name, num_stages, stage, m, warmup):
+        lists[owner[a.mb]].append(a)
+    return lists
+
+
+def held_bound(schedule_name: str, stage: int, warmup: int, n: int, m: int) -> int:
+    """Most micro-batches a peer with ``n`` of ``m`` keeps activations for (an upper bound)."""
+    if n == 0:
+        return 0
+    if schedule_name == "gpipe":
+        return n
+    window = warmup + 1 if schedule_name == "1f1b" else warmup + stage + 1
+    return min(n, int(math.ceil(window * n / m)) + 1)
+
+
+class LinkTable:
+    """Every pair's link: measured where known, else estimated from links between the same groups.
+
+    Estimates: the median of the known links between the two peers' network groups (or inside
+    the group); failing that, the slowest known link. With no grouping, the slowest known link.
+    """
+
+    def __init__(self, snapshot: Snapshot, group_of: Optional[dict[str, int]] = None) -> None:
+        self.network = snapshot.network
+        self.group_of = group_of or {}
+        by_pair: dict[tuple[int, int], list[Link]] = {}
+        worst_bw, worst_rtt = math.inf, 0.0
+        any_known = False
+        for a, b, link in self.network.known():
+            any_known = True
+            worst_bw, worst_rtt = min(worst_bw, link.bandwidth), max(worst_rtt, link.rtt_s)
+            ga, gb = self.group_of.get(a), self.group_of.get(b)
+            if ga is not None and gb is not None:
+                by_pair.setdefault((min(ga, gb), max(ga, gb)), []).append(link)
+        self.fallback = Link(worst_rtt, worst_bw) if any_known else Link(0.1, 1.25e6)
+        self.estimates = {
+            k: Link(statistics.median(x.rtt_s for x in v), statistics.median(x.bandwidth for x in v),
+                    statistics.median(x.jitter_s for x in v))
+            for k, v in by_pair.items()
+        }
+        self._cache: dict[tuple[str, str], Link] = {}
+        self.layout_cache: dict = {}  # build_layout's parts, shared by the plans evaluated against this table
+
+    def get(self, a: str, b: str) -> Link:
+        got = self.network.link(a, b)
+        if got is not None:
+            return got
+        hit = self._cache.get((a, b))
+        if hit is None:
+            ga, gb = self.group_of.get(a), self.group_of.get(b)
+            hit = self.fallback
+            if ga is not None and gb is not None:
+                hit = self.estimates.get((min(ga, gb), max(ga, gb)), self.fallback)
+            self._cache[(a, b)] = hit
+        return hit
+
+    def estimated(self, a: str, b: str) -> bool:
+        return self.network.link(a, b) is None
+
+
+@dataclass(frozen=True)
+class PeerWork:
+    """One peer's part of a stage: its micro-batches and per micro-batch compute seconds."""
+
+    id: str
+    mbs: tuple[int, ...]
+    f: float
+    b: float
+    w: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class StageWork:
+    peers: tuple[PeerWork, ...]
+    owner: tuple[int, ...]  # micro-batch -> index into peers
+    param_bytes: float
+    state_bytes: float  # weights + gradients + optimizer state
+    stash_bytes: float  # activations kept per micro-batch
+    act_bytes: float  # uncompressed bytes per micro-batch sent to the next stage (0 for the last)
+
+
+@dataclass(frozen=True)
+class HopLinks:
+    """The links a hop uses, summarized so that any message size costs O(1).
+
+    Per direction: ``busy_coef`` = max over directed links of (messages / bandwidth), so the
+    busiest link is busy ``bytes * busy_coef``; one message takes on average
+    ``half_rtt + bytes * inv_bw`` (means over micro-batches).
+    """
+
+    busy_coef_f: float
+    busy_coef_b: float
+    worst_f: str
+    worst_b: str
+    half_rtt_f: float
+    half_rtt_b: float
+    inv_bw_f: float
+    inv_bw_b: float
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a plan's stages, micro-batch size and count fix, whatever its schedule and compression."""
+
+    stages_key: tuple
+    micro_batch_size: int
+    num_micro_batches: int
+    stages: tuple[StageWork, ...]
+    hops: tuple[HopLinks, ...]
+    allreduce_s: tuple[float, ...]
+
+    def matches(self, plan: Plan) -> bool:
+        return (self.stages_key == plan.stages and self.micro_batch_size == plan.micro_batch_size
+                and self.num_micro_batches == plan.num_micro_batches)
+
+
+def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: LinkTable,
+                 op_overhead_s: float = 0.0) -> Layout:
+    """Per peer work, per hop links and per stage all-reduce of ``plan`` (ValueError if it names
+    peers the snapshot lacks or does not cover the model's layers)."""
+    if plan.num_layers != profile.num_layers:
+        raise ValueError(f"plan covers {plan.num_layers} layers, the model has {profile.num_layers}")
+    peers = snapshot.by_id()
+    b, m, p = plan.micro_batch_size, plan.num_micro_batches, plan.num_stages
+    # parts shared by plans that differ elsewhere (the planner evaluates many neighbours)
+    cache = links.layout_cache.setdefault((id(profile), op_overhead_s), {})
+    out = []
+    for s, st in enumerate(plan.stages):
+        key = ("stage", st, b, m, s == p - 1)
+        sw = cache.get(key)
+        if sw is None:
+            sw = cache[key] = _stage_work(st, b, m, s == p - 1, peers, profile, op_overhead_s)
+        out.append(sw)
+    hops = []
+    for h in range(p - 1):
+        key = ("hop", plan.stages[h].peers, plan.stages[h].shares, plan.stages[h + 1].peers,
+               plan.stages[h + 1].shares, m)
+        hl = cache.get(key)
+        if hl is None:
+            hl = cache[key] = _hop_links(out[h], out[h + 1], m, links)
+        hops.append(hl)
+    ars = []
+    for st, sw in zip(plan.stages, out):
+        key = ("ar", st.peers, sw.param_bytes)
+        ar = cache.get(key)
+        if ar is None:
+            ar = cache[key] = ring_allreduce_s(st.peers, sw.param_bytes * profile.grad_wire_bytes_per_param_byte,
+                                               links)[0]
+        ars.append(ar)
+    return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars))
+
+
+def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: ModelProfile,
+                op_overhead_s: float) -> StageWork:
+    lo, hi = st.layers
+    layers = profile.layers[lo:hi]
+    fw = sum(x.fwd_flops for x in layers) * b
+    bi = sum(x.bwd_input_flops for x in layers) * b
+    bw = sum(x.bwd_weight_flops for x in layers) * b
+    params = sum(x.param_bytes for x in layers)
+    stash = sum(x.stash_bytes for x in layers) * b
+    owner = microbatch_owners(st.shares, m)
+    mbs: list[list[int]] = [[] for _ in st.peers]
+    for j, i in enumerate(owner):
+        mbs[i].append(j)
+    works = []
+    for i, pid in enumerate(st.peers):
+        info = peers.get(pid)
+        if info is None:
+            raise ValueError(f"plan names peer {pid!r}, which the snapshot does not have")
+        works.append(PeerWork(pid, tuple(mbs[i]), fw / info.flops + op_overhead_s,
+                              bi / info.flops + op_overhead_s, bw / info.flops + op_overhead_s, info.memory_bytes))
+    act = 0.0 if last else profile.layers[hi - 1].activation_bytes_out * b
+    return StageWork(tuple(works), tuple(owner), params, params * profile.state_bytes_per_param_byte, stash, act)
+
+
+def _hop_links(a: StageWork, c: StageWork, m: int, links: LinkTable) -> HopLinks:
+    coef_f = coef_b = 0.0
+    worst_f = worst_b = ""
+    hr_f = hr_b = ib_f = ib_b = 0.0
+    for (i, k), cnt in Counter(zip(a.owner, c.owner)).items():
+        src, dst = a.peers[i].id, c.peers[k].id
+        lf, lb = links.get(src, dst), links.get(dst, src)
+        if cnt / lf.bandwidth > coef_f:
+            coef_f, worst_f = cnt / lf.bandwidth, f"{src}->{dst}"
+        if cnt / lb.bandwidth > coef_b:
+            coef_b, worst_b = cnt / lb.bandwidth, f"{dst}->{src}"
+        hr_f += cnt * lf.rtt_s / 2
+        hr_b += cnt * lb.rtt_s / 2
+        ib_f += cnt / lf.bandwidth
+        ib_b += cnt / lb.bandwidth
+    return HopLinks(coef_f, coef_b, worst_f, worst_b, hr_f / m, hr_b / m, ib_f / m, ib_b / m)
+
+
+def ring_allreduce_s(peers: Sequence[str], nbytes: float, links: LinkTable) -> tuple[float, str]:
+    """Ring all-reduce of ``nbytes`` over ``peers`` in order: 2(n-1) steps of ``nbytes/n``, each
+    as slow as the ring's slowest edge. Returns (seconds, slowest edge "a->b")."""
+    n = len(peers)
+    if n < 2 or nbytes <= 0:
+        return 0.0, ""
+    chunk = nbytes / n
+    worst, edge = -1.0, ""
+    for i in range(n):
+        a, c = peers[i], peers[(i + 1) % n]
+        t = links.get(a, c).transfer_s(chunk)
+        if t > worst:
+            worst, edge = t, f"{a}->{c}"
+    return 2 * (n - 1) * worst, edge

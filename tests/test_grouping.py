@@ -1,0 +1,95 @@
+"""Two-level grouping: network groups from fast links, compute classes inside; one digest for all."""
+from __future__ import annotations
+
+import random
+import time
+
+from spantrain_p2p import scenario
+from spantrain_p2p.plan.synthetic import synthetic_swarm
+from spantrain_p2p.plan.types import Network, Snapshot
+from spantrain_p2p.swarm.grouping import compute_classes, group, grouping_from_dict
+
+
+def _scenario(name: str) -> Snapshot:
+    return Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))
+
+
+def _shuffled(snap: Snapshot, seed: int) -> Snapshot:
+    rng = random.Random(seed)
+    peers = list(snap.peers)
+    rng.shuffle(peers)
+    items = list(snap.network.links.items())
+    rng.shuffle(items)
+    return Snapshot(tuple(peers), Network(dict(items)))
+
+
+def test_cee_groups_are_the_cloud_and_the_metro_area_with_speed_classes():
+    g = group(_scenario("cee-3region"))
+    groups = {frozenset(x.peers): x.classes for x in g.groups}
+    assert set(groups) == {frozenset({"cloud-1", "cloud-2"}),
+                           frozenset({"edge-1", "edge-2", "end-1", "end-2", "end-3"})}
+    assert groups[frozenset({"edge-1", "edge-2", "end-1", "end-2", "end-3"})] == (
+        ("edge-1", "edge-2"), ("end-1", "end-2", "end-3"))
+
+
+def test_volunteers_group_by_region_whatever_order_they_joined_in():
+    snap = _scenario("edge-volunteers")
+    g = group(snap)
+    region = {p.id: p.region_hint for p in snap.peers}
+    assert len(g.groups) == 3
+    for x in g.groups:
+        assert len({region[p] for p in x.peers}) == 1
+
+
+def test_digest_does_not_depend_on_the_order_of_peers_or_links():
+    for name in ("cee-3region", "edge-volunteers"):
+        snap = _scenario(name)
+        digests = {group(_shuffled(snap, seed)).digest() for seed in range(5)}
+        assert digests == {group(snap).digest()}
+
+
+def test_a_few_unknown_links_change_nothing():
+    """A tenth of the pairs unmeasured (each peer still measured to two of its region)."""
+    snap = _scenario("edge-volunteers")
+    region = {p.id: p.region_hint for p in snap.peers}
+    rng = random.Random(3)
+    links = dict(snap.network.links)
+
+    def known_in_region(pid: str) -> int:
+        return sum(1 for (a, b), v in links.items() if v is not None and a == pid and region[b] == region[a])
+
+    dropped = 0
+    for a, b in rng.sample(sorted(links), len(links)):
+        if dropped == len(links) // 20:
+            break
+        if links[(a, b)] is None or (region[a] == region[b] and min(known_in_region(a), known_in_region(b)) <= 2):
+            continue
+        links[(a, b)] = links[(b, a)] = None
+        dropped += 1
+    assert dropped == len(links) // 20
+    assert group(Snapshot(snap.peers, Network(links))).digest() == group(snap).digest()
+
+
+def test_different_groupings_have_different_digests_and_survive_a_round_trip():
+    a, b = group(_scenario("cee-3region")), group(_scenario("edge-volunteers"))
+    assert a.digest() != b.digest()
+    assert grouping_from_dict(a.canonical()).digest() == a.digest()
+
+
+def test_compute_classes_keep_peers_within_one_and_a_half_times_of_the_fastest():
+    snap = _scenario("edge-volunteers")
+    for c in compute_classes(snap.peers):
+        speeds = [snap.peer(p).flops for p in c]
+        assert max(speeds) <= 1.5 * min(speeds)
+
+
+def test_a_thousand_peers_with_sparse_links_group_by_region_in_well_under_half_a_second():
+    snap = synthetic_swarm(1000, 10, seed=1)
+    t0 = time.perf_counter()
+    g = group(snap)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 0.5, f"grouping 1000 peers took {elapsed:.3f} s"
+    region = {p.id: p.region_hint for p in snap.peers}
+    assert len(g.groups) == 10
+    for x in g.groups:
+        assert len({region[p] for p in x.peers}) == 1

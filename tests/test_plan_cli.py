@@ -1,0 +1,77 @@
+"""`spantrain plan`: one JSON object on the last line in the issue-5 shape, or a readable table."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from spantrain_p2p.plan.cli import add_plan_arguments, plan_command
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="spantrain plan")
+    add_plan_arguments(parser)
+    rc = plan_command(parser.parse_args(list(argv)))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_plan_a_scenario_as_json(capsys):
+    rc, out, _ = _run(capsys, "--scenario", "peers/cee-3region.toml", "--json")
+    assert rc == 0
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["plan_seconds"] > 0
+    planner = d["planner"]
+    assert {"samples_per_s", "step_s", "bottleneck", "stages"} <= set(planner)
+    for st in planner["stages"]:
+        assert set(st) >= {"peers", "layers", "microbatch_share"}
+        assert sum(st["microbatch_share"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert planner["stages"][0]["layers"][0] == 0 and planner["stages"][-1]["layers"][1] == d["model"]["layers"]
+    assert set(d["baselines"]) == {"gpipe-uniform", "1f1b-uniform", "greedy"}
+    for b in d["baselines"].values():
+        assert "samples_per_s" in b and "step_s" in b
+    best = max(b["samples_per_s"] for b in d["baselines"].values())
+    assert planner["samples_per_s"] >= 1.5 * best  # simulated, not predicted
+
+
+def test_plan_a_synthetic_swarm(capsys):
+    rc, out, _ = _run(capsys, "--synthetic-peers", "40", "--regions", "4", "--seed", "3", "--global-batch", "256", "--json")
+    assert rc == 0
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["peers"] == 40 and d["grouping"]["groups"] == 4
+    assert d["planner"]["samples_per_s"] > 0
+
+
+def test_plan_from_measurements(tmp_path, capsys):
+    meas = {
+        "devices": [{"peer": f"n{i}", "tflops": 1.0 + i, "memory_gb": 40} for i in range(4)],
+        "links": [{"src": f"n{i}", "dst": f"n{j}", "rtt_ms": 2.0 if (i < 2) == (j < 2) else 60.0,
+                   "mbps": 1000.0 if (i < 2) == (j < 2) else 50.0, "status": "ok"}
+                  for i in range(4) for j in range(4) if i != j],
+    }
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(meas))
+    rc, out, _ = _run(capsys, "--measurements", str(path), "--model-dim", "1024", "--model-depth", "8", "--json")
+    assert rc == 0
+    d = json.loads(out.strip().splitlines()[-1])
+    assert d["model"]["dim"] == 1024 and d["model"]["depth"] == 8
+    assert d["grouping"]["groups"] == 2
+
+
+def test_the_table_names_the_planner_the_baselines_and_the_bottleneck(capsys):
+    rc, out, _ = _run(capsys, "--scenario", "peers/lan-4.toml")
+    assert rc == 0
+    for word in ("planner", "gpipe-uniform", "1f1b-uniform", "greedy", "bottleneck", "stage 0"):
+        assert word in out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    ((), "give --scenario"),
+    (("--scenario", "peers/nope.toml"), "not found"),
+    (("--synthetic-peers", "10", "--scenario", "peers/lan-4.toml"), "cannot be combined"),
+    (("--synthetic-peers", "10", "--compressions", "zip"), "unknown compression"),
+])
+def test_bad_input_is_one_line_on_stderr_and_exit_code_one(capsys, argv, msg):
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 1 and msg in err and out == ""

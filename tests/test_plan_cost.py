@@ -1,0 +1,99 @@
+"""The cost model: compute, hops, schedule bubbles, all-reduce, memory, and naming the bottleneck."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from spantrain_p2p.plan.cost import estimate
+from spantrain_p2p.plan.layout import LinkTable, microbatch_counts, microbatch_owners
+from spantrain_p2p.plan.types import (LayerProfile, Link, ModelProfile, Network, PeerInfo, Plan, Snapshot,
+                                      Stage)
+
+TF = 1e12
+
+
+def _model(n: int = 4, act: float = 1e6, params: float = 1e6, stash: float = 1e6) -> ModelProfile:
+    return ModelProfile(tuple(LayerProfile(1e12, 1e12, 1e12, params, act, stash) for _ in range(n)))
+
+
+def _snap(n: int, bw: float = 1e12, rtt: float = 0.0, flops=None, memory: float = 1e15) -> Snapshot:
+    peers = tuple(PeerInfo(f"p{i}", (flops[i] if flops else 1.0) * TF, memory) for i in range(n))
+    links = {(a.id, b.id): Link(rtt, bw) for a in peers for b in peers if a.id != b.id}
+    return Snapshot(peers, Network(links))
+
+
+def _chain(n: int, layers: int, schedule: str, m: int, comp: str = "none", b: int = 1) -> Plan:
+    per = layers // n
+    stages = tuple(Stage((f"p{i}",), (i * per, (i + 1) * per), (1.0,)) for i in range(n))
+    return Plan(stages, schedule, b, m, (comp,) * (n - 1))
+
+
+def test_one_peer_one_stage_is_its_compute_time():
+    e = estimate(_chain(1, 4, "1f1b", 8), _snap(1), _model())
+    assert e.step_s == pytest.approx(8 * 4 * 3.0)  # 8 micro-batches x 4 layers x (F + B + W) of 1 s each
+    assert e.bottleneck == "compute:stage 0"
+
+
+@pytest.mark.parametrize("schedule,bubble", [("gpipe", 3.0), ("1f1b", 3.0), ("zb-h1", 1.0)])
+def test_uniform_pipeline_bubbles_match_the_schedules(schedule, bubble):
+    """p = 4 stages of 1 layer, m = 16, T_F = T_B = T_W = 1 s: busy m(F+B+W) = 48 s, plus
+    (p-1)(F+B+W) for GPipe and 1F1B and (p-1)(F+B-W) for ZB-H1."""
+    e = estimate(_chain(4, 4, schedule, 16), _snap(4), _model())
+    assert e.step_s == pytest.approx(48 + 3 * bubble, rel=0.02)
+
+
+def test_a_slow_hop_is_the_bottleneck_and_compression_relieves_it():
+    slow = _snap(2, bw=1e5)  # 1 MB activation per micro-batch: 10 s a message
+    e = estimate(_chain(2, 4, "gpipe", 16), slow, _model())
+    assert e.bottleneck == "link:p0->p1"
+    e8 = estimate(_chain(2, 4, "gpipe", 16, comp="int8"), slow, _model())
+    assert e8.step_s < 0.5 * e.step_s
+
+
+def test_round_trips_over_high_latency_links_limit_1f1b():
+    far = _snap(2, rtt=10.0)  # 5 s one way, compute 6 s per micro-batch per stage
+    e = estimate(_chain(2, 4, "1f1b", 32), far, _model())
+    assert e.bottleneck.startswith("latency:")
+    assert e.step_s > 1.5 * estimate(_chain(2, 4, "1f1b", 32), _snap(2), _model()).step_s
+
+
+def test_replicas_pay_a_ring_all_reduce_over_their_link():
+    snap = _snap(2, bw=1e6, rtt=0.01)
+    plan = Plan((Stage(("p0", "p1"), (0, 4), (0.5, 0.5)),), "1f1b", 1, 8)
+    e = estimate(plan, snap, _model(params=1e8))
+    ring = 2 * (2 - 1) * (0.005 + 4e8 / 2 / 1e6)  # 2(n-1) steps of params/n over the link
+    assert e.step_s == pytest.approx(4 * 4 * 3.0 + ring, rel=1e-6)
+    assert e.bottleneck == "allreduce:stage 0"
+
+
+def test_micro_batches_are_shared_in_proportion_to_speed():
+    assert microbatch_counts([3.0, 1.0], 16) == [12, 4]
+    assert sum(microbatch_counts([0.5, 0.3, 0.2], 7)) == 7
+    owners = microbatch_owners([0.75, 0.25], 8)
+    assert owners.count(0) == 6 and owners.count(1) == 2
+    assert owners[:4].count(1) == 1  # spread over the step, not bunched at the end
+    snap = _snap(2, flops=[3.0, 1.0])
+    plan = Plan((Stage(("p0", "p1"), (0, 4), (0.75, 0.25)),), "1f1b", 1, 16)
+    assert estimate(plan, snap, _model(params=0.0)).step_s == pytest.approx(12 * 4 * 3.0 / 3.0)
+
+
+def test_a_plan_that_does_not_fit_in_memory_is_infinite():
+    snap = _snap(1, memory=3e6)  # 4 layers x 1 MB weights x 4 (weights, grads, Adam) > 3 MB
+    e = estimate(_chain(1, 4, "1f1b", 4), snap, _model())
+    assert math.isinf(e.step_s) and e.bottleneck == "memory:p0" and e.samples_per_s == 0.0
+
+
+def test_gpipe_holds_every_micro_batch_and_1f1b_only_its_warm_up():
+    # weights 2 layers x 4 x 1 MB = 8 MB; stash 2 MB a micro-batch; 16 micro-batches
+    snap = _snap(2, memory=8e6 + 10 * 2e6)
+    assert math.isinf(estimate(_chain(2, 4, "gpipe", 16), snap, _model()).step_s)
+    assert math.isfinite(estimate(_chain(2, 4, "1f1b", 16), snap, _model()).step_s)
+
+
+def test_unknown_links_are_estimated_from_the_others():
+    snap = _snap(3, bw=1e6)
+    links = dict(snap.network.links)
+    links[("p0", "p1")] = links[("p1", "p0")] = None
+    table = LinkTable(Snapshot(snap.peers, Network(links)), {"p0": 0, "p1": 0, "p2": 0})
+    assert table.get("p0", "p1").bandwidth == pytest.approx(1e6)

@@ -493,7 +493,9 @@ def bench_command(args) -> int:
 
 def swarm_command(args) -> int:
     code, summary = run_swarm(args)
-    return code, summary
+    if summary is not None and args.json:
+        print(json.dumps(summary), flush=True)
+    return code
 
 
 def run_swarm(args) -> tuple[int, Optional[dict]]:

@@ -8,7 +8,7 @@ from spantrain_p2p.plan.stagemap import assign_microbatches
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
 def test_replicated_stages_never_deadlock_whatever_the_shares(schedule):
-    shapes = [[1, 2], [2, 1, 3], [3, 3], [1, 1, 1, 1], [2, 2, 2]]
+    shapes = [[1, 2], [2, 1, 3], [3, 3], [1, 1, 1, 1], [2, 2, 2], [1, 3, 1], [3, 1, 2, 1]]
     for widths, M in itertools.product(shapes, [1, 3, 4, 8, 13]):
         for shares in ([1.0], [3.0, 1.0], [1.0, 2.0, 5.0]):
             assigns = []

@@ -1,9 +1,11 @@
 """Per-peer action lists when a stage holds several data-parallel peers.
 
-Each peer of stage k runs the stage's schedule over its own micro-batches (in increasing order);
-sends and receives go to whichever peer of the neighbouring stage holds that micro-batch. This
-module builds those lists and proves them deadlock-free by executing them abstractly: every peer
-runs its list in order, receives block until the matching send has happened, sends never block.
+Each peer of stage k runs the stage's whole action list filtered to the micro-batches it owns;
+sends and receives go to whichever peer of the neighbouring stage holds that micro-batch. The
+stage lists use warm-ups scaled to the number of replicas and never growing downstream
+(``plan.layout.stage_warmups``): a sub-sequence of a deadlock-free stage list, run by more
+devices, cannot deadlock. ``check_deadlock_free`` proves it for given lists by executing them
+abstractly: every peer runs its list in order, receives block until the matching send happened.
 """
 from __future__ import annotations
 
@@ -12,13 +14,18 @@ from . import schedule as sched
 
 def peer_actions(assignments: list[list[str]], schedule_name: str) -> dict[tuple[int, str], list[sched.Action]]:
     """{(stage, peer): actions with global micro-batch numbers}; assignments[k][mb] = peer of mb at stage k."""
+    from ..plan.layout import stage_actions, stage_warmups
+
     n = len(assignments)
-    out = {}
+    m = len(assignments[0]) if assignments else 0
+    shares = [[assign.count(p) / m for p in dict.fromkeys(assign)] for assign in assignments]
+    warmups = stage_warmups(schedule_name, shares, m)
+    out: dict[tuple[int, str], list[sched.Action]] = {}
     for k, assign in enumerate(assignments):
         for peer in dict.fromkeys(assign):
-            mine = [mb for mb, p in enumerate(assign) if p == peer]
-            local = sched.schedule(schedule_name, n, len(mine), k)
-            out[(k, peer)] = [sched.Action(a.op, mine[a.mb]) for a in local]
+            out[(k, peer)] = []
+        for a in stage_actions(schedule_name, n, k, m, warmups[k]):
+            out[(k, assign[a.mb])].append(a)
     return out
 
 

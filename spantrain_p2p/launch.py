@@ -192,7 +192,7 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     sums: dict[int, list[float]] = {}
     for r in staged:
         if r["stage"] == last_stage:
-            for step, total, count in r["loss_sums"]:
+            for step, total, count, _epoch in r["loss_sums"]:
                 acc = sums.setdefault(step, [0.0, 0])
                 acc[0] += total
                 acc[1] += count
@@ -260,8 +260,8 @@ class RunFollower:
             plan = t.get("plan")
             if plan:
                 self.plans.setdefault(plan["epoch"], plan)
-                for step, total, count in t.get("recent_losses", []):
-                    self.losses.setdefault((plan["epoch"], p.name), {})[step] = (total, count)
+            for step, total, count, epoch in t.get("recent_losses", []):
+                self.losses.setdefault((epoch, p.name), {})[step] = (total, count)
         return sts, None
 
     def loss_curve(self) -> list[float]:

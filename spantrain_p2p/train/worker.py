@@ -89,7 +89,7 @@ class Trainer:
         self.step = 0  # the step being run (or next to run)
         self.steps_done = 0
         self.losses: dict[int, float] = {}  # step -> mean loss of this peer's micro-batches (last stage)
-        self.loss_sums: dict[int, tuple[float, int]] = {}  # step -> (sum of micro-batch losses, count)
+        self.loss_sums: dict[int, tuple[float, int, int]] = {}  # step -> (sum of micro-batch losses, count, epoch)
         self.step_times: list[tuple[int, float, float]] = []  # (step, start unix, end unix)
         self.compute_s: list[float] = []
         self.error: Optional[str] = None
@@ -194,7 +194,7 @@ class Trainer:
                             else None),
                 "term": self.election.leader.term if self.election and self.election.leader else None,
                 "groups_digest": self.groups_digest, "groups": self.groups, "replans": self.replans,
-                "recent_losses": [[st, a, n] for st, (a, n) in sorted(self.loss_sums.items())[-30:]],
+                "recent_losses": [[st, a, n, e] for st, (a, n, e) in sorted(self.loss_sums.items())[-30:]],
                 "plan": self.smap.summary() if self.smap else None, "events": self.events[-20:],
                 "links_mbps": {self.peer.name_of(d): round(v, 2) for d in self.passive.destinations()
                                if (v := self.passive.estimate_mbps(d)) is not None}}
@@ -205,7 +205,7 @@ class Trainer:
                 "layers": list(self.smap.stages[self.stage].layers) if self.smap and self.stage is not None else None,
                 "plan": self.smap.summary() if self.smap else None, "job": self.job.to_dict() if self.job else None,
                 "steps_done": self.steps_done, "losses": [[s, l] for s, l in sorted(self.losses.items())],
-                "loss_sums": [[s, a, n] for s, (a, n) in sorted(self.loss_sums.items())],
+                "loss_sums": [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())],
                 "step_times": [list(x) for x in self.step_times],
                 "step_s_median": statistics.median(durations) if durations else None,
                 "wire_bytes": [[s, {self.smap.name_of(d): b for d, b in per.items()}]
@@ -643,7 +643,7 @@ class Trainer:
                     self._mb_compute_s = per_mb if self._mb_compute_s is None else 0.7 * self._mb_compute_s + 0.3 * per_mb
                 self.steps_done += 1
                 if result.losses:
-                    self.loss_sums[step] = (sum(result.losses), len(result.losses))
+                    self.loss_sums[step] = (sum(result.losses), len(result.losses), smap.epoch)
                     self.losses[step] = sum(result.losses) / len(result.losses)
                     log.info("step %d: loss %.4f (%.2fs)", step, self.losses[step], t1 - t0)
                 self.step = step + 1

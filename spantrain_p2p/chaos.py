@@ -2,6 +2,7 @@
 
     kill:PEER@step=K          SIGKILL a scenario peer once the swarm has completed K steps
     kill:planner@step=K       the same for whichever peer holds the planner lease then
+    kill:worker@step=K        the same for a peer of the stage map that is not the planner
     join:PEER@step=K          hold a scenario peer back from the launch; start it at step K
     degrade:A-B:F@t=S         from S seconds after launch, links between regions A and B carry F x bandwidth
     restore:A-B@t=S           back to the scenario's bandwidth
@@ -44,7 +45,7 @@ def parse(spec: str, peers: list[str], regions: list[str]) -> Chaos:
     if action in ("kill", "join"):
         if unit != "step":
             raise ValueError(f"--chaos {spec!r}: {action} happens at a step (@step=K)")
-        if target not in peers and not (action == "kill" and target == "planner"):
+        if target not in peers and not (action == "kill" and target in ("planner", "worker")):
             raise ValueError(f"--chaos {spec!r}: no peer {target!r} in the scenario")
         if factor is not None:
             raise ValueError(f"--chaos {spec!r}: {action} takes no factor")

@@ -289,8 +289,12 @@ class RunFollower:
             ev = {"kind": c.action, "target": c.target, "step": self.max_step, "t_s": round(now, 2)}
             if c.action == "kill":
                 name = c.target
+                planner = next((st["train"].get("planner") for _, st in sts if (st.get("train") or {}).get("planner")), None)
                 if name == "planner":
-                    name = next((st["train"].get("planner") for _, st in sts if (st.get("train") or {}).get("planner")), None)
+                    name = planner
+                elif name == "worker":
+                    name = next((p.name for p, st in sts if (st.get("train") or {}).get("stage") is not None
+                                 and p.name != planner), None)
                 victim = next((p for p in self.live() if p.name == name), None)
                 if victim is None:
                     self.say(f"chaos: cannot kill {c.target}: not running")

@@ -512,8 +512,11 @@ class Trainer:
                 continue
             try:
                 current = await self._read_stage_maps()
-                if current is not None and (current.error or not self._epoch_broken(current)):
+                inherited = current is not None and current.term < self.election.leader.term
+                if current is not None and (current.error or not (inherited or self._epoch_broken(current))):
                     continue
+                if inherited:
+                    log.info("taking over as planner from term %d: re-planning from the live swarm", current.term)
                 await self._plan_and_publish(current)
             except Exception as e:
                 log.warning("planning round failed: %r", e)

@@ -250,6 +250,8 @@ class RunFollower:
             if not p.alive():
                 return [], f"peer {p.name} exited (code {p.proc.returncode}):\n{p.log_tail(8)}"
             try:
+                if not p.poll_ready():
+                    continue  # a newcomer still starting
                 sts.append((p, p.status()))
             except OSError:
                 continue

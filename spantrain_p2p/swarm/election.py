@@ -95,6 +95,7 @@ class Election:
         self._on_change = on_change
         self._lapsed_at: Optional[float] = None
         self._bad = set()
+        self._first_tick: Optional[float] = None  # a newcomer watches a whole lease before it may claim
 
     @property
     def is_leader(self) -> bool:
@@ -119,6 +120,8 @@ class Election:
 
         leases = await self._read()
         now = get_dht_time()
+        if self._first_tick is None:
+            self._first_tick = now
         cands = self._candidates()
         self.max_term_seen = max(self.max_term_seen, highest_term(leases))
         leader = current_leader(leases, now, cands)
@@ -129,7 +132,8 @@ class Election:
         elif leader is None:
             if self._lapsed_at is None:
                 self._lapsed_at = now
-            if claim_delay(self.peer.peer_id, cands, self._lapsed_at, now, self.lease_s / 3) == 0.0:
+            settled = now - self._first_tick >= self.lease_s
+            if settled and claim_delay(self.peer.peer_id, cands, self._lapsed_at, now, self.lease_s / 3) == 0.0:
                 claim = Lease(self.max_term_seen + 1, self.peer.peer_id, now + self.lease_s)
                 await self._write(claim)
                 leases = await self._read()

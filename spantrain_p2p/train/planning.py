@@ -63,3 +63,18 @@ def to_stage_map(plan: pt.Plan, job: JobSpec, epoch: int, names: Mapping[str, st
     return StageMap(epoch, job.job_id, stages, start_step, tuple((p, names.get(p, "")) for p in used),
                     schedule=plan.schedule, term=term, predicted_step_s=float(plan.step_s),
                     bottleneck=plan.bottleneck)
+
+
+def current_cost(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> float:
+    """The cost model's step time of the stage map in force, on a (newer) snapshot (inf if it
+    uses a peer the snapshot lacks)."""
+    from ..plan.cost import estimate
+
+    prof = model_profile(job)
+    known = {p.id for p in snap.peers}
+    if prof is None or any(p not in known for st in smap.stages for p in st.peers):
+        return float("inf")
+    stages = tuple(pt.Stage(st.peers, st.layers, tuple(v for v in st.share_of().values())) for st in smap.stages)
+    plan = pt.Plan(stages, smap.schedule or ("gpipe" if job.schedule == "auto" else job.schedule),
+                   job.micro_batch_size, job.num_micro_batches)
+    return float(estimate(plan, snap, prof).step_s)

@@ -40,6 +40,9 @@ from .optim import make_optimizer
 log = logging.getLogger("spantrain.train")
 
 RECORD_TTL_S = 600.0
+REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
+REPLAN_HOLD_S = 10.0  # ...for this long (checked every REPLAN_CHECK_S) before stages move
+REPLAN_CHECK_S = 5.0
 BUCKET_BYTES = 4 << 20
 
 
@@ -122,6 +125,8 @@ class Trainer:
         self._buddy_push: Optional[asyncio.Task] = None
         self._meta_layers = None
         self._device_base = None  # device counters when training began
+        self._last_gain_check = 0.0
+        self._gain_since: Optional[float] = None
         self._bad_logged: set = set()
         peer.before_serving(self._install)
 
@@ -368,7 +373,30 @@ class Trainer:
                 log.info("probed %d link(s) in %.1fs", len(self.probes), self.probe_seconds)
             if len(members) + 1 >= self.job.peers and all(r.peer_id in self.probes for r in members):
                 self.measured.set()
+            await self._publish_passive()
             await asyncio.sleep(1.0)
+
+    async def _publish_passive(self) -> None:
+        """Links with real traffic: the passive estimate replaces the probe's bandwidth (weather)."""
+        from ..net.prober import LinkMeasurement
+        from ..swarm import measure
+
+        now = time.monotonic()
+        if now - getattr(self, "_passive_published", 0.0) < REPLAN_CHECK_S:
+            return
+        changed = False
+        for dst in self.passive.destinations():
+            mbps = self.passive.estimate_mbps(dst)
+            old = self.probes.get(dst)
+            if mbps is None or old is None or not old.ok or mbps <= 0:
+                continue
+            if abs(mbps / old.mbps - 1) > 0.2:  # only lasting, sizeable differences are worth a record
+                self.probes[dst] = LinkMeasurement(old.dst, "ok", old.rtt_ms, min(mbps, 1e6), "", old.bulk_bytes,
+                                                   old.seconds)
+                changed = True
+        if changed:
+            self._passive_published = now
+            await measure.publish(self.peer, measure.LINKS, {"links": {p: m.to_dict() for p, m in self.probes.items()}})
 
     async def _wait_probe_turn(self, at_once: int = 3, max_wait_s: float = 60.0) -> None:
         """Peers probe in turns of ``at_once``, in peer-id order: many concurrent probes would share
@@ -513,13 +541,50 @@ class Trainer:
             try:
                 current = await self._read_stage_maps()
                 inherited = current is not None and current.term < self.election.leader.term
-                if current is not None and (current.error or not (inherited or self._epoch_broken(current))):
+                if current is not None and not current.error and not inherited and not self._epoch_broken(current):
+                    if await self._worth_replanning(current):
+                        await self._plan_and_publish(current)
+                    continue
+                if current is not None and current.error:
                     continue
                 if inherited:
                     log.info("taking over as planner from term %d: re-planning from the live swarm", current.term)
                 await self._plan_and_publish(current)
             except Exception as e:
                 log.warning("planning round failed: %r", e)
+
+    async def _worth_replanning(self, current: StageMap) -> bool:
+        """A newcomer or a lasting change of links: re-plan only when a new plan is predicted to
+        be at least ``REPLAN_GAIN`` faster on the latest measurements, and still is after
+        ``REPLAN_HOLD_S`` (hysteresis: a short blip never moves a stage)."""
+        now = time.monotonic()
+        if now - self._last_gain_check < REPLAN_CHECK_S or planning.model_profile(self.job) is None:
+            return False
+        self._last_gain_check = now
+        if self.job.plan != "planner" or not self.opts.measure:
+            return False
+        ids, profiles, links = await self._measured_snapshot()
+        if not ids:
+            return False
+        snap = planning.snapshot(profiles, links, ids)
+        cur = planning.current_cost(current, self.job, snap)
+        new = await asyncio.to_thread(planning.make_plan, self.job, snap, "planner")
+        gain = cur / new.step_s - 1 if new.step_s > 0 else 0.0
+        if gain < REPLAN_GAIN:
+            if self._gain_since is not None:
+                log.info("re-plan gain gone (%.0f %%): no move", gain * 100)
+            self._gain_since = None
+            return False
+        if self._gain_since is None:
+            self._gain_since = now
+            log.info("a new plan would be %.0f %% faster (%.3fs vs %.3fs per step): holding %.0fs before moving",
+                     gain * 100, new.step_s, cur, REPLAN_HOLD_S)
+            return False
+        if now - self._gain_since < REPLAN_HOLD_S:
+            return False
+        self._gain_since = None
+        log.info("re-planning: %.0f %% predicted gain has lasted %.0fs", gain * 100, REPLAN_HOLD_S)
+        return True
 
     def _epoch_broken(self, current: StageMap) -> bool:
         """A peer of the map is gone, or abandoned this epoch."""

@@ -92,8 +92,8 @@ async def test_every_schedule_with_replicated_stages_gives_the_single_process_gr
     from dataclasses import replace
 
     job = replace(JOB, schedule=schedule, num_micro_batches=6)
-    ref_losses, ref_grads = reference_run(job, 3, grads_at=0)
-    losses, grads = await run_pipeline(job, 3, 3, widths=[2, 1, 3], shares=[3.0, 1.0, 2.0])
+    ref_losses, ref_grads = reference_run(job, 50, grads_at=0)
+    losses, grads = await run_pipeline(job, 3, 50, widths=[2, 1, 3], shares=[3.0, 1.0, 2.0])
     worst = max(max_rel_err(grads[k], ref_grads[k]) for k in ref_grads)
     assert worst < 1e-5, f"worst relative gradient error {worst:.2e}"
     for got, want in zip(losses, ref_losses):

@@ -206,6 +206,38 @@ def peer_main(argv: Optional[list[str]] = None) -> int:
 
 
 # ---- spantrain -------------------------------------------------------------------------------
+def add_swarm_arguments(sw: argparse.ArgumentParser) -> None:
+    """The options of `spantrain swarm` (and `spantrain bench`, which runs swarms)."""
+    sw.add_argument("--scenario", required=True, metavar="FILE", help="scenario file, e.g. peers/lan-4.toml")
+    sw.add_argument("--duration", type=float, default=None, metavar="S",
+                    help="stop the swarm after S seconds once formed (default: run until Ctrl-C)")
+    sw.add_argument("--run-dir", default=None, help="where peer logs go (default: a new folder under runs/)")
+    sw.add_argument("--heartbeat", type=float, default=2.0)
+    sw.add_argument("--json", action="store_true", help="print one JSON summary on the last line of stdout")
+    sw.add_argument("--steps", type=int, default=None, help="train this many steps, then stop (default: only form)")
+    sw.add_argument("--model", default="transformer", metavar="SPEC",
+                    help="'transformer' or package.module:function returning a list of layers")
+    sw.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE")
+    sw.add_argument("--seq-len", type=int, default=32)
+    sw.add_argument("--micro-batch-size", type=int, default=4)
+    sw.add_argument("--micro-batches", type=int, default=4)
+    sw.add_argument("--lr", type=float, default=1e-3)
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--schedule", default="auto", choices=["auto", "gpipe", "1f1b", "zb-h1"])
+    sw.add_argument("--plan", default="planner", choices=["planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy"])
+    sw.add_argument("--recv-timeout", type=float, default=60.0)
+    sw.add_argument("--stages", type=int, default=0, help="pipeline depth (0: one peer per stage)")
+    sw.add_argument("--chaos", action="append", default=[], metavar="SPEC",
+                    help="fault injection, repeatable: kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "
+                    "degrade:A-B:F@t=S, restore:A-B@t=S")
+    sw.add_argument("--measure-only", action="store_true",
+                    help="profile devices and probe links, print the measurements, stop")
+    sw.add_argument("--compression", default="none", help="none, fp16, int8, topk:R or adaptive")
+    sw.add_argument("--checkpoint-every", type=int, default=0, metavar="K")
+    sw.add_argument("--dump-grads", metavar="DIR", help="peers save their gradients of step 0 here (testing)")
+    sw.add_argument("-v", "--verbose", action="count", default=0)
+
+
 def main_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spantrain", description="SpanTrain-P2P operator tool")
     p.add_argument("--version", action="version", version=f"spantrain {__version__}")
@@ -224,64 +256,8 @@ def main_parser() -> argparse.ArgumentParser:
     add_plan_arguments(pl)
     pl.add_argument("-v", "--verbose", action="count", default=0)
 
-    sw = sub.add_parser("swarm", help="launch a local swarm of peer processes from a scenario file")
-    sw.add_argument("--scenario", required=True, metavar="FILE", help="scenario file, e.g. peers/lan-4.toml")
-    sw.add_argument("--duration", type=float, default=None, metavar="S",
-                    help="stop the swarm after S seconds once formed (default: run until Ctrl-C)")
-    sw.add_argument("--run-dir", default=None, help="where peer logs go (default: a new folder under runs/)")
-    sw.add_argument("--heartbeat", type=float, default=2.0)
-    sw.add_argument("--json", action="store_true", help="print one JSON summary on the last line of stdout")
-    sw.add_argument("--steps", type=int, default=None, help="train this many steps, then stop (default: only form)")
-    sw.add_argument("--model", default="transformer", metavar="SPEC",
-                    help="'transformer' or package.module:function returning a list of layers")
-    sw.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE")
-    sw.add_argument("--seq-len", type=int, default=32)
-    sw.add_argument("--micro-batch-size", type=int, default=4)
-    sw.add_argument("--micro-batches", type=int, default=4)
-    sw.add_argument("--lr", type=float, default=1e-3)
-    sw.add_argument("--seed", type=int, default=0)
-    sw.add_argument("--schedule", default="auto", choices=["auto", "gpipe", "1f1b", "zb-h1"])
-    sw.add_argument("--plan", default="planner", choices=["planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy"])
-    sw.add_argument("--recv-timeout", type=float, default=60.0)
-    sw.add_argument("--stages", type=int, default=0, help="pipeline depth (0: one peer per stage)")
-    sw.add_argument("--chaos", action="append", default=[], metavar="SPEC",
-                    help="fault injection, repeatable: kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "
-                    "degrade:A-B:F@t=S, restore:A-B@t=S")
-    sw.add_argument("--measure-only", action="store_true",
-                    help="profile devices and probe links, print the measurements, stop")
-    sw.add_argument("--compression", default="none", help="none, fp16, int8, topk:R or adaptive")
-    sw.add_argument("--checkpoint-every", type=int, default=0, metavar="K")
-    sw.add_argument("--dump-grads", metavar="DIR", help="peers save their gradients of step 0 here (testing)")
-    sw.add_argument("-v", "--verbose", action="count", default=0)
-    sw = sub.add_parser("bench", help="the planner's plan and the baselines, back to back, with ratios")
-    sw.add_argument("--scenario", required=True, metavar="FILE", help="scenario file, e.g. peers/lan-4.toml")
-    sw.add_argument("--duration", type=float, default=None, metavar="S",
-                    help="stop the swarm after S seconds once formed (default: run until Ctrl-C)")
-    sw.add_argument("--run-dir", default=None, help="where peer logs go (default: a new folder under runs/)")
-    sw.add_argument("--heartbeat", type=float, default=2.0)
-    sw.add_argument("--json", action="store_true", help="print one JSON summary on the last line of stdout")
-    sw.add_argument("--steps", type=int, default=None, help="train this many steps, then stop (default: only form)")
-    sw.add_argument("--model", default="transformer", metavar="SPEC",
-                    help="'transformer' or package.module:function returning a list of layers")
-    sw.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE")
-    sw.add_argument("--seq-len", type=int, default=32)
-    sw.add_argument("--micro-batch-size", type=int, default=4)
-    sw.add_argument("--micro-batches", type=int, default=4)
-    sw.add_argument("--lr", type=float, default=1e-3)
-    sw.add_argument("--seed", type=int, default=0)
-    sw.add_argument("--schedule", default="auto", choices=["auto", "gpipe", "1f1b", "zb-h1"])
-    sw.add_argument("--plan", default="planner", choices=["planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy"])
-    sw.add_argument("--recv-timeout", type=float, default=60.0)
-    sw.add_argument("--stages", type=int, default=0, help="pipeline depth (0: one peer per stage)")
-    sw.add_argument("--chaos", action="append", default=[], metavar="SPEC",
-                    help="fault injection, repeatable: kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "
-                    "degrade:A-B:F@t=S, restore:A-B@t=S")
-    sw.add_argument("--measure-only", action="store_true",
-                    help="profile devices and probe links, print the measurements, stop")
-    sw.add_argument("--compression", default="none", help="none, fp16, int8, topk:R or adaptive")
-    sw.add_argument("--checkpoint-every", type=int, default=0, metavar="K")
-    sw.add_argument("--dump-grads", metavar="DIR", help="peers save their gradients of step 0 here (testing)")
-    sw.add_argument("-v", "--verbose", action="count", default=0)
+    add_swarm_arguments(sub.add_parser("swarm", help="launch a local swarm of peer processes from a scenario file"))
+    add_swarm_arguments(sub.add_parser("bench", help="the planner's plan and the baselines, back to back, with ratios"))
     return p
 
 

@@ -598,15 +598,7 @@ class Trainer:
 
     async def _resume_point(self, current: StageMap) -> tuple[Optional[int], str]:
         """(step to redo from, error): the latest step whose state of every layer survives."""
-        invs = []
-        for r in self.peer.live_members():
-            if not r.data_url:
-                continue
-            try:
-                got = await self.peer.client.status(r.data_url, timeout=3.0, path="/inventory")
-                invs.append({int(k): [int(x) for x in v][:16] for k, v in list(got["inventory"].items())[:4096]})
-            except Exception as e:
-                log.info("no inventory from %s: %s", self.peer.name_of(r.peer_id), e)
+        invs = [*(await self._inventories()).values(), self.store.inventory()]
         step, missing = layer_state.resume_step(invs, self.handle.num_layers)
         if missing:
             spans = [(a, b) for st in current.stages for a, b in [st.layers] if any(a <= m < b for m in missing)]
@@ -732,6 +724,11 @@ class Trainer:
         if buddy is not None and (self._buddy_push is None or self._buddy_push.done()):
             self._buddy_push = asyncio.create_task(self._push_to_buddy(buddy, states, step))
 
+    def _rtt_ms(self, peer_id: str) -> float:
+        """Probed RTT to a peer (nearest first when choosing a buddy or a source); unknown: last."""
+        m = self.probes.get(peer_id)
+        return m.rtt_ms if m is not None and m.rtt_ms else 1e9
+
     def _buddy(self) -> Optional[str]:
         """Where this peer's layers are copied after each step: nowhere if a replica of the stage
         holds them anyway, else the peer of the map nearest to this one (local first)."""
@@ -741,8 +738,7 @@ class Trainer:
         others = [p for st in smap.stages for p in st.peers if p != me]
         if not others:
             return None
-        rtt = lambda p: (self.probes[p].rtt_ms or 1e9) if p in self.probes else 1e9
-        return min(others, key=lambda p: (rtt(p), p))
+        return min(others, key=lambda p: (self._rtt_ms(p), p))
 
     async def _push_to_buddy(self, buddy: str, states, step: int) -> None:
         try:
@@ -783,15 +779,14 @@ class Trainer:
                 continue
             try:
                 got = await self.peer.client.status(r.data_url, timeout=3.0, path="/inventory")
-                out[r.peer_id] = {int(k): [int(x) for x in v] for k, v in got["inventory"].items()}
-            except Exception:
-                continue
+                out[r.peer_id] = {int(k): [int(x) for x in v][:16] for k, v in list(got["inventory"].items())[:4096]}
+            except Exception as e:  # an unreachable peer holds nothing we can use
+                log.info("no inventory from %s: %s", self.peer.name_of(r.peer_id), e)
         return out
 
     async def _fetch_layer(self, layer: int, step: int, invs: dict) -> list:
         holders = [p for p, inv in invs.items() if step in inv.get(layer, [])]
-        rtt = lambda p: (self.probes[p].rtt_ms or 1e9) if p in self.probes else 1e9
-        for src in sorted(holders, key=lambda p: (rtt(p), p)):
+        for src in sorted(holders, key=lambda p: (self._rtt_ms(p), p)):
             try:
                 reply = await self.peer.client.send(
                     self.peer.data_url_of(src), "fetch", {"job": self.job.job_id, "layer": layer, "step": step},

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 scenario="${1:-peers/edge-volunteers.toml}"
 steps="${2:-200}"
 out=$(mktemp -d)
-for c in none adaptive; do
+for c in ${CODECS:-none adaptive}; do
   .venv/bin/spantrain swarm --scenario "$scenario" --steps "$steps" --plan even --schedule 1f1b \
     --compression "$c" --seed 0 --json 2>"$out/$c.err" | tail -1 > "$out/$c.json"
 done
@@ -21,5 +21,6 @@ ratio = d["none"]["wire_bytes_per_step"] / d["adaptive"]["wire_bytes_per_step"]
 last = lambda r: sum(r["losses"][-10:]) / 10
 print(f"wire bytes none/adaptive: {ratio:.2f}x; loss after {len(d['none']['losses'])} steps: "
       f"{(last(d['adaptive']) / last(d['none']) - 1) * 100:+.2f} % (mean of the last 10 steps)")
-print("codecs used:", sorted({v for p in [json.load(open(f'{sys.argv[1]}/adaptive.json'))] for v in []}))
+print("per link class (adaptive):", d["adaptive"]["wire_bytes_per_step_by_link_class"],
+      "(none):", d["none"]["wire_bytes_per_step_by_link_class"])
 PY

@@ -878,8 +878,11 @@ class Trainer:
             return "none"
         if c != "adaptive":
             return c
+        probe = self.probes.get(dst)
+        if self._policy.bandwidth(dst) is None and probe is not None and probe.ok:
+            self._policy.set_link(dst, bytes_per_s=probe.mbps * 1e6 / 8, rtt_s=probe.rtt_ms / 1e3)
         if self._policy.bandwidth(dst) is None or self._mb_compute_s is None:
-            return "none"  # nothing observed yet: the first transfers measure the link
+            return "none"  # nothing known of the link or the stage's compute yet
         return codecs.spec(*self._policy.decide(dst, raw_bytes, self._mb_compute_s, kind))
 
     async def _send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:

@@ -104,7 +104,9 @@ class Trainer:
         self.finished = asyncio.Event()
         self.wire_bytes: dict[int, dict[str, int]] = {}  # step -> destination peer -> bytes sent
         self.codecs_used: dict[str, str] = {}  # "kind->destination name" -> last codec
-        self._policy = AdaptivePolicy()
+        # activation gradients feed every earlier layer's update: no top-k for them (its error
+        # feedback suits weight gradients, not these), int8 at most
+        self._policy = AdaptivePolicy(fidelity_floors={"act": 0.95, "grad": 0.95})
         from ..net.prober import PassiveEstimator
 
         self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination

@@ -392,7 +392,7 @@ class Trainer:
             old = self.probes.get(dst)
             if mbps is None or old is None or not old.ok or mbps <= 0:
                 continue
-            if abs(mbps / old.mbps - 1) > 0.2:  # only lasting, sizeable differences are worth a record
+            if mbps < 0.5 * old.mbps:  # only a sizeable drop is worth a record (noise would make digests flap)
                 self.probes[dst] = LinkMeasurement(old.dst, "ok", old.rtt_ms, min(mbps, 1e6), "", old.bulk_bytes,
                                                    old.seconds)
                 changed = True

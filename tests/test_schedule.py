@@ -8,6 +8,7 @@ from spantrain_p2p.pipeline.schedule import (
     Action,
     Op,
     all_stages,
+    peak_held,
     from_text,
     gpipe,
     one_f_one_b,
@@ -30,14 +31,7 @@ def compute_only(actions: list[Action]) -> str:
 
 def activations_held(actions: list[Action]) -> int:
     """Most micro-batches whose forward is done and whose weight-grad is not."""
-    held = peak = 0
-    for a in actions:
-        if a.op is Op.F:
-            held += 1
-            peak = max(peak, held)
-        elif a.op in (Op.W, Op.BW):
-            held -= 1
-    return peak
+    return peak_held(actions, frozenset({Op.F}), frozenset({Op.W, Op.BW}))
 
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)

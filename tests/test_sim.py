@@ -9,10 +9,10 @@ import pytest
 
 from spantrain_p2p import scenario
 from spantrain_p2p.pipeline.schedule import all_stages, simulate as schedule_simulate
-from spantrain_p2p.plan.cli import MODEL_LADDER
+from spantrain_p2p.plan.cli import ladder_configs
 from spantrain_p2p.plan.cost import estimate
 from spantrain_p2p.plan.layout import LinkTable
-from spantrain_p2p.plan.planner import PlannerOptions, baselines, plan
+from spantrain_p2p.plan.planner import PlannerOptions, baselines, plan, plan_largest
 from spantrain_p2p.plan.types import (LayerProfile, Link, ModelProfile, Network, PeerInfo, Plan, Snapshot, Stage,
                                       default_planning_model)
 from spantrain_p2p.sim import simulate
@@ -78,13 +78,7 @@ def test_running_out_of_memory_makes_the_step_infinite():
 def test_cost_model_agrees_with_the_simulator_within_ten_percent_on_the_shipped_scenarios(name):
     snap = Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))
     opts = PlannerOptions(global_batch=256)
-    for dim, depth, heads in MODEL_LADDER:  # as `spantrain plan` picks: the largest that fits
-        prof = ModelProfile.from_model_config(default_planning_model(dim=dim, depth=depth, heads=heads))
-        try:
-            result = plan(snap, prof, opts)
-            break
-        except ValueError:
-            continue
+    _, prof, result = plan_largest(snap, ladder_configs(), opts)  # as `spantrain plan`: the largest that fits
     links = LinkTable(snap, result.grouping.group_of())
     plans = [result.plan] + [p for p in baselines(snap, prof, opts, links).values() if math.isfinite(p.step_s)]
     for p in plans:

@@ -217,28 +217,26 @@ def from_text(text: str) -> list[Action]:
 # ------------------------------------------------------------------------------- memory
 
 
-def peak_in_flight(actions: Sequence[Action]) -> int:
-    """Most micro-batches forwarded but not yet back-propagated (``B`` or ``BW`` not done)."""
+def peak_held(actions: Sequence[Action], opens: frozenset, closes: frozenset) -> int:
+    """Most micro-batches at once between an op in ``opens`` and an op in ``closes``."""
     held = peak = 0
     for a in actions:
-        if a.op is Op.F:
+        if a.op in opens:
             held += 1
             peak = max(peak, held)
-        elif a.op in (Op.B, Op.BW):
+        elif a.op in closes:
             held -= 1
     return peak
+
+
+def peak_in_flight(actions: Sequence[Action]) -> int:
+    """Most micro-batches forwarded but not yet back-propagated (``B`` or ``BW`` not done)."""
+    return peak_held(actions, frozenset({Op.F}), frozenset({Op.B, Op.BW}))
 
 
 def peak_pending_weight_grads(actions: Sequence[Action]) -> int:
     """Most micro-batches whose ``B`` is done and ``W`` is not (0 for fused schedules)."""
-    held = peak = 0
-    for a in actions:
-        if a.op is Op.B:
-            held += 1
-            peak = max(peak, held)
-        elif a.op is Op.W:
-            held -= 1
-    return peak
+    return peak_held(actions, frozenset({Op.B}), frozenset({Op.W}))
 
 
 # ----------------------------------------------------------------------------- checking

@@ -99,12 +99,18 @@ def _snapshot(args: argparse.Namespace) -> tuple[Any, str]:
     return Snapshot.from_scenario(sc, emulated=emulated), f"scenario {sc.name}" + (" (emulated speed)" if emulated else "")
 
 
+def ladder_configs(**kwargs: Any) -> list[Any]:
+    """The models `spantrain plan` tries by default, largest first (``kwargs``: seq_len, vocab)."""
+    from .types import default_planning_model
+
+    return [default_planning_model(dim=d, depth=l, heads=h, **kwargs) for d, l, h in MODEL_LADDER]
+
+
 def _model_configs(args: argparse.Namespace) -> list[Any]:
     from .types import default_planning_model
 
     if args.model_dim is None and args.model_depth is None and args.model_heads is None:
-        return [default_planning_model(dim=d, depth=l, heads=h, seq_len=args.seq_len, vocab=args.vocab)
-                for d, l, h in MODEL_LADDER]
+        return ladder_configs(seq_len=args.seq_len, vocab=args.vocab)
     dim = args.model_dim or 2048
     heads = args.model_heads or max(1, dim // 128)
     if dim % heads:
@@ -124,8 +130,8 @@ def run_plan(args: argparse.Namespace) -> dict:
     from ..sim import simulate
     from ..train.model import num_params
     from .layout import LinkTable
-    from .planner import PlannerOptions, baselines, plan
-    from .types import ModelProfile, compression_ratio
+    from .planner import PlannerOptions, baselines, plan_largest
+    from .types import compression_ratio
 
     snapshot, source = _snapshot(args)
     g = args.global_batch or (2048 if args.synthetic_peers is not None else 256)
@@ -139,17 +145,7 @@ def run_plan(args: argparse.Namespace) -> dict:
         compression_ratio(c)
     opts = PlannerOptions(global_batch=g, micro_batch_sizes=sizes, schedules=_csv(args.schedules, "schedules"),
                           compressions=comps)
-    result = cfg = profile = None
-    errors = []
-    for cfg in _model_configs(args):
-        profile = ModelProfile.from_model_config(cfg)
-        try:
-            result = plan(snapshot, profile, opts)
-            break
-        except ValueError as e:
-            errors.append(str(e))
-    if result is None or profile is None or cfg is None:
-        raise ValueError(f"no feasible plan for any model tried: {errors[-1] if errors else ''}")
+    cfg, profile, result = plan_largest(snapshot, _model_configs(args), opts)
     links = LinkTable(snapshot, result.grouping.group_of())
     jitter = not args.no_jitter
 

@@ -23,7 +23,7 @@ from .. import scenario
 from ..sim import simulate
 from .cost import estimate
 from .layout import LinkTable
-from .planner import PlannerOptions, baselines, plan
+from .planner import PlannerOptions, baselines, plan, plan_largest
 from .synthetic import synthetic_swarm
 from .types import Link, ModelProfile, Network, PeerInfo, Snapshot, default_planning_model
 
@@ -61,19 +61,13 @@ def _pct(x: float) -> str:
 
 
 def scenarios(names: list[str], global_batch: int) -> None:
-    from .cli import MODEL_LADDER
+    from .cli import ladder_configs
 
     print(f"== shipped scenarios (global batch {global_batch}; step times simulated)")
     for name in names:
         snap = Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))
         opts = PlannerOptions(global_batch=global_batch)
-        for dim, depth, heads in MODEL_LADDER:
-            prof = ModelProfile.from_model_config(default_planning_model(dim=dim, depth=depth, heads=heads))
-            try:
-                result = plan(snap, prof, opts)
-                break
-            except ValueError:
-                continue
+        _, prof, result = plan_largest(snap, ladder_configs(), opts)
         links = LinkTable(snap, result.grouping.group_of())
         rows = [("planner", result.plan)] + list(baselines(snap, prof, opts, links).items())
         print(f"{name}: {prof.name}; planned in {result.seconds:.3f} s")

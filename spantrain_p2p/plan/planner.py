@@ -893,3 +893,16 @@ def baselines(snapshot: Snapshot, profile: ModelProfile, options: Optional[Plann
         "1f1b-uniform": uniform_baseline(snapshot, profile, "1f1b", opts, links),
         "greedy": greedy_baseline(snapshot, profile, opts, links),
     }
+
+
+def plan_largest(snapshot: Snapshot, configs: Sequence, options: Optional[PlannerOptions] = None):
+    """(config, profile, PlanResult) for the first model config (largest first) that has a
+    feasible plan; ValueError with the last reason if none has."""
+    errors = []
+    for cfg in configs:
+        profile = ModelProfile.from_model_config(cfg)
+        try:
+            return cfg, profile, plan(snapshot, profile, options)
+        except ValueError as e:
+            errors.append(str(e))
+    raise ValueError(f"no feasible plan for any model tried: {errors[-1] if errors else ''}")

@@ -221,6 +221,25 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
                        "error": r["error"]} for r in reports]}
 
 
+def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) -> list[Optional[Exception]]:
+    """Tells every peer to run its emulated links between two regions at ``factor`` x bandwidth;
+    the error of each peer that did not take it (None where it did)."""
+    import asyncio
+
+    from .net.dataplane import DataPlaneClient
+
+    async def send_all():
+        client = DataPlaneClient()
+        try:
+            header = {"regions": list(regions), "factor": factor}
+            return await asyncio.gather(*(client.send(u, "chaos", header, timeout=5) for u in urls),
+                                        return_exceptions=True)
+        finally:
+            await client.close()
+
+    return [r if isinstance(r, Exception) else None for r in asyncio.run(send_all())]
+
+
 class RunFollower:
     """Follows a training run from the peers' /status: progress line, chaos, losses, events.
 
@@ -311,23 +330,11 @@ class RunFollower:
                 self.launch_peer(c.target)
                 self.pending_recovery.append(ev)
             else:
-                a, b = c.regions
-                for p in self.live():
-                    try:
-                        import asyncio as _a
-
-                        from .net.dataplane import DataPlaneClient
-
-                        async def send(url):
-                            client = DataPlaneClient()
-                            try:
-                                await client.send(url, "chaos", {"regions": [a, b], "factor": c.factor}, timeout=5)
-                            finally:
-                                await client.close()
-
-                        _a.run(send(p.info["data_url"]))
-                    except Exception as e:
-                        self.say(f"chaos: {p.name} did not take {c.describe()}: {e}")
+                peers = [p for p in self.live() if p.info]
+                errors = set_link_factor([p.info["data_url"] for p in peers], c.regions, c.factor)
+                for p, err in zip(peers, errors):
+                    if err is not None:
+                        self.say(f"chaos: {p.name} did not take {c.describe()}: {err}")
                 self.say(f"chaos: {c.describe()}")
             ev["epoch_before"] = max(self.plans) if self.plans else 0
             self.events.append(ev)

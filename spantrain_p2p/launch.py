@@ -189,13 +189,12 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     if not staged:
         return {"steps": 0, "losses": [], "samples_per_s": 0.0, "tokens_per_s": 0.0, "step_s": None, "plan": None}
     last_stage = max(r["stage"] for r in staged)
-    sums: dict[int, list[float]] = {}
+    sums: dict[int, tuple[float, int]] = {}  # each replica of the last stage reports the whole step's loss
     for r in staged:
         if r["stage"] == last_stage:
             for step, total, count, _epoch in r["loss_sums"]:
-                acc = sums.setdefault(step, [0.0, 0])
-                acc[0] += total
-                acc[1] += count
+                if count > sums.get(step, (0.0, 0))[1]:
+                    sums[step] = (total, count)
     losses = [sums[s][0] / sums[s][1] for s in sorted(sums)]
     last = next(r for r in staged if r["stage"] == last_stage)
     ends: dict[int, float] = {}
@@ -286,16 +285,13 @@ class RunFollower:
         return sts, None
 
     def loss_curve(self) -> list[float]:
+        """Per step, the newest epoch's loss; every replica of the last stage reports the whole
+        step's (sum, count) (the replicas add them up with the gradients), so any one report will do."""
         best: dict[int, tuple[int, float, int]] = {}
-        per_epoch: dict[tuple[int, int], list[float]] = {}
         for (epoch, _), steps in self.losses.items():
             for step, (total, count) in steps.items():
-                acc = per_epoch.setdefault((epoch, step), [0.0, 0])
-                acc[0] += total
-                acc[1] += count
-        for (epoch, step), (total, count) in per_epoch.items():
-            if step not in best or epoch > best[step][0]:
-                best[step] = (epoch, total, count)
+                if step not in best or (epoch, count) > (best[step][0], best[step][2]):
+                    best[step] = (epoch, total, count)
         return [best[s][1] / best[s][2] for s in sorted(best) if best[s][2]]
 
     def fire_chaos(self, sts) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import statistics
 import time
@@ -44,6 +45,7 @@ REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
 REPLAN_HOLD_S = 10.0  # ...for this long (checked every REPLAN_CHECK_S) before stages move
 REPLAN_CHECK_S = 5.0
 BUCKET_BYTES = 4 << 20
+LOSS_ROWS = 8  # recent loss rows sent along with a buddy copy
 
 
 def grad_buckets(numels: list[int], bucket_bytes: int = BUCKET_BYTES) -> list[list[tuple[int, int]]]:
@@ -93,6 +95,7 @@ class Trainer:
         self.steps_done = 0
         self.losses: dict[int, float] = {}  # step -> mean loss of this peer's micro-batches (last stage)
         self.loss_sums: dict[int, tuple[float, int, int]] = {}  # step -> (sum of micro-batch losses, count, epoch)
+        self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
         self.step_times: list[tuple[int, float, float]] = []  # (step, start unix, end unix)
         self.compute_s: list[float] = []
         self.error: Optional[str] = None
@@ -179,7 +182,25 @@ class Trainer:
         """A buddy's copy of one of its layers after a step: held for recovery."""
         layer, step = self._check_layer_header(header)
         self.store.put(layer, step, layer_state.decode(header, buffers, self._expected_layer_shapes(layer)))
+        self._hold_losses(header.get("losses"))
         return None
+
+    def _hold_losses(self, rows) -> None:
+        """Keeps a buddy's recent (step, loss sum, count, epoch) rows, so that if it dies before its
+        report is read, its part of the loss curve is still reported (by this peer)."""
+        if rows is None:
+            return
+        if not isinstance(rows, list) or len(rows) > LOSS_ROWS:
+            raise FrameError("losses must be a short list of [step, sum, count, epoch]")
+        for row in rows:
+            if (not isinstance(row, list) or len(row) != 4 or not all(isinstance(x, int) for x in row[::2])
+                    or not isinstance(row[1], (int, float)) or not isinstance(row[2], int)
+                    or not math.isfinite(row[1]) or not 0 < row[2] <= self.job.num_micro_batches
+                    or not 0 <= row[0] < self.job.steps or row[3] < 0):
+                raise FrameError(f"bad loss row {str(row)[:80]}")
+            self.held_losses[row[0]] = (float(row[1]), row[2], row[3])
+        for st in sorted(self.held_losses)[:-LOSS_ROWS * 4]:
+            del self.held_losses[st]
 
     async def _on_fetch(self, header: dict, buffers):
         """Another peer takes over a layer: send it the state held for (layer, step)."""
@@ -201,7 +222,8 @@ class Trainer:
                             else None),
                 "term": self.election.leader.term if self.election and self.election.leader else None,
                 "groups_digest": self.groups_digest, "groups": self.groups, "replans": self.replans,
-                "recent_losses": [[st, a, n, e] for st, (a, n, e) in sorted(self.loss_sums.items())[-30:]],
+                "recent_losses": [[st, a, n, e] for st, (a, n, e) in
+                                  sorted(self.loss_sums.items())[-30:] + sorted(self.held_losses.items())[-30:]],
                 "plan": self.smap.summary() if self.smap else None, "events": self.events[-20:],
                 "links_mbps": {self.peer.name_of(d): round(v, 2) for d in self.passive.destinations()
                                if (v := self.passive.estimate_mbps(d)) is not None}}
@@ -667,8 +689,9 @@ class Trainer:
         params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
         if len(self._replicas) > 1:
             self._buckets = grad_buckets([p.numel() for p in params])
+            sizes = [(sum(n for _, n in b),) for b in self._buckets] + ([(2,)] if nxt is None else [])
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(self._replicas) - {me}, (),
-                                  len(self._buckets), shapes_by_mb=tuple((sum(n for _, n in b),) for b in self._buckets))
+                                  len(sizes), shapes_by_mb=tuple(sizes))
         flops = None
         if self.peer.device is not None:
             ids, tgt = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
@@ -690,8 +713,11 @@ class Trainer:
                 self.step = step
                 t0 = time.time()
                 result = await executor.run_step(step, actions)
+                loss_sum, loss_count = sum(result.losses), len(result.losses)
                 if len(self._replicas) > 1:
-                    await self._sum_gradients(step, params)
+                    total = await self._sum_gradients(step, params, (loss_sum, loss_count) if nxt is None else None)
+                    if total is not None:
+                        loss_sum, loss_count = total
                 if self.opts.dump_grads_dir and step == self.opts.dump_step:
                     self._dump_grads(layers, first, step)
                 opt.step()
@@ -704,9 +730,9 @@ class Trainer:
                     per_mb = result.compute_s / max(1, sum(a.op is sched.Op.F for a in actions))
                     self._mb_compute_s = per_mb if self._mb_compute_s is None else 0.7 * self._mb_compute_s + 0.3 * per_mb
                 self.steps_done += 1
-                if result.losses:
-                    self.loss_sums[step] = (sum(result.losses), len(result.losses), smap.epoch)
-                    self.losses[step] = sum(result.losses) / len(result.losses)
+                if loss_count:
+                    self.loss_sums[step] = (loss_sum, loss_count, smap.epoch)
+                    self.losses[step] = loss_sum / loss_count
                     log.info("step %d: loss %.4f (%.2fs)", step, self.losses[step], t1 - t0)
                 self.step = step + 1
                 self._snapshot(layers, opt, first, self.step)
@@ -743,10 +769,13 @@ class Trainer:
         return min(others, key=lambda p: (self._rtt_ms(p), p))
 
     async def _push_to_buddy(self, buddy: str, states, step: int) -> None:
+        rows = [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())[-LOSS_ROWS:]]
         try:
-            for layer, st in states:
+            for i, (layer, st) in enumerate(states):
                 header, bufs = layer_state.encode(st)
                 header.update({"job": self.job.job_id, "layer": layer, "step": step})
+                if i == 0 and rows:
+                    header["losses"] = rows  # first, so the copy of a step never arrives without its loss
                 url = self.peer.data_url_of(buddy)
                 if url is None:
                     return
@@ -815,30 +844,42 @@ class Trainer:
     def _default_schedule(self) -> str:
         return "gpipe" if self.job.schedule == "auto" else self.job.schedule
 
-    async def _sum_gradients(self, step: int, params: list[torch.nn.Parameter]) -> None:
+    async def _sum_gradients(self, step: int, params: list[torch.nn.Parameter],
+                             loss: Optional[tuple[float, int]] = None) -> Optional[tuple[float, int]]:
         """All-reduce (sum) of this stage's weight gradients among its replicas, bucket by bucket
         (consecutive layers' gradients packed up to ``BUCKET_BYTES``, as DDP does).
 
         Every replica sends its gradients to the others and adds all of them up in peer-id order,
         so every replica ends with bit-identical gradients and stays identical after the step.
+        On the last stage, ``loss`` (this replica's sum of micro-batch losses, count) rides along,
+        and the step's whole (sum, count) is returned: every replica then reports the loss of the
+        whole step, so a replica killed before anyone read its report takes no part of it along.
         """
         me, others = self.peer.peer_id, [p for p in self._replicas if p != self.peer.peer_id]
         flat = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
         local = [torch.cat([flat[i] for i, _ in b]) for b in self._buckets]
+        if loss is not None:
+            local.append(torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
         sends = [asyncio.create_task(self._send_to(dst, GSUM, step, k, g)) for dst in others for k, g in enumerate(local)]
         try:
-            for k, bucket in enumerate(self._buckets):
+            summed = []
+            for k in range(len(local)):
                 parts = {me: local[k]}
                 for src in others:
                     parts[src] = await self.inbox.get((f"{GSUM}/{src}", step, k), self.job.recv_timeout_s)
                 total = torch.zeros_like(local[k])
                 for src in sorted(parts):
                     total += parts[src]
+                summed.append(total)
+            for bucket, total in zip(self._buckets, summed):
                 offset = 0
                 for i, n in bucket:
                     params[i].grad = total[offset:offset + n].view_as(params[i]).clone()
                     offset += n
             await asyncio.gather(*sends)
+            if loss is not None:
+                return float(summed[-1][0]), int(round(float(summed[-1][1])))
+            return None
         except BaseException as e:
             for t in sends:
                 t.cancel()

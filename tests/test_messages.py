@@ -22,6 +22,19 @@ def test_a_tensor_round_trips_exactly():
     assert (step, mb) == (7, 2) and torch.equal(got, t)
 
 
+def test_a_tensor_from_a_received_buffer_owns_it_without_a_copy_and_one_from_bytes_gets_its_own():
+    t = torch.randn(2, 4, 8)
+    frame = bytearray(b"".join(bytes(c) for c in framing.encode(*encode_tensor(ACT, "job1", 3, 7, 2, "up", t))))
+    _, _, got = decode_tensor(*framing.decode(frame), EXPECT, (7, 8))
+    got.add_(1.0)  # writable: it is the received buffer itself
+    assert torch.equal(got, t + 1.0)
+    _, _, again = decode_tensor(*framing.decode(frame), EXPECT, (7, 8))
+    assert torch.equal(again, got)
+    _, _, copied = decode_tensor(*wire(*encode_tensor(ACT, "job1", 3, 7, 2, "up", t)), EXPECT, (7, 8))
+    copied.add_(1.0)  # from read-only bytes: a copy of its own, so writing is allowed
+    assert torch.equal(copied, t + 1.0)
+
+
 @pytest.mark.parametrize("change,reason", [
     ({"shape": [2, 4, 9]}, "shape"),
     ({"dtype": "float16"}, "dtype"),

@@ -102,7 +102,9 @@ def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps
     want = math.prod(shape) * np.dtype(_NP[expect.dtype]).itemsize
     if buffers[0].nbytes != want:
         raise FrameError(f"tensor of {buffers[0].nbytes} bytes, shape {shape} {expect.dtype} needs {want}")
-    arr = np.frombuffer(buffers[0], dtype=_NP[expect.dtype]).reshape(shape).copy()  # own the memory
+    arr = np.frombuffer(buffers[0], dtype=_NP[expect.dtype]).reshape(shape)
+    if not arr.flags.writeable:
+        arr = arr.copy()  # a read-only frame (bytes): the tensor gets memory of its own
     if not np.isfinite(arr).all():
         raise FrameError("tensor holds NaN or infinite values")
     return step, mb, torch.from_numpy(arr)

@@ -1,6 +1,7 @@
 """The planner: near the exhaustive optimum, fast at a thousand peers, and ahead of the baselines."""
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -90,3 +91,31 @@ def test_greedy_baseline_covers_every_layer_once_by_speed():
     assert p.stages[0].layers[0] == 0 and p.stages[-1].layers[1] == GPT13.num_layers
     first = p.stages[0]
     assert first.peers == ("cloud-1",) and first.layers[1] - first.layers[0] > 5  # a fast peer takes a long span
+
+
+def _two_regions(memory_b: float, memory_a: float = 1e15):
+    """Two equal peers in two regions; compute (1 s a layer) dwarfs the link; b's memory is ``memory_b``."""
+    from spantrain_p2p.plan.types import LayerProfile, Link, Network, PeerInfo
+    prof = ModelProfile(tuple(LayerProfile(1e12, 1e12, 1e12, 1e6, 1e3, 1e3) for _ in range(8)))
+    peers = (PeerInfo("a", 1e12, memory_a), PeerInfo("b", 1e12, memory_b))
+    links = {("a", "b"): Link(0.05, 1e7), ("b", "a"): Link(0.05, 1e7)}
+    return Snapshot(peers, Network(links)), prof
+
+
+def _layers_of(p, peer: str) -> int:
+    return sum(st.layers[1] - st.layers[0] for st in p.stages if peer in st.peers)
+
+
+def test_a_peer_whose_memory_cannot_hold_its_share_gets_less():
+    opts = PlannerOptions(global_batch=8, micro_batch_sizes=(1,))
+    roomy = plan(*_two_regions(1e15), opts).plan
+    assert _layers_of(roomy, "b") == 8  # compute dominates: b replicates the whole model
+    # 8 layers x 1 MB weights x 4 (weights, grads, Adam moments) = 32 MB; b can hold 2 layers' worth
+    tight = plan(*_two_regions(9e6), opts).plan
+    assert 0 < _layers_of(tight, "b") <= 2 and _layers_of(tight, "a") >= 6
+    assert math.isfinite(tight.step_s)
+
+
+def test_a_model_that_fits_nowhere_is_refused_with_a_clear_message():
+    with pytest.raises(ValueError, match="does not fit in the peers' memory"):
+        plan(*_two_regions(9e6, memory_a=9e6), PlannerOptions(global_batch=8, micro_batch_sizes=(1,)))

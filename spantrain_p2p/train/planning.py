@@ -6,6 +6,7 @@ map the peers follow.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Optional
 
 from ..plan import types as pt
@@ -49,10 +50,25 @@ def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan
     comp = ("none", "fp16", "int8") if job.compression == "adaptive" else ("none",)
     opts = pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
                              schedules=schedules, compressions=comp)
-    if kind == "planner":
-        return pl.plan(snap, prof, opts).plan
-    found = pl.baselines(snap, prof, opts)
-    return found[kind]
+    try:
+        plan = pl.plan(snap, prof, opts).plan if kind == "planner" else pl.baselines(snap, prof, opts)[kind]
+    except ValueError as e:
+        raise NoPlan(f"{e}; {_memory_facts(prof, snap)}") from None
+    if not math.isfinite(plan.step_s):
+        raise NoPlan(f"the {kind} plan cannot run: {plan.bottleneck}; {_memory_facts(prof, snap)}")
+    return plan
+
+
+class NoPlan(ValueError):
+    """No plan can run the job on these peers (the message says why, with the figures)."""
+
+
+def _memory_facts(prof: pt.ModelProfile, snap: pt.Snapshot) -> str:
+    need = 4 * sum(x.param_bytes for x in prof.layers)  # weights, gradients, Adam's two moments
+    mems = [p.memory_bytes for p in snap.peers]
+    return (f"the model's weights, gradients and optimizer state take {need / 2**20:.1f} MiB before any "
+            f"activations; the {len(mems)} peers have {sum(mems) / 2**20:.1f} MiB in all, "
+            f"{max(mems, default=0) / 2**20:.1f} MiB at most on one")
 
 
 def to_stage_map(plan: pt.Plan, job: JobSpec, epoch: int, names: Mapping[str, str], term: int = 0,

@@ -649,16 +649,22 @@ class Trainer:
         epoch = (current.epoch if current else 0) + 1
         term = self.election.leader.term
         start, error = (await self._resume_point(current)) if current is not None else (0, "")
+        plan = None
+        if measured and not error:
+            snap = planning.snapshot(profiles, links, ids)
+            t0 = time.perf_counter()
+            try:
+                plan = await asyncio.to_thread(planning.make_plan, job, snap, job.plan)
+            except planning.NoPlan as e:
+                error = f"no plan can run this job on the {len(ids)} live peers: {e}"
         if error:
-            smap = replace(current, epoch=epoch, term=term, error=error)
+            base = current or placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names)
+            smap = replace(base, epoch=epoch, term=term, error=error)
             await self._store(stagemap_key(self.peer.config.swarm), f"{smap.epoch:012d}",
                               sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
             log.error("run stopped: %s", error)
             return
-        if measured:
-            snap = planning.snapshot(profiles, links, ids)
-            t0 = time.perf_counter()
-            plan = await asyncio.to_thread(planning.make_plan, job, snap, job.plan)
+        if plan is not None:
             smap = planning.to_stage_map(plan, job, epoch, names, term, start)
             log.info("planned %d stages for %d peers in %.2fs: predicted %.3fs per step, bottleneck %s",
                      smap.num_stages, len(ids), time.perf_counter() - t0, plan.step_s, plan.bottleneck)

@@ -348,10 +348,14 @@ class RunFollower:
     def follow(self) -> dict:
         total = self.args.steps
         last_line, last_print = "", 0.0
+        shown: set[int] = set()
         while True:
             sts, error = self.poll()
             if error:
                 raise RuntimeError(f"training failed: {error}")
+            for epoch in sorted(set(self.plans) - shown):
+                shown.add(epoch)
+                self.say(describe_plan(self.plans[epoch]))
             staged = [(p, st) for p, st in sts if (st.get("train") or {}).get("stage") is not None]
             self.max_step = max([self.max_step] + [st["train"]["step"] for _, st in staged])
             self.fire_chaos(sts)
@@ -373,6 +377,24 @@ class RunFollower:
             if finished:
                 return {"statuses": sts}
             time.sleep(0.3)
+
+
+def describe_plan(plan: dict) -> str:
+    """A stage map as a few lines for people: its epoch, the stages and their peers, the prediction."""
+    head = f"plan epoch {plan['epoch']} (planner term {plan.get('term', 0)})"
+    if plan.get("schedule"):
+        head += f", schedule {plan['schedule']}"
+    if plan.get("predicted_step_s"):
+        head += f", predicted {plan['predicted_step_s']:.3f}s per step"
+        if plan.get("bottleneck"):
+            head += f" (bottleneck {plan['bottleneck']})"
+    lines = [head + ":"]
+    for i, st in enumerate(plan.get("stages", [])):
+        a, b = st["layers"]
+        shares = st.get("microbatch_share") or {}
+        peers = ", ".join(f"{p} {shares[p]:.0%}" if p in shares and len(st["peers"]) > 1 else p for p in st["peers"])
+        lines.append(f"  stage {i}: layers {a}-{b - 1} on {peers}")
+    return "\n".join(lines)
 
 
 def figures(summary: dict, reports: list[dict], scenario=None) -> dict:

@@ -1,5 +1,5 @@
-"""The run's loss curve from the peers' loss reports: the newest epoch of a step counts, and any one
-complete report of a step will do (replicas of the last stage all report the whole step)."""
+"""What `spantrain swarm` makes of the peers' reports: the loss curve (the newest epoch of a step counts,
+and any one complete report of a step will do) and the plans it shows."""
 from spantrain_p2p.launch import RunFollower, summarize
 
 
@@ -33,3 +33,15 @@ def test_summary_takes_one_whole_report_per_step():
                 "compute_s_median": 0.5, "error": None}
     out = summarize([report("a", [[0, 8.0, 4, 1], [1, 6.0, 4, 1]]), report("b", [[0, 8.0, 4, 1]])], 4, 16)
     assert out["losses"] == [2.0, 1.5]
+
+
+def test_a_plan_is_described_with_its_stages_peers_and_prediction():
+    from spantrain_p2p.launch import describe_plan
+    text = describe_plan({"epoch": 2, "term": 1, "schedule": "zb-h1", "predicted_step_s": 0.1234,
+                          "bottleneck": "compute:stage 0",
+                          "stages": [{"peers": ["a", "b"], "layers": [0, 4], "microbatch_share": {"a": 0.75, "b": 0.25}},
+                                     {"peers": ["c"], "layers": [4, 8], "microbatch_share": {"c": 1.0}}]})
+    assert text.splitlines() == [
+        "plan epoch 2 (planner term 1), schedule zb-h1, predicted 0.123s per step (bottleneck compute:stage 0):",
+        "  stage 0: layers 0-3 on a 75%, b 25%",
+        "  stage 1: layers 4-7 on c"]

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 scenario="${1:-peers/edge-volunteers.toml}"
 steps="${2:-200}"
-out=$(mktemp -d)
+out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"
 for c in ${CODECS:-none adaptive}; do
   .venv/bin/spantrain swarm --scenario "$scenario" --steps "$steps" --plan even --schedule 1f1b \
     --compression "$c" --seed 0 --json 2>"$out/$c.err" | tail -1 > "$out/$c.json"
@@ -23,4 +24,6 @@ print(f"wire bytes none/adaptive: {ratio:.2f}x; loss after {len(d['none']['losse
       f"{(last(d['adaptive']) / last(d['none']) - 1) * 100:+.2f} % (mean of the last 10 steps)")
 print("per link class (adaptive):", d["adaptive"]["wire_bytes_per_step_by_link_class"],
       "(none):", d["none"]["wire_bytes_per_step_by_link_class"])
+from collections import Counter
+print("codecs adaptive chose last (kind->destination per peer):", dict(Counter(d["adaptive"].get("codecs", {}).values())))
 PY

@@ -232,7 +232,7 @@ def add_swarm_arguments(sw: argparse.ArgumentParser) -> None:
                     "degrade:A-B:F@t=S, restore:A-B@t=S")
     sw.add_argument("--measure-only", action="store_true",
                     help="profile devices and probe links, print the measurements, stop")
-    sw.add_argument("--compression", default="none", help="none, fp16, int8, topk:R or adaptive")
+    sw.add_argument("--compression", default="none", help="none, fp16, int8, int:BITS (2-7), topk:R or adaptive")
     sw.add_argument("--checkpoint-every", type=int, default=0, metavar="K")
     sw.add_argument("--dump-grads", metavar="DIR", help="peers save their gradients of step 0 here (testing)")
     sw.add_argument("-v", "--verbose", action="count", default=0)

@@ -430,6 +430,8 @@ def figures(summary: dict, reports: list[dict], scenario=None) -> dict:
     steps = max(1, len(per_step))
     out["wire_bytes_per_step"] = int(statistics.median(per_step.values())) if per_step else 0
     out["wire_bytes_per_step_by_link_class"] = {k: int(sum(v) / steps) for k, v in sorted(by_class.items())}
+    # the codec each peer last used per kind and destination ("act->vol-03": "int:6")
+    out["codecs"] = {f"{r['name']}:{k}": c for r in reports for k, c in sorted((r.get("codecs") or {}).items())}
     return out
 
 

@@ -51,6 +51,25 @@ def test_int8_round_trip_within_1pct_on_gaussian_activations():
     assert rel_l2(decode(meta, bufs, SHAPE), x) < 0.01
 
 
+@pytest.mark.parametrize("bits,error", [(7, 0.016), (6, 0.032), (5, 0.065), (4, 0.14), (2, 0.9)])
+def test_int_packs_fewer_bits_per_value_with_the_error_its_bits_allow(bits, error):
+    x = gaussian(seed=3)
+    meta, bufs = wire(*encode("int", x, bits=bits))
+    assert meta == {"codec": "int", "bits": bits, "block": 256}
+    n = x.numel()
+    assert [len(b) for b in bufs] == [-(-n * bits // 8), 4 * (n // 256)] == [
+        wire_bytes("int", SHAPE, bits=bits) - 4 * (n // 256), 4 * (n // 256)]
+    assert rel_l2(decode(meta, bufs, SHAPE), x) < error
+
+
+def test_int_of_an_odd_length_pads_its_last_byte_and_keeps_zeros_and_extremes():
+    x = torch.tensor([0.0, 1.0, -1.0, 0.5, -0.25, 0.0, 0.0])  # 7 x 6 bits = 42 bits in 6 bytes
+    meta, bufs = wire(*encode("int:6", x))
+    assert len(bufs[0]) == 6
+    y = decode(meta, bufs, (7,))
+    assert y[0] == 0 and y[1] == 1.0 and y[2] == -1.0 and float((y - x).abs().max()) <= 1 / 31 / 2 + 1e-7
+
+
 def test_int8_outlier_coarsens_only_its_own_block_and_zero_blocks_stay_zero():
     x = gaussian((4, 1000), seed=1)  # 4000 values: the last block is short
     x[0, 3] = 1e4
@@ -215,6 +234,15 @@ def _hostile_cases():
     yield "negative int8 scale", m, [b[0], _set(b[1], "<f4", 0, -1.0)], (n,), "int8 scales must lie"
     yield "huge int8 scale", m, [b[0], _set(b[1], "<f4", 0, 3e38)], (n,), "int8 scales must lie"
     yield "int8 -128", m, [_set(b[0], "i1", 5, -128), b[1]], (n,), "-127..127"
+    m, b = encode("int:6", gaussian((n,)))
+    m, b = dict(m), [bytearray(x) for x in b]
+    yield "int bits out of range", {**m, "bits": 8}, b, (n,), "int bits must be an int in 2..7"
+    yield "int missing bits", {"codec": "int", "block": 256}, b, (n,), "lacks field 'bits'"
+    yield "short int values", m, [b[0][:-1], b[1]], (n,), r"buffer 0 is 749 bytes.*needs 750"
+    yield "int value past its levels", m, [bytearray(b"\xff") + b[0][1:], b[1]], (n,), r"must lie in 0\.\.62"
+    yield "NaN int scale", m, [b[0], _set(b[1], "<f4", 0, np.nan)], (n,), "int scales holds NaN"
+    m7, b7 = encode("int:6", gaussian((7,)))
+    yield "int padding bits set", dict(m7), [bytearray(b7[0][:-1]) + b"\x03", b7[1]], (7,), "padding bits"
     m, b = _topk_msg()
     yield "absurd k", {**m, "k": 900}, b, (n,), r"k=900 out of range 1\.\.500"
     yield "zero k", {**m, "k": 0}, b, (n,), "k=0 out of range"
@@ -275,9 +303,10 @@ def test_encode_rejects_absurd_parameters(params, error):
 def test_specs_parse_and_print_as_plans_spell_them():
     assert parse_spec("topk:0.05") == ("topk", {"ratio": 0.05, "values": "fp16"})
     assert parse_spec("int8") == ("int8", {"block": 256})
-    for s in ("none", "fp16", "int8", "int8:64", "topk:0.1", "topk:0.01:fp32"):
+    assert parse_spec("int:5:64") == ("int", {"bits": 5, "block": 64})
+    for s in ("none", "fp16", "int8", "int8:64", "int:6", "int:4:64", "topk:0.1", "topk:0.01:fp32"):
         assert spec(*parse_spec(s)) == s
-    for bad in ("topk:x", "int8:1:2", "gzip", "none:1"):
+    for bad in ("topk:x", "int8:1:2", "gzip", "none:1", "int:8", "int:1", "int:6:64:1"):
         with pytest.raises(CodecError):
             parse_spec(bad)
 
@@ -325,10 +354,13 @@ def test_adaptive_picks_int8_for_activations_and_topk_for_gradients_on_a_10mbit_
 
 def test_adaptive_respects_the_fidelity_floor():
     # nothing hides behind 10 ms: the fastest transfer that still meets the floor
-    assert choose(10 * MBIT, 0.04, RAW, 0.01, "act")[0] == "int8"  # top-k of activations is under 0.95
+    # 6-bit blocks keep 0.97 of gaussian activations; 4 bits (0.87) and top-k are under 0.95
+    assert choose(10 * MBIT, 0.04, RAW, 0.01, "act") == ("int", {"bits": 6, "block": 256})
+    assert choose(10 * MBIT, 0.04, RAW, 0.01, "act", fidelity_floor=0.98)[0] == "int8"
     assert choose(10 * MBIT, 0.04, RAW, 0.01, "act", fidelity_floor=0.999)[0] == "fp16"
     assert choose(10 * MBIT, 0.04, RAW, 0.01, "grad") == ("topk", {"ratio": 0.01, "values": "fp16"})
-    assert choose(10 * MBIT, 0.04, RAW, 0.01, "grad", fidelity_floor=0.2)[1]["ratio"] == 0.1
+    # a floor of 0.2 rules out top-k 1 % and 5 %; 4-bit blocks (0.129 of fp32) beat top-k 10 % (0.15)
+    assert choose(10 * MBIT, 0.04, RAW, 0.01, "grad", fidelity_floor=0.2) == ("int", {"bits": 4, "block": 256})
     # nothing meets the floor at all: the most faithful candidate
     assert choose(10 * MBIT, 0.04, RAW, 0.01, "act", candidates=["int8", "topk:0.1"], fidelity_floor=0.999)[0] == "int8"
 
@@ -342,7 +374,8 @@ def test_adaptive_uses_measured_fidelities_so_sparse_activations_may_use_topk():
 
 def test_adaptive_evaluation_lists_lightest_first_with_transfer_times():
     opts = evaluate(10 * MBIT, 0.04, RAW)
-    assert [o.spec for o in opts] == ["none", "fp16", "int8", "topk:0.25", "topk:0.1", "topk:0.05", "topk:0.01"]
+    assert [o.spec for o in opts] == ["none", "fp16", "int8", "int:6", "int:4", "topk:0.25", "topk:0.1", "topk:0.05",
+                                      "topk:0.01"]
     assert opts[0].transfer_s == pytest.approx(0.02 + RAW / (10 * MBIT))
     assert opts[2].wire_bytes == wire_bytes("int8", SHAPE)
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("act", "grad")
 DEFAULT_FLOORS = {"act": 0.95, "grad": 0.0}
-DEFAULT_CANDIDATES = ("none", "fp16", "int8", "topk:0.25", "topk:0.1", "topk:0.05", "topk:0.01")
+DEFAULT_CANDIDATES = ("none", "fp16", "int8", "int:6", "int:4", "topk:0.25", "topk:0.1", "topk:0.05", "topk:0.01")
 EULER_GAMMA = 0.5772156649015329
 FP16_FIDELITY = 0.99976  # 1 − relative L2 error of fp16 rounding (11-bit significand), measured on gaussians
 
@@ -61,7 +61,7 @@ def _canonical(c: Candidate) -> tuple[str, str, dict]:
 def nominal_fidelity(name: str, **params: Any) -> float:
     """Expected fidelity of a codec on i.i.d. gaussian data (deterministic; no tensors involved).
 
-    int8: quantization step absmax/127, error step/√12, with the block's expected absmax ≈ the t where
+    int8 / int: quantization step absmax/L (L = 127, or 2^(bits−1) − 1), error step/√12, with the block's expected absmax ≈ the t where
     P(|x| > t) = e^−γ / block (Gumbel limit of the maximum of ``block`` half-normals)
     topk: keeping |x| > t with t the 1 − ratio/2 quantile retains 2(t·φ(t) + 1 − Φ(t)) of the energy.
     Real gradients are heavier-tailed than gaussians, so top-k does better on them than this says."""
@@ -71,9 +71,10 @@ def nominal_fidelity(name: str, **params: Any) -> float:
         return 1.0
     if name == "fp16":
         return FP16_FIDELITY
-    if name == "int8":
+    if name in ("int8", "int"):
+        levels = 127 if name == "int8" else (1 << (p["bits"] - 1)) - 1
         absmax = nd.inv_cdf(1.0 - math.exp(-EULER_GAMMA) / 2.0 / p["block"])
-        return 1.0 - absmax / 127.0 / math.sqrt(12.0)
+        return 1.0 - absmax / levels / math.sqrt(12.0)
     t = nd.inv_cdf(1.0 - p["ratio"] / 2.0)
     kept = 2.0 * (t * nd.pdf(t) + 1.0 - nd.cdf(t))
     return 1.0 - math.sqrt(max(0.0, 1.0 - kept))

@@ -54,7 +54,7 @@ class JobSpec:
     lr: float = 1e-3
     optimizer: str = "adam"
     schedule: str = "gpipe"
-    compression: str = "none"  # none | fp16 | int8 | topk:R | adaptive (per link, see compress.adaptive)
+    compression: str = "none"  # none | fp16 | int8 | int:BITS | topk:R | adaptive (per link, see compress.adaptive)
     plan: str = "planner"  # who places the layers: the planner, an even split, or a baseline
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages

@@ -45,6 +45,12 @@ REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
 REPLAN_HOLD_S = 10.0  # ...for this long (checked every REPLAN_CHECK_S) before stages move
 REPLAN_CHECK_S = 5.0
 BUCKET_BYTES = 4 << 20
+# Adaptive compression leaves a link's tensors as they are only where their transfer is negligible
+# next to the stage's compute for one micro-batch; elsewhere it takes the fastest codec that meets
+# the fidelity floor. FusionLLM's rule (compress until the transfer hides behind compute) holds in
+# a pipeline's steady state, but its fill and drain wait on every hop's transfer, and with about as
+# many micro-batches as stages (volunteer swarms) fill and drain are most of the step.
+NEGLIGIBLE_TRANSFER = 0.1
 LOSS_ROWS = 8  # recent loss rows sent along with a buddy copy
 
 
@@ -108,7 +114,7 @@ class Trainer:
         self.wire_bytes: dict[int, dict[str, int]] = {}  # step -> destination peer -> bytes sent
         self.codecs_used: dict[str, str] = {}  # "kind->destination name" -> last codec
         # activation gradients feed every earlier layer's update: no top-k for them (its error
-        # feedback suits weight gradients, not these), int8 at most
+        # feedback suits weight gradients, not these); 6-bit blocks (0.97) at most, like activations
         self._policy = AdaptivePolicy(fidelity_floors={"act": 0.95, "grad": 0.95})
         from ..net.prober import PassiveEstimator
 
@@ -932,7 +938,7 @@ class Trainer:
             self._policy.set_link(dst, bytes_per_s=probe.mbps * 1e6 / 8, rtt_s=probe.rtt_ms / 1e3)
         if self._policy.bandwidth(dst) is None or self._mb_compute_s is None:
             return "none"  # nothing known of the link or the stage's compute yet
-        return codecs.spec(*self._policy.decide(dst, raw_bytes, self._mb_compute_s, kind))
+        return codecs.spec(*self._policy.decide(dst, raw_bytes, self._mb_compute_s * NEGLIGIBLE_TRANSFER, kind))
 
     async def _send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
         codec = self._codec_for(kind, dst, t.numel() * 4)

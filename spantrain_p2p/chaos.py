@@ -4,7 +4,7 @@
     kill:planner@step=K       the same for whichever peer holds the planner lease then
     kill:worker@step=K        the same for a peer of the stage map that is not the planner
     join:PEER@step=K          hold a scenario peer back from the launch; start it at step K
-    degrade:A-B:F@t=S         from S seconds after launch, links between regions A and B carry F x bandwidth
+    degrade:A-B:F@t=S         S seconds into training (from the first stage map), links between regions A and B carry F x bandwidth
     restore:A-B@t=S           back to the scenario's bandwidth
 """
 from __future__ import annotations

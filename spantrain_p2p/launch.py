@@ -200,7 +200,7 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     ends: dict[int, float] = {}
     starts: dict[int, float] = {}
     for r in staged:
-        for step, t0, t1 in r["step_times"]:
+        for step, t0, t1, *_ in r["step_times"]:
             ends[step] = max(ends.get(step, 0.0), t1)
             starts[step] = min(starts.get(step, float("inf")), t0)
     steps = sorted(ends)
@@ -218,6 +218,34 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
             "peers": [{"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
                        "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
                        "error": r["error"]} for r in reports]}
+
+
+def epoch_figures(reports: list[dict], plans: dict[int, dict], samples_per_step: int) -> list[dict]:
+    """Per stage-map epoch: its steps, measured samples/s (a step's samples over the median time
+    between consecutive step completions inside the epoch) and the plan's predicted samples/s."""
+    import statistics
+
+    ends: dict[int, dict[int, float]] = {}
+    for r in reports:
+        for row in r.get("step_times", []):
+            if len(row) >= 4:
+                step, _, t1, epoch = row[:4]
+                per = ends.setdefault(epoch, {})
+                per[step] = max(per.get(step, 0.0), t1)
+    out = []
+    for epoch in sorted(set(ends) | set(plans)):
+        per = ends.get(epoch, {})
+        steps = sorted(per)
+        gaps = [per[b] - per[a] for a, b in zip(steps, steps[1:]) if b == a + 1]
+        sps = samples_per_step / statistics.median(gaps) if gaps else None
+        pred = (plans.get(epoch) or {}).get("predicted_step_s") or None
+        row = {"epoch": epoch, "steps": len(steps), "first_step": steps[0] if steps else None,
+               "samples_per_s": round(sps, 3) if sps else None,
+               "predicted_samples_per_s": round(samples_per_step / pred, 3) if pred else None}
+        row["ratio"] = round(row["samples_per_s"] / row["predicted_samples_per_s"], 3) \
+            if row["samples_per_s"] and row["predicted_samples_per_s"] else None
+        out.append(row)
+    return out
 
 
 def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) -> list[Optional[Exception]]:
@@ -257,6 +285,8 @@ class RunFollower:
         self.plans: dict[int, dict] = {}
         self.events: list[dict] = []
         self.pending_recovery: list[dict] = []
+        self.pending_replan: list[dict] = []
+        self.train_t0: Optional[float] = None  # when the first stage map was seen
         self.max_step = 0
 
     def live(self) -> list["PeerProcess"]:
@@ -296,13 +326,15 @@ class RunFollower:
 
     def fire_chaos(self, sts) -> None:
         now = time.monotonic() - self.t0
+        if self.plans and self.train_t0 is None:
+            self.train_t0 = time.monotonic()  # @t=S counts from the first stage map: training's start
+        now_train = time.monotonic() - self.train_t0 if self.train_t0 is not None else -1.0
         done = min((st["train"]["steps_done"] for _, st in sts if (st.get("train") or {}).get("stage") is not None),
                    default=0)
-        while self.chaos:
-            c = self.chaos[0]
-            if (c.at_step is not None and done < c.at_step) or (c.at_t is not None and now < c.at_t):
-                return
-            self.chaos.pop(0)
+        for c in list(self.chaos):  # in order; one not yet due does not hold back another that is
+            if (c.at_step is not None and done < c.at_step) or (c.at_t is not None and now_train < c.at_t):
+                continue
+            self.chaos.remove(c)
             ev = {"kind": c.action, "target": c.target, "step": self.max_step, "t_s": round(now, 2)}
             if c.action == "kill":
                 name = c.target
@@ -332,8 +364,21 @@ class RunFollower:
                     if err is not None:
                         self.say(f"chaos: {p.name} did not take {c.describe()}: {err}")
                 self.say(f"chaos: {c.describe()}")
+                ev["factor"] = c.factor
+                ev["t_train_s"] = round(now_train, 2)
+                self.pending_replan.append(ev)
             ev["epoch_before"] = max(self.plans) if self.plans else 0
             self.events.append(ev)
+
+    def check_replans(self) -> None:
+        """A link change is answered by a re-plan: ``replan_s`` is the time until a newer stage map
+        appeared (None while there is none: e.g. a blip the swarm rightly sat out)."""
+        for ev in list(self.pending_replan):
+            if self.plans and max(self.plans) > ev["epoch_before"]:
+                ev["replan_s"] = round(time.monotonic() - self.t0 - ev["t_s"], 2)
+                ev["epoch_after"] = max(self.plans)
+                self.pending_replan.remove(ev)
+                self.say(f"re-planned {ev['replan_s']}s after {ev['kind']} {ev['target']} (epoch {ev['epoch_after']})")
 
     def check_recovery(self, sts) -> None:
         """An event is recovered once a newer epoch runs past the step the swarm had reached."""
@@ -360,9 +405,12 @@ class RunFollower:
             self.max_step = max([self.max_step] + [st["train"]["step"] for _, st in staged])
             self.fire_chaos(sts)
             self.check_recovery(sts)
+            self.check_replans()
             newest = max(self.plans) if self.plans else 0
             current = [(p, st) for p, st in staged if st["train"]["plan"]["epoch"] == newest]
-            finished = bool(current) and not self.chaos and all(st["state"] == "done" for _, st in current) and \
+            # weather still to come does not hold a finished run back; a kill or join does
+            pending = [c for c in self.chaos if c.action in ("kill", "join")]
+            finished = bool(current) and not pending and all(st["state"] == "done" for _, st in current) and \
                 all(st["state"] != "recovering" for _, st in sts)
             curve = self.loss_curve()
             done = min((st["train"]["step"] for _, st in current), default=0)
@@ -455,6 +503,7 @@ def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_pee
         moves += sum(1 for k, v in new.items() if old.get(k) != v)
     summary["samples_per_step"] = args.micro_batches * args.micro_batch_size
     summary.update(figures(summary, reports, scenario))
+    summary["epochs"] = epoch_figures(reports, follower.plans, summary["samples_per_step"])
     summary.update({"replans": max(0, len(epochs) - 1), "stage_moves": moves,
                     "lost_steps": max(0, args.steps - len(summary["losses"])), "events": follower.events,
                     "plans": [follower.plans[e] for e in epochs]})

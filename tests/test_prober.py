@@ -201,6 +201,20 @@ def test_the_passive_estimate_sees_a_10x_drop_within_5_seconds_fake_clock():
     assert est.estimate("b", now=100.0) is None and est.estimate("zzz") is None  # old data expires
 
 
+def test_latency_bound_transfers_give_a_lower_bound_that_shows_a_recovered_link():
+    est = PassiveEstimator(tau_s=1.0)
+    # degraded: 32 KiB takes 26 ms of bytes after 20 ms of latency: counted
+    est.observe("b", 32 << 10, 0.046, latency_s=0.02, now=1.0)
+    assert est.estimate("b", now=1.0) == pytest.approx((32 << 10) / 0.026)
+    assert est.lower_bound("b", now=1.0) is None
+    # restored: 2.6 ms of bytes in 22.6 ms: mostly latency, so not counted, but the link carries
+    # at least 32 KiB / (0.2 x 22.6 ms)
+    est.observe("b", 32 << 10, 0.0226, latency_s=0.02, now=2.0)
+    assert est.estimate("b", now=2.0) == pytest.approx((32 << 10) / 0.026)  # the old sample is all it has
+    assert est.lower_bound("b", now=2.0) == pytest.approx((32 << 10) / (0.2 * 0.0226))
+    assert est.lower_bound("b", now=6.0) is None  # stale evidence says nothing
+
+
 async def test_the_passive_estimate_sees_a_trace_drop_on_real_traffic_within_5_seconds(probe_server):
     srv, client = probe_server
     drop_at = 0.8

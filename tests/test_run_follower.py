@@ -45,3 +45,30 @@ def test_a_plan_is_described_with_its_stages_peers_and_prediction():
         "plan epoch 2 (planner term 1), schedule zb-h1, predicted 0.123s per step (bottleneck compute:stage 0):",
         "  stage 0: layers 0-3 on a 75%, b 25%",
         "  stage 1: layers 4-7 on c"]
+
+
+def test_each_epoch_gets_its_measured_and_predicted_samples_per_second():
+    from spantrain_p2p.launch import epoch_figures
+    reports = [{"step_times": [[0, 0.0, 1.0, 1], [1, 1.0, 2.0, 1], [2, 2.0, 3.0, 1],
+                               [2, 5.0, 6.0, 2], [3, 6.0, 6.5, 2], [4, 6.5, 7.0, 2]]},
+               {"step_times": [[1, 1.0, 2.2, 1], [2, 2.0, 3.2, 1]]}]
+    plans = {1: {"predicted_step_s": 1.0}, 2: {"predicted_step_s": 0.4}}
+    first, second = epoch_figures(reports, plans, 8)
+    # epoch 1: steps end at 1.0, 2.2, 3.2 (the later peer counts): gaps 1.2 and 1.0, median 1.1 s
+    assert first == {"epoch": 1, "steps": 3, "first_step": 0, "samples_per_s": round(8 / 1.1, 3),
+                     "predicted_samples_per_s": 8.0, "ratio": round(8 / 1.1 / 8, 3)}
+    assert second["steps"] == 3 and second["first_step"] == 2 and second["samples_per_s"] == 16.0
+    assert second["predicted_samples_per_s"] == 20.0 and second["ratio"] == 0.8
+
+
+def test_a_chaos_event_not_yet_due_does_not_hold_back_one_that_is():
+    from types import SimpleNamespace
+
+    from spantrain_p2p.chaos import Chaos
+    launched, said = [], []
+    f = RunFollower([], None, said.append, [Chaos("degrade", "a-b", at_t=1e6, factor=0.1),
+                                            Chaos("join", "p9", at_step=5)], launch_peer=launched.append)
+    sts = [(SimpleNamespace(name="p0"), {"train": {"stage": 0, "steps_done": 5}})]
+    f.fire_chaos(sts)
+    assert launched == ["p9"] and [c.action for c in f.chaos] == ["degrade"]
+    assert [e["kind"] for e in f.events] == ["join"]

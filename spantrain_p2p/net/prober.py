@@ -336,6 +336,7 @@ class PassiveEstimator:
         self.clock = clock
         self.max_samples = max_samples
         self._samples: dict[str, deque[tuple[float, int, float]]] = {}
+        self._fast: dict[str, tuple[float, float]] = {}  # dst -> (when, bytes/s) of the last latency-bound transfer
 
     def observe(self, dst: str, nbytes: int, seconds: float, latency_s: float = 0.0, now: Optional[float] = None) -> None:
         """A transfer of ``nbytes`` to ``dst`` completed in ``seconds``. ``latency_s``: the part of
@@ -344,11 +345,13 @@ class PassiveEstimator:
         bandwidth and is skipped."""
         if nbytes < max(1, self.min_bytes) or not (math.isfinite(seconds) and seconds > 0):
             return
+        now = self.clock() if now is None else now
         if latency_s > 0:
             if seconds - latency_s < 0.2 * seconds:
+                # the bytes took under a fifth of the time: the link carries at least this much
+                self._fast[dst] = (now, nbytes / (0.2 * seconds))
                 return
             seconds -= latency_s
-        now = self.clock() if now is None else now
         q = self._samples.setdefault(dst, deque(maxlen=self.max_samples))
         q.append((now, int(nbytes), float(seconds)))
         self._expire(q, now)
@@ -370,6 +373,14 @@ class PassiveEstimator:
             num += w * n
             den += w * s
         return num / den if den > 0 else None
+
+    def lower_bound(self, dst: str, max_age_s: float = 3.0, now: Optional[float] = None) -> Optional[float]:
+        """Bytes/s the link carries at least, from its last latency-bound transfer (whose bytes took
+        under a fifth of its time) if that is recent: evidence of a link too fast for ``estimate``
+        to see, e.g. once a degraded link has recovered. None without such a transfer."""
+        got = self._fast.get(dst)
+        now = self.clock() if now is None else now
+        return got[1] if got is not None and now - got[0] <= max_age_s else None
 
     def estimate_mbps(self, dst: str, now: Optional[float] = None) -> Optional[float]:
         e = self.estimate(dst, now)

@@ -119,6 +119,7 @@ class Trainer:
         from ..net.prober import PassiveEstimator
 
         self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination
+        self._probed: dict = {}  # destination -> the probe's measurement, before any passive update
         self._feedback = codecs.ErrorFeedback()
         self._mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
         self.profile = None  # profile.profiler.DeviceProfile of this peer
@@ -235,7 +236,7 @@ class Trainer:
                                if (v := self.passive.estimate_mbps(d)) is not None}}
 
     def report(self) -> dict:
-        durations = [e - s for _, s, e in self.step_times]
+        durations = [e - s for _, s, e, _ in self.step_times]
         return {"peer_id": self.peer.peer_id, "name": self.peer.config.name, "stage": self.stage,
                 "layers": list(self.smap.stages[self.stage].layers) if self.smap and self.stage is not None else None,
                 "plan": self.smap.summary() if self.smap else None, "job": self.job.to_dict() if self.job else None,
@@ -407,7 +408,11 @@ class Trainer:
             await asyncio.sleep(1.0)
 
     async def _publish_passive(self) -> None:
-        """Links with real traffic: the passive estimate replaces the probe's bandwidth (weather)."""
+        """Links with real traffic: the passive estimate replaces the probe's bandwidth (weather).
+
+        Only sizeable changes reach the DHT (noise would make the groups' digest flap): a drop to
+        under half of what was published, and a recovery to at least twice that, which puts back
+        the probed figure once the estimate is within a factor of two of it."""
         from ..net.prober import LinkMeasurement
         from ..swarm import measure
 
@@ -415,14 +420,23 @@ class Trainer:
         if now - getattr(self, "_passive_published", 0.0) < REPLAN_CHECK_S:
             return
         changed = False
-        for dst in self.passive.destinations():
-            mbps = self.passive.estimate_mbps(dst)
-            old = self.probes.get(dst)
-            if mbps is None or old is None or not old.ok or mbps <= 0:
+        for dst in set(self.passive.destinations()) | set(self._probed):
+            cur = self.probes.get(dst)
+            if cur is None or not cur.ok:
                 continue
-            if mbps < 0.5 * old.mbps:  # only a sizeable drop is worth a record (noise would make digests flap)
-                self.probes[dst] = LinkMeasurement(old.dst, "ok", old.rtt_ms, min(mbps, 1e6), "", old.bulk_bytes,
-                                                   old.seconds)
+            probed = self._probed.setdefault(dst, cur)
+            mbps = self.passive.estimate_mbps(dst)
+            bound = self.passive.lower_bound(dst)
+            seen = max(mbps or 0.0, bound * 8 / 1e6 if bound else 0.0)  # a latency-bound transfer shows recovery
+            new = None
+            if mbps is not None and 0 < mbps < 0.5 * cur.mbps and not (bound and bound * 8 / 1e6 >= cur.mbps):
+                new = min(mbps, 1e6)
+            elif cur.mbps < probed.mbps and seen >= 2 * cur.mbps:
+                new = probed.mbps if seen >= 0.5 * probed.mbps else seen
+            if new is not None:
+                log.info("link to %s now %.1f Mbit/s (was %.1f, probed %.1f)", self.peer.name_of(dst),
+                         new, cur.mbps, probed.mbps)
+                self.probes[dst] = LinkMeasurement(cur.dst, "ok", cur.rtt_ms, new, "", cur.bulk_bytes, cur.seconds)
                 changed = True
         if changed:
             self._passive_published = now
@@ -736,7 +750,7 @@ class Trainer:
                 opt.zero_grad(set_to_none=True)
                 self.inbox.drop_before(step + 1)
                 t1 = time.time()
-                self.step_times.append((step, t0, t1))
+                self.step_times.append((step, t0, t1, smap.epoch))
                 self.compute_s.append(result.compute_s)
                 if actions:
                     per_mb = result.compute_s / max(1, sum(a.op is sched.Op.F for a in actions))

@@ -68,7 +68,7 @@ def peer_parser() -> argparse.ArgumentParser:
     t.add_argument("--plan", default="planner", choices=["planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy"],
                    help="who places the layers (default: the planner, from the measurements)")
     t.add_argument("--recv-timeout", type=float, default=60.0, metavar="S",
-                   help="deadline of every activation/gradient receive (default %(default)s)")
+                   help="upper bound of every activation/gradient receive; below it the deadline follows the recent waits (default %(default)s)")
     t.add_argument("--compression", default="none",
                    help="activations/gradients between stages: none, fp16, int8, topk:R, adaptive (default none)")
     t.add_argument("--stages", type=int, default=0,

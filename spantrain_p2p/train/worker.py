@@ -27,6 +27,7 @@ from ..net import framing
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError, check_fields
 from ..pipeline import schedule as sched
+from ..pipeline.deadlines import Deadlines
 from ..pipeline.executor import StageExecutor, StepFailed, stage_flops
 from ..pipeline.peerplan import peer_actions
 from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
@@ -120,6 +121,8 @@ class Trainer:
 
         self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination
         self._probed: dict = {}  # destination -> the probe's measurement, before any passive update
+        self._deadlines = Deadlines()  # receive deadlines from the recent waits, per message kind
+        self.deadline_extensions = 0  # waits past their deadline whose sender still answered
         self._feedback = codecs.ErrorFeedback()
         self._mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
         self.profile = None  # profile.profiler.DeviceProfile of this peer
@@ -250,6 +253,9 @@ class Trainer:
                 "device_stats": self.peer.device.stats().to_dict() if self.peer.device else None,
                 "train_device": self._train_device_stats(),
                 "compute_s_median": statistics.median(self.compute_s) if self.compute_s else None,
+                "deadlines": {k: {"typical_s": round(t, 4), "deadline_s": round(self._deadlines.deadline(k, self.job.recv_timeout_s), 3)}
+                              for k in (ACT, GRAD, GSUM) if (t := self._deadlines.typical(k)) is not None} if self.job else {},
+                "deadline_extensions": self.deadline_extensions,
                 "error": self.error, "refused": self.refused}
 
     # ---- the life of a trainer ----------------------------------------------------------------------
@@ -892,7 +898,7 @@ class Trainer:
             for k in range(len(local)):
                 parts = {me: local[k]}
                 for src in others:
-                    parts[src] = await self.inbox.get((f"{GSUM}/{src}", step, k), self.job.recv_timeout_s)
+                    parts[src] = await self._await((f"{GSUM}/{src}", step, k), GSUM, src)
                 total = torch.zeros_like(local[k])
                 for src in sorted(parts):
                     total += parts[src]
@@ -936,7 +942,48 @@ class Trainer:
         torch.save(grads, os.path.join(self.opts.dump_grads_dir, f"grads-step{step}-{self.peer.peer_id}.pt"))
 
     async def _recv(self, kind: str, step: int, mb: int) -> torch.Tensor:
-        return await self.inbox.get((kind, step, mb), self.job.recv_timeout_s)
+        # activations of a micro-batch come from the peer its gradients go back to, and vice versa
+        src = self._route[GRAD if kind == ACT else ACT][mb]
+        return await self._await((kind, step, mb), kind, src)
+
+    async def _await(self, key: tuple[str, int, int], kind: str, src: str) -> torch.Tensor:
+        """The message ``key`` from ``src``. Past the adaptive deadline (a multiple of the recent
+        waits for this kind), ask whether ``src`` still lives: one that does not answer fails the
+        step at once; a slow but live one is waited for, up to the job's ``recv_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        cap = t0 + self.job.recv_timeout_s
+        while True:
+            wait = self._deadlines.deadline(kind, max(0.0, cap - loop.time()))
+            try:
+                t = await self.inbox.get(key, max(0.05, wait))
+            except TimeoutError:
+                waited = loop.time() - t0
+                if loop.time() >= cap:
+                    raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} from "
+                                     f"{self.smap.name_of(src)} within {waited:.1f}s") from None
+                if not await self._answers(src):
+                    raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} after {waited:.1f}s, and "
+                                     f"{self.smap.name_of(src)} does not answer") from None
+                log.info("waiting %.1fs for %s of step %d from %s (typically %.2fs): it answers, so waiting on",
+                         waited, kind, key[1], self.smap.name_of(src), self._deadlines.typical(kind) or 0.0)
+                self.deadline_extensions += 1
+                continue
+            self._deadlines.observe(kind, loop.time() - t0)
+            return t
+
+    async def _answers(self, peer_id: str) -> bool:
+        """Whether a peer is alive: in the membership and answering its /status quickly."""
+        if peer_id == self.peer.peer_id:
+            return True
+        url = self.peer.data_url_of(peer_id)
+        if url is None:
+            return False
+        try:
+            await self.peer.client.status(url, timeout=2.0)
+            return True
+        except Exception:
+            return False
 
     async def _send(self, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
         await self._send_to(self._route[kind][mb], kind, step, mb, t)

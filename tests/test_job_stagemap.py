@@ -90,3 +90,16 @@ def test_a_peer_refuses_a_job_it_cannot_run_and_says_why():
         check_compatible(JobSpec(fingerprint="0" * 32))
     with pytest.raises(JobRefused, match="cannot build"):
         check_compatible(JobSpec(model="nosuchpkg.mod:fn", fingerprint="x"), ("nosuchpkg.mod:fn",))
+
+
+def test_a_re_plan_with_the_same_stages_peers_shares_and_schedule_is_no_move():
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train.worker import _same_layout
+    a = StageMap(1, "j", (Stage(("p", "q"), (0, 3), (0.5, 0.5)), Stage(("r",), (3, 6), (1.0,))), schedule="zb-h1")
+    assert _same_layout(a, StageMap(2, "j", (Stage(("q", "p"), (0, 3), (0.501, 0.499)), Stage(("r",), (3, 6), (1.0,))),
+                                    start_step=7, schedule="zb-h1"))
+    assert not _same_layout(a, StageMap(2, "j", (Stage(("p", "q"), (0, 3), (0.7, 0.3)), Stage(("r",), (3, 6), (1.0,))),
+                                        schedule="zb-h1"))  # shares moved: a cheap move, but a move
+    assert not _same_layout(a, StageMap(2, "j", (Stage(("p", "q"), (0, 4), (0.5, 0.5)), Stage(("r",), (4, 6), (1.0,))),
+                                        schedule="zb-h1"))
+    assert not _same_layout(a, StageMap(2, "j", a.stages, schedule="1f1b"))

@@ -69,6 +69,14 @@ def grad_buckets(numels: list[int], bucket_bytes: int = BUCKET_BYTES) -> list[li
 MAX_MAP_BYTES = 256 << 10
 
 
+def _same_layout(a: StageMap, b: StageMap) -> bool:
+    """Same stages on the same peers with the same layers, micro-batch shares (to 1 %) and schedule."""
+    def key(m: StageMap):
+        return m.schedule, [(tuple(sorted((p, round(v, 2)) for p, v in st.share_of().items())), tuple(st.layers))
+                            for st in m.stages]
+    return key(a) == key(b)
+
+
 def job_key(swarm: str) -> str:
     return f"spantrain/{swarm}/job"
 
@@ -593,7 +601,7 @@ class Trainer:
                 inherited = current is not None and current.term < self.election.leader.term
                 if current is not None and not current.error and not inherited and not self._epoch_broken(current):
                     if await self._worth_replanning(current):
-                        await self._plan_and_publish(current)
+                        await self._plan_and_publish(current, improve=True)
                     continue
                 if current is not None and current.error:
                     continue
@@ -658,7 +666,10 @@ class Trainer:
             return None, "the surviving copies of the layers share no common step"
         return step, ""
 
-    async def _plan_and_publish(self, current: Optional[StageMap]) -> None:
+    async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False) -> None:
+        """Plans from the live swarm and publishes the stage map as the next epoch. ``improve``: the
+        current map still runs and a better one is expected; a plan that would only reload the
+        same layers on the same peers is not published."""
         job = self.job
         measured = job.plan != "even" and self.opts.measure and planning.model_profile(job) is not None
         if measured:
@@ -692,6 +703,9 @@ class Trainer:
             return
         if plan is not None:
             smap = planning.to_stage_map(plan, job, epoch, names, term, start)
+            if improve and current is not None and _same_layout(smap, current):
+                log.info("re-plan gives the same stages, peers and schedule: nothing to move")
+                return
             log.info("planned %d stages for %d peers in %.2fs: predicted %.3fs per step, bottleneck %s",
                      smap.num_stages, len(ids), time.perf_counter() - t0, plan.step_s, plan.bottleneck)
         else:

@@ -254,3 +254,18 @@ async def test_a_peer_with_a_small_message_limit_is_probed_with_what_it_accepts(
     finally:
         await client.close()
         await srv.stop()
+
+
+@pytest.mark.parametrize("published,probed,estimate,bound,want", [
+    (100, 100, None, None, None),     # no informative traffic: as probed
+    (100, 100, 60, None, None),       # noise, or small transfers: not a change
+    (100, 100, 10, None, 10),         # a 10x cut
+    (100, 100, 10, 120, None),        # ...contradicted by a fresh latency-bound transfer
+    (10, 100, 12, None, None),        # still cut
+    (10, 100, 10, 52, 100),           # recovered: a latency-bound transfer shows >= 52 Mbit/s
+    (10, 100, 30, None, 30),          # partly recovered
+    (100, 100, 400, None, None),      # faster than probed: left alone
+])
+def test_only_sizeable_link_changes_are_published(published, probed, estimate, bound, want):
+    from spantrain_p2p.net.prober import link_update
+    assert link_update(published, probed, estimate, bound) == want

@@ -316,6 +316,25 @@ def sparse_probe_plan(
 # passive estimate from real traffic
 
 
+def link_update(published_mbps: float, probed_mbps: float, estimate_mbps: Optional[float],
+                lower_bound_mbps: Optional[float]) -> Optional[float]:
+    """The bandwidth to publish for a link carrying real traffic, or None to leave it as published.
+
+    Only sizeable changes count, since noise would make the groups' digest and the plan flap: a
+    drop of the passive estimate to under half of what was published (unless a recent
+    latency-bound transfer shows the link at least as fast as that), and a recovery to at least
+    twice it (estimate or lower bound), which puts back the probed figure once it is within a
+    factor of two of it.
+    """
+    seen = max(estimate_mbps or 0.0, lower_bound_mbps or 0.0)
+    if estimate_mbps is not None and 0 < estimate_mbps < 0.5 * published_mbps and \
+            not (lower_bound_mbps and lower_bound_mbps >= published_mbps):
+        return min(estimate_mbps, 1e6)
+    if published_mbps < probed_mbps and seen >= 2 * published_mbps:
+        return probed_mbps if seen >= 0.5 * probed_mbps else seen
+    return None
+
+
 class PassiveEstimator:
     """Bytes/s of a link estimated from the real transfers that completed on it.
 

@@ -424,10 +424,8 @@ class Trainer:
     async def _publish_passive(self) -> None:
         """Links with real traffic: the passive estimate replaces the probe's bandwidth (weather).
 
-        Only sizeable changes reach the DHT (noise would make the groups' digest flap): a drop to
-        under half of what was published, and a recovery to at least twice that, which puts back
-        the probed figure once the estimate is within a factor of two of it."""
-        from ..net.prober import LinkMeasurement
+        Only sizeable changes reach the DHT (see ``prober.link_update``)."""
+        from ..net.prober import LinkMeasurement, link_update
         from ..swarm import measure
 
         now = time.monotonic()
@@ -439,14 +437,8 @@ class Trainer:
             if cur is None or not cur.ok:
                 continue
             probed = self._probed.setdefault(dst, cur)
-            mbps = self.passive.estimate_mbps(dst)
             bound = self.passive.lower_bound(dst)
-            seen = max(mbps or 0.0, bound * 8 / 1e6 if bound else 0.0)  # a latency-bound transfer shows recovery
-            new = None
-            if mbps is not None and 0 < mbps < 0.5 * cur.mbps and not (bound and bound * 8 / 1e6 >= cur.mbps):
-                new = min(mbps, 1e6)
-            elif cur.mbps < probed.mbps and seen >= 2 * cur.mbps:
-                new = probed.mbps if seen >= 0.5 * probed.mbps else seen
+            new = link_update(cur.mbps, probed.mbps, self.passive.estimate_mbps(dst), bound * 8 / 1e6 if bound else None)
             if new is not None:
                 log.info("link to %s now %.1f Mbit/s (was %.1f, probed %.1f)", self.peer.name_of(dst),
                          new, cur.mbps, probed.mbps)

@@ -269,3 +269,13 @@ async def test_a_peer_with_a_small_message_limit_is_probed_with_what_it_accepts(
 def test_only_sizeable_link_changes_are_published(published, probed, estimate, bound, want):
     from spantrain_p2p.net.prober import link_update
     assert link_update(published, probed, estimate, bound) == want
+
+
+def test_a_busy_receiver_now_and_then_does_not_look_like_a_slower_link():
+    est = PassiveEstimator(tau_s=1.0)
+    t = 0.0
+    for i in range(200):  # 32 KiB at 1 Gbit/s (0.26 ms), but one transfer in five waits 20 ms on a busy loop
+        dur = 0.02 if i % 5 == 0 else 0.00026
+        t += 0.01
+        est.observe("b", 32 << 10, dur, now=t)
+    assert est.estimate("b", now=t) * 8 / 1e6 == pytest.approx(1000, rel=0.05)

@@ -340,18 +340,21 @@ class PassiveEstimator:
 
     ``observe(dst, nbytes, seconds, latency_s)`` after each transfer (``seconds`` from its start to
     its completion, ``latency_s`` the fixed part of it, e.g. the probed RTT). ``estimate(dst)`` is
-    Σw·bytes / Σw·seconds over the transfers of the last ``window_s`` seconds, each weighted by
-    ``exp(-age / tau_s)``: a bytes-weighted, exponentially smoothed rate. With traffic flowing, a 10×
-    drop shows as a 5× lower estimate about ``2.2 × tau_s`` later (2.2 s with the default; sooner
-    when the transfers themselves slow down a lot). Transfers smaller than ``min_bytes`` are ignored
-    (their time is mostly latency). None when nothing recent was seen.
+    the rate of a low ``quantile`` (default the 25th percentile) of the recent transfers' seconds
+    per byte, each transfer weighted by its bytes and by ``exp(-age / tau_s)``, over the last
+    ``window_s`` seconds. A low quantile rather than a mean, because the time of a transfer also
+    holds the receiver's moments of being busy (one event loop also runs its compute): those make
+    a few transfers slow, never most of them, while a slower link makes every transfer slower.
+    With traffic flowing, a 10× drop shows about ``3.5 × tau_s`` later (3.5 s with the default).
+    Transfers smaller than ``min_bytes`` are ignored. None when nothing recent was seen.
     """
 
     def __init__(self, tau_s: float = 1.0, window_s: float = 10.0, min_bytes: int = 0,
-                 clock: Callable[[], float] = time.monotonic, max_samples: int = 1024):
-        if not (tau_s > 0 and window_s > 0 and min_bytes >= 0 and max_samples > 0):
-            raise ValueError("PassiveEstimator: need tau_s > 0, window_s > 0, min_bytes >= 0, max_samples > 0")
-        self.tau_s, self.window_s, self.min_bytes = tau_s, window_s, min_bytes
+                 clock: Callable[[], float] = time.monotonic, max_samples: int = 1024, quantile: float = 0.25):
+        if not (tau_s > 0 and window_s > 0 and min_bytes >= 0 and max_samples > 0 and 0 < quantile <= 1):
+            raise ValueError("PassiveEstimator: need tau_s > 0, window_s > 0, min_bytes >= 0, max_samples > 0, "
+                             "0 < quantile <= 1")
+        self.tau_s, self.window_s, self.min_bytes, self.quantile = tau_s, window_s, min_bytes, quantile
         self.clock = clock
         self.max_samples = max_samples
         self._samples: dict[str, deque[tuple[float, int, float]]] = {}
@@ -386,12 +389,16 @@ class PassiveEstimator:
             return None
         now = self.clock() if now is None else now
         self._expire(q, now)
-        num = den = 0.0
-        for t, n, s in q:
-            w = math.exp(-max(0.0, now - t) / self.tau_s)
-            num += w * n
-            den += w * s
-        return num / den if den > 0 else None
+        pts = sorted((s / n, n * math.exp(-max(0.0, now - t) / self.tau_s)) for t, n, s in q)
+        total = sum(w for _, w in pts)
+        if total <= 0:
+            return None
+        acc = 0.0
+        for per_byte, w in pts:
+            acc += w
+            if acc >= self.quantile * total:
+                return 1.0 / per_byte if per_byte > 0 else None
+        return None
 
     def lower_bound(self, dst: str, max_age_s: float = 3.0, now: Optional[float] = None) -> Optional[float]:
         """Bytes/s the link carries at least, from its last latency-bound transfer (whose bytes took

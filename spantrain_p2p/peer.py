@@ -135,7 +135,8 @@ class Peer:
             if state != self.state:
                 log.info("state %s -> %s", self.state, state)
             self.state = state
-            self.progress = dict(progress)
+            kept = {"step": self.progress["step"]} if "step" in self.progress else {}  # the training step stays
+            self.progress = {**kept, **progress}
             await self._announce()
 
     def before_serving(self, hook) -> None:
@@ -204,7 +205,8 @@ class Peer:
             "address": self.address,
             "data_url": self.dataplane.url if self.dataplane else None,
             "uptime_s": round(time.monotonic() - self.started_at, 3),
-            "members": [{"peer_id": r.peer_id, "name": r.name, "state": r.state} for r in members],
+            "members": [{"peer_id": r.peer_id, "name": r.name, "state": r.state, "progress": dict(r.progress)}
+                        for r in members],
             "member_count": len(members),
             **{k: fn() for k, fn in self.status_extras.items()},
         }

@@ -46,6 +46,8 @@ def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_pa
 
     reports = [p.status(path="/report") for p in everyone]
     assert sorted(r["stage"] for r in reports) == [0, 1, 2, 3]
+    # each peer's step reaches the DHT with its record (done peers keep their last progress)
+    wait_until(lambda: all(m["progress"].get("step") == steps for m in origin.status()["members"]), 20)
     last = max(reports, key=lambda r: r["stage"])
     losses = [l for _, l in last["losses"]]
 

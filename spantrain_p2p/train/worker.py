@@ -773,6 +773,7 @@ class Trainer:
                     self.losses[step] = loss_sum / loss_count
                     log.info("step %d: loss %.4f (%.2fs)", step, self.losses[step], t1 - t0)
                 self.step = step + 1
+                self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
                 self._snapshot(layers, opt, first, self.step)
                 if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
                     self._checkpoint(layers, opt, first, last)
@@ -1015,10 +1016,10 @@ class Trainer:
         self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
         nbytes = sum(b.nbytes for b in bufs) + 256  # + header, about
         loop = asyncio.get_running_loop()
-        t0 = loop.time()
         deadline = loop.time() + self.job.recv_timeout_s
         while True:
             url = self.peer.data_url_of(dst)
+            t0 = loop.time()  # this attempt's: refusals and waits before it say nothing of the link
             try:
                 if url is None:
                     raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")

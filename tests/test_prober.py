@@ -279,3 +279,13 @@ def test_a_busy_receiver_now_and_then_does_not_look_like_a_slower_link():
         t += 0.01
         est.observe("b", 32 << 10, dur, now=t)
     assert est.estimate("b", now=t) * 8 / 1e6 == pytest.approx(1000, rel=0.05)
+
+
+def test_a_burst_of_sends_queued_on_one_link_is_not_taken_for_a_slow_link():
+    est = PassiveEstimator(tau_s=1.0)
+    # 8 activations of 32 KiB sent at once over 100 Mbit/s with 20 ms one-way latency: the i-th
+    # completes at 20 ms + i x 2.6 ms; timed from its own start it would look 8x slower
+    per = (32 << 10) / 12.5e6
+    for i in range(1, 9):
+        est.observe("b", 32 << 10, 0.02 + i * per, latency_s=0.02, now=1.0 + 0.02 + i * per)
+    assert est.estimate("b", now=1.1) * 8 / 1e6 == pytest.approx(100, rel=0.05)

@@ -359,16 +359,27 @@ class PassiveEstimator:
         self.max_samples = max_samples
         self._samples: dict[str, deque[tuple[float, int, float]]] = {}
         self._fast: dict[str, tuple[float, float]] = {}  # dst -> (when, bytes/s) of the last latency-bound transfer
+        self._last_end: dict[str, float] = {}  # dst -> when its latest transfer completed
 
     def observe(self, dst: str, nbytes: int, seconds: float, latency_s: float = 0.0, now: Optional[float] = None) -> None:
         """A transfer of ``nbytes`` to ``dst`` completed in ``seconds``. ``latency_s``: the part of
-        that time that is not the bytes' (e.g. the link's RTT for a send that waits for its reply);
-        a transfer that is mostly latency (bytes' time under a fifth of the total) says little about
-        bandwidth and is skipped."""
+        that time that is not the bytes' (e.g. the link's RTT for a send that waits for its reply).
+
+        Transfers to one destination share its link, first come first served: one that started
+        while the previous one was still going spent only the time since that one's end on its own
+        bytes (its latency overlapped the previous transfer), so a burst of sends is not taken for
+        a slow link. A transfer that found the link idle and is mostly latency (bytes' time under a
+        fifth of the total) says little about bandwidth: it only gives a lower bound."""
         if nbytes < max(1, self.min_bytes) or not (math.isfinite(seconds) and seconds > 0):
             return
         now = self.clock() if now is None else now
-        if latency_s > 0:
+        start, prev_end = now - seconds, self._last_end.get(dst, -math.inf)
+        self._last_end[dst] = max(prev_end, now)
+        if start < prev_end:  # queued behind the previous transfer
+            seconds = now - prev_end
+            if seconds <= 0:
+                return  # completed out of order: no time of its own to read
+        elif latency_s > 0:
             if seconds - latency_s < 0.2 * seconds:
                 # the bytes took under a fifth of the time: the link carries at least this much
                 self._fast[dst] = (now, nbytes / (0.2 * seconds))

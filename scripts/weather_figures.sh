@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 7 weather figures on cee-3region, with a model deep enough (12 blocks, 8 micro-batches)
-# that the planner runs its first layers on the end and edge servers and the rest in the cloud:
+# Issue 7 weather figures on cee-3region, with a job (6 blocks, 8 micro-batches of 8 samples) for
+# which the planner runs the first layers on the end and edge servers and the rest in the cloud,
+# and for which a 10x slower cloud<->edge link makes that plan clearly worse (by its cost model):
 #   1. cloud<->edge cut to 1/10 at t=20 s of training: the re-plan's delay, and samples/s after it
 #      against the new plan's prediction;
 #   2. 5-second blips (1/10) every 15 s: the stage moves they caused (want none).
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 steps="${1:-220}"
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
-common=(--scenario peers/cee-3region.toml --steps "$steps" --model-arg depth=12 --micro-batches 8
+common=(--scenario peers/cee-3region.toml --steps "$steps" --model-arg depth=6 --micro-batch-size 8 --micro-batches 8
         --schedule auto --seed 0 --json)
 .venv/bin/spantrain swarm "${common[@]}" --chaos "degrade:cloud-edge:0.1@t=20" \
   2>"$out/degrade.err" | tail -1 > "$out/degrade.json"

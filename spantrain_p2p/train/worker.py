@@ -1030,9 +1030,12 @@ class Trainer:
                 elapsed = loop.time() - t0
                 probe = self.probes.get(dst)
                 one_way = probe.rtt_ms / 2000 if probe is not None and probe.rtt_ms else 0.0
-                self.passive.observe(dst, nbytes, elapsed, latency_s=one_way)
-                if kind != GSUM:
-                    self._policy.observe(dst, nbytes, elapsed)
+                # an epoch's first step meets peers still loading and setting up their stages: its
+                # transfers' times say more about them than about the links
+                if step > self.smap.start_step:
+                    self.passive.observe(dst, nbytes, elapsed, latency_s=one_way)
+                    if kind != GSUM:
+                        self._policy.observe(dst, nbytes, elapsed)
                 return
             except RemoteError as e:
                 if e.status != 503 or loop.time() > deadline:

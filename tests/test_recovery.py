@@ -31,3 +31,22 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
     assert worst <= 1e-3, worst
     print(f"\nkill:{victim} ({killed}) at step {event['step']}: recovered in {event['recovery_s']}s, "
           f"worst loss deviation {worst:.1e}, {out['replans']} re-plan(s)")
+
+
+def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(tmp_path):
+    steps = 300  # lan-4 runs ~10 steps a second: the joiners are measured and planned in before the end
+    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
+                        "--steps", str(steps), "--chaos", "join:p2@step=5", "--chaos", "join:p3@step=5", "--json",
+                        "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["lost_steps"] == 0 and len(out["losses"]) == steps
+    first, last = out["plans"][0], out["plans"][-1]
+    used = {p for s in last["stages"] for p in s["peers"]}
+    assert {"p2", "p3"} <= used and not {"p2", "p3"} & {p for s in first["stages"] for p in s["peers"]}
+    assert out["replans"] >= 1 and all(e.get("recovery_s") is not None for e in out["events"]), out["events"]
+    ref, _ = reference_run(JobSpec(steps=steps), steps)
+    worst = max(abs(a - b) / b for a, b in zip(out["losses"], ref))
+    assert worst <= 1e-3, worst  # the newcomers started from the swarm's state, not from scratch
+    print(f"\n2 joiners at step 5: used from epoch {last['epoch']} ({len(used)} peers), "
+          f"worst loss deviation {worst:.1e}, events {out['events']}")

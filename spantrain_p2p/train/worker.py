@@ -1029,13 +1029,14 @@ class Trainer:
                 per[dst] = per.get(dst, 0) + nbytes
                 elapsed = loop.time() - t0
                 probe = self.probes.get(dst)
-                one_way = probe.rtt_ms / 2000 if probe is not None and probe.rtt_ms else 0.0
+                rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0
                 # an epoch's first step meets peers still loading and setting up their stages: its
                 # transfers' times say more about them than about the links
                 if step > self.smap.start_step:
-                    self.passive.observe(dst, nbytes, elapsed, latency_s=one_way)
+                    # a send waits for its reply: a whole round trip of it is not the bytes' time
+                    self.passive.observe(dst, nbytes, elapsed, latency_s=rtt)
                     if kind != GSUM:
-                        self._policy.observe(dst, nbytes, elapsed)
+                        self._policy.observe(dst, nbytes, max(0.0, elapsed - rtt / 2))  # to delivery
                 return
             except RemoteError as e:
                 if e.status != 503 or loop.time() > deadline:

@@ -23,7 +23,7 @@ def test_peers_agree_on_groups_and_planner_and_replace_a_killed_planner(peers):
         trains = [p.status()["train"] for p in procs]
         digests = {t["groups_digest"] for t in trains}
         planners = {(t["planner"], t["term"]) for t in trains}
-        epochs = {(t["plan"]["epoch"], t["plan"]["term"]) if t["plan"] else None for t in trains}
+        epochs = {t["plan"]["epoch"] if t["plan"] else None for t in trains}
         ok = len(planners) == 1 and None not in next(iter(planners))
         if same_digest:
             ok = ok and len(digests) == 1 and None not in digests
@@ -45,14 +45,12 @@ def test_peers_agree_on_groups_and_planner_and_replace_a_killed_planner(peers):
         if got is None:
             return None
         view, (new_planner, new_term), new_epochs = got
-        # every peer follows a stage map of the new term: a new epoch if the dead planner ran a
-        # stage, else the same epoch, claimed by the successor (nobody redoes a step)
-        if new_planner != planner and new_term > term and all(e is not None and e[1] == new_term for e in new_epochs):
-            return new_planner, new_term, new_epochs
+        if new_planner != planner and new_term > term and all(e is not None and e >= 2 for e in new_epochs):
+            return new_planner, new_term
         return None
 
-    new_planner, new_term, new_epochs = wait_until(successor, 30)
+    new_planner, new_term = wait_until(successor, 30)
     took = time.monotonic() - t0
-    assert took <= 15, f"new planner and stage map after {took:.1f}s"
-    print(f"\nplanner {planner} (term {term}) killed: {new_planner} took term {new_term}; peers follow "
-          f"(epoch, term) {sorted(new_epochs)} after {took:.1f}s")
+    assert took <= 15, f"new planner and epoch after {took:.1f}s"
+    print(f"\nplanner {planner} (term {term}) killed: {new_planner} took term {new_term} and a new "
+          f"stage-map epoch was adopted after {took:.1f}s")

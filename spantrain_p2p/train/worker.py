@@ -334,23 +334,20 @@ class Trainer:
                 self._train_task = None
 
     async def _watch_epochs(self) -> None:
-        """Aborts the running epoch as soon as a newer stage map is out: no waiting on a dead peer.
-        The same map claimed by a successor planner under its term is taken as it is (spares too)."""
+        """Aborts the running epoch as soon as a newer stage map is out: no waiting on a dead peer."""
         while True:
             await asyncio.sleep(self.opts.poll_s)
             task, cur = self._train_task, self.smap
-            if cur is None:
+            if task is None or cur is None or task.done():
                 continue
             try:
                 newest = await self._read_stage_maps()
             except Exception:
                 continue
-            if newest is None or (newest.term, newest.epoch) <= (cur.term, cur.epoch) or self.smap is not cur:
-                continue
-            if newest.epoch == cur.epoch and newest.start_step == cur.start_step and _same_layout(newest, cur):
-                self.smap = newest  # nothing to redo
-                continue
-            if task is not None and not task.done() and self._train_task is task:
+            if newest is not None and (newest.term, newest.epoch) > (cur.term, cur.epoch) and self._train_task is task:
+                if newest.epoch == cur.epoch and newest.start_step == cur.start_step and _same_layout(newest, cur):
+                    self.smap = newest  # a successor planner took this map over under its term: nothing to redo
+                    continue
                 task.cancel()
 
     # ---- measurement ---------------------------------------------------------------------------------

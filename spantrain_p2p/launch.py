@@ -308,8 +308,8 @@ class RunFollower:
             if t.get("error") and "stopped the run" in t["error"]:
                 return sts, f"{p.name}: {t['error']}"
             plan = t.get("plan")
-            if plan and plan.get("term", 0) >= self.plans.get(plan["epoch"], {}).get("term", 0):
-                self.plans[plan["epoch"]] = plan  # a successor planner may claim an epoch under its term
+            if plan:
+                self.plans.setdefault(plan["epoch"], plan)
             for step, total, count, epoch in t.get("recent_losses", []):
                 self.losses.setdefault((epoch, p.name), {})[step] = (total, count)
         return sts, None
@@ -381,17 +381,11 @@ class RunFollower:
                 self.say(f"re-planned {ev['replan_s']}s after {ev['kind']} {ev['target']} (epoch {ev['epoch_after']})")
 
     def check_recovery(self, sts) -> None:
-        """An event is recovered once a newer epoch runs past the step the swarm had reached; or,
-        where no new epoch is needed (a spare, or a planner that ran no stage, was killed), once
-        every peer follows a live planner and training has gone on past that step."""
+        """An event is recovered once a newer epoch runs past the step the swarm had reached."""
         for ev in list(self.pending_recovery):
             newer = [st for _, st in sts if (st.get("train") or {}).get("plan")
                      and st["train"]["plan"]["epoch"] > ev["epoch_before"] and st["state"] in ("training", "done")]
-            same = [st for _, st in sts if (st.get("train") or {}).get("plan") and st["state"] in ("training", "done")]
-            planners = {(st.get("train") or {}).get("planner") for _, st in sts}
-            went_on = ev["kind"] == "kill" and same and ev["target"] not in planners and None not in planners and \
-                all(st["state"] != "recovering" for _, st in sts) and min(st["train"]["step"] for st in same) > ev["step"] + 1
-            if (newer and min(st["train"]["step"] for st in newer) > ev["step"]) or went_on:
+            if newer and min(st["train"]["step"] for st in newer) > ev["step"]:
                 ev["recovery_s"] = round(time.monotonic() - self.t0 - ev["t_s"], 2)
                 self.pending_recovery.remove(ev)
                 self.say(f"recovered from {ev['kind']} {ev['target']} in {ev['recovery_s']}s")

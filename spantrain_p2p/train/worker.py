@@ -345,9 +345,6 @@ class Trainer:
             except Exception:
                 continue
             if newest is not None and (newest.term, newest.epoch) > (cur.term, cur.epoch) and self._train_task is task:
-                if newest.epoch == cur.epoch and newest.start_step == cur.start_step and _same_layout(newest, cur):
-                    self.smap = newest  # a successor planner took this map over under its term: nothing to redo
-                    continue
                 task.cancel()
 
     # ---- measurement ---------------------------------------------------------------------------------
@@ -600,16 +597,6 @@ class Trainer:
                     continue
                 if current is not None and current.error:
                     continue
-                if inherited and not self._epoch_broken(current):
-                    # the successor continues from the published map and step: it claims the map
-                    # under its own term (same epoch, so nobody redoes a step), then improves on it
-                    # like any planner
-                    claimed = replace(current, term=self.election.leader.term)
-                    await self._store(stagemap_key(self.peer.config.swarm), f"{claimed.epoch:012d}",
-                                      sign_payload(claimed.to_dict(), self.peer.identity, MAX_MAP_BYTES))
-                    log.info("took over as planner (term %d): continuing stage map epoch %d", claimed.term,
-                             claimed.epoch)
-                    continue
                 if inherited:
                     log.info("taking over as planner from term %d: re-planning from the live swarm", current.term)
                 await self._plan_and_publish(current)
@@ -687,11 +674,6 @@ class Trainer:
             ids = sorted(r.peer_id for r in self._ready_peers())
             if current is None and len(ids) < job.peers:
                 return
-        if current is not None:
-            # after a failure, plan only with peers that answer now: a dead one may still be in
-            # the DHT for a few heartbeats, and a map that names it would fail at once
-            alive = await asyncio.gather(*(self._answers(p) for p in ids))
-            ids = [p for p, ok in zip(ids, alive) if ok]
         names = {r.peer_id: r.name for r in self.peer.live_members()}
         epoch = (current.epoch if current else 0) + 1
         term = self.election.leader.term

@@ -649,6 +649,8 @@ class Trainer:
     async def _resume_point(self, current: StageMap) -> tuple[Optional[int], str]:
         """(step to redo from, error): the latest step whose state of every layer survives."""
         invs = [*(await self._inventories()).values(), self.store.inventory()]
+        # step 0 is every layer's initial state, which any peer rebuilds from the job's seed
+        invs.append({i: [0] for i in range(self.handle.num_layers)})
         step, missing = layer_state.resume_step(invs, self.handle.num_layers)
         if missing:
             spans = [(a, b) for st in current.stages for a, b in [st.layers] if any(a <= m < b for m in missing)]
@@ -834,6 +836,8 @@ class Trainer:
         for i, layer in enumerate(layers):
             idx = first + i
             st = self.store.get(idx, step)
+            if st is None and step == 0:
+                st = layer_state.capture(layer, opt)  # built from the job's seed: the initial state itself
             if st is None:
                 if invs is None:
                     invs = await self._inventories()

@@ -111,7 +111,7 @@ class Trainer:
         self.losses: dict[int, float] = {}  # step -> mean loss of this peer's micro-batches (last stage)
         self.loss_sums: dict[int, tuple[float, int, int]] = {}  # step -> (sum of micro-batch losses, count, epoch)
         self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
-        self.step_times: list[tuple[int, float, float]] = []  # (step, start unix, end unix)
+        self.step_times: list[tuple[int, float, float, int]] = []  # (step, start unix, end unix, epoch)
         self.compute_s: list[float] = []
         self.error: Optional[str] = None
         self.refused: Optional[str] = None
@@ -828,16 +828,13 @@ class Trainer:
     async def _load_state(self, layers, opt, first: int, step: int) -> None:
         """Puts the layers in their state after ``step`` steps: fresh at step 0, else from this peer's
         own snapshot, a live replica or a buddy's copy (nearest first)."""
-        if step == 0 and all(self.store.get(first + i, 0) is None for i in range(len(layers))):
-            for i, layer in enumerate(layers):
-                self.store.put(first + i, 0, layer_state.capture(layer, opt))
-            return
         invs = None
         for i, layer in enumerate(layers):
             idx = first + i
             st = self.store.get(idx, step)
             if st is None and step == 0:
-                st = layer_state.capture(layer, opt)  # built from the job's seed: the initial state itself
+                self.store.put(idx, 0, layer_state.capture(layer, opt))  # built from the job's seed: the initial state
+                continue
             if st is None:
                 if invs is None:
                     invs = await self._inventories()

@@ -289,3 +289,37 @@ def test_a_burst_of_sends_queued_on_one_link_is_not_taken_for_a_slow_link():
     for i in range(1, 9):
         est.observe("b", 32 << 10, 0.02 + i * per, latency_s=0.02, now=1.0 + 0.02 + i * per)
     assert est.estimate("b", now=1.1) * 8 / 1e6 == pytest.approx(100, rel=0.05)
+
+
+def test_interleaved_sends_that_finish_together_are_not_taken_for_a_fast_link():
+    est = PassiveEstimator(tau_s=1.0)
+    # what the live trace-drop run showed after a cut to 10 Mbit/s (40 ms RTT): four 256 KiB
+    # activations started within 0.26 s of each other share the link, so the last two complete
+    # 20 ms apart; timed from the previous completion the fourth looked like 100 Mbit/s
+    n, rate, lat = 262400, 10e6 / 8, 0.04
+    t = 0.0
+    for burst in range(6):
+        t0 = t
+        starts = [t0, t0 + 0.08, t0 + 0.23, t0 + 0.26]
+        ends = [t0 + lat + 0.42, t0 + lat + 0.63, t0 + lat + 0.82, t0 + lat + 4 * n / rate]
+        for s, e in zip(starts, ends):
+            est.observe("b", n, e - s, latency_s=lat, now=e)
+        t = ends[-1] + 1.0  # the stage computes before its next burst
+    assert est.estimate("b", now=t) * 8 / 1e6 == pytest.approx(10, rel=0.1)
+
+
+def test_a_drop_in_the_middle_of_a_long_stream_shows():
+    est = PassiveEstimator(tau_s=1.0)
+    # two sends always in flight (each starts before the previous completes), 1 MB each:
+    # 100 MB/s until t=10, then 10 MB/s; never an idle moment on the link
+    t, seen = 0.0, []
+    while t < 20.0:
+        rate = 100e6 if t < 10.0 else 10e6
+        t += 1e6 / rate
+        est.observe("b", 1_000_000, 2 * 1e6 / rate, now=t)
+        seen.append((t, est.estimate("b", now=t)))
+    pre = [e for t_, e in seen if t_ <= 10.0][-1]
+    assert pre == pytest.approx(100e6, rel=0.05)
+    d = detection_time(seen, 10.0, pre)
+    assert d is not None and d < 6.0, d
+    assert seen[-1][1] == pytest.approx(10e6, rel=0.1)

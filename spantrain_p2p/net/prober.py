@@ -339,14 +339,24 @@ class PassiveEstimator:
     """Bytes/s of a link estimated from the real transfers that completed on it.
 
     ``observe(dst, nbytes, seconds, latency_s)`` after each transfer (``seconds`` from its start to
-    its completion, ``latency_s`` the fixed part of it, e.g. the probed RTT). ``estimate(dst)`` is
-    the rate of a low ``quantile`` (default the 25th percentile) of the recent transfers' seconds
-    per byte, each transfer weighted by its bytes and by ``exp(-age / tau_s)``, over the last
-    ``window_s`` seconds. A low quantile rather than a mean, because the time of a transfer also
-    holds the receiver's moments of being busy (one event loop also runs its compute): those make
-    a few transfers slow, never most of them, while a slower link makes every transfer slower.
-    With traffic flowing, a 10× drop shows about ``3.5 × tau_s`` later (3.5 s with the default).
-    Transfers smaller than ``min_bytes`` are ignored. None when nothing recent was seen.
+    its completion, ``latency_s`` the fixed part of it, e.g. the probed RTT). Transfers to one
+    destination share its link, and concurrent ones interleave on it, so they are read together:
+    a *busy period* is a run of transfers each of which started before the previous ones had all
+    completed, and each transfer records the seconds per byte of its busy period so far (bytes
+    completed since the period began, over the time since, less one latency). A burst of sends
+    that finish together is then neither taken for a slow link (each timed from its own start)
+    nor for a fast one (each timed from the previous completion, when they interleaved).
+
+    ``estimate(dst)`` is the rate of a low ``quantile`` (default the 25th percentile) of those
+    seconds per byte, each transfer weighted by its bytes and by ``exp(-age / tau_s)``, over the
+    last ``window_s`` seconds. A low quantile rather than a mean, because the time of a transfer
+    also holds the receiver's moments of being busy (one event loop also runs its compute): those
+    make a few transfers slow, never most of them, while a slower link makes every transfer
+    slower. A busy period longer than ``4 × tau_s`` is measured on from its latest completion, so
+    that a drop in the middle of a long stream shows; such a continuation is only read once it has
+    lasted ``2 × tau_s`` (transfers in flight at its start dilute into that). With traffic flowing,
+    a 10× drop shows about ``3.5 × tau_s`` later (3.5 s with the default). Transfers smaller than
+    ``min_bytes`` are ignored. None when nothing recent was seen.
     """
 
     def __init__(self, tau_s: float = 1.0, window_s: float = 10.0, min_bytes: int = 0,
@@ -357,36 +367,42 @@ class PassiveEstimator:
         self.tau_s, self.window_s, self.min_bytes, self.quantile = tau_s, window_s, min_bytes, quantile
         self.clock = clock
         self.max_samples = max_samples
-        self._samples: dict[str, deque[tuple[float, int, float]]] = {}
-        self._fast: dict[str, tuple[float, float]] = {}  # dst -> (when, bytes/s) of the last latency-bound transfer
-        self._last_end: dict[str, float] = {}  # dst -> when its latest transfer completed
+        self._samples: dict[str, deque[tuple[float, int, float]]] = {}  # (when, bytes, seconds per byte)
+        self._fast: dict[str, tuple[float, float]] = {}  # dst -> (when, bytes/s) of the last latency-bound period
+        # dst -> [start, end, bytes, latency, continued] of its current busy period
+        self._period: dict[str, list] = {}
 
     def observe(self, dst: str, nbytes: int, seconds: float, latency_s: float = 0.0, now: Optional[float] = None) -> None:
         """A transfer of ``nbytes`` to ``dst`` completed in ``seconds``. ``latency_s``: the part of
         that time that is not the bytes' (e.g. the link's RTT for a send that waits for its reply).
 
-        Transfers to one destination share its link, first come first served: one that started
-        while the previous one was still going spent only the time since that one's end on its own
-        bytes (its latency overlapped the previous transfer), so a burst of sends is not taken for
-        a slow link. A transfer that found the link idle and is mostly latency (bytes' time under a
-        fifth of the total) says little about bandwidth: it only gives a lower bound."""
+        A busy period that is mostly latency (bytes' time under a fifth of the total) says little
+        about bandwidth: it only gives a lower bound."""
         if nbytes < max(1, self.min_bytes) or not (math.isfinite(seconds) and seconds > 0):
             return
         now = self.clock() if now is None else now
-        start, prev_end = now - seconds, self._last_end.get(dst, -math.inf)
-        self._last_end[dst] = max(prev_end, now)
-        if start < prev_end:  # queued behind the previous transfer
-            seconds = now - prev_end
-            if seconds <= 0:
-                return  # completed out of order: no time of its own to read
-        elif latency_s > 0:
-            if seconds - latency_s < 0.2 * seconds:
+        start = now - seconds
+        p = self._period.get(dst)
+        if p is None or start >= p[1]:  # the link was idle when it started: a new busy period
+            p = self._period[dst] = [start, now, 0, max(0.0, latency_s), False]
+        elif now - p[0] > 4 * self.tau_s:  # a long stream: measure on from its latest completion
+            p = self._period[dst] = [p[1], p[1], 0, 0.0, True]
+        p[1] = max(p[1], now)
+        p[2] += int(nbytes)
+        busy = p[1] - p[0]
+        if p[4]:
+            if busy < 2 * self.tau_s:
+                return  # too short yet to outweigh what was in flight when it began
+        elif p[3] > 0:
+            if busy - p[3] < 0.2 * busy:
                 # the bytes took under a fifth of the time: the link carries at least this much
-                self._fast[dst] = (now, nbytes / (0.2 * seconds))
+                self._fast[dst] = (now, p[2] / (0.2 * busy))
                 return
-            seconds -= latency_s
+            busy -= p[3]
+        if busy <= 0:
+            return
         q = self._samples.setdefault(dst, deque(maxlen=self.max_samples))
-        q.append((now, int(nbytes), float(seconds)))
+        q.append((now, int(nbytes), busy / p[2]))
         self._expire(q, now)
 
     def _expire(self, q: deque, now: float) -> None:
@@ -400,7 +416,7 @@ class PassiveEstimator:
             return None
         now = self.clock() if now is None else now
         self._expire(q, now)
-        pts = sorted((s / n, n * math.exp(-max(0.0, now - t) / self.tau_s)) for t, n, s in q)
+        pts = sorted((per_byte, n * math.exp(-max(0.0, now - t) / self.tau_s)) for t, n, per_byte in q)
         total = sum(w for _, w in pts)
         if total <= 0:
             return None

@@ -33,10 +33,11 @@ two agree within 10 % on the shipped scenarios' plans and baselines (``tests/tes
 """
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Optional
+
+import numpy as np
 
 from .layout import Layout, LinkTable, build_layout, held_bound, stage_warmups
 from .types import ModelProfile, Plan, Snapshot, compression_ratio
@@ -83,7 +84,7 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
 
     # --- memory: a hard limit
     for s, sw in enumerate(layout.stages):
-        for pw in sw.peers:
+        for _, pw in sw.kinds:
             held = held_bound(sched, s, warm[s], len(pw.mbs), m)
             if sw.state_bytes + held * sw.stash_bytes > pw.memory_bytes:
                 return _infeasible(f"memory:{pw.id}")
@@ -92,11 +93,11 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     fbar, bbar, wbar, busy, busy_f, busy_bw = [], [], [], [], [], []
     for sw in layout.stages:
         f = b = w = bz = bzf = bzb = 0.0
-        for pw in sw.peers:
+        for c, pw in sw.kinds:
             n = len(pw.mbs)
-            f += n * pw.f
-            b += n * pw.b
-            w += n * pw.w
+            f += c * n * pw.f
+            b += c * n * pw.b
+            w += c * n * pw.w
             bz = max(bz, n * (pw.f + pw.b + pw.w))
             bzf = max(bzf, n * pw.f)
             bzb = max(bzb, n * (pw.b + pw.w))
@@ -134,52 +135,70 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
         for s in range(p - 1):
             sw = layout.stages[s]
             down = 0.0
+            rows = []  # (t, tokens, down, hops_t) of this stage's cycles
             for t in range(s + 1, p):
                 hops_t = lat_f[t - 1] + lat_b[t - 1]
                 ahead = warm[t] if fused else warm[t] - 1  # forwards stage t runs past y before y's backward
                 slack = min(ahead, _REPLICA_SLACK * (len(layout.stages[t].peers) - 1) / 2)
                 tokens = min(m, warm[s] - warm[t] + 1 + slack)
                 if tokens > 0:
-                    worst = 0.0
-                    for pw in sw.peers:
-                        n = len(pw.mbs)
-                        if n:
-                            own = 1.0 + (tokens - 1.0) * n / m  # its own micro-batches in a window from one of them
-                            per = n * (pw.f + pw.b + pw.w + down + hops_t + inner[t]) / own / m
-                            worst = max(worst, per)
-                    cands.append((worst, f"latency:stage {s}->{t}", worst))
+                    rows.append((t, tokens, down, hops_t))
                     cycles.append((s, t, tokens, down + hops_t))
                 down += inner[t] + hops_t
+            if not rows:
+                continue
+            # per cycle, the worst of the stage's peers (one row per cycle, one column per kind of peer)
+            n = sw.busy_n
+            worst = [0.0] * len(rows)
+            if len(n):
+                col = np.array([r[1:] + (inner[r[0]],) for r in rows])  # tokens, down, hops_t, inner[t]
+                tok, dn, hp, inn = (col[:, k:k + 1] for k in range(4))
+                own = 1.0 + (tok - 1.0) * n / m  # its own micro-batches in a window from one of them
+                per = n * (sw.busy_fbw + dn + hp + inn) / own / m
+                worst = [max(0.0, float(x)) for x in per.max(axis=1)]
+            for (t, *_), w in zip(rows, worst):
+                cands.append((w, f"latency:stage {s}->{t}", w))
         # Micro-batches move in index order: one whose owner downstream is slower than average
         # holds up the window until it is back, and a peer that is busy anyway cannot make that up.
         if _HETERO and cycles:
             p_star = max(c[0] for c in cands)
-            tails = {}  # stage t -> its owners' per-micro-batch times, sorted, with suffix sums
-            for t in {c[1] for c in cycles}:
-                owners = sorted((rw.f + rw.b + (rw.w if fused else 0.0), len(rw.mbs) / m)
-                                for rw in layout.stages[t].peers if rw.mbs)
-                if len(owners) > 1:
-                    xs = [x for x, _ in owners]
-                    suf_w, suf_wx = [0.0] * (len(owners) + 1), [0.0] * (len(owners) + 1)
-                    for i in range(len(owners) - 1, -1, -1):
-                        suf_w[i] = suf_w[i + 1] + owners[i][1]
-                        suf_wx[i] = suf_wx[i + 1] + owners[i][1] * owners[i][0]
-                    tails[t] = (xs, suf_w, suf_wx)
+            by_t: dict[int, list] = {}
             for s, t, tokens, down in cycles:
-                if t not in tails:
+                by_t.setdefault(t, []).append((s, tokens, down))
+            for t, rows in by_t.items():
+                kinds = [(k, rw) for k, rw in layout.stages[t].kinds if rw.mbs]
+                if sum(k for k, _ in kinds) <= 1:
                     continue
-                xs, suf_w, suf_wx = tails[t]
-                worst = 0.0
-                for pw in layout.stages[s].peers:
-                    n = len(pw.mbs)
-                    if n:
-                        own = 1.0 + (tokens - 1.0) * n / m
-                        budget = own * p_star * m / n  # time its window allows per own micro-batch
-                        base = pw.f + pw.b + pw.w + down
-                        i = bisect.bisect_right(xs, budget - base)  # owners slower than that stall it
-                        stall = ((base - budget) * suf_w[i] + suf_wx[i]) / own
-                        worst = max(worst, p_star + _HETERO * n / m * stall)
-                cands.append((worst, f"latency:stage {s}->{t}", worst))
+                # stage t's owners' per-micro-batch times, sorted, with suffix sums
+                owners = sorted((rw.f + rw.b + (rw.w if fused else 0.0), k * len(rw.mbs) / m) for k, rw in kinds)
+                xs = [x for x, _ in owners]
+                suf_w, suf_wx = [0.0] * (len(owners) + 1), [0.0] * (len(owners) + 1)
+                for i in range(len(owners) - 1, -1, -1):
+                    suf_w[i] = suf_w[i + 1] + owners[i][1]
+                    suf_wx[i] = suf_wx[i + 1] + owners[i][1] * owners[i][0]
+                suf_w_a, suf_wx_a = np.array(suf_w), np.array(suf_wx)
+                # every upstream stage's peers at once: one segment of columns per stage s
+                segs = [(s, tokens, down, layout.stages[s]) for s, tokens, down in rows]
+                for s, _, _, sw in segs:
+                    if not len(sw.busy_n):
+                        cands.append((0.0, f"latency:stage {s}->{t}", 0.0))
+                segs = [x for x in segs if len(x[3].busy_n)]
+                if not segs:
+                    continue
+                n = np.concatenate([x[3].busy_n for x in segs])
+                fbw = np.concatenate([x[3].busy_fbw for x in segs])
+                tok = np.concatenate([np.full(len(x[3].busy_n), float(x[1])) for x in segs])
+                dn = np.concatenate([np.full(len(x[3].busy_n), float(x[2])) for x in segs])
+                own = 1.0 + (tok - 1.0) * n / m
+                budget = own * p_star * m / n  # time its window allows per own micro-batch
+                base = fbw + dn
+                i = np.searchsorted(xs, budget - base, side="right")  # owners slower than that stall it
+                stall = ((base - budget) * suf_w_a[i] + suf_wx_a[i]) / own
+                val = p_star + _HETERO * n / m * stall
+                starts = np.cumsum([0] + [len(x[3].busy_n) for x in segs[:-1]])
+                for (s, *_), w in zip(segs, np.maximum.reduceat(val, starts)):
+                    w = max(0.0, float(w))
+                    cands.append((w, f"latency:stage {s}->{t}", w))
     period, why, lam = max(cands)
     top_terms = sorted(cands, reverse=True)[:6]
     path = sum(fbar) + sum(bbar) + sum(lat_f) + sum(lat_b)

@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
+
+import numpy as np
 
 from ..pipeline.schedule import schedule as make_schedule
 from .types import Link, ModelProfile, Plan, Snapshot, Stage
@@ -45,12 +47,9 @@ def microbatch_owners(shares: Sequence[float], m: int) -> list[int]:
     work is spread evenly over the step, so no peer waits for a clump of another's.
     """
     counts = microbatch_counts(shares, m)
-    keys = []
-    for i, c in enumerate(counts):
-        for k in range(c):
-            keys.append(((k + 0.5) / c, i))
-    keys.sort()
-    return [i for _, i in keys]
+    owner = np.repeat(np.arange(len(counts)), counts)
+    pos = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c] or [np.zeros(0)])
+    return owner[np.lexsort((owner, pos))].tolist()  # by position, then peer index
 
 
 def stage_warmups(schedule_name: str, shares: Sequence[Sequence[float]], m: int) -> list[int]:
@@ -182,6 +181,11 @@ class StageWork:
     state_bytes: float  # weights + gradients + optimizer state
     stash_bytes: float  # activations kept per micro-batch
     act_bytes: float  # uncompressed bytes per micro-batch sent to the next stage (0 for the last)
+    # peers that differ in nothing the cost model reads, counted once: (count, first of them)
+    kinds: tuple[tuple[int, PeerWork], ...] = ()
+    # the kinds that own micro-batches, as arrays: micro-batches each, and F + B + W seconds of one
+    busy_n: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    busy_fbw: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -276,7 +280,14 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
         works.append(PeerWork(pid, tuple(mbs[i]), fw / info.flops + op_overhead_s,
                               bi / info.flops + op_overhead_s, bw / info.flops + op_overhead_s, info.memory_bytes))
     act = 0.0 if last else profile.layers[hi - 1].activation_bytes_out * b
-    return StageWork(tuple(works), tuple(owner), params, params * profile.state_bytes_per_param_byte, stash, act)
+    kinds: dict[tuple, list] = {}
+    for pw in works:
+        k = kinds.setdefault((len(pw.mbs), pw.f, pw.b, pw.w, pw.memory_bytes), [0, pw])
+        k[0] += 1
+    owning = [pw for _, pw in kinds.values() if pw.mbs]
+    return StageWork(tuple(works), tuple(owner), params, params * profile.state_bytes_per_param_byte, stash, act,
+                     tuple((c, pw) for c, pw in kinds.values()),
+                     np.array([float(len(pw.mbs)) for pw in owning]), np.array([pw.f + pw.b + pw.w for pw in owning]))
 
 
 def _hop_links(a: StageWork, c: StageWork, m: int, links: LinkTable) -> HopLinks:

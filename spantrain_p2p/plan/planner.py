@@ -46,7 +46,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -539,10 +539,11 @@ def plan(snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOpt
 
 
 def _neighbours(plan_: Plan, grouping: Grouping, peers: dict, opts: PlannerOptions,
-                work: Sequence[float]) -> list[tuple[Stage, ...]]:
+                work: Sequence[float]) -> Iterator[tuple[Stage, ...]]:
     """Plans one small change away: a layer cut moved by one, a replica dropped or added (the
     fastest unused peer of the stage's group and class), a stage split in two or two adjacent
-    stages of one group merged, a one-peer stage dropped (its layers to a neighbour)."""
+    stages of one group merged, a one-peer stage dropped (its layers to a neighbour). Then each
+    of them with its layers re-split by speed, computed only as the caller gets that far."""
     where = {pid: (gi, ci) for gi, g in enumerate(grouping.groups) for ci, c in enumerate(g.classes) for pid in c}
     stages = list(plan_.stages)
     p = len(stages)
@@ -648,9 +649,12 @@ def _neighbours(plan_: Plan, grouping: Grouping, peers: dict, opts: PlannerOptio
                 out.append(stages[:k] + [st([pid], lo, mid), st(nb.peers, mid, hi)] + stages[k + 1:])
             else:
                 out.append(stages[:p - 1] + [st(nb.peers, lo, mid), st([pid], mid, hi)])
+    for x in out:
+        yield tuple(x)
     # every structural change also with its layers re-split in proportion to the stages' speed
-    out += [_rebalance(x, peers, work) for x in out if len(x) > 1]
-    return [tuple(x) for x in out]
+    for x in out:
+        if len(x) > 1:
+            yield tuple(_rebalance(x, peers, work))
 
 
 def _cumulative_work(profile: ModelProfile) -> list[float]:
@@ -662,21 +666,27 @@ def _cumulative_work(profile: ModelProfile) -> list[float]:
 
 def _rebalance(stages: list[Stage], peers: dict, work: Sequence[float]) -> list[Stage]:
     """The same stages with the layer cuts that minimize the slowest stage's compute
-    (work / speed; a min-max DP over cut points, O(p L^2))."""
+    (work / speed; a min-max DP over cut points, O(p L^2), each stage's row at once in numpy;
+    the earliest cut wins ties)."""
     speed = [sum(peers[x].flops for x in s_.peers) for s_ in stages]
     p, L = len(stages), len(work) - 1
-    best = [[INF] * (L + 1) for _ in range(p + 1)]  # best[k][j]: first k stages cover layers [0, j)
-    arg = [[0] * (L + 1) for _ in range(p + 1)]
-    best[0][0] = 0.0
+    w = np.asarray(work, dtype=float)
+    diff = w[:, None] - w[None, :]  # diff[j, i]: work of layers [i, j)
+    i_idx = np.arange(L + 1)
+    best = np.full((p + 1, L + 1), INF)  # best[k, j]: first k stages cover layers [0, j)
+    arg = np.zeros((p + 1, L + 1), dtype=np.int64)
+    best[0, 0] = 0.0
     for k in range(1, p + 1):
-        for j in range(k, L - (p - k) + 1):
-            for i in range(k - 1, j):
-                v = max(best[k - 1][i], (work[j] - work[i]) / speed[k - 1])
-                if v < best[k][j]:
-                    best[k][j], arg[k][j] = v, i
+        js = np.arange(k, L - (p - k) + 1)
+        if not len(js):
+            continue
+        m = np.maximum(best[k - 1][None, :], diff[js] / speed[k - 1])
+        m[(i_idx[None, :] < k - 1) | (i_idx[None, :] >= js[:, None])] = INF
+        best[k, js] = m.min(axis=1)
+        arg[k, js] = m.argmin(axis=1)
     cuts = [L]
     for k in range(p, 0, -1):
-        cuts.append(arg[k][cuts[-1]])
+        cuts.append(int(arg[k, cuts[-1]]))
     cuts.reverse()
     return [Stage(s_.peers, (cuts[k], cuts[k + 1]), s_.shares) for k, s_ in enumerate(stages)]
 
@@ -693,6 +703,8 @@ def _local_search(start: Plan, snapshot: Snapshot, profile: ModelProfile, links:
     while n < budget:
         improved = None
         for stages in _neighbours(best, grouping, peers, opts, work):
+            if n >= budget:
+                break
             for b in opts.batch_sizes():
                 if (stages, b) in seen or n >= budget:
                     continue

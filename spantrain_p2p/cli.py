@@ -114,6 +114,13 @@ def _train_options(a: argparse.Namespace):
                       micro_batch_size=a.micro_batch_size, num_micro_batches=a.micro_batches, steps=a.steps,
                       seed=a.seed, lr=a.lr, optimizer=a.optimizer, schedule=a.schedule, peers=a.peers,
                       recv_timeout_s=a.recv_timeout, stages=a.stages, compression=a.compression, plan=a.plan, checkpoint_every=a.checkpoint_every)
+        # the model is built here once (its fingerprint goes into the job): a --model that does not
+        # import or build stops this peer now, with the reason, instead of leaving a swarm that waits
+        try:
+            job = job.finalized()
+        except Exception as e:
+            raise ValueError(str(e) if isinstance(e, ValueError) else f"--model {a.model!r} failed to build: {e!r}") \
+                from None
     return TrainOptions(job=job, allowed_models=allowed, dump_grads_dir=a.dump_grads, dump_step=a.dump_step,
                         checkpoint_dir=a.checkpoint_dir, measure=not a.no_measure, measure_only=a.measure_only)
 
@@ -178,6 +185,12 @@ async def _run_peer(config, ready_file: Optional[str], train_options=None) -> in
                 for w in waits:
                     w.cancel()
                 return 3
+            if trainer is not None and trainer.crashed:
+                # leave (tombstone) so that the others re-plan without this peer at once
+                print(f"spantrain-peer: error: {trainer.error}", file=sys.stderr, flush=True)
+                for w in waits:
+                    w.cancel()
+                return 4
             if trainer is not None and trainer.finished.is_set():
                 waits = [w for w in waits if not w.done()]
         for w in waits:

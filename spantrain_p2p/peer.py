@@ -29,6 +29,7 @@ from .swarm.identity import Identity
 from .swarm.records import PeerRecord, seal
 
 log = logging.getLogger("spantrain.peer")
+SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
 
 
 class PeerError(RuntimeError):
@@ -307,13 +308,21 @@ class Peer:
                 await asyncio.wait_for(self._announce(), 5)
             except Exception as e:
                 log.warning("could not write the tombstone: %s", e)
+        # every part of a stop is bounded: a daemon that died first (or a task that ignores its
+        # cancellation) must not leave a peer that never exits
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), SHUTDOWN_STEP_S)
+        except asyncio.TimeoutError:
+            log.warning("shutdown: tasks %s did not stop within %.0fs", [t.get_name() for t in self._tasks
+                                                                         if not t.done()], SHUTDOWN_STEP_S)
         self._tasks.clear()
         for step in (self._stop_advertiser, self.client.close, self._stop_dataplane, self._stop_dht, self._stop_p2p):
             try:
-                await step()
+                await asyncio.wait_for(step(), SHUTDOWN_STEP_S)
+            except asyncio.TimeoutError:
+                log.warning("shutdown step %s did not finish within %.0fs: going on", step.__name__, SHUTDOWN_STEP_S)
             except Exception as e:
                 log.warning("shutdown step %s failed: %s", step.__name__, e)
         if self._tmpdir is not None:

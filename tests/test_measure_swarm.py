@@ -23,7 +23,9 @@ def test_measure_only_reports_every_link_and_device_of_cee_3region(tmp_path):
     rtt = [abs(l["rtt_ms"] / l["configured_rtt_ms"] - 1) for l in out["links"]]
     assert statistics.median(bw) <= 0.25 and statistics.median(rtt) <= 0.25, (bw, rtt)
     wan = [l for l in out["links"] if l["configured_mbps"] == 100]
-    assert all(60 <= l["mbps"] <= 110 and 35 <= l["rtt_ms"] <= 50 for l in wan), wan  # the slow links are seen slow
+    off = [{k: l[k] for k in ("src", "dst", "mbps", "rtt_ms")} for l in wan
+           if not (60 <= l["mbps"] <= 110 and 35 <= l["rtt_ms"] <= 50)]
+    assert not off, off  # the slow links are seen slow
     speeds = {d["peer"]: d["tflops"] for d in out["devices"]}
     for d in out["devices"]:  # speed ratios against the slowest device
         ratio = d["tflops"] / speeds["end-1"]

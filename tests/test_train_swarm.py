@@ -166,3 +166,28 @@ def test_a_bad_tensor_message_is_rejected_with_its_reason_and_training_goes_on(p
     assert e.value.code == 400 and ("shape [3, 3]" in reason or "step" in reason), reason
     wait_until(lambda: stage1.status()["train"]["steps_done"] >= before + 10, 60)  # training goes on
     assert all(p.status()["train"]["error"] is None for p in (a, b))
+
+
+def test_a_model_that_does_not_import_stops_the_run_at_once_with_the_reason(tmp_path):
+    """A typo in --model: the peer that defines the job exits naming it, the launcher stops every peer."""
+    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
+                        "--steps", "5", "--model", "no_such_pkg.models:build", "--json", "--run-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "cannot import 'no_such_pkg.models'" in r.stderr, r.stderr[-2000:]
+
+
+async def test_a_trainer_that_fails_unexpectedly_says_so_and_its_peer_is_marked_failed():
+    """Whatever breaks inside a trainer ends as its error in /status and the state 'failed', never as
+    a peer that looks idle while nothing happens (the command line then leaves the swarm)."""
+    from spantrain_p2p.peer import Peer, PeerConfig
+    from spantrain_p2p.train.worker import Trainer, TrainOptions
+
+    spec = "no_such_pkg.models:build"
+    peer = Peer(PeerConfig(swarm=f"crash-{os.getpid()}", heartbeat_s=0.5))
+    trainer = Trainer(peer, TrainOptions(job=JobSpec(model=spec, steps=3), allowed_models=(spec,)))
+    async with peer:
+        await trainer.run()
+        assert trainer.finished.is_set() and trainer.crashed
+        assert "no_such_pkg.models" in trainer.error and trainer.refused is None
+        assert peer.state == "failed"

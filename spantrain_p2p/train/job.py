@@ -186,8 +186,8 @@ def check_compatible(job: JobSpec, allowed_models: tuple[str, ...] = ()) -> Mode
     if job.model != BUILTIN and job.model not in allowed_models:
         raise JobRefused(f"the swarm trains user model {job.model!r}; this peer only runs models named with "
                          f"--model (it has: {list(allowed_models) or 'none'})")
-    handle = ModelHandle(job)
     try:
+        handle = ModelHandle(job)
         fp = handle.fingerprint()
     except Exception as e:
         raise JobRefused(f"cannot build model {job.model!r} of the swarm's job: {e}") from None

@@ -115,6 +115,7 @@ class Trainer:
         self.compute_s: list[float] = []
         self.error: Optional[str] = None
         self.refused: Optional[str] = None
+        self.crashed = False  # the trainer died of an unexpected error (the peer then leaves)
         self.inbox = Inbox(max_pending=64)
         self._expect: dict[str, Expect] = {}
         self._route: dict[str, list[str]] = {}  # kind -> destination peer of each micro-batch
@@ -277,6 +278,10 @@ class Trainer:
         except StepFailed as e:
             self.error = str(e)
             log.error("training stopped: %s", e)
+            await self.peer.set_state("failed")
+        except Exception as e:  # a bug or a broken model: say so in /status, never a silent idle peer
+            self.error, self.crashed = f"trainer failed: {e!r}", True
+            log.exception("trainer failed")
             await self.peer.set_state("failed")
         finally:
             self.finished.set()

@@ -85,6 +85,7 @@ class Peer:
         self._tasks: list[asyncio.Task] = []
         self._seq = 0
         self._view: dict[str, PeerRecord] = {}
+        self._last_url: dict[str, str] = {}  # peer id -> data-plane address of its latest live record
         self._on_bad = membership.BadRecordLog()
         self._view_changed = asyncio.Event()
         self.status_extras: dict[str, Any] = {}
@@ -186,6 +187,11 @@ class Peer:
     def data_url_of(self, peer_id: str) -> Optional[str]:
         rec = self._view.get(peer_id)
         return rec.data_url if rec is not None and rec.alive else None
+
+    def last_data_url(self, peer_id: str) -> Optional[str]:
+        """Where a peer served last, even after its record expired (None after its tombstone)."""
+        rec = self._view.get(peer_id)
+        return None if rec is not None and not rec.alive else self._last_url.get(peer_id)
 
     def spawn(self, coro, name: str) -> asyncio.Task:
         """Starts a task the peer owns: cancelled on close, and its crash is logged."""
@@ -384,12 +390,16 @@ class Peer:
         self._view[self.peer_id] = rec
 
     async def _heartbeat_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + self.config.heartbeat_s
         while True:
-            await asyncio.sleep(self.config.heartbeat_s)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
             try:
                 await self._announce()
             except Exception as e:
                 log.warning("heartbeat failed: %s", e)
+            # a fixed rate: a slow store (a busy machine) must not stretch the period towards the TTL
+            next_at = max(next_at + self.config.heartbeat_s, loop.time())
 
     async def _watch_loop(self) -> None:
         while True:
@@ -404,6 +414,9 @@ class Peer:
             own = self._view.get(self.peer_id)
             if own is not None and (self.peer_id not in view or view[self.peer_id].seq < own.seq):
                 view[self.peer_id] = own  # our own latest record, even if the DHT lags behind
+        for pid, rec in view.items():
+            if rec.alive and rec.data_url:
+                self._last_url[pid] = rec.data_url
         joined, left = membership.diff_members(self._view, view)
         for p in joined:
             if p != self.peer_id:

@@ -596,7 +596,7 @@ class Trainer:
             try:
                 current = await self._read_stage_maps()
                 inherited = current is not None and current.term < self.election.leader.term
-                if current is not None and not current.error and not inherited and not self._epoch_broken(current):
+                if current is not None and not current.error and not inherited and not await self._epoch_broken(current):
                     if await self._worth_replanning(current):
                         await self._plan_and_publish(current, improve=True)
                     continue
@@ -641,14 +641,23 @@ class Trainer:
         log.info("re-planning: %.0f %% predicted gain has lasted %.0fs", gain * 100, REPLAN_HOLD_S)
         return True
 
-    def _epoch_broken(self, current: StageMap) -> bool:
-        """A peer of the map is gone, or abandoned this epoch."""
+    async def _epoch_broken(self, current: StageMap) -> bool:
+        """A peer of the map is gone, or abandoned this epoch. A peer whose record merely expired
+        (a heartbeat late on a busy machine) but that still answers at its address is not gone:
+        re-planning around it would throw away the step in flight for nothing."""
         recs = {r.peer_id: r for r in self.peer.live_members()}
         for st in current.stages:
             for p in st.peers:
                 r = recs.get(p)
-                if r is None or (r.state == "recovering" and r.progress.get("failed_epoch") == current.epoch):
+                if r is not None:
+                    if r.state == "recovering" and r.progress.get("failed_epoch") == current.epoch:
+                        return True
+                    continue
+                url = self.peer.last_data_url(p)  # None once it left with a tombstone
+                if url is None or not await self._answers_at(url):
                     return True
+                log.info("%s: no fresh record, but it answers: its heartbeat is late, not a failure",
+                         self.smap.name_of(p) if self.smap else p[:12])
         return False
 
     async def _resume_point(self, current: StageMap) -> tuple[Optional[int], str]:
@@ -986,12 +995,14 @@ class Trainer:
             return t
 
     async def _answers(self, peer_id: str) -> bool:
-        """Whether a peer is alive: in the membership and answering its /status quickly."""
+        """Whether a peer is alive: answering its /status quickly where it served last (a record
+        that expired on a busy machine is not a death; a tombstone is)."""
         if peer_id == self.peer.peer_id:
             return True
-        url = self.peer.data_url_of(peer_id)
-        if url is None:
-            return False
+        url = self.peer.last_data_url(peer_id)
+        return url is not None and await self._answers_at(url)
+
+    async def _answers_at(self, url: str) -> bool:
         try:
             await self.peer.client.status(url, timeout=2.0)
             return True

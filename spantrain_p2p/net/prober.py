@@ -335,6 +335,17 @@ def link_update(published_mbps: float, probed_mbps: float, estimate_mbps: Option
     return None
 
 
+@dataclass
+class _BusyPeriod:
+    """A run of transfers to one destination with no idle moment between them."""
+
+    start: float
+    end: float  # the latest completion so far
+    nbytes: int
+    latency_s: float  # counted once: the first transfer's
+    continued: bool  # cut out of a longer stream (begins with transfers in flight)
+
+
 class PassiveEstimator:
     """Bytes/s of a link estimated from the real transfers that completed on it.
 
@@ -369,8 +380,7 @@ class PassiveEstimator:
         self.max_samples = max_samples
         self._samples: dict[str, deque[tuple[float, int, float]]] = {}  # (when, bytes, seconds per byte)
         self._fast: dict[str, tuple[float, float]] = {}  # dst -> (when, bytes/s) of the last latency-bound period
-        # dst -> [start, end, bytes, latency, continued] of its current busy period
-        self._period: dict[str, list] = {}
+        self._period: dict[str, _BusyPeriod] = {}  # dst -> its current busy period
 
     def observe(self, dst: str, nbytes: int, seconds: float, latency_s: float = 0.0, now: Optional[float] = None) -> None:
         """A transfer of ``nbytes`` to ``dst`` completed in ``seconds``. ``latency_s``: the part of
@@ -383,26 +393,26 @@ class PassiveEstimator:
         now = self.clock() if now is None else now
         start = now - seconds
         p = self._period.get(dst)
-        if p is None or start >= p[1]:  # the link was idle when it started: a new busy period
-            p = self._period[dst] = [start, now, 0, max(0.0, latency_s), False]
-        elif now - p[0] > 4 * self.tau_s:  # a long stream: measure on from its latest completion
-            p = self._period[dst] = [p[1], p[1], 0, 0.0, True]
-        p[1] = max(p[1], now)
-        p[2] += int(nbytes)
-        busy = p[1] - p[0]
-        if p[4]:
+        if p is None or start >= p.end:  # the link was idle when it started: a new busy period
+            p = self._period[dst] = _BusyPeriod(start, now, 0, max(0.0, latency_s), False)
+        elif now - p.start > 4 * self.tau_s:  # a long stream: measure on from its latest completion
+            p = self._period[dst] = _BusyPeriod(p.end, p.end, 0, 0.0, True)
+        p.end = max(p.end, now)
+        p.nbytes += int(nbytes)
+        busy = p.end - p.start
+        if p.continued:
             if busy < 2 * self.tau_s:
                 return  # too short yet to outweigh what was in flight when it began
-        elif p[3] > 0:
-            if busy - p[3] < 0.2 * busy:
+        elif p.latency_s > 0:
+            if busy - p.latency_s < 0.2 * busy:
                 # the bytes took under a fifth of the time: the link carries at least this much
-                self._fast[dst] = (now, p[2] / (0.2 * busy))
+                self._fast[dst] = (now, p.nbytes / (0.2 * busy))
                 return
-            busy -= p[3]
+            busy -= p.latency_s
         if busy <= 0:
             return
         q = self._samples.setdefault(dst, deque(maxlen=self.max_samples))
-        q.append((now, int(nbytes), busy / p[2]))
+        q.append((now, int(nbytes), busy / p.nbytes))
         self._expire(q, now)
 
     def _expire(self, q: deque, now: float) -> None:

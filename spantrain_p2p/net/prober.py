@@ -153,8 +153,8 @@ async def probe_link(
     bulk_bytes: int = 64 << 10,
     deadline_s: float = 10.0,
     *,
-    min_bulk_s: float = 0.1,
-    target_s: float = 0.15,
+    min_bulk_s: float = 0.2,
+    target_s: float = 0.3,
     max_bulk_bytes: int = 64 << 20,
     clock: Callable[[], float] = time.perf_counter,
 ) -> LinkMeasurement:

@@ -13,7 +13,7 @@ from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.measure")
 
-PROFILES, LINKS, GROUPS = "profiles", "links", "groups"
+PROFILES, LINKS, GROUPS, PINGS = "profiles", "links", "groups", "pings"
 MAX_BYTES = 256 << 10
 TTL_S = 3600.0
 

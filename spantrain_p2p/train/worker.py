@@ -404,14 +404,18 @@ class Trainer:
         from ..net.prober import probe_link
         from ..swarm import measure
 
-        await self._wait_probe_turn()
+        # probe a quiet swarm: profiling (up to 10 s on a slow virtual device) loads the CPUs
+        await self._wait_published(measure.PROFILES, {r.peer_id for r in self.peer.live_members()}, 30.0)
         t_start = time.monotonic()
         self.probe_window = [time.time(), time.time()]
+        pings = await self._ping_phase()
+        await self._wait_probe_turn()
         while True:
             members = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
             todo = [r for r in members if r.peer_id not in self.probes and r.data_url]
             for r in todo:
-                m = await probe_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator)
+                m = await probe_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator,
+                                     rtt_s=pings.pop(r.peer_id, None))
                 self.probes[r.peer_id] = m
                 if not m.ok:
                     log.warning("link to %s unknown: %s", self.peer.name_of(r.peer_id), m.error)
@@ -452,6 +456,46 @@ class Trainer:
         if changed:
             self._passive_published = now
             await measure.publish(self.peer, measure.LINKS, {"links": {p: m.to_dict() for p, m in self.probes.items()}})
+
+    async def _ping_phase(self, max_wait_s: float = 20.0) -> dict[str, float]:
+        """Everybody pings everybody at once, in a quiet moment: after every peer has profiled its
+        device and before anybody's bulk transfers. A ping that waits behind another prober's bulk
+        transfer on a busy CPU reads a 5 ms link as 8 ms; pings alone barely load it. Returns the
+        RTT per peer id (seconds), for ``probe_link(rtt_s=...)``."""
+        from ..net.prober import paired_rtt, ping_link
+        from ..swarm import measure
+
+        members = sorted(self.peer.live_members(), key=lambda r: r.peer_id)
+        order = {r.peer_id for r in members}
+        mine = next((i for i, r in enumerate(members) if r.peer_id == self.peer.peer_id), 0)
+        pings: dict[str, float] = {}
+        own = self.peer.dataplane.url if self.peer.dataplane else None
+        # each peer starts with the next one in peer-id order: a peer is pinged by one other at a time
+        for r in members[mine + 1:] + members[:mine]:
+            if r.peer_id != self.peer.peer_id and r.data_url and own:
+                samples = await ping_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator,
+                                          count=12, gap_s=0.03, min_s=1.0, baseline_url=own)
+                if len(samples) >= 6:
+                    pings[r.peer_id] = paired_rtt(samples)
+                log.debug("pings to %s, less our own stack's round trip: %s ms", self.peer.name_of(r.peer_id),
+                         " ".join(f"{x * 1e3:.2f}" for x in sorted(samples)))
+        await measure.publish(self.peer, measure.PINGS, {"peers": len(pings)})
+        await self._wait_published(measure.PINGS, order, max_wait_s)
+        return pings
+
+    async def _wait_published(self, what: str, peers: set, max_wait_s: float) -> None:
+        """Until each of ``peers`` that is still measuring (or about to) has an entry under ``what``,
+        or ``max_wait_s``. A newcomer to a training swarm waits for nobody but other newcomers."""
+        from ..swarm import measure
+
+        deadline = time.monotonic() + max_wait_s
+        while time.monotonic() < deadline:
+            have = await measure.read(self.peer, what, lambda d: True, self._log_bad)
+            measuring = {r.peer_id for r in self.peer.live_members() if r.state in ("joining", "idle", "measuring")}
+            if all(p in have for p in peers & measuring):
+                return
+            await asyncio.sleep(0.5)  # DHT reads cost CPU on every peer: not too often
+        log.warning("went on without every peer's %s after %.0f s", what, max_wait_s)
 
     async def _wait_probe_turn(self, at_once: int = 3, max_wait_s: float = 60.0) -> None:
         """Peers probe in turns of ``at_once``, in peer-id order: many concurrent probes would share

@@ -8,7 +8,7 @@ import pytest
 from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
 from spantrain_p2p.net.emulator import LinkEmulator
 from spantrain_p2p.net.prober import (
-    PROBE_KIND, LinkMeasurement, PassiveEstimator, handle_probe, paired_rtt, ping_link, probe_link, sparse_probe_plan,
+    PROBE_KIND, LinkMeasurement, PassiveEstimator, handle_probe, paired_rtt, ping_link, ping_links, probe_link, sparse_probe_plan,
 )
 from spantrain_p2p.scenario import parse
 
@@ -88,6 +88,23 @@ async def test_pings_less_a_baseline_ping_to_our_own_server_leave_the_link_alone
           f"less our own stack's round trip {paired_rtt(paired) * 1e3:.3f} ms")
     # in one process the "remote" server shares our loop, so its time is taken off twice: a bit low
     assert paired_rtt(paired) == pytest.approx(0.005, rel=0.25)
+
+
+async def test_pinging_several_links_in_rounds_gives_each_its_samples_and_drops_a_dead_one(probe_server):
+    srv, client = probe_server
+    emu = LinkEmulator(star_scenario(), "me")
+    with socket.socket() as dead:  # listens, never answers
+        dead.bind(("127.0.0.1", 0))
+        dead.listen()
+        t = time.perf_counter()
+        found = await ping_links(client, [("peer-metro", srv.url), ("peer-wan", srv.url),
+                                          ("peer-slow", f"http://127.0.0.1:{dead.getsockname()[1]}")],
+                                 emu, count=5, min_s=0.3, ping_timeout_s=0.5)
+        took = time.perf_counter() - t
+    assert found["peer-slow"] == [] and took < 2.0, (found, took)
+    assert 5 <= len(found["peer-metro"]) == len(found["peer-wan"]) <= 20, found
+    assert statistics.median(found["peer-metro"]) == pytest.approx(0.005, rel=0.2)
+    assert statistics.median(found["peer-wan"]) == pytest.approx(0.040, rel=0.1)
 
 
 def test_paired_rtt_is_a_little_under_the_median_and_shrugs_off_stalls():

@@ -462,7 +462,7 @@ class Trainer:
         device and before anybody's bulk transfers. A ping that waits behind another prober's bulk
         transfer on a busy CPU reads a 5 ms link as 8 ms; pings alone barely load it. Returns the
         RTT per peer id (seconds), for ``probe_link(rtt_s=...)``."""
-        from ..net.prober import paired_rtt, ping_link
+        from ..net.prober import paired_rtt, ping_links
         from ..swarm import measure
 
         members = sorted(self.peer.live_members(), key=lambda r: r.peer_id)
@@ -470,15 +470,18 @@ class Trainer:
         mine = next((i for i, r in enumerate(members) if r.peer_id == self.peer.peer_id), 0)
         pings: dict[str, float] = {}
         own = self.peer.dataplane.url if self.peer.dataplane else None
-        # each peer starts with the next one in peer-id order: a peer is pinged by one other at a time
-        for r in members[mine + 1:] + members[:mine]:
-            if r.peer_id != self.peer.peer_id and r.data_url and own:
-                samples = await ping_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator,
-                                          count=12, gap_s=0.03, min_s=1.0, baseline_url=own)
+        # rounds of one ping to each; each peer starts its rounds with the next one in peer-id
+        # order, so that a peer is pinged by about one other at a time
+        targets = [r for r in members[mine + 1:] + members[:mine] if r.peer_id != self.peer.peer_id and r.data_url]
+        if own and targets:
+            names = {r.name or r.peer_id: r.peer_id for r in targets}
+            found = await ping_links(self.peer.client, [(r.name or r.peer_id, r.data_url) for r in targets],
+                                     self.peer.emulator, count=20, gap_s=0.01, min_s=1.0, baseline_url=own)
+            for name, samples in found.items():
                 if len(samples) >= 6:
-                    pings[r.peer_id] = paired_rtt(samples)
-                log.debug("pings to %s, less our own stack's round trip: %s ms", self.peer.name_of(r.peer_id),
-                         " ".join(f"{x * 1e3:.2f}" for x in sorted(samples)))
+                    pings[names[name]] = paired_rtt(samples)
+                log.debug("pings to %s, less our own stack's round trip: %s ms", name,
+                          " ".join(f"{x * 1e3:.2f}" for x in sorted(samples)))
         await measure.publish(self.peer, measure.PINGS, {"peers": len(pings)})
         await self._wait_published(measure.PINGS, order, max_wait_s)
         return pings

@@ -86,16 +86,21 @@ class Election:
     """Runs on every peer: keeps ``leader`` up to date, claims or renews the lease when it is its turn."""
 
     def __init__(self, peer, lease_s: float = 6.0, candidates: Callable[[], list[str]] | None = None,
-                 on_change: Callable[[Optional[Lease], Optional[Lease]], Any] | None = None):
+                 on_change: Callable[[Optional[Lease], Optional[Lease]], Any] | None = None,
+                 settle_s: Optional[float] = None):
         self.peer = peer
         self.lease_s = lease_s
+        # a newcomer watches this long before it may claim: a live leader's lease is readable at
+        # any moment (renewed every tick, a third of a lease at most), so this is a few reads of
+        # it, not a whole lease (which cost every swarm's start 4 s)
+        self.settle_s = lease_s / 3 if settle_s is None else settle_s
         self.leader: Optional[Lease] = None
         self.max_term_seen = 0
         self._candidates = candidates or (lambda: [r.peer_id for r in peer.live_members()])
         self._on_change = on_change
         self._lapsed_at: Optional[float] = None
         self._bad = set()
-        self._first_tick: Optional[float] = None  # a newcomer watches a whole lease before it may claim
+        self._first_tick: Optional[float] = None  # a newcomer watches settle_s before it may claim
 
     @property
     def is_leader(self) -> bool:
@@ -132,7 +137,7 @@ class Election:
         elif leader is None:
             if self._lapsed_at is None:
                 self._lapsed_at = now
-            settled = now - self._first_tick >= self.lease_s
+            settled = now - self._first_tick >= self.settle_s
             if settled and claim_delay(self.peer.peer_id, cands, self._lapsed_at, now, self.lease_s / 3) == 0.0:
                 claim = Lease(self.max_term_seen + 1, self.peer.peer_id, now + self.lease_s)
                 await self._write(claim)

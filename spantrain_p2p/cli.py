@@ -202,6 +202,9 @@ async def _run_peer(config, ready_file: Optional[str], train_options=None) -> in
 def peer_main(argv: Optional[list[str]] = None) -> int:
     args = peer_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    from ._hivemind_lite import install
+
+    install()  # ~0.9 s of CPU less per peer (see the module)
     import torch
 
     torch.set_num_threads(1)  # peers share the machine's cores; more threads only add stalls
@@ -277,6 +280,9 @@ def main_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = main_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    from ._hivemind_lite import install
+
+    install()
     from .scenario import ScenarioError
 
     try:

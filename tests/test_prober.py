@@ -102,7 +102,9 @@ async def test_pinging_several_links_in_rounds_gives_each_its_samples_and_drops_
                                  emu, count=5, min_s=0.3, ping_timeout_s=0.5)
         took = time.perf_counter() - t
     assert found["peer-slow"] == [] and took < 2.0, (found, took)
-    assert 5 <= len(found["peer-metro"]) == len(found["peer-wan"]) <= 20, found
+    assert 5 <= len(found["peer-wan"]) <= 20, found
+    # the 5 ms link is pinged up to 4 times a round, the 40 ms one once
+    assert len(found["peer-wan"]) < len(found["peer-metro"]) <= 4 * len(found["peer-wan"]), found
     assert statistics.median(found["peer-metro"]) == pytest.approx(0.005, rel=0.2)
     assert statistics.median(found["peer-wan"]) == pytest.approx(0.040, rel=0.1)
 

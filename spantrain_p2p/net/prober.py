@@ -259,8 +259,8 @@ async def ping_links(
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """``ping_link`` for several ``(dst_name, url)`` targets at once: rounds of one ping to each
-    (``gap_s`` between two pings), at least ``count`` rounds, more (up to 4 x ``count``) until
-    ``min_s`` have passed. A whole swarm's pings take about ``count`` times the sum of the RTTs,
+    (up to 4 to a link much shorter than the longest; ``gap_s`` between two pings), at least
+    ``count`` rounds, more (up to 4 x ``count``) until ``min_s`` have passed. A whole swarm's pings take about ``count`` times the sum of the RTTs,
     instead of one ``min_s`` per target. A target that fails or does not answer within
     ``ping_timeout_s`` drops out of the rounds with the samples it gave; ``baseline_url`` as in
     ``ping_link``. Returns the samples per target name."""
@@ -282,24 +282,29 @@ async def ping_links(
         seq += 1
         if seq > count and (seq > 4 * count or clock() - t0 >= min_s):
             break
+        # short links are pinged several times a round (up to 4, as many as fit in the longest
+        # link's round trip): their relative noise is the largest, and their pings are cheap
+        longest = max((min(v) for v in out.values() if v), default=0.0)
         for name in list(live):
-            if not first and gap_s > 0:
-                await asyncio.sleep(gap_s)
-            first = False
-            try:
-                left = min(ping_timeout_s, deadline - clock())
-                dt = await asyncio.wait_for(_ping(senders[name], seq, clock), max(0.0, left))
-                if base_send is not None:
-                    b = await asyncio.wait_for(_ping(base_send, seq, clock), max(0.0, left))
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - the full probe later says what is wrong with the link
-                live.remove(name)
-                continue
-            if seq:  # the first round sets up the connections and is not counted
-                out[name].append(dt)
-                if base_send is not None:
-                    base[name].append(b)
+            repeat = min(4, max(1, int(longest / max(min(out[name]), 1e-4)))) if out[name] else 1
+            for _ in range(repeat):
+                if not first and gap_s > 0:
+                    await asyncio.sleep(gap_s)
+                first = False
+                try:
+                    left = min(ping_timeout_s, deadline - clock())
+                    dt = await asyncio.wait_for(_ping(senders[name], seq, clock), max(0.0, left))
+                    if base_send is not None:
+                        b = await asyncio.wait_for(_ping(base_send, seq, clock), max(0.0, left))
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - the full probe later says what is wrong with the link
+                    live.remove(name)
+                    break
+                if seq:  # the first round sets up the connections and is not counted
+                    out[name].append(dt)
+                    if base_send is not None:
+                        base[name].append(b)
     if base_send is not None:
         # each link ping less the baseline ping right after it: a burst of load delays both
         return {name: [r - b for r, b in zip(out[name], base[name])] for name in out}

@@ -169,25 +169,13 @@ async def _ping(send: Callable[[dict, Sequence[Any]], Any], seq: int, clock: Cal
     return dt
 
 
-async def _pings(send: Callable[[dict, Sequence[Any]], Any], count: int, into: list[float], gap_s: float,
-                 clock: Callable[[], float], base: Optional[Callable[[dict, Sequence[Any]], Any]] = None,
-                 base_into: Optional[list[float]] = None, min_s: float = 0.0, max_count: int = 0) -> None:
-    """``count`` pings after one warm-up ping; more (up to ``max_count``) until ``min_s`` have passed."""
-    t0 = clock()
-    seq = -1
-    while True:
-        seq += 1
-        if seq > count and (seq > max_count or clock() - t0 >= min_s):
-            return
-        if seq > 1 and gap_s > 0:
-            await asyncio.sleep(gap_s)
+async def _pings(send: Callable[[dict, Sequence[Any]], Any], count: int, into: list[float],
+                 clock: Callable[[], float]) -> None:
+    """``count`` pings after one warm-up ping, their round trips into ``into``."""
+    for seq in range(count + 1):  # the first one sets up the connection and is not counted
         dt = await _ping(send, seq, clock)
         if seq:
             into.append(dt)
-        if base is not None and base_into is not None:
-            dt = await _ping(base, seq, clock)
-            if seq:
-                base_into.append(dt)
 
 
 def _sender(client: "DataPlaneClient", url: str, link: Any, deadline: float, clock: Callable[[], float]):
@@ -225,24 +213,9 @@ async def ping_link(
     link) is not the link's. (Taking off only what load added to the baseline, its excess over the
     quickest one, read 1 ms links as 1.7-2.5 ms and 5 ms links 6-9 % high on cee-3region.) Such
     differences scatter both ways: read them with ``paired_rtt``, not ``_robust_rtt``."""
-    if count < 1 or deadline_s <= 0 or gap_s < 0:
-        raise ValueError("ping_link: need count >= 1, deadline_s > 0, gap_s >= 0")
-    link = emulator.link_for(dst_name) if emulator is not None else None
-    deadline = clock() + deadline_s
-    rtts: list[float] = []
-    base: list[float] = []
-    base_send = _sender(client, baseline_url, None, deadline, clock) if baseline_url else None
-    try:
-        await asyncio.wait_for(_pings(_sender(client, url, link, deadline, clock), count, rtts, gap_s, clock,
-                                      base_send, base, min_s, 4 * count), max(0.0, deadline - clock()))
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # noqa: BLE001 - the full probe later says what is wrong with the link
-        pass
-    if base_send is not None:
-        # each link ping less the baseline ping right after it: a burst of load delays both
-        return [r - b for r, b in zip(rtts, base)]
-    return rtts
+    found = await ping_links(client, [(dst_name, url)], emulator, count, deadline_s, gap_s=gap_s, min_s=min_s,
+                             ping_timeout_s=deadline_s, baseline_url=baseline_url, clock=clock)
+    return found[dst_name]
 
 
 async def ping_links(
@@ -344,7 +317,7 @@ async def probe_link(
             await _ping(send, 0, clock)  # the link answers (and the connection is open)
             st.rtts.append(float(rtt_s))
         else:
-            await _pings(send, ping_count, st.rtts, 0.0, clock)
+            await _pings(send, ping_count, st.rtts, clock)
         rtt = _robust_rtt(st.rtts)
         size, payload = bulk_bytes, bytearray()
         last: Optional[tuple[int, float]] = None  # (size, transfer seconds) of the previous round

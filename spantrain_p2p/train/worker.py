@@ -465,14 +465,15 @@ class Trainer:
         from ..net.prober import paired_rtt, ping_links
         from ..swarm import measure
 
-        members = sorted(self.peer.live_members(), key=lambda r: r.peer_id)
+        me = self.peer.peer_id
+        members = self.peer.live_members()
         order = {r.peer_id for r in members}
-        mine = next((i for i, r in enumerate(members) if r.peer_id == self.peer.peer_id), 0)
         pings: dict[str, float] = {}
         own = self.peer.dataplane.url if self.peer.dataplane else None
         # rounds of one ping to each; each peer starts its rounds with the next one in peer-id
-        # order, so that a peer is pinged by about one other at a time
-        targets = [r for r in members[mine + 1:] + members[:mine] if r.peer_id != self.peer.peer_id and r.data_url]
+        # order (wrapping around), so that a peer is pinged by about one other at a time
+        targets = sorted((r for r in members if r.peer_id != me and r.data_url),
+                         key=lambda r: (r.peer_id < me, r.peer_id))
         if own and targets:
             names = {r.name or r.peer_id: r.peer_id for r in targets}
             found = await ping_links(self.peer.client, [(r.name or r.peer_id, r.data_url) for r in targets],

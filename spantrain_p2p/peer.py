@@ -285,6 +285,13 @@ class Peer:
         except asyncio.TimeoutError:
             raise PeerError(f"no peer of {join} answered within {cfg.join_timeout_s:.0f}s") from None
         except Exception as e:
+            if join and check_identity and "can't access this node" in str(e):
+                # The bootstrap peer calls us back by peer id; with our identity already live in the
+                # swarm, libp2p may route that call to the other process, so the check fails.
+                raise PeerError(
+                    f"could not join via {', '.join(join)}: the swarm cannot call this peer back; identity "
+                    f"{cfg.identity_path} (peer id {self.peer_id}) may be already used by a live peer "
+                    f"(or a firewall blocks incoming connections)") from None
             if join:
                 raise PeerError(f"could not join via {', '.join(join)}: {e}") from None
             raise

@@ -60,6 +60,25 @@ async def test_an_identity_file_gives_a_stable_peer_id_and_cannot_be_used_twice(
                     pass
 
 
+async def test_a_duplicate_identity_the_swarm_cannot_call_back_is_named_in_the_error(tmp_path, monkeypatch):
+    """With our identity live elsewhere, the bootstrap peer's call-back may reach the other process
+    and hivemind fails the join with "can't access this node": that must name the identity."""
+    from hivemind.dht.node import DHTNode
+
+    path = str(tmp_path / "peer.key")
+    async with Peer(PeerConfig(identity_path=path, **FAST)):
+        pass
+
+    async def refused(*args, **kwargs):
+        raise RuntimeError("Peer QmX can't access this node. Probably, libp2p has failed to bypass the firewall")
+
+    async with Peer(PeerConfig(**FAST)) as seed:
+        monkeypatch.setattr(DHTNode, "create", refused)
+        with pytest.raises(PeerError, match=r"peer\.key .*may be already used by a live peer"):
+            async with Peer(PeerConfig(identity_path=path, join=(seed.address,), **FAST)):
+                pass
+
+
 async def test_a_malformed_join_address_is_named_in_the_error():
     with pytest.raises(ValueError, match="malformed multiaddr '/ip4/1.2.3/tcp/1'"):
         async with Peer(PeerConfig(join=("/ip4/1.2.3/tcp/1",))):

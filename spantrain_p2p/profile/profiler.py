@@ -4,7 +4,9 @@
 backward to the layer's input (B: ``torch.autograd.grad`` w.r.t. the input activation) and the
 backward to its weights (W: ``autograd.grad`` w.r.t. its parameters, a separate pass as the zero-bubble
 executor runs it). It warms up, repeats, and keeps the median. With a ``VirtualDevice`` each operation
-runs through it, so the times are the emulated device's; the profiler never reads a scenario.
+runs through it, so the times are the emulated device's; the profiler never reads a scenario. A
+repetition in which the virtual device overran its budget (the host could not keep up) is measured
+again after a short pause: on a shared host that reading is the host's load, not the device.
 
 Layer contract (see ``train/model.py``): the first layer takes token ids ``LongTensor [B, T]`` (zeros
 unless ``inputs`` is given), the last one ``(activation, targets)`` and returns a scalar loss.
@@ -43,6 +45,7 @@ MAX_LAYERS = 4096
 MAX_OP_S = 3600.0  # a single layer operation above an hour is absurd
 MAX_TFLOPS = 1e6
 MAX_MEMORY_BYTES = 1 << 50
+OVERRUN_PAUSE_S = 0.02  # before measuring again a repetition the host could not keep up with
 
 
 class ProfileError(RuntimeError):
@@ -289,24 +292,36 @@ def profile_layers(
 
 
 def _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max_op_s, timer):
-    """Median F, B, W seconds of one layer; repetitions with a bad reading are run again."""
+    """Median F, B, W seconds of one layer. A repetition with a bad reading is run again, and so is
+    one in which the virtual device overran its budget (the host CPU, shared with the other peers
+    of an emulated swarm, did not keep up: that reading is the host's, not the device's), after a
+    short pause, at most ``max_retries`` times; the last try counts whatever it reads."""
     params = [p for p in layer.parameters() if p.requires_grad]
     readings: list[tuple[float, float, float]] = []
     for rep in range(warmup + reps):
-        for attempt in range(max_retries + 1):
-            r = _one_rep(layer, args, params, flops, device, timer)
-            # F always exists; B and W read None where the layer has no such operation
-            bad = [name for name, v in zip("FBW", r)
-                   if (name == "F" or v is not None) and not (v is not None and math.isfinite(v) and 0 < v <= max_op_s)]
-            if not bad:
+        for retry in range(max_retries + 1):
+            overruns = device.stats().overruns if device is not None else 0
+            r = _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer)
+            if rep < warmup or device is None or retry == max_retries or device.stats().overruns == overruns:
                 break
-            log.warning("layer %d: rejected %s reading(s) %s; measuring again", i, "/".join(bad), r)
-        else:
-            raise ProfileError(f"layer {i} ({type(layer).__name__}): no valid reading in {max_retries + 1} tries "
-                               f"(last: F={r[0]!r} B={r[1]!r} W={r[2]!r} s)")
+            time.sleep(OVERRUN_PAUSE_S * (retry + 1))
         if rep >= warmup:
             readings.append(tuple(0.0 if v is None else v for v in r))
     return tuple(statistics.median(col) for col in zip(*readings))
+
+
+def _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer):
+    """One F, B, W round whose readings are all finite, positive and below ``max_op_s``."""
+    for _ in range(max_retries + 1):
+        r = _one_rep(layer, args, params, flops, device, timer)
+        # F always exists; B and W read None where the layer has no such operation
+        bad = [name for name, v in zip("FBW", r)
+               if (name == "F" or v is not None) and not (v is not None and math.isfinite(v) and 0 < v <= max_op_s)]
+        if not bad:
+            return r
+        log.warning("layer %d: rejected %s reading(s) %s; measuring again", i, "/".join(bad), r)
+    raise ProfileError(f"layer {i} ({type(layer).__name__}): no valid reading in {max_retries + 1} tries "
+                       f"(last: F={r[0]!r} B={r[1]!r} W={r[2]!r} s)")
 
 
 def _timed(fn, phase, flops, device, timer):

@@ -1,6 +1,8 @@
+import contextlib
 import json
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -112,6 +114,39 @@ def test_zero_negative_nan_or_absurd_readings_are_measured_again_never_returned(
     assert timer.injected >= 5
     for col in (p.fwd_s, p.bwd_input_s[1:], p.bwd_weight_s):
         assert all(math.isfinite(t) and 0 < t < 1.0 for t in col)
+
+
+class BusyHost(VirtualDevice):
+    """A virtual device whose host is busy elsewhere during some forward operations: they overrun
+    their padded budget (what seven emulated peers on two cores do to each other)."""
+
+    def __init__(self, *args, busy_forwards, stall_s, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.busy_forwards, self.stall_s, self.forwards = set(busy_forwards), stall_s, 0
+
+    @contextlib.contextmanager
+    def op(self, phase, flops):
+        with super().op(phase, flops):
+            yield
+            if phase == "F" and flops > 0:
+                self.forwards += 1
+                if self.forwards in self.busy_forwards:
+                    time.sleep(self.stall_s)
+
+
+def test_a_repetition_the_host_could_not_keep_up_with_is_measured_again(layers, one_thread):
+    clean = profile_layers(layers, SHAPE, device=VirtualDevice(0.002), warmup=1, reps=3)
+    budget = max(clean.fwd_s)
+    # the first padded layer's three measured forwards (its warm-up is forward 1) all stall
+    busy = BusyHost(0.002, busy_forwards=[2, 3, 4, 5, 6], stall_s=3 * budget)
+    p = profile_layers(layers, SHAPE, device=busy, warmup=1, reps=3)
+    assert busy.stats().overruns >= 5
+    assert max(b / a for a, b in zip(clean.fwd_s, p.fwd_s)) < 1.5, (clean.fwd_s, p.fwd_s)
+    # a host that never keeps up: the last try counts, nothing raises
+    stuck = BusyHost(0.002, busy_forwards=range(1, 1000), stall_s=2 * budget)
+    p = profile_layers(layers, SHAPE, device=stuck, warmup=1, reps=2, max_retries=1)
+    assert stuck.forwards == 3 * 5  # three padded layers: a warm-up and two repetitions tried twice
+    assert sum(b / a > 1.5 for a, b in zip(clean.fwd_s, p.fwd_s)) == 3  # the stalls are in the profile
 
 
 def test_a_device_that_never_gives_a_sane_reading_raises_instead_of_publishing(layers, tmp_path):

@@ -280,6 +280,10 @@ def main_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = main_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    if args.cmd in ("swarm", "bench"):
+        from . import zygote
+
+        zygote.prestart()  # it imports torch and hivemind while this process imports its own modules
     from ._hivemind_lite import install
 
     install()

@@ -1,8 +1,10 @@
 """Launching peer processes on this machine: ``spantrain swarm`` and the tests use this.
 
-Each peer is a real ``spantrain-peer`` process (``python -m spantrain_p2p peer``) with its own
-log file; the launcher only starts processes and reads what they report, it coordinates nothing.
-Peers get SIGTERM if the launcher dies, and ``stop`` escalates to SIGKILL, so none is left behind.
+Each peer is a real ``spantrain-peer`` process with its own log file, forked by this launcher's
+zygote (``zygote.py``: torch and hivemind imported once; ``SPANTRAIN_ZYGOTE=0`` starts each peer as
+``python -m spantrain_p2p peer`` instead). The launcher only starts processes and reads what they
+report, it coordinates nothing. Peers get SIGTERM if the launcher dies, and ``stop`` escalates to
+SIGKILL, so none is left behind.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
+
+from . import zygote
 
 _PR_SET_PDEATHSIG = 1
 
@@ -29,7 +33,7 @@ class PeerProcess:
     name: str
     args: list[str]
     run_dir: str
-    proc: Optional[subprocess.Popen] = None
+    proc: Optional[Union[subprocess.Popen, zygote.ForkedPeer]] = None
     info: dict = field(default_factory=dict)
 
     @property
@@ -43,7 +47,14 @@ class PeerProcess:
     def start(self) -> "PeerProcess":
         if os.path.exists(self.ready_file):
             os.remove(self.ready_file)
-        cmd = [sys.executable, "-m", "spantrain_p2p", "peer", "--ready-file", self.ready_file, *self.args]
+        argv = ["--ready-file", self.ready_file, *self.args]
+        if zygote.enabled():
+            try:
+                self.proc = zygote.shared().spawn(argv, self.log_file)
+                return self
+            except zygote.ZygoteError as e:
+                print(f"spantrain: {e}; starting peer {self.name} as a new process", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "spantrain_p2p", "peer", *argv]
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,

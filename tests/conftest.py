@@ -4,6 +4,7 @@ import subprocess
 
 import pytest
 
+from spantrain_p2p import zygote
 from spantrain_p2p.launch import PeerProcess
 
 
@@ -29,9 +30,13 @@ def _children(pid: int) -> list[int]:
 
 @pytest.fixture(autouse=True, scope="session")
 def no_process_left_behind():
-    """At the end of the session, no child of the test process may still run (p2pd included)."""
+    """At the end of the session, no child of the test process (nor of its zygote) may still run."""
     yield
-    left = [c for c in _children(os.getpid())]
+    z = zygote.existing()  # peers forked by the test process's zygote are its children, not ours
+    left = _children(z.pid) if z is not None and z.pid is not None else []
+    if z is not None:
+        z.close()
+    left += _children(os.getpid())
     for c in left:
         try:
             os.kill(c, signal.SIGKILL)

@@ -815,11 +815,13 @@ class Trainer:
                 self.step = step
                 t0 = time.time()
                 result = await executor.run_step(step, actions)
+                t_pipe = time.time()
                 loss_sum, loss_count = sum(result.losses), len(result.losses)
                 if len(self._replicas) > 1:
                     total = await self._sum_gradients(step, params, (loss_sum, loss_count) if nxt is None else None)
                     if total is not None:
                         loss_sum, loss_count = total
+                t_sum = time.time()
                 if self.opts.dump_grads_dir and step == self.opts.dump_step:
                     self._dump_grads(layers, first, step)
                 opt.step()
@@ -835,10 +837,16 @@ class Trainer:
                 if loss_count:
                     self.loss_sums[step] = (loss_sum, loss_count, smap.epoch)
                     self.losses[step] = loss_sum / loss_count
-                    log.info("step %d: loss %.4f (%.2fs)", step, self.losses[step], t1 - t0)
                 self.step = step + 1
                 self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
                 self._snapshot(layers, opt, first, self.step)
+                t2 = time.time()
+                parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient sum "
+                         f"{t_sum - t_pipe:.3f}, optimizer {t1 - t_sum:.3f}, snapshot {t2 - t1:.3f}")
+                if loss_count:
+                    log.info("step %d: loss %.4f (%s)", step, self.losses[step], parts)
+                else:
+                    log.debug("step %d (%s)", step, parts)
                 if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
                     self._checkpoint(layers, opt, first, last)
         finally:

@@ -26,6 +26,7 @@ def test_a_bandwidth_drop_in_a_trace_is_seen_by_the_passive_estimate(peers):
     for p in rest:
         p.wait_ready(60)
     wait_until(lambda: all(p.status()["state"] == "training" for p in everyone), t_drop - 5 - (time.monotonic() - t0))
+    training_at = time.monotonic() - t0
 
     def level_and_fall(samples):
         """(the link's estimate before the drop, when it first fell below half of that) or Nones."""
@@ -62,4 +63,5 @@ def test_a_bandwidth_drop_in_a_trace_is_seen_by_the_passive_estimate(peers):
     assert delays and min(delays) <= 10.0 and max(delays) <= 12.0, delays  # a loaded CI box; figures: the print
     print(f"\nbandwidth drop seen after {', '.join(f'{d:.2f}s' for d in delays)} on {len(delays)} cross-region link(s); "
           f"estimates {seen_until - t_drop:.0f} s after it: {', '.join(f'{m:.1f}' for m in last)} Mbit/s "
-          f"(the link: {s.link_classes[rl.link].mbps * rl.trace[1][1]:g})")
+          f"(the link: {s.link_classes[rl.link].mbps * rl.trace[1][1]:g}); all peers training {training_at:.1f} s "
+          f"after the start, {t_drop - training_at:.1f} s before the drop")

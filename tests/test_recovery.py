@@ -1,4 +1,5 @@
 """Training through churn: a stage peer or the planner is SIGKILLed mid-run; nothing is lost."""
+import concurrent.futures
 import functools
 import json
 import subprocess
@@ -13,15 +14,19 @@ STEPS = 60
 
 
 @functools.lru_cache(maxsize=1)
-def _reference_losses() -> tuple[float, ...]:
+def _reference_losses() -> concurrent.futures.Future:
     """The single-process losses of the default job, once for every test here: a step's loss
-    does not depend on how many steps the run has (the batch of a step is (seed, step, index))."""
-    ref, _ = reference_run(JobSpec(steps=300), 300)
-    return tuple(ref)
+    does not depend on how many steps the run has (the batch of a step is (seed, step, index)).
+    Computed in a thread (~15 s here) while the first test's swarm runs, which mostly waits."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reference")
+    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=300), 300)[0]))
+    pool.shutdown(wait=False)
+    return future
 
 
 @pytest.mark.parametrize("victim", ["worker", "planner"])
 def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
+    reference = _reference_losses()
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
                         "--steps", str(STEPS), "--chaos", f"kill:{victim}@step=20", "--json",
                         "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=400)
@@ -35,7 +40,7 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
     assert all(killed not in s["peers"] for s in out["plans"][-1]["stages"])
     if victim == "planner":
         assert out["plans"][-1]["term"] > out["plans"][0]["term"]
-    ref = _reference_losses()[:STEPS]
+    ref = reference.result()[:STEPS]
     worst = max(abs(a - b) / b for a, b in zip(out["losses"], ref))
     assert worst <= 1e-3, worst
     print(f"\nkill:{victim} ({killed}) at step {event['step']}: recovered in {event['recovery_s']}s, "
@@ -44,6 +49,7 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
 
 def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(tmp_path):
     steps = 300  # lan-4 runs ~10 steps a second: the joiners are measured and planned in before the end
+    reference = _reference_losses()
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
                         "--steps", str(steps), "--chaos", "join:p2@step=5", "--chaos", "join:p3@step=5", "--json",
                         "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=400)
@@ -54,7 +60,7 @@ def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(
     used = {p for s in last["stages"] for p in s["peers"]}
     assert {"p2", "p3"} <= used and not {"p2", "p3"} & {p for s in first["stages"] for p in s["peers"]}
     assert out["replans"] >= 1 and all(e.get("recovery_s") is not None for e in out["events"]), out["events"]
-    ref = _reference_losses()[:steps]
+    ref = reference.result()[:steps]
     worst = max(abs(a - b) / b for a, b in zip(out["losses"], ref))
     assert worst <= 1e-3, worst  # the newcomers started from the swarm's state, not from scratch
     print(f"\n2 joiners at step 5: used from epoch {last['epoch']} ({len(used)} peers), "

@@ -295,16 +295,18 @@ def _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max
     """Median F, B, W seconds of one layer. A repetition with a bad reading is run again, and so is
     one in which the virtual device overran its budget (the host CPU, shared with the other peers
     of an emulated swarm, did not keep up: that reading is the host's, not the device's), after a
-    short pause, at most ``max_retries`` times; the last try counts whatever it reads."""
+    short pause, at most ``max_retries`` times for the layer; then a try counts whatever it reads."""
     params = [p for p in layer.parameters() if p.requires_grad]
     readings: list[tuple[float, float, float]] = []
+    retries = max_retries  # for the whole layer: a device this host can never keep up with costs little
     for rep in range(warmup + reps):
-        for retry in range(max_retries + 1):
+        while True:
             overruns = device.stats().overruns if device is not None else 0
             r = _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer)
-            if rep < warmup or device is None or retry == max_retries or device.stats().overruns == overruns:
+            if rep < warmup or device is None or retries == 0 or device.stats().overruns == overruns:
                 break
-            time.sleep(OVERRUN_PAUSE_S * (retry + 1))
+            retries -= 1
+            time.sleep(OVERRUN_PAUSE_S * (max_retries - retries))
         if rep >= warmup:
             readings.append(tuple(0.0 if v is None else v for v in r))
     return tuple(statistics.median(col) for col in zip(*readings))

@@ -5,8 +5,9 @@ backward to the layer's input (B: ``torch.autograd.grad`` w.r.t. the input activ
 backward to its weights (W: ``autograd.grad`` w.r.t. its parameters, a separate pass as the zero-bubble
 executor runs it). It warms up, repeats, and keeps the median. With a ``VirtualDevice`` each operation
 runs through it, so the times are the emulated device's; the profiler never reads a scenario. A
-repetition in which the virtual device overran its budget (the host could not keep up) is measured
-again after a short pause: on a shared host that reading is the host's load, not the device.
+repetition in which the virtual device was late (the host could not keep up) is left out
+of the median while a few more repetitions can replace it: on a shared host that reading is the
+host's load, not the device.
 
 Layer contract (see ``train/model.py``): the first layer takes token ids ``LongTensor [B, T]`` (zeros
 unless ``inputs`` is given), the last one ``(activation, targets)`` and returns a scalar loss.
@@ -292,24 +293,29 @@ def profile_layers(
 
 
 def _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max_op_s, timer):
-    """Median F, B, W seconds of one layer. A repetition with a bad reading is run again, and so is
-    one in which the virtual device overran its budget (the host CPU, shared with the other peers
-    of an emulated swarm, did not keep up: that reading is the host's, not the device's), after a
-    short pause, at most ``max_retries`` times for the layer; then a try counts whatever it reads."""
+    """Median F, B, W seconds of one layer over ``reps`` repetitions. A repetition with a bad
+    reading is run again. With a virtual device, a repetition with a late operation (it overran
+    its budget, or its padding woke up late: the host CPU, shared with the other peers of an
+    emulated swarm, did not keep up, so the reading is the host's, not the device's; see
+    ``virtual.LATE_TOLERANCE``) does not count while up to ``max_retries`` more
+    repetitions can replace it; the median is over the ones that kept up, or over all of them if
+    none did (a device this host can never keep up with)."""
     params = [p for p in layer.parameters() if p.requires_grad]
-    readings: list[tuple[float, float, float]] = []
-    retries = max_retries  # for the whole layer: a device this host can never keep up with costs little
-    for rep in range(warmup + reps):
-        while True:
-            overruns = device.stats().overruns if device is not None else 0
-            r = _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer)
-            if rep < warmup or device is None or retries == 0 or device.stats().overruns == overruns:
-                break
-            retries -= 1
-            time.sleep(OVERRUN_PAUSE_S * (max_retries - retries))
-        if rep >= warmup:
-            readings.append(tuple(0.0 if v is None else v for v in r))
-    return tuple(statistics.median(col) for col in zip(*readings))
+    for _ in range(warmup):
+        _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer)
+    kept, overran = [], []
+    tries = reps + (max_retries if device is not None else 0)
+    while tries > 0 and len(kept) < reps:
+        tries -= 1
+        before = device.stats().late if device is not None else 0
+        r = tuple(0.0 if v is None else v for v in
+                  _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer))
+        if device is None or device.stats().late == before:
+            kept.append(r)
+        else:
+            overran.append(r)
+            time.sleep(OVERRUN_PAUSE_S)
+    return tuple(statistics.median(col) for col in zip(*(kept or overran)))
 
 
 def _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer):

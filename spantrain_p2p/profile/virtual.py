@@ -32,6 +32,10 @@ import torch
 from torch import nn
 
 PHASES = ("F", "B", "W")  # forward, backward to the input (B), backward to the weights (W)
+# An operation is late when it held the device longer than its budget by more than 3 % + 0.1 ms:
+# it overran, or the padding woke up late because the host's cores were busy elsewhere. Either
+# way its time is the host's, not the device's (the profiler measures such a repetition again).
+LATE_TOLERANCE = (0.03, 1e-4)
 
 Clock = Callable[[], float]
 
@@ -50,6 +54,7 @@ class PhaseStats:
     ops: int = 0  # operations run in this phase
     unpadded_ops: int = 0  # with zero FLOPs: nothing to pad to
     overruns: int = 0  # real time above the budget
+    late: int = 0  # busy time above the budget by more than LATE_TOLERANCE: overruns, late wake-ups
     flops: float = 0.0
     real_s: float = 0.0  # CPU time of the operations themselves
     busy_s: float = 0.0  # time the device was busy, padding included
@@ -73,6 +78,10 @@ class DeviceStats:
         return sum(p.overruns for p in self.phases.values())
 
     @property
+    def late(self) -> int:
+        return sum(p.late for p in self.phases.values())
+
+    @property
     def flops(self) -> float:
         return sum(p.flops for p in self.phases.values())
 
@@ -86,7 +95,8 @@ class DeviceStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "ops": self.ops, "padded_ops": self.padded_ops, "overruns": self.overruns, "flops": self.flops,
+            "ops": self.ops, "padded_ops": self.padded_ops, "overruns": self.overruns, "late": self.late,
+            "flops": self.flops,
             "real_s": self.real_s, "busy_s": self.busy_s,
             "fidelity": 1.0 - self.overruns / self.padded_ops if self.padded_ops else 1.0,
             "phases": {k: vars(v).copy() for k, v in self.phases.items()},
@@ -162,9 +172,12 @@ class VirtualDevice:
             s.busy_s += busy
             if budget <= 0:
                 s.unpadded_ops += 1
-            elif real > budget:
+                return
+            if real > budget:
                 s.overruns += 1
                 s.worst_overrun = max(s.worst_overrun, real / budget)
+            if busy > budget * (1 + LATE_TOLERANCE[0]) + LATE_TOLERANCE[1]:
+                s.late += 1
 
     def run(self, fn: Callable[..., Any], *args: Any, flops: float, phase: str = "F", **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` as one padded operation; returns its result."""

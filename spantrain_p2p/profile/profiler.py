@@ -229,6 +229,7 @@ def profile_layers(
     inputs: Optional[torch.Tensor] = None,
     targets: Optional[torch.Tensor] = None,
     timer: Callable[[], float] = time.perf_counter,
+    report: Optional[dict] = None,
 ) -> DeviceProfile:
     """Measures F, B and W seconds per layer at ``input_shape = (micro_batch, seq_len)``.
 
@@ -236,7 +237,9 @@ def profile_layers(
     ``cache_dir``: read/write the profile there (None: no cache). ``fingerprint``: the model's
     identity for the cache (default: ``model_fingerprint(layers)``). ``inputs`` / ``targets``: the
     first layer's input and the loss head's targets (default: zeros, a valid token id for any vocab).
-    ``timer`` is injectable for tests. Blocking and CPU-bound: call it through ``asyncio.to_thread``.
+    ``timer`` is injectable for tests. ``report``, if given, receives ``late_layers``: the layers
+    whose every repetition was late on the virtual device (their times are the host's load).
+    Blocking and CPU-bound: call it through ``asyncio.to_thread``.
     """
     if not layers or not all(isinstance(m, nn.Module) for m in layers):
         raise ValueError("profile_layers wants a non-empty list of nn.Module")
@@ -257,7 +260,7 @@ def profile_layers(
     flop_cache = flop_cache if flop_cache is not None else FlopCache()
     ids = inputs if inputs is not None else torch.zeros(shape, dtype=torch.long)
     tgt = targets if targets is not None else torch.zeros(shape, dtype=torch.long)
-    fwd, bwd_in, bwd_w, total_flops = [], [], [], 0.0
+    fwd, bwd_in, bwd_w, total_flops, late_layers = [], [], [], 0.0, []
     was_training = [m.training for m in layers]
     t_start = time.perf_counter()
     try:
@@ -269,7 +272,10 @@ def profile_layers(
             args = (x, tgt) if last else (x,)
             flops = flop_cache.phase_flops(layer, args)
             total_flops += flops.total
-            f, b, w = _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max_op_s, timer)
+            (f, b, w), kept_any = _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max_op_s,
+                                                 timer)
+            if not kept_any:
+                late_layers.append(i)
             fwd.append(f)
             bwd_in.append(b)
             bwd_w.append(w)
@@ -279,6 +285,8 @@ def profile_layers(
     finally:
         for m, t in zip(layers, was_training):
             m.train(t)
+    if report is not None:
+        report["late_layers"] = late_layers
     total_s = sum(fwd) + sum(bwd_in) + sum(bwd_w)
     mem = device.memory_bytes if device is not None and device.memory_bytes is not None else usable_memory_bytes()
     profile = DeviceProfile(fwd, bwd_in, bwd_w, min(mem, MAX_MEMORY_BYTES), total_flops / total_s / 1e12)
@@ -293,7 +301,8 @@ def profile_layers(
 
 
 def _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max_op_s, timer):
-    """Median F, B, W seconds of one layer over ``reps`` repetitions. A repetition with a bad
+    """(median F, B, W seconds of one layer over ``reps`` repetitions, whether any repetition kept
+    up with the virtual device). A repetition with a bad
     reading is run again. With a virtual device, a repetition with a late operation (it overran
     its budget, or its padding woke up late: the host CPU, shared with the other peers of an
     emulated swarm, did not keep up, so the reading is the host's, not the device's; see
@@ -315,7 +324,7 @@ def _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max
         else:
             overran.append(r)
             time.sleep(OVERRUN_PAUSE_S)
-    return tuple(statistics.median(col) for col in zip(*(kept or overran)))
+    return tuple(statistics.median(col) for col in zip(*(kept or overran))), bool(kept)
 
 
 def _valid_rep(i, layer, args, params, flops, device, max_retries, max_op_s, timer):

@@ -39,7 +39,6 @@ from . import state as layer_state
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .optim import make_optimizer
 
-PROFILE_LATE_LIMIT = 0.05  # a profile with more late operations is measured again (see _measure)
 log = logging.getLogger("spantrain.train")
 
 RECORD_TTL_S = 600.0
@@ -383,42 +382,43 @@ class Trainer:
         from ..swarm import measure
 
         job = self.job
-        # measure a settled swarm: peers still starting up (importing torch) would steal the CPU
+        # measure a settled swarm: peers still starting up (their daemons, DHT nodes) would steal the CPU
         while len(self.peer.live_members()) < job.peers:
             await asyncio.sleep(0.5)
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(1.0)
         layers = self.handle.build(0, self.handle.num_layers)
         inputs, targets = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
 
         async def profile(cache_dir):
-            dev = self.peer.device
+            dev, report = self.peer.device, {}
             before = dev.stats() if dev is not None else None
             self.profile = await asyncio.to_thread(
                 profile_layers, layers, (job.micro_batch_size, job.seq_len), device=dev, cache_dir=cache_dir,
-                fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}", inputs=inputs, targets=targets)
+                fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}", inputs=inputs, targets=targets,
+                report=report)
             if before is None:
-                return 0.0, 0.0
+                return [], 0.0
             after = dev.stats()
             budget_s = (after.flops - before.flops) / dev.flops_per_s
-            return ((after.late - before.late) / max(1, after.padded_ops - before.padded_ops),
-                    (after.real_s - before.real_s) / budget_s if budget_s > 0 else 0.0)
+            return report.get("late_layers", []), (after.real_s - before.real_s) / budget_s if budget_s > 0 else 0.0
 
         late, load = await profile(self.opts.profile_cache_dir)
-        # A virtual device that was often late while every peer profiled at once measured the shared
-        # host's load: it says so (others do not probe yet), profiles again once all have profiled.
-        # (Not a device this host can never keep up with: its CPU time is a multiple of the budget.)
-        again = late > PROFILE_LATE_LIMIT and load < 3.0
+        # Layers whose every repetition was late measured the host's load (all peers profile at
+        # once on shared cores), unless this host can never keep up with the device (its CPU time
+        # is a multiple of the budget): say so (others do not probe yet), profile again once all
+        # have profiled.
+        again = bool(late) and load < 3.0
         await measure.publish(self.peer, measure.PROFILES, {"profile": self.profile.to_dict(), "tflops": self._tflops(),
                                                             "job": job.job_id, "provisional": again})
         if again:
-            log.info("%.0f %% of the profile's operations were late for the device's budget (a busy host): profiling "
-                     "again once every peer has profiled", late * 100)
+            log.info("layer(s) %s never kept up with the device's budget (a busy host): profiling again once every "
+                     "peer has profiled", late)
             await self._wait_published(measure.PROFILES, {r.peer_id for r in self.peer.live_members()}, 30.0)
             late, _ = await profile(None)
             await measure.publish(self.peer, measure.PROFILES,
                                   {"profile": self.profile.to_dict(), "tflops": self._tflops(), "job": job.job_id})
-        log.info("device profile published: %.4g TFLOP/s, %.1f ms per micro-batch through the whole model "
-                 "(%.0f %% of operations late)", self._tflops(), self.profile.total_s * 1e3, late * 100)
+        log.info("device profile published: %.4g TFLOP/s, %.1f ms per micro-batch through the whole model%s",
+                 self._tflops(), self.profile.total_s * 1e3, f" (layers {late} never kept up)" if late else "")
         self.peer.spawn(self._probe_loop(), "probe-links")
         await self.measured.wait()
 

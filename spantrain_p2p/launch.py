@@ -438,7 +438,10 @@ class RunFollower:
                 last_line, last_print = line, time.monotonic()
             if finished:
                 return {"statuses": sts}
-            time.sleep(0.3)
+            # each poll asks every peer for its status: on a shared machine that is CPU the training
+            # peers miss, so poll often only while a chaos event, recovery or re-plan is being timed
+            busy = self.chaos or self.pending_recovery or self.pending_replan
+            time.sleep(0.3 if busy else 1.0)
 
 
 def describe_plan(plan: dict) -> str:

@@ -407,16 +407,18 @@ class Trainer:
         # once on shared cores), unless this host can never keep up with the device (its CPU time
         # is a multiple of the budget): say so (others do not probe yet), profile again once all
         # have profiled.
+        async def publish(provisional: bool):
+            await measure.publish(self.peer, measure.PROFILES, {"profile": self.profile.to_dict(), "job": job.job_id,
+                                                                "tflops": self._tflops(), "provisional": provisional})
+
         again = bool(late) and load < 3.0
-        await measure.publish(self.peer, measure.PROFILES, {"profile": self.profile.to_dict(), "tflops": self._tflops(),
-                                                            "job": job.job_id, "provisional": again})
+        await publish(again)
         if again:
             log.info("layer(s) %s never kept up with the device's budget (a busy host): profiling again once every "
                      "peer has profiled", late)
             await self._wait_published(measure.PROFILES, {r.peer_id for r in self.peer.live_members()}, 30.0)
             late, _ = await profile(None)
-            await measure.publish(self.peer, measure.PROFILES,
-                                  {"profile": self.profile.to_dict(), "tflops": self._tflops(), "job": job.job_id})
+            await publish(False)
         log.info("device profile published: %.4g TFLOP/s, %.1f ms per micro-batch through the whole model%s",
                  self._tflops(), self.profile.total_s * 1e3, f" (layers {late} never kept up)" if late else "")
         self.peer.spawn(self._probe_loop(), "probe-links")
@@ -865,13 +867,14 @@ class Trainer:
                 self.step = step + 1
                 self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
                 self._snapshot(layers, opt, first, self.step)
-                t2 = time.time()
-                parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient sum "
-                         f"{t_sum - t_pipe:.3f}, optimizer {t1 - t_sum:.3f}, snapshot {t2 - t1:.3f}")
-                if loss_count:
-                    log.info("step %d: loss %.4f (%s)", step, self.losses[step], parts)
-                else:
-                    log.debug("step %d (%s)", step, parts)
+                if loss_count or log.isEnabledFor(logging.DEBUG):
+                    t2 = time.time()
+                    parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient "
+                             f"sum {t_sum - t_pipe:.3f}, optimizer {t1 - t_sum:.3f}, snapshot {t2 - t1:.3f}")
+                    if loss_count:
+                        log.info("step %d: loss %.4f (%s)", step, self.losses[step], parts)
+                    else:
+                        log.debug("step %d (%s)", step, parts)
                 if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
                     self._checkpoint(layers, opt, first, last)
         finally:

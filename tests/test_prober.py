@@ -81,13 +81,18 @@ async def test_pings_less_a_baseline_ping_to_our_own_server_leave_the_link_alone
         raw = await ping_link(client, srv.url, "peer-metro", emu, count=12)
         paired = await ping_link(client, srv.url, "peer-metro", emu, count=12, gap_s=0.002, min_s=0.2,
                                  baseline_url=own.url)
+        around = await ping_link(client, srv.url, "peer-metro", emu, count=12, gap_s=0.002, min_s=0.2,
+                                 baseline_url=own.url, around_emulator=True)
     finally:
         await own.stop()
-    assert len(raw) == 12 and 12 <= len(paired) <= 48, (raw, paired)
+    assert len(raw) == 12 and 12 <= len(paired) <= 48 and 12 <= len(around) <= 48, (raw, paired, around)
     print(f"\nFIGURE 5 ms link: raw median {statistics.median(raw) * 1e3:.3f} ms, "
-          f"less our own stack's round trip {paired_rtt(paired) * 1e3:.3f} ms")
-    # in one process the "remote" server shares our loop, so its time is taken off twice: a bit low
-    assert paired_rtt(paired) == pytest.approx(0.005, rel=0.25)
+          f"less our own stack's round trip {paired_rtt(paired) * 1e3:.3f} ms, "
+          f"less the same server's unshaped round trip {paired_rtt(around) * 1e3:.3f} ms")
+    # with a baseline the emulator does not take the loopback's round trip off the link's ping
+    # as well (it did before: 3.7-4.5 ms, a CI run failed on it)
+    assert paired_rtt(paired) == pytest.approx(0.005, rel=0.2)
+    assert paired_rtt(around) == pytest.approx(0.005, rel=0.2)
 
 
 async def test_pinging_several_links_in_rounds_gives_each_its_samples_and_drops_a_dead_one(probe_server):
@@ -109,9 +114,9 @@ async def test_pinging_several_links_in_rounds_gives_each_its_samples_and_drops_
     assert statistics.median(found["peer-wan"]) == pytest.approx(0.040, rel=0.1)
 
 
-def test_paired_rtt_is_a_little_under_the_median_and_shrugs_off_stalls():
+def test_paired_rtt_is_the_median_and_shrugs_off_stalls_either_way():
     assert paired_rtt([0.005] * 10 + [0.4, -0.3]) == pytest.approx(0.005)
-    assert paired_rtt([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == pytest.approx(3.0)
+    assert paired_rtt([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == pytest.approx(3.5)
     with pytest.raises(ValueError):
         paired_rtt([])
 

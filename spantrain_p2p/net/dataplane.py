@@ -164,17 +164,19 @@ class DataPlaneClient:
 
     async def send(
         self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
-        link=None,
+        link=None, compensate: bool = True,
     ) -> tuple[dict, list[memoryview]] | None:
         """Posts one frame; the reply frame, or None if the peer had nothing to say.
 
         ``link`` (an ``emulator.EmulatedLink``) shapes the exchange like a wide-area link: the body
         leaves at the link's rate after its delay, the reply comes back likewise. ``timeout`` bounds
-        the whole exchange, emulated time included.
+        the whole exchange, emulated time included. ``compensate=False`` keeps the real loopback
+        transport's own round trip on top of the emulated one (the emulator leaves it out by default):
+        for a caller that takes off a baseline of its own, like the prober's paired pings.
         """
         chunks = framing.encode(header, buffers)
         size = framing.frame_size(chunks)
-        ex = link.exchange() if link is not None else None
+        ex = link.exchange(compensate) if link is not None else None
 
         async def plain_body():
             for c in chunks:

@@ -189,9 +189,9 @@ class EmulatedLink:
                 await engine.finish()  # the last byte arrives one propagation delay after it left
             yield p
 
-    def exchange(self) -> "Exchange":
+    def exchange(self, compensate: bool = True) -> "Exchange":
         """A request/reply through this link: see ``Exchange``."""
-        return Exchange(self)
+        return Exchange(self, compensate)
 
     async def transmit(self, nbytes: int) -> None:
         """Sleeps as long as sending ``nbytes`` on this link takes (serialization, then the delay)."""
@@ -210,8 +210,11 @@ class EmulatedLink:
 class Exchange:
     """One request and its reply through an emulated link (see the module docstring)."""
 
-    def __init__(self, link: EmulatedLink):
+    def __init__(self, link: EmulatedLink, compensate: bool = True):
         self.link = link
+        # False: the real loopback time is left out of neither trip (the client's work before the
+        # body and the reply's transport both come on top of the emulated delays)
+        self.compensate = compensate
         self._created = link.emulator.clock()
         self._released: Optional[float] = None  # when the request's last byte was released
         self._headers: Optional[float] = None  # when the reply's headers arrived
@@ -219,7 +222,7 @@ class Exchange:
 
     async def body(self, chunks: Iterable[Union[bytes, memoryview]]) -> AsyncIterator[Union[bytes, memoryview]]:
         """The request body, paced (``EmulatedLink.paced``)."""
-        async for piece in self.link.paced(chunks, sent_at=self._created):
+        async for piece in self.link.paced(chunks, sent_at=self._created if self.compensate else None):
             yield piece
         self._released = self.link.emulator.clock()
 
@@ -233,7 +236,7 @@ class Exchange:
     async def reply_done(self, nbytes: int) -> None:
         """Call when the reply (``nbytes``, 0 if none) has been read: waits out its emulated trip back."""
         read_s = self.link.emulator.clock() - self._headers if self._headers is not None else 0.0
-        await self.link.after_reply(nbytes, overlap_s=self._floor + read_s)
+        await self.link.after_reply(nbytes, overlap_s=self._floor + read_s if self.compensate else 0.0)
 
 
 class _Transfer:

@@ -148,16 +148,11 @@ def _robust_rtt(samples: Sequence[float]) -> float:
 
 def paired_rtt(samples: Sequence[float]) -> float:
     """The RTT from ``ping_link(baseline_url=...)`` samples (link ping less baseline ping): their
-    40th percentile. The differences scatter both ways (a burst of load here delays either ping);
-    load on the far side only ever delays the link's ping and our baseline cannot see it, so a
-    little under the median."""
-    xs = sorted(samples)
-    if not xs:
+    median. The differences scatter both ways: a burst of load delays either ping, and the
+    baseline's own noise comes out negative."""
+    if not samples:
         raise ValueError("paired_rtt: no samples")
-    i = 0.4 * (len(xs) - 1)
-    lo = int(i)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+    return statistics.median(samples)
 
 
 async def _ping(send: Callable[[dict, Sequence[Any]], Any], seq: int, clock: Callable[[], float]) -> float:
@@ -178,12 +173,16 @@ async def _pings(send: Callable[[dict, Sequence[Any]], Any], count: int, into: l
             into.append(dt)
 
 
-def _sender(client: "DataPlaneClient", url: str, link: Any, deadline: float, clock: Callable[[], float]):
+def _sender(client: "DataPlaneClient", url: str, link: Any, deadline: float, clock: Callable[[], float],
+            compensate: bool = True):
     async def send(header: dict, buffers: Sequence[Any]) -> Any:
         left = deadline - clock()
         if left <= 0:
             raise asyncio.TimeoutError()
-        return await client.send(url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left, link=link)
+        if link is None:
+            return await client.send(url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left)
+        return await client.send(url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left, link=link,
+                                 compensate=compensate)
     return send
 
 
@@ -198,6 +197,7 @@ async def ping_link(
     gap_s: float = 0.0,
     min_s: float = 0.0,
     baseline_url: Optional[str] = None,
+    around_emulator: bool = False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     """Only the RTT samples (seconds) of the link to ``dst_name``, for a swarm that pings in a quiet
@@ -212,9 +212,13 @@ async def ping_link(
     moment: 0.6 ms when quiet, several when busy on this 2-core box, more than a 1 ms datacenter
     link) is not the link's. (Taking off only what load added to the baseline, its excess over the
     quickest one, read 1 ms links as 1.7-2.5 ms and 5 ms links 6-9 % high on cee-3region.) Such
-    differences scatter both ways: read them with ``paired_rtt``, not ``_robust_rtt``."""
+    differences scatter both ways: read them with ``paired_rtt``, not ``_robust_rtt``. With either
+    baseline the emulator keeps the loopback's own round trip in the link's ping (``compensate``),
+    or it would be taken off twice (5 ms links read 4.2-4.5 ms). ``around_emulator``: see
+    ``ping_links``."""
     found = await ping_links(client, [(dst_name, url)], emulator, count, deadline_s, gap_s=gap_s, min_s=min_s,
-                             ping_timeout_s=deadline_s, baseline_url=baseline_url, clock=clock)
+                             ping_timeout_s=deadline_s, baseline_url=baseline_url,
+                             around_emulator=around_emulator, clock=clock)
     return found[dst_name]
 
 
@@ -229,6 +233,7 @@ async def ping_links(
     min_s: float = 0.0,
     ping_timeout_s: float = 2.0,
     baseline_url: Optional[str] = None,
+    around_emulator: bool = False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, list[float]]:
     """``ping_link`` for several ``(dst_name, url)`` targets at once: rounds of one ping to each
@@ -236,18 +241,29 @@ async def ping_links(
     ``count`` rounds, more (up to 4 x ``count``) until ``min_s`` have passed. A whole swarm's pings take about ``count`` times the sum of the RTTs,
     instead of one ``min_s`` per target. A target that fails or does not answer within
     ``ping_timeout_s`` drops out of the rounds with the samples it gave; ``baseline_url`` as in
-    ``ping_link``. Returns the samples per target name."""
+    ``ping_link``. Returns the samples per target name.
+
+    ``around_emulator`` (with an ``emulator``): the baseline ping goes to the same target around
+    the emulator, over the real loopback path the emulated link rides on, instead of to
+    ``baseline_url``. Each sample is then the link's ping less the same peer's unshaped ping right
+    after it: what the link adds, with both peers' HTTP stacks and the far side's load (which a
+    ping to our own server cannot see: a 1 ms link read 1.2-1.5 ms while seven peers pinged at once)
+    taken off. On real links (no emulator) there is no such path: use ``baseline_url``."""
     if count < 1 or deadline_s <= 0 or gap_s < 0 or ping_timeout_s <= 0:
         raise ValueError("ping_links: need count >= 1, deadline_s > 0, gap_s >= 0, ping_timeout_s > 0")
     t0 = clock()
     deadline = t0 + deadline_s
     out: dict[str, list[float]] = {name: [] for name, _ in targets}
     base: dict[str, list[float]] = {name: [] for name, _ in targets}
+    around = around_emulator and emulator is not None
+    base_send = _sender(client, baseline_url, None, deadline, clock) if baseline_url and not around else None
+    base_senders = {name: _sender(client, url, None, deadline, clock) for name, url in targets} if around else {}
+    paired = around or base_send is not None
     senders = {}
     for name, url in targets:
         link = emulator.link_for(name) if emulator is not None else None
-        senders[name] = _sender(client, url, link, deadline, clock)
-    base_send = _sender(client, baseline_url, None, deadline, clock) if baseline_url else None
+        # with a baseline, the emulator must not also leave out the loopback's own round trip
+        senders[name] = _sender(client, url, link, deadline, clock, compensate=not paired)
     live = list(senders)
     seq = -1
     first = True
@@ -267,8 +283,9 @@ async def ping_links(
                 try:
                     left = min(ping_timeout_s, deadline - clock())
                     dt = await asyncio.wait_for(_ping(senders[name], seq, clock), max(0.0, left))
-                    if base_send is not None:
-                        b = await asyncio.wait_for(_ping(base_send, seq, clock), max(0.0, left))
+                    if paired:
+                        b = await asyncio.wait_for(_ping(base_senders.get(name, base_send), seq, clock),
+                                                   max(0.0, left))
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # noqa: BLE001 - the full probe later says what is wrong with the link
@@ -276,9 +293,9 @@ async def ping_links(
                     break
                 if seq:  # the first round sets up the connections and is not counted
                     out[name].append(dt)
-                    if base_send is not None:
+                    if paired:
                         base[name].append(b)
-    if base_send is not None:
+    if paired:
         # each link ping less the baseline ping right after it: a burst of load delays both
         return {name: [r - b for r, b in zip(out[name], base[name])] for name in out}
     return out

@@ -251,7 +251,7 @@ def add_swarm_arguments(sw: argparse.ArgumentParser) -> None:
     sw.add_argument("--compression", default="none", help="none, fp16, int8, int:BITS (2-7), topk:R or adaptive")
     sw.add_argument("--checkpoint-every", type=int, default=0, metavar="K")
     sw.add_argument("--dump-grads", metavar="DIR", help="peers save their gradients of step 0 here (testing)")
-    sw.add_argument("-v", "--verbose", action="count", default=0)
+    sw.add_argument("-v", "--verbose", action="count", default=0, help="-vv: debug logs, the peers' too")
 
 
 def main_parser() -> argparse.ArgumentParser:

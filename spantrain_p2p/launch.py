@@ -621,6 +621,8 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
         every_args += ["--emulate-t0", str(time.monotonic())]
         if args.measure_only:
             every_args.append("--measure-only")
+        if getattr(args, "verbose", 0) > 1:  # -vv: the peers log at debug level too
+            every_args.append("-" + "v" * args.verbose)
         procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat, extra_args=tuple(every_args),
                                 first_args=tuple(first_args), hold=held)
         all_procs = procs

@@ -179,8 +179,6 @@ def _sender(client: "DataPlaneClient", url: str, link: Any, deadline: float, clo
         left = deadline - clock()
         if left <= 0:
             raise asyncio.TimeoutError()
-        if link is None:
-            return await client.send(url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left)
         return await client.send(url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left, link=link,
                                  compensate=compensate)
     return send

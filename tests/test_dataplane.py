@@ -91,3 +91,21 @@ async def test_a_busy_port_gives_a_clear_error(server):
     other = DataPlaneServer("127.0.0.1", server.port, dict)
     with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{server.port}"):
         await other.start()
+
+
+def test_the_dataplane_benchmark_reports_both_raw_baselines_and_the_ratio_to_the_faster():
+    # The figure itself comes from scripts/dataplane_bench.sh on an idle machine; this pins down that
+    # the script runs end to end and compares against the faster of asyncio's two raw readers.
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "spantrain_p2p.net.bench", "--mib", "1", "--reps", "2", "--rounds", "1", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["raw_streamreader_mib_s"] > 0 and d["raw_recv_into_mib_s"] > 0 and d["dataplane_mib_s"] > 0
+    assert d["raw_mib_s"] == max(d["raw_streamreader_mib_s"], d["raw_recv_into_mib_s"])
+    assert d["ratio"] == pytest.approx(d["dataplane_mib_s"] / d["raw_mib_s"], abs=2e-3)

@@ -1,8 +1,12 @@
+import asyncio
+
 import aiohttp
 import pytest
 
 from spantrain_p2p.net import framing
-from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
+from spantrain_p2p.net.dataplane import (
+    ANSWER, REQUEST, REQUEST_MAGIC, DataPlaneClient, DataPlaneServer, RemoteError,
+)
 
 
 @pytest.fixture
@@ -85,6 +89,96 @@ async def test_a_handler_that_rejects_the_frame_gives_400_with_its_reason(server
         assert e.value.status == 400 and "'step'" in e.value.reason
     finally:
         await client.close()
+
+
+async def _framed(server, kind: bytes, length: int, body: bytes = b"", kind_len=None):
+    """Sends one framed-TCP request by hand; (status, reason, reader, writer)."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(REQUEST.pack(REQUEST_MAGIC, len(kind) if kind_len is None else kind_len, length) + kind + body)
+    await writer.drain()
+    magic, status, n = ANSWER.unpack(await asyncio.wait_for(reader.readexactly(ANSWER.size), 5))
+    return status, (await reader.readexactly(n)).decode(), reader, writer
+
+
+async def test_framed_requests_refused_up_front_are_answered_before_their_body_and_the_connection_goes_on(server):
+    frame = b"".join(bytes(c) for c in framing.encode({"x": 5}, [b"abc"]))
+    # over the limit: answered at once, before any of the 1 MiB it announces has been sent
+    status, reason, reader, writer = await _framed(server, b"echo", 1 << 20)
+    assert status == 413 and "limit" in reason
+    writer.write(b"z" * (1 << 20))  # the body still comes; the server drops it
+    # unknown kind: 404, its body dropped too
+    writer.write(REQUEST.pack(REQUEST_MAGIC, 4, 3) + b"nope" + b"xyz")
+    # then a good message on the same connection
+    writer.write(REQUEST.pack(REQUEST_MAGIC, 4, len(frame)) + b"echo" + frame)
+    answers = []
+    for _ in range(2):
+        magic, st, n = ANSWER.unpack(await asyncio.wait_for(reader.readexactly(ANSWER.size), 5))
+        answers.append((st, await reader.readexactly(n)))
+    assert answers[0][0] == 404 and b"nope" in answers[0][1]
+    assert answers[1][0] == 200 and framing.decode(answers[1][1])[0] == {"echo": 5}
+    writer.close()
+
+
+async def test_a_framed_connection_that_breaks_the_protocol_is_answered_400_and_closed(server):
+    for kind, kind_len in ((b"", 0), (b"\xff\xfe", None)):
+        status, reason, reader, writer = await _framed(server, kind, 3, b"abc", kind_len=kind_len)
+        assert status == 400, reason
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed
+        writer.close()
+    # garbage inside a frame of a known kind: 400, and the connection stays usable
+    status, reason, reader, writer = await _framed(server, b"echo", 8, b"garbage!")
+    assert status == 400 and "magic" in reason
+    writer.close()
+    client = DataPlaneClient()
+    try:
+        assert (await client.send(server.url, "echo", {"x": 3}, [b"ok"]))[0] == {"echo": 3}
+    finally:
+        await client.close()
+
+
+async def test_a_handler_that_fails_gives_500_with_its_reason_and_the_server_goes_on(server):
+    async def broken(header, buffers):
+        raise KeyError("oops")
+
+    server.register("broken", broken)
+    client = DataPlaneClient()
+    try:
+        with pytest.raises(RemoteError) as e:
+            await client.send(server.url, "broken", {})
+        assert e.value.status == 500 and "KeyError" in e.value.reason
+        assert (await client.send(server.url, "echo", {"x": 4}, [b"ok"]))[0] == {"echo": 4}
+    finally:
+        await client.close()
+
+
+async def test_the_client_keeps_one_connection_for_messages_sent_one_after_another(server):
+    client = DataPlaneClient()
+    try:
+        for i in range(20):
+            assert (await client.send(server.url, "echo", {"x": i}, [b"ok" * i]))[0] == {"echo": i}
+        assert len(server._framed) == 1
+        await asyncio.gather(*(client.send(server.url, "echo", {"x": i}, [b"ok"]) for i in range(5)))
+        assert 1 <= len(server._framed) <= 5
+    finally:
+        await client.close()
+
+
+async def test_a_peer_that_hangs_up_without_answering_gives_a_connection_error_at_once():
+    async def hang_up(reader, writer):
+        await reader.read(100)
+        writer.close()
+
+    srv = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    client = DataPlaneClient()
+    try:
+        with pytest.raises(OSError, match="closed the connection"):
+            await client.send(f"http://127.0.0.1:{port}", "echo", {"x": 1}, [b"ok"], timeout=5)
+        with pytest.raises(ValueError, match="not a data-plane address"):
+            await client.send("ftp://127.0.0.1:1", "echo", {})
+    finally:
+        await client.close()
+        srv.close()
 
 
 async def test_a_busy_port_gives_a_clear_error(server):

@@ -105,9 +105,10 @@ def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps
     arr = np.frombuffer(buffers[0], dtype=_NP[expect.dtype]).reshape(shape)
     if not arr.flags.writeable:
         arr = arr.copy()  # a read-only frame (bytes): the tensor gets memory of its own
-    if not np.isfinite(arr).all():
+    t = torch.from_numpy(arr)
+    if t.numel() and not all(math.isfinite(x) for x in torch.aminmax(t)):  # NaN wins min and max: one pass
         raise FrameError("tensor holds NaN or infinite values")
-    return step, mb, torch.from_numpy(arr)
+    return step, mb, t
 
 
 class Inbox:

@@ -28,6 +28,8 @@ JOB = "bench"
 
 
 def _serve(nbytes: int, ready) -> None:
+    torch.set_num_threads(1)  # as in a peer process
+
     async def main():
         numel = nbytes // 4
         expect = Expect(ACT, JOB, 1, frozenset({"client"}), (numel,), 1 << 20)

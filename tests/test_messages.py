@@ -61,10 +61,11 @@ def test_a_buffer_of_the_wrong_length_is_rejected():
         decode_tensor(*wire(header, [b"\0" * 100]), EXPECT, (7, 8))
 
 
-def test_non_finite_values_are_rejected():
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_values_are_rejected(bad):
     t = torch.zeros(2, 4, 8)
-    t[0, 0, 0] = float("nan")
-    with pytest.raises(FrameError, match="NaN"):
+    t[1, 3, 5] = bad
+    with pytest.raises(FrameError, match="NaN or infinite"):
         decode_tensor(*wire(*encode_tensor(ACT, "job1", 3, 7, 2, "up", t)), EXPECT, (7, 8))
 
 

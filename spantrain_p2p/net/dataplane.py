@@ -38,8 +38,11 @@ REQUEST = struct.Struct(">4sBQ")  # magic, kind length, frame length
 ANSWER = struct.Struct(">4sHQ")  # magic, status, body length
 REQUEST_MAGIC, ANSWER_MAGIC = b"STQ1", b"STR1"
 MAX_KIND_BYTES = 64
-_SCRATCH_BYTES = 1 << 20
-_PIECE_BYTES = 1 << 22
+# at most this much is received in one go: copying several MiB at once holds the event loop (and the
+# pings and emulated delays it times) for a millisecond or more; asyncio's own reads take 256 KiB
+_RECV_BYTES = 256 << 10
+_PIECE_BYTES = 1 << 22  # a big buffer goes out in pieces, each once the socket took the last
+_SMALL_BYTES = 64 << 10  # a message or answer up to this size goes out in one write
 
 
 class Retry(Exception):
@@ -71,7 +74,7 @@ class DataPlaneServer:
         self._listener: Optional[asyncio.AbstractServer] = None
         self._framed: set["_FramedConnection"] = set()
         self._tasks: set[asyncio.Task] = set()
-        self._scratch = bytearray(_SCRATCH_BYTES)
+        self._scratch = bytearray(_RECV_BYTES)  # where the framed server drops the body of a refused message
 
     def register(self, kind: str, handler: Handler) -> None:
         self._handlers[kind] = handler
@@ -252,8 +255,8 @@ class _FramedConnection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._drop:
-            return memoryview(self.server._scratch)[: min(self._drop, _SCRATCH_BYTES)]
-        return self._want
+            return memoryview(self.server._scratch)[: min(self._drop, _RECV_BYTES)]
+        return self._want[:_RECV_BYTES]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._stage == "closing":
@@ -311,9 +314,14 @@ class _FramedConnection(asyncio.BufferedProtocol):
         if isinstance(out, str):
             self._answer(status, out)
         else:
-            self.transport.write(ANSWER.pack(ANSWER_MAGIC, status, framing.frame_size(out)))
-            for c in out:
-                self.transport.write(c)
+            size = framing.frame_size(out)
+            head = ANSWER.pack(ANSWER_MAGIC, status, size)
+            if size <= _SMALL_BYTES:
+                self.transport.write(b"".join([head, *out]))
+            else:
+                self.transport.write(head)
+                for c in out:
+                    self.transport.write(c)
         self._expect_request()
         self.transport.resume_reading()
 
@@ -425,22 +433,34 @@ class DataPlaneClient:
                 reusable = False
                 answer = asyncio.ensure_future(reader.readexactly(ANSWER.size))  # a refusal may come early
                 try:
-                    writer.write(REQUEST.pack(REQUEST_MAGIC, len(name), size) + name)
+                    head = REQUEST.pack(REQUEST_MAGIC, len(name), size) + name
                     sent = 0
-                    if ex is None:
+                    if ex is None and size <= _SMALL_BYTES:  # one segment: the peer reads it in one go
+                        writer.write(b"".join([head, *chunks]))
+                        sent = size
+                        await writer.drain()
+                    elif ex is None:
+                        writer.write(head)
                         for c in chunks:
                             v = memoryview(c).cast("B")
                             for i in range(0, v.nbytes, _PIECE_BYTES):
                                 writer.write(v[i:i + _PIECE_BYTES])
                                 await writer.drain()
                             sent += v.nbytes
-                    else:
+                    else:  # the head goes with the first paced piece, as one segment when small
                         async with contextlib.aclosing(ex.body(chunks)) as paced:
                             async for c in paced:
                                 if answer.done():
                                     break
-                                writer.write(c)
-                                sent += memoryview(c).nbytes
+                                n = memoryview(c).nbytes
+                                if head and n <= _SMALL_BYTES:
+                                    writer.write(b"".join([head, c]))
+                                else:
+                                    if head:
+                                        writer.write(head)
+                                    writer.write(c)
+                                head = b""
+                                sent += n
                                 await writer.drain()
                     magic, status, length = ANSWER.unpack(await answer)
                     if magic != ANSWER_MAGIC:

@@ -22,7 +22,7 @@ import time
 import torch
 
 from ..pipeline.messages import ACT, Expect, decode_tensor, encode_tensor
-from .dataplane import DataPlaneClient, DataPlaneServer
+from .dataplane import DataPlaneClient, DataPlaneServer, read_exactly
 
 JOB = "bench"
 
@@ -43,14 +43,7 @@ def _serve(nbytes: int, ready) -> None:
             try:
                 while True:
                     (n,) = struct.unpack("!Q", await reader.readexactly(8))
-                    buf = bytearray(n)
-                    view, got = memoryview(buf), 0
-                    while got < n:
-                        chunk = await reader.read(min(n - got, 1 << 20))
-                        if not chunk:
-                            return
-                        view[got:got + len(chunk)] = chunk
-                        got += len(chunk)
+                    await read_exactly(reader, n)
                     writer.write(b"k")
                     await writer.drain()
             except (asyncio.IncompleteReadError, ConnectionError):

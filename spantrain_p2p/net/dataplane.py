@@ -469,7 +469,7 @@ class DataPlaneClient:
                         ex.reply_started()
                     if length > self.max_message_bytes:
                         raise RemoteError(413, f"reply of {length} bytes is over our limit")
-                    body = await _read_exactly(reader, length)
+                    body = await read_exactly(reader, length)
                     reusable = sent == size
                 except asyncio.IncompleteReadError:
                     raise ConnectionResetError(f"{url} closed the connection before it answered") from None
@@ -497,7 +497,7 @@ class DataPlaneClient:
             return json.loads(await resp.text())
 
 
-async def _read_exactly(reader: asyncio.StreamReader, n: int) -> bytearray:
+async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytearray:
     """``n`` bytes into one writable buffer (frames decoded from it give tensors their own memory)."""
     body = bytearray(n)
     view, got = memoryview(body), 0

@@ -62,9 +62,23 @@ def test_replicas_pay_a_ring_all_reduce_over_their_link():
     snap = _snap(2, bw=1e6, rtt=0.01)
     plan = Plan((Stage(("p0", "p1"), (0, 4), (0.5, 0.5)),), "1f1b", 1, 8)
     e = estimate(plan, snap, _model(params=1e8))
-    ring = 2 * (2 - 1) * (0.005 + 4e8 / 2 / 1e6)  # 2(n-1) steps of params/n over the link
-    assert e.step_s == pytest.approx(4 * 4 * 3.0 + ring, rel=1e-6)
+    # 2(n-1) steps of params/n over the link: 100 s per layer's 1e8 bytes, 4 layers, 2 x 5 ms delay;
+    # the last layer's part leaves once the last fused backward (4 layers x 2 s) has done it: 2 s
+    # into that 8 s op, and the other three queue behind it
+    ring = 2 * (2 - 1) * (0.005 + 4e8 / 2 / 1e6)
+    assert e.step_s == pytest.approx(4 * 4 * 3.0 - 8.0 + 2.0 + ring, rel=1e-6)
     assert e.bottleneck == "allreduce:stage 0"
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_a_fast_ring_hides_behind_the_last_backward_but_for_the_first_layer(schedule):
+    """Layer by layer, a ring that moves a layer's gradients in less time than the backward of
+    the layer below adds only the first layer's part (and the delays) to the step."""
+    snap = _snap(2, bw=1e9, rtt=0.01)  # 0.1 s a layer's 1e8 bytes, backward 1 or 2 s a layer
+    plan = Plan((Stage(("p0", "p1"), (0, 4), (0.5, 0.5)),), schedule, 1, 8)
+    e = estimate(plan, snap, _model(params=1e8))
+    assert e.step_s == pytest.approx(4 * 4 * 3.0 + 0.1 + 0.01, rel=1e-6)
+    assert e.parts["allreduce_tail_s"] == pytest.approx(0.11, rel=1e-6)
 
 
 def test_micro_batches_are_shared_in_proportion_to_speed():

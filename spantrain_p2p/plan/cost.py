@@ -23,8 +23,11 @@ Per stage ``s`` and peer ``q`` (``n_q`` of the ``m`` micro-batches, per micro-ba
   the weight-grads it moves into the bubble (uniform: ``m (T_F + T_B + T_W) + (p-1)(T_F + T_B
   - T_W)``), never below the busiest stage's own work. GPipe: a forward wave then a backward
   wave, each a flow shop of ``m`` equal jobs;
-- **all-reduce**: each stage's replicas average gradients in a ring when the stage is done:
-  2(n-1) steps of ``param_bytes / n`` over the ring's slowest edge; the step ends with the last;
+- **all-reduce**: each stage's replicas average gradients in a ring, 2(n-1) steps of
+  ``param_bytes / n`` over the ring's slowest edge, layer by layer: a layer's part goes out once
+  the stage's last backward op (W, or fused B+W) has done that layer (at its share of the op's
+  FLOPs, from the last layer), so only what the ring has not moved by the op's end adds to the
+  step (``layout.RingLayers``); the step ends with the last stage's;
 - **memory**: weights + gradients + optimizer state (Adam: 2x) + the stash of the most
   micro-batches the peer's schedule holds at once must fit, else the step time is infinite.
 
@@ -240,11 +243,17 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
                 ends.append(min(pipe, pipe - wbar[0] - back + owed))
             back += bbar[s] + (wbar[s] if fused else 0.0) + (lat_b[s] if s < p - 1 else 0.0)
 
-    # --- all-reduce after each stage's last weight-grad
+    # --- all-reduce: layer by layer during each stage's last backward op, the rest after it
     total = pipe
     ar_stage = -1
-    ars = list(layout.allreduce_s)
+    ars = []
     for s in range(p):
+        ring = layout.allreduce_layers[s] if s < len(layout.allreduce_layers) else None
+        if ring is None:
+            ars.append(layout.allreduce_s[s])
+        else:
+            last_op = max((pw.w + (pw.b if fused else 0.0) for _, pw in layout.stages[s].kinds if pw.mbs), default=0.0)
+            ars.append(ring.tail_s(last_op, fused))
         if ends[s] + ars[s] > total:
             total, ar_stage = ends[s] + ars[s], s
 

@@ -216,7 +216,8 @@ class Layout:
     num_micro_batches: int
     stages: tuple[StageWork, ...]
     hops: tuple[HopLinks, ...]
-    allreduce_s: tuple[float, ...]
+    allreduce_s: tuple[float, ...]  # per stage: its whole ring all-reduce, nothing overlapped
+    allreduce_layers: tuple[Optional["RingLayers"], ...] = ()  # per stage: the same, layer by layer
 
     def matches(self, plan: Plan) -> bool:
         return (self.stages_key == plan.stages and self.micro_batch_size == plan.micro_batch_size
@@ -250,13 +251,14 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
         hops.append(hl)
     ars = []
     for st, sw in zip(plan.stages, out):
-        key = ("ar", st.peers, sw.param_bytes)
+        key = ("ar", st.peers, st.layers)
         ar = cache.get(key)
         if ar is None:
-            ar = cache[key] = ring_allreduce_s(st.peers, sw.param_bytes * profile.grad_wire_bytes_per_param_byte,
-                                               links)[0]
+            ar = cache[key] = ring_layers(st.peers, profile.layers[st.layers[0]:st.layers[1]],
+                                          profile.grad_wire_bytes_per_param_byte, links)
         ars.append(ar)
-    return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars))
+    return Layout(plan.stages, b, m, tuple(out), tuple(hops),
+                  tuple(0.0 if r is None else r.whole_s for r in ars), tuple(ars))
 
 
 def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: ModelProfile,
@@ -306,6 +308,66 @@ def _hop_links(a: StageWork, c: StageWork, m: int, links: LinkTable) -> HopLinks
         ib_f += cnt / lf.bandwidth
         ib_b += cnt / lb.bandwidth
     return HopLinks(coef_f, coef_b, worst_f, worst_b, hr_f / m, hr_b / m, ib_f / m, ib_b / m)
+
+
+@dataclass(frozen=True)
+class RingLayers:
+    """A stage's ring all-reduce split by layer, in the order the backward finishes them (last
+    layer first): each layer's gradients go out as soon as they are final (``train.worker``'s
+    ``GradientSum``). Per layer: the fraction of the stage's W (``done_w``) or fused B+W
+    (``done_bw``) op done by then, and the seconds its bytes hold the ring's slowest edge
+    (``piece_s``: 2(n-1) chunks of bytes / n); ``latency_s``: the ring's 2(n-1) one-way delays."""
+
+    done_w: tuple[float, ...]
+    done_bw: tuple[float, ...]
+    piece_s: tuple[float, ...]
+    latency_s: float
+
+    @property
+    def whole_s(self) -> float:
+        return sum(self.piece_s) + self.latency_s
+
+    def tail_s(self, backward_s: float, fused: bool) -> float:
+        """Seconds the all-reduce goes on after the stage's last backward op (of ``backward_s``)."""
+        return overlapped_tail(self.done_bw if fused else self.done_w, self.piece_s, self.latency_s, backward_s)
+
+
+def overlapped_tail(done: Sequence[float], piece_s: Sequence[float], latency_s: float, backward_s: float,
+                    ready_s: Optional[Sequence[float]] = None) -> float:
+    """When pieces become ready at ``backward_s * done[i]`` (or at ``ready_s[i]``) and go over one
+    link one after another, each taking ``piece_s[i]``, the last arriving ``latency_s`` later:
+    how long after ``backward_s`` that is (never below 0)."""
+    free = 0.0
+    for i, d in enumerate(piece_s):
+        r = backward_s * done[i] if ready_s is None else ready_s[i]
+        free = (free if free > r else r) + d
+    return max(0.0, free + latency_s - backward_s)
+
+
+def ring_layers(peers: Sequence[str], layers: Sequence, wire_per_param_byte: float,
+                links: LinkTable) -> Optional[RingLayers]:
+    """``RingLayers`` of a stage of ``peers`` holding ``layers`` (profile.LayerProfile), None for
+    one peer."""
+    n = len(peers)
+    if n < 2:
+        return None
+    nbytes = sum(x.param_bytes for x in layers) * wire_per_param_byte
+    edges = [links.get(peers[i], peers[(i + 1) % n]) for i in range(n)]
+    slow = max(edges, key=lambda e: e.transfer_s(nbytes / n))
+    order = list(reversed(layers))
+    w = [x.bwd_weight_flops for x in order]
+    bw = [x.bwd_input_flops + x.bwd_weight_flops for x in order]
+
+    def cum(xs):
+        total, acc, out = sum(xs), 0.0, []
+        for x in xs:
+            acc += x
+            out.append(acc / total if total > 0 else 1.0)
+        return tuple(out)
+
+    steps = 2 * (n - 1)
+    pieces = tuple(steps * x.param_bytes * wire_per_param_byte / n / slow.bandwidth for x in order)
+    return RingLayers(cum(w), cum(bw), pieces, steps * slow.rtt_s / 2)
 
 
 def ring_allreduce_s(peers: Sequence[str], nbytes: float, links: LinkTable) -> tuple[float, str]:

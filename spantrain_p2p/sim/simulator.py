@@ -9,8 +9,10 @@ What it models, and nothing more:
 - a message goes over the directed link from the micro-batch's owner on one stage to its owner
   on the next: a link serializes its messages (FIFO at its bandwidth) and adds the one-way delay
   (RTT/2, plus a seeded jitter of up to the link's ``jitter_s`` either way);
-- when every peer of a stage is done, the stage's ring all-reduce runs: 2(n-1) steps, each as
-  long as its slowest edge's transfer of ``param_bytes / n`` (each edge with its own jitter);
+- a stage's ring all-reduce (2(n-1) steps of ``param_bytes / n`` over its slowest edge) goes
+  layer by layer: a layer's part leaves once every replica's last backward op has done that
+  layer (at its share of the op's FLOPs, last layer first); the parts queue on the ring, and the
+  last arrives the ring's one-way delays later (each edge with its own jitter);
 - the step ends when the last all-reduce ends; a peer whose weights, gradients, optimizer state
   and most activations held at once exceed its memory makes the step infinite.
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..pipeline.schedule import Op
-from ..plan.layout import LinkTable, build_layout, peer_lists, stage_warmups
+from ..plan.layout import LinkTable, build_layout, overlapped_tail, peer_lists, stage_warmups
 from ..plan.types import ModelProfile, Plan, Snapshot, compression_ratio
 
 
@@ -97,6 +99,7 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     pos = [0] * nw
     clock = [0.0] * nw
     busy = [0.0] * nw
+    last_bw: list[Optional[tuple[float, float]]] = [None] * nw  # (start, duration) of its last W / BW
     arrived: dict[tuple[int, int, int], float] = {}  # (worker, kind 0=F 1=B, mb) -> arrival time
     link_free: dict[tuple[int, int], float] = {}
     wire = 0.0
@@ -141,6 +144,8 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
                     queued[dst] = True
             else:
                 d = pw.f if op is Op.F else pw.b if op is Op.B else pw.w if op is Op.W else pw.b + pw.w
+                if op is Op.W or op is Op.BW:
+                    last_bw[k] = (t, d)
                 if trace is not None:
                     trace.append((pw.id, f"{op.value}{mb}", t, t + d))
                 t += d
@@ -155,11 +160,17 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     for s, (st, sw) in enumerate(zip(plan.stages, prep.stages)):
         end = max(clock[index[(s, i)]] for i in range(len(st.peers)))
         stage_end.append(end)
-        ar = _ring(st.peers, sw.param_bytes * profile.grad_wire_bytes_per_param_byte, links, jitter, seed, s)
-        if not jitter:
-            ar = prep.allreduce_s[s]
+        ar = 0.0
+        ring = prep.allreduce_layers[s]
         n = len(st.peers)
-        if n > 1:
+        if ring is not None:
+            # each layer's part goes out once every replica's last backward op has done it
+            fused = sched != "zb-h1"
+            done = ring.done_bw if fused else ring.done_w
+            lasts = [last_bw[index[(s, i)]] for i in range(n)]
+            ready = [max((t0 + d * f for t0, d in (x for x in lasts if x is not None)), default=end) for f in done]
+            latency = _ring_latency(st.peers, links, seed, s) if jitter else ring.latency_s
+            ar = overlapped_tail(done, ring.piece_s, latency, end, ready)
             wire += 2 * (n - 1) * sw.param_bytes * profile.grad_wire_bytes_per_param_byte
         ar_times.append(ar)
         ends.append(end + ar)
@@ -179,22 +190,12 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     )
 
 
-def _ring(peers, nbytes: float, links: LinkTable, jitter: bool, seed: int, stage: int) -> float:
+def _ring_latency(peers, links: LinkTable, seed: int, stage: int) -> float:
+    """The ring's 2(n-1) one-way delays, each step as slow as its slowest edge (with jitter)."""
     n = len(peers)
-    if n < 2 or nbytes <= 0:
-        return 0.0
-    chunk = nbytes / n
     edges = [links.get(peers[i], peers[(i + 1) % n]) for i in range(n)]
-    base = [e.rtt_s / 2 + chunk / e.bandwidth for e in edges]
-    if not jitter or all(e.jitter_s == 0 for e in edges):
-        return 2 * (n - 1) * max(base)
     total = 0.0
     for step in range(2 * (n - 1)):
-        worst = 0.0
-        for i, e in enumerate(edges):
-            t = base[i]
-            if e.jitter_s > 0:
-                t = max(chunk / e.bandwidth, t + e.jitter_s * _jitter(seed, "ar", stage, step, i))
-            worst = max(worst, t)
-        total += worst
+        total += max(max(0.0, e.rtt_s / 2 + e.jitter_s * _jitter(seed, "ar", stage, step, i))
+                     for i, e in enumerate(edges))
     return total

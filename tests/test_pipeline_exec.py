@@ -116,3 +116,53 @@ async def test_a_receive_past_its_deadline_fails_the_step_and_leaves_no_gradient
         await ex.run_step(0, sched.schedule("gpipe", 2, 2, 0))
     assert all(p.grad is None for p in ex.params)
     ex.close()
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+async def test_each_layer_is_reported_done_during_the_last_backward_with_its_final_gradients(schedule):
+    """``on_layer_done`` comes last layer first, while the step's last backward op still runs on a
+    slow virtual device, and the gradients it saw are the step's final ones."""
+    from spantrain_p2p.pipeline.executor import stage_layer_flops
+    from spantrain_p2p.profile.virtual import VirtualDevice
+
+    handle = ModelHandle(JOB)
+    layers = handle.build(0, handle.num_layers)
+    ids, tgt = data.batch(0, 0, 0, JOB.micro_batch_size, JOB.seq_len)
+    per_layer = stage_layer_flops(layers, ids, tgt)
+    flops = {ph: sum(x[ph] for x in per_layer) for ph in ("F", "B", "W")}
+    device = VirtualDevice(1.0, scale=flops["W"] / 1e12 / 0.2)  # a weight-grad op takes 0.2 s
+    ex = StageExecutor(layers, True, True, 2, lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len),
+                       None, None, device=device, flops=flops, layer_flops=per_layer)
+    loop = asyncio.get_running_loop()
+    seen = []
+
+    def done(i):
+        seen.append((i, loop.time(), [p.grad.clone() for p in ex._layer_params[i]]))
+
+    actions = peer_actions([assign_microbatches(["a"], [1.0], 2)], schedule)[(0, "a")]
+    await ex.run_step(0, actions, on_layer_done=done)
+    end = loop.time()
+    assert [i for i, _, _ in seen] == list(reversed(range(len(layers))))
+    heavy = [i for i, x in enumerate(per_layer) if x["W"] > 0.1 * flops["W"]]
+    at = {i: t for i, t, _ in seen}
+    assert end - at[heavy[-1]] > 0.02  # the last big layer's gradients were out well before the end
+    for i, _, grads in seen:
+        for g, p in zip(grads, ex._layer_params[i]):
+            assert torch.equal(g, p.grad)
+    ex.close()
+
+
+async def test_a_peer_without_micro_batches_reports_every_layer_done():
+    handle = ModelHandle(JOB)
+    ex = StageExecutor(handle.build(0, 3), True, False, 2, lambda s, m: data.batch(0, s, m, 2, JOB.seq_len), None, None)
+    seen = []
+    await ex.run_step(0, [], on_layer_done=seen.append)
+    assert seen == [2, 1, 0]
+    ex.close()
+
+
+def test_gradient_buckets_follow_layers_and_split_big_ones():
+    from spantrain_p2p.train.worker import layer_buckets
+
+    b = layer_buckets([[10, 20], [], [300, 5, 5]], bucket_bytes=4 * 100)
+    assert b == [(0, [(0, 10), (1, 20)]), (2, [(2, 300)]), (2, [(3, 5), (4, 5)])]

@@ -29,10 +29,15 @@ class StepFailed(RuntimeError):
 
 @dataclass
 class _Mb:
-    inp: Optional[torch.Tensor] = None
+    inp: Optional[torch.Tensor] = None  # the activation received (stages after the first)
     out: Optional[torch.Tensor] = None
     grad_out: Optional[torch.Tensor] = None
     grad_in: Optional[torch.Tensor] = None
+    # per layer: its input and output (each layer's graph ends at its input: a leaf) and, after
+    # B, the gradient at its output (what its W needs)
+    ins: Optional[list] = None
+    outs: Optional[list] = None
+    gouts: Optional[list] = None
 
 
 @dataclass
@@ -41,69 +46,146 @@ class StepResult:
     compute_s: float = 0.0
 
 
+LayerDone = Callable[[int], None]  # called with a layer's index once its step's weight gradients are final
+
+
 class StageExecutor:
     def __init__(self, layers: list[nn.Module], is_first: bool, is_last: bool, num_microbatches: int,
-                 batch: Batch, recv: Recv, send: Send, device=None, flops: Optional[dict[str, float]] = None):
-        """``device`` (a profile.virtual.VirtualDevice) pads each op to ``flops[phase]`` of one micro-batch."""
+                 batch: Batch, recv: Recv, send: Send, device=None, flops: Optional[dict[str, float]] = None,
+                 layer_flops: Optional[list[dict[str, float]]] = None):
+        """``device`` (a profile.virtual.VirtualDevice) pads each op to ``flops[phase]`` of one
+        micro-batch; ``layer_flops`` (per layer, the same phases) says when within the step's last
+        weight-grad op each layer is done on the device (for ``run_step``'s ``on_layer_done``)."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
         self.batch, self.recv, self.send = batch, recv, send
         self.params = [p for p in self.layers.parameters() if p.requires_grad]
+        self._layer_params = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stage-compute")
         self.device = device
         self.flops = flops or {}
+        self.layer_flops = layer_flops
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _compute(self, phase: str, fn, *args):
-        if self.device is not None:
+    def _done_fractions(self, phase: str) -> list[float]:
+        """Per layer, the fraction of a backward op (``W`` or ``BW``) done once that layer is: the
+        layers run last to first, each taking its share of the op's FLOPs."""
+        n = len(self.layers)
+        lf = self.layer_flops if self.layer_flops and len(self.layer_flops) == n else None
+        work = [(lf[i].get("W", 0.0) + (lf[i].get("B", 0.0) if phase == "BW" else 0.0)) if lf else 1.0
+                for i in range(n)]
+        total, acc, out = sum(work), 0.0, [0.0] * n
+        for i in reversed(range(n)):
+            acc += work[i]
+            out[i] = acc / total if total > 0 else 1.0
+        return out
+
+    async def _compute(self, phase: str, fn, *args, on_layer_done: Optional[LayerDone] = None):
+        """Runs ``fn(*args, layer_done)`` on the compute thread, padded on a virtual device.
+        ``layer_done(i)`` (for the backward ops) tells ``on_layer_done`` on the event loop, once
+        the device has had the time to get that far (layer ``i``'s gradients are final then)."""
+        loop = asyncio.get_running_loop()
+        fracs = self._done_fractions(phase) if on_layer_done is not None else None
+
+        def call():
+            if self.device is None:
+                done = None if fracs is None else (lambda i: loop.call_soon_threadsafe(on_layer_done, i))
+                return fn(*args, done)
             flops = self.flops.get("B", 0.0) + self.flops.get("W", 0.0) if phase == "BW" else self.flops.get(phase, 0.0)
-            return await asyncio.get_running_loop().run_in_executor(
-                self._pool, lambda: self.device.run(fn, *args, flops=flops, phase="B" if phase == "BW" else phase))
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            with self.device.op("B" if phase == "BW" else phase, flops) as op:
+                done = None
+                if fracs is not None:
+                    def done(i):
+                        op.reach(fracs[i])
+                        loop.call_soon_threadsafe(on_layer_done, i)
+                return fn(*args, done)
+
+        return await loop.run_in_executor(self._pool, call)
 
     # ---- compute (worker thread) ---------------------------------------------------------------
-    def _forward(self, step: int, mb: int, st: _Mb) -> Optional[float]:
+    # Each layer's graph starts at its own input (a leaf cut from the previous layer's output), so
+    # the backward ops can run layer by layer, last to first: the same arithmetic as one backward
+    # through the stage, but a layer's weight gradients are final as soon as its turn is over.
+    def _forward(self, step: int, mb: int, st: _Mb, done=None) -> Optional[float]:
         inputs, targets = self.batch(step, mb) if (self.is_first or self.is_last) else (None, None)
         x = inputs if self.is_first else st.inp
-        body = self.layers[:-1] if self.is_last else self.layers
-        for layer in body:
-            x = layer(x)
-        if self.is_last:
-            loss = self.layers[-1](x, targets)
-            st.out = loss / self.num_microbatches  # micro-batch gradients sum to the global-batch mean
-            return float(loss.detach())
+        st.ins, st.outs = [], []
+        n = len(self.layers)
+        loss = None
+        for i, layer in enumerate(self.layers):
+            if i > 0 and x.is_floating_point():
+                x = x.detach().requires_grad_(True)
+            st.ins.append(x)
+            if self.is_last and i == n - 1:
+                loss = layer(x, targets)
+                x = loss / self.num_microbatches  # micro-batch gradients sum to the global-batch mean
+            else:
+                x = layer(x)
+            st.outs.append(x)
         st.out = x
-        return None
+        return None if loss is None else float(loss.detach())
 
-    def _backward_input(self, st: _Mb) -> None:
-        if self.is_first:
-            return  # token ids have no gradient; W does all the work
-        (st.grad_in,) = torch.autograd.grad(st.out, [st.inp], st.grad_out, retain_graph=True)
+    def _needs_input_grad(self, st: _Mb, i: int) -> bool:
+        return st.ins[i].requires_grad and (i > 0 or not self.is_first)
 
-    def _backward_weight(self, st: _Mb) -> None:
-        if self.params:
-            torch.autograd.backward(st.out, st.grad_out, inputs=self.params)
-        st.out = st.inp = None
+    def _backward_input(self, st: _Mb, done=None) -> None:
+        """B: the gradient at every layer's output and at the stage's input, weights untouched."""
+        g = st.grad_out
+        st.gouts = [None] * len(self.layers)
+        for i in reversed(range(len(self.layers))):
+            st.gouts[i] = g
+            if not self._needs_input_grad(st, i):
+                break
+            (g,) = torch.autograd.grad(st.outs[i], [st.ins[i]], g, retain_graph=True)
+        if not self.is_first:
+            st.grad_in = g
 
-    def _backward_full(self, st: _Mb) -> None:
-        if self.is_first:
-            self._backward_weight(st)
-            return
-        torch.autograd.backward(st.out, st.grad_out, inputs=[st.inp, *self.params])
-        st.grad_in, st.out = st.inp.grad, None
+    def _backward_weight(self, st: _Mb, done=None) -> None:
+        """W: the weight gradients, layer by layer from the last, from the gradients B left."""
+        for i in reversed(range(len(self.layers))):
+            if self._layer_params[i] and st.outs[i].requires_grad:
+                torch.autograd.backward(st.outs[i], st.gouts[i], inputs=self._layer_params[i])
+            if done is not None:
+                done(i)
+        st.out = st.inp = st.ins = st.outs = st.gouts = None
+
+    def _backward_full(self, st: _Mb, done=None) -> None:
+        """B and W at once, layer by layer from the last."""
+        g = st.grad_out
+        for i in reversed(range(len(self.layers))):
+            wants_in = self._needs_input_grad(st, i)
+            inputs = self._layer_params[i] + ([st.ins[i]] if wants_in else [])
+            if inputs and st.outs[i].requires_grad:
+                torch.autograd.backward(st.outs[i], g, inputs=inputs)
+            if done is not None:
+                done(i)
+            if not wants_in:
+                break
+            g = st.ins[i].grad
+        if not self.is_first:
+            st.grad_in = g
+        st.out = st.inp = st.ins = st.outs = None
+        if done is not None:  # layers below the first that needs no input gradient (none in practice)
+            for j in range(i - 1, -1, -1):
+                done(j)
 
     # ---- one step --------------------------------------------------------------------------------
-    async def run_step(self, step: int, actions: list[sched.Action]) -> StepResult:
+    async def run_step(self, step: int, actions: list[sched.Action],
+                       on_layer_done: Optional[LayerDone] = None) -> StepResult:
+        """Runs this peer's ``actions`` for ``step``. ``on_layer_done(i)`` (on the event loop) says
+        that layer ``i``'s weight gradients for the step are final: while the step's last
+        backward op is still running, for the layers it has done (for all, at the end)."""
         mbs: dict[int, _Mb] = {}
         sends: list[asyncio.Task] = []
         result = StepResult()
         loop = asyncio.get_running_loop()
         t_compute = 0.0
+        last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
         try:
-            for a in actions:
+            for j, a in enumerate(actions):
                 st = mbs.setdefault(a.mb, _Mb())
                 op = a.op
                 if op is sched.Op.RECV_F:
@@ -117,6 +199,7 @@ class StageExecutor:
                     st.grad_in = None
                 else:
                     t0 = loop.time()
+                    tell = on_layer_done if j == last_bw else None
                     if op is sched.Op.F:
                         loss = await self._compute("F", self._forward, step, a.mb, st)
                         if loss is not None:
@@ -124,10 +207,13 @@ class StageExecutor:
                     elif op is sched.Op.B:
                         await self._compute("B", self._backward_input, st)
                     elif op is sched.Op.W:
-                        await self._compute("W", self._backward_weight, st)
+                        await self._compute("W", self._backward_weight, st, on_layer_done=tell)
                     elif op is sched.Op.BW:
-                        await self._compute("BW", self._backward_full, st)
+                        await self._compute("BW", self._backward_full, st, on_layer_done=tell)
                     t_compute += loop.time() - t0
+            if last_bw < 0 and on_layer_done is not None:  # no micro-batch of its own: nothing to wait for
+                for i in reversed(range(len(self.layers))):
+                    on_layer_done(i)
             await asyncio.gather(*sends)
         except BaseException as e:
             for t in sends:
@@ -145,23 +231,28 @@ class StageExecutor:
             p.grad = None
 
 
-def stage_flops(layers: list[nn.Module], sample_input: torch.Tensor, targets: Optional[torch.Tensor]) -> dict[str, float]:
-    """FLOPs of F, B and W of one micro-batch through these layers, counted by torch's own counter."""
+def stage_layer_flops(layers: list[nn.Module], sample_input: torch.Tensor,
+                      targets: Optional[torch.Tensor]) -> list[dict[str, float]]:
+    """FLOPs of F, B and W of one micro-batch through each of these layers (torch's own counter)."""
     from ..profile.virtual import FlopCache
 
     cache = FlopCache()
-    total = {"F": 0.0, "B": 0.0, "W": 0.0}
+    out = []
     x = sample_input
     for i, layer in enumerate(layers):
         last = i == len(layers) - 1 and targets is not None
         args = (x, targets) if last else (x,)
         pf = cache.phase_flops(layer, args)
-        total["F"] += pf["F"]
-        total["B"] += pf["B"]
         # the counter's W pass (autograd to the weights alone) re-walks the input-gradient chain;
         # the weight gradients' own work is what is left once B is taken out
-        total["W"] += max(0.0, pf["W"] - pf["B"])
+        out.append({"F": pf["F"], "B": pf["B"], "W": max(0.0, pf["W"] - pf["B"])})
         if not last:
             with torch.no_grad():
                 x = layer(x)
-    return total
+    return out
+
+
+def stage_flops(layers: list[nn.Module], sample_input: torch.Tensor, targets: Optional[torch.Tensor]) -> dict[str, float]:
+    """FLOPs of F, B and W of one micro-batch through these layers, counted by torch's own counter."""
+    per = stage_layer_flops(layers, sample_input, targets)
+    return {k: sum(x[k] for x in per) for k in ("F", "B", "W")}

@@ -150,17 +150,20 @@ class VirtualDevice:
         return max(0.0, float(flops)) / self.flops_per_s
 
     @contextlib.contextmanager
-    def op(self, phase: str, flops: float) -> Iterator[None]:
+    def op(self, phase: str, flops: float) -> Iterator["OpProgress"]:
         """Runs the block, then holds the thread until the device's time for ``flops`` has passed.
-        A block that raises is neither padded nor counted."""
+        A block that raises is neither padded nor counted. The block may call ``reach(fraction)``
+        on the yielded handle to be held until that part of the budget has passed (a part of the
+        operation, e.g. one layer's weight-grads, is done on the device then)."""
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
         if not (math.isfinite(flops) and flops >= 0):
             raise ValueError(f"flops must be a finite number >= 0, not {flops!r}")
-        t0 = self.clock()
-        yield
-        real = self.clock() - t0
         budget = self.budget_s(flops)
+        t0 = self.clock()
+        progress = OpProgress(self, t0, budget)
+        yield progress
+        real = self.clock() - t0 - progress.held_s
         if budget > real:
             sleep_until(t0 + budget, self.clock, self.spin_s)
         busy = self.clock() - t0
@@ -200,6 +203,23 @@ class VirtualDevice:
     def reset(self) -> None:
         with self._lock:
             self._stats = DeviceStats()
+
+
+class OpProgress:
+    """The running operation of ``VirtualDevice.op``: ``reach(f)`` holds the thread until the
+    fraction ``f`` of its budget has passed since it started (at once if it has)."""
+
+    def __init__(self, device: VirtualDevice, t0: float, budget_s: float):
+        self._device, self._t0, self._budget = device, t0, budget_s
+        self.held_s = 0.0  # time spent held here: not the operation's CPU time
+
+    def reach(self, fraction: float) -> None:
+        dev = self._device
+        t = dev.clock()
+        deadline = self._t0 + self._budget * min(1.0, max(0.0, float(fraction)))
+        if deadline > t:
+            sleep_until(deadline, dev.clock, dev.spin_s)
+            self.held_s += dev.clock() - t
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError, check_fields
 from ..pipeline import schedule as sched
 from ..pipeline.deadlines import Deadlines
-from ..pipeline.executor import StageExecutor, StepFailed, stage_flops
+from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
 from ..pipeline.peerplan import peer_actions
 from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap, placeholder_map
@@ -55,17 +55,96 @@ NEGLIGIBLE_TRANSFER = 0.1
 LOSS_ROWS = 8  # recent loss rows sent along with a buddy copy
 
 
-def grad_buckets(numels: list[int], bucket_bytes: int = BUCKET_BYTES) -> list[list[tuple[int, int]]]:
-    """Consecutive parameters grouped into buckets of at most ``bucket_bytes`` (one message each)."""
-    out: list[list[tuple[int, int]]] = [[]]
-    size = 0
-    for i, n in enumerate(numels):
-        if out[-1] and size + 4 * n > bucket_bytes:
-            out.append([])
-            size = 0
-        out[-1].append((i, n))
-        size += 4 * n
-    return out if out[0] else []
+def layer_buckets(layer_numels: list[list[int]], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Each layer's parameters, as (layer, [(index among all the layers' parameters, numel), ...])
+    buckets of at most ``bucket_bytes`` (a bigger parameter alone): one message each, sent as
+    soon as that layer's gradients are final, while the backward goes on below it."""
+    out: list[tuple[int, list[tuple[int, int]]]] = []
+    i = 0
+    for layer, numels in enumerate(layer_numels):
+        cur: list[tuple[int, int]] = []
+        size = 0
+        for n in numels:
+            if cur and size + 4 * n > bucket_bytes:
+                out.append((layer, cur))
+                cur, size = [], 0
+            cur.append((i, n))
+            size += 4 * n
+            i += 1
+        if cur:
+            out.append((layer, cur))
+    return out
+
+
+class GradientSum:
+    """One step's all-reduce (sum) of a stage's weight gradients among its replicas, bucket by
+    bucket: a layer's buckets go to the other replicas as soon as the executor says its gradients
+    are final (``layer_done``, during the step's last backward op), so the transfers overlap the
+    backward of the layers below; ``finish`` sends what is left, adds every replica's part up in
+    peer-id order (every replica ends with bit-identical gradients) and sets them."""
+
+    def __init__(self, worker: "Trainer", step: int, params: list[torch.nn.Parameter],
+                 buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str]):
+        self.worker, self.step, self.params, self.buckets, self.others = worker, step, params, buckets, others
+        self.local: list[Optional[torch.Tensor]] = [None] * len(buckets)
+        self.by_layer: dict[int, list[int]] = {}
+        for k, (layer, _) in enumerate(buckets):
+            self.by_layer.setdefault(layer, []).append(k)
+        self.sends: list[asyncio.Task] = []
+
+    def _start(self, k: int, t: torch.Tensor) -> None:
+        self.local[k] = t
+        self.sends += [asyncio.create_task(self.worker._send_to(dst, GSUM, self.step, k, t)) for dst in self.others]
+
+    def layer_done(self, layer: int) -> None:
+        for k in self.by_layer.get(layer, ()):
+            if self.local[k] is None:
+                ps = [self.params[i] for i, _ in self.buckets[k][1]]
+                self._start(k, torch.cat([p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+                                          for p in ps]))
+
+    async def finish(self, loss: Optional[tuple[float, int]] = None) -> Optional[tuple[float, int]]:
+        """Sums the step's gradients (and, on the last stage, ``loss``: this replica's (sum, count)
+        of micro-batch losses rides along, and the whole step's is returned)."""
+        me = self.worker.peer.peer_id
+        try:
+            for layer in self.by_layer:
+                self.layer_done(layer)  # none is left unsent, even if the executor did not say
+            if loss is not None:
+                self.local.append(None)
+                self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
+            summed = []
+            for k, mine in enumerate(self.local):
+                parts = {me: mine}
+                for src in self.others:
+                    parts[src] = await self.worker._await((f"{GSUM}/{src}", self.step, k), GSUM, src)
+                total = torch.zeros_like(mine)
+                for src in sorted(parts):
+                    total += parts[src]
+                summed.append(total)
+            for (_, bucket), total in zip(self.buckets, summed):
+                offset = 0
+                for i, n in bucket:
+                    self.params[i].grad = total[offset:offset + n].view_as(self.params[i]).clone()
+                    offset += n
+            await asyncio.gather(*self.sends)
+        except BaseException as e:
+            await self.cancel()
+            for p in self.params:
+                p.grad = None
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise StepFailed(f"step {self.step}: gradient averaging with {len(self.others)} replica(s) failed: {e}") from e
+        if loss is not None:
+            return float(summed[-1][0]), int(round(float(summed[-1][1])))
+        return None
+
+    async def cancel(self) -> None:
+        for t in self.sends:
+            t.cancel()
+        await asyncio.gather(*self.sends, return_exceptions=True)
+
+
 MAX_MAP_BYTES = 256 << 10
 
 
@@ -852,18 +931,20 @@ class Trainer:
             expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt.peers), shapes[last], M)
         params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
         if len(self._replicas) > 1:
-            self._buckets = grad_buckets([p.numel() for p in params])
-            sizes = [(sum(n for _, n in b),) for b in self._buckets] + ([(2,)] if nxt is None else [])
+            self._buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers])
+            sizes = [(sum(n for _, n in b),) for _, b in self._buckets] + ([(2,)] if nxt is None else [])
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(self._replicas) - {me}, (),
                                   len(sizes), shapes_by_mb=tuple(sizes))
-        flops = None
+        flops = layer_flops = None
         if self.peer.device is not None:
             ids, tgt = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
             sample = ids if k == 0 else torch.randn(shapes[first])
-            flops = await asyncio.to_thread(stage_flops, layers, sample, tgt if k == n - 1 else None)
+            layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt if k == n - 1 else None)
+            flops = {ph: sum(x[ph] for x in layer_flops) for ph in ("F", "B", "W")}
         executor = StageExecutor(layers, k == 0, k == n - 1, M,
                                  batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
-                                 recv=self._recv, send=self._send, device=self.peer.device, flops=flops)
+                                 recv=self._recv, send=self._send, device=self.peer.device, flops=flops,
+                                 layer_flops=layer_flops)
         opt = make_optimizer(job, executor.params)
         await self._load_state(layers, opt, first, smap.start_step)
         assignments = [st.assign(M) for st in smap.stages]
@@ -876,11 +957,19 @@ class Trainer:
             for step in range(smap.start_step, job.steps):
                 self.step = step
                 t0 = time.time()
-                result = await executor.run_step(step, actions)
+                gsum = None
+                if len(self._replicas) > 1:
+                    gsum = GradientSum(self, step, params, self._buckets, [p for p in self._replicas if p != me])
+                try:
+                    result = await executor.run_step(step, actions, gsum.layer_done if gsum else None)
+                except BaseException:
+                    if gsum is not None:
+                        await gsum.cancel()
+                    raise
                 t_pipe = time.time()
                 loss_sum, loss_count = sum(result.losses), len(result.losses)
-                if len(self._replicas) > 1:
-                    total = await self._sum_gradients(step, params, (loss_sum, loss_count) if nxt is None else None)
+                if gsum is not None:
+                    total = await gsum.finish((loss_sum, loss_count) if nxt is None else None)
                     if total is not None:
                         loss_sum, loss_count = total
                 t_sum = time.time()
@@ -1016,52 +1105,6 @@ class Trainer:
 
     def _default_schedule(self) -> str:
         return "gpipe" if self.job.schedule == "auto" else self.job.schedule
-
-    async def _sum_gradients(self, step: int, params: list[torch.nn.Parameter],
-                             loss: Optional[tuple[float, int]] = None) -> Optional[tuple[float, int]]:
-        """All-reduce (sum) of this stage's weight gradients among its replicas, bucket by bucket
-        (consecutive layers' gradients packed up to ``BUCKET_BYTES``, as DDP does).
-
-        Every replica sends its gradients to the others and adds all of them up in peer-id order,
-        so every replica ends with bit-identical gradients and stays identical after the step.
-        On the last stage, ``loss`` (this replica's sum of micro-batch losses, count) rides along,
-        and the step's whole (sum, count) is returned: every replica then reports the loss of the
-        whole step, so a replica killed before anyone read its report takes no part of it along.
-        """
-        me, others = self.peer.peer_id, [p for p in self._replicas if p != self.peer.peer_id]
-        flat = [p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params]
-        local = [torch.cat([flat[i] for i, _ in b]) for b in self._buckets]
-        if loss is not None:
-            local.append(torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
-        sends = [asyncio.create_task(self._send_to(dst, GSUM, step, k, g)) for dst in others for k, g in enumerate(local)]
-        try:
-            summed = []
-            for k in range(len(local)):
-                parts = {me: local[k]}
-                for src in others:
-                    parts[src] = await self._await((f"{GSUM}/{src}", step, k), GSUM, src)
-                total = torch.zeros_like(local[k])
-                for src in sorted(parts):
-                    total += parts[src]
-                summed.append(total)
-            for bucket, total in zip(self._buckets, summed):
-                offset = 0
-                for i, n in bucket:
-                    params[i].grad = total[offset:offset + n].view_as(params[i]).clone()
-                    offset += n
-            await asyncio.gather(*sends)
-            if loss is not None:
-                return float(summed[-1][0]), int(round(float(summed[-1][1])))
-            return None
-        except BaseException as e:
-            for t in sends:
-                t.cancel()
-            await asyncio.gather(*sends, return_exceptions=True)
-            for p in params:
-                p.grad = None
-            if isinstance(e, asyncio.CancelledError):
-                raise
-            raise StepFailed(f"step {step}: gradient averaging with {len(others)} replica(s) failed: {e}") from e
 
     def _checkpoint(self, layers, opt, first: int, last: int) -> None:
         os.makedirs(self.opts.checkpoint_dir, exist_ok=True)

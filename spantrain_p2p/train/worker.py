@@ -10,6 +10,7 @@ stage runs its schedule: activations and gradients go peer to peer over the data
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -230,6 +231,7 @@ class Trainer:
         self._device_base = None  # device counters when training began
         self._last_gain_check = 0.0
         self._gain_since: Optional[float] = None
+        self._gain_key: Optional[tuple] = None  # (measurements, gain, new step, current step) of the last check
         self._bad_logged: set = set()
         peer.before_serving(self._install)
 
@@ -751,7 +753,15 @@ class Trainer:
         from ..swarm import grouping, measure
 
         published = None
+        last_round, last_live = 0.0, None
         while True:
+            # DHT reads cost every peer CPU: once a stage map is in force and the live peers are
+            # the same, the measurements are read again only every REPLAN_CHECK_S
+            live = sorted(r.peer_id for r in self._ready_peers())
+            if self.smap is not None and live == last_live and time.monotonic() - last_round < REPLAN_CHECK_S:
+                await asyncio.sleep(1.0)
+                continue
+            last_round, last_live = time.monotonic(), live
             try:
                 ids, profiles, links = await self._measured_snapshot()
                 if ids:
@@ -810,10 +820,17 @@ class Trainer:
         ids, profiles, links = await self._measured_snapshot()
         if not ids:
             return False
-        snap = planning.snapshot(profiles, links, ids)
-        cur = planning.current_cost(current, self.job, snap)
-        new = await asyncio.to_thread(planning.make_plan, self.job, snap, "planner")
-        gain = cur / new.step_s - 1 if new.step_s > 0 else 0.0
+        key = json.dumps([ids, [links.get(p) for p in ids], [profiles[p].get("profile") for p in ids],
+                          current.epoch, current.term], sort_keys=True, default=str)
+        if self._gain_key is not None and self._gain_key[0] == key:
+            gain, new_s, cur = self._gain_key[1:]  # the same measurements: the same answer
+        else:
+            snap = planning.snapshot(profiles, links, ids)
+            cur = planning.current_cost(current, self.job, snap)
+            new = await asyncio.to_thread(planning.make_plan, self.job, snap, "planner")
+            new_s = new.step_s
+            gain = cur / new_s - 1 if new_s > 0 else 0.0
+            self._gain_key = (key, gain, new_s, cur)
         if gain < REPLAN_GAIN:
             if self._gain_since is not None:
                 log.info("re-plan gain gone (%.0f %%): no move", gain * 100)
@@ -822,7 +839,7 @@ class Trainer:
         if self._gain_since is None:
             self._gain_since = now
             log.info("a new plan would be %.0f %% faster (%.3fs vs %.3fs per step): holding %.0fs before moving",
-                     gain * 100, new.step_s, cur, REPLAN_HOLD_S)
+                     gain * 100, new_s, cur, REPLAN_HOLD_S)
             return False
         if now - self._gain_since < REPLAN_HOLD_S:
             return False

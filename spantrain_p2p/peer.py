@@ -435,6 +435,8 @@ class Peer:
             self._view_changed.set()
 
     def _task_done(self, task: asyncio.Task) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)  # short-lived ones (news of a stage map) do not pile up
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s crashed: %r", task.get_name(), task.exception())
 

@@ -1,4 +1,5 @@
 """Training across real peer processes on loopback, checked against single-process training."""
+import asyncio
 import glob
 import json
 import os
@@ -191,3 +192,28 @@ async def test_a_trainer_that_fails_unexpectedly_says_so_and_its_peer_is_marked_
         assert trainer.finished.is_set() and trainer.crashed
         assert "no_such_pkg.models" in trainer.error and trainer.refused is None
         assert peer.state == "failed"
+
+
+async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited():
+    """A planner's "mapnews" wakes whoever waits for a stage map (they then read the DHT); news of
+    another job, or news right after news, wakes no one."""
+    import types
+
+    from spantrain_p2p.train.worker import MAP_NEWS_MIN_GAP_S, Trainer, TrainOptions
+
+    trainer = Trainer(types.SimpleNamespace(before_serving=lambda f: None), TrainOptions())
+    trainer.job = JobSpec(job_id="job-a")
+    loop = asyncio.get_running_loop()
+
+    async def woken_after(header) -> float:
+        t0 = loop.time()
+        waiter = asyncio.ensure_future(trainer._map_news_or(1.0))
+        await asyncio.sleep(0.05)
+        await trainer._on_map_news(header, [])
+        await waiter
+        return loop.time() - t0
+
+    assert await woken_after({"job": "job-b"}) >= 1.0
+    assert await woken_after({"job": "job-a"}) < 0.5
+    assert MAP_NEWS_MIN_GAP_S < 1.0
+    assert await woken_after({"job": "job-a"}) >= 1.0  # within the gap of the last one: ignored

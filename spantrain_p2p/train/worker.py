@@ -54,6 +54,11 @@ BUCKET_BYTES = 4 << 20
 # many micro-batches as stages (volunteer swarms) fill and drain are most of the step.
 NEGLIGIBLE_TRANSFER = 0.1
 LOSS_ROWS = 8  # recent loss rows sent along with a buddy copy
+# The planner tells the peers it publishes a stage map (a "mapnews" message: a hint to read the
+# DHT, which stays the only source of maps); without news a peer reads the DHT this often, since
+# every read costs CPU on every peer (the DHT's lookups), much of it on machines that train.
+MAP_POLL_S = 2.0
+MAP_NEWS_MIN_GAP_S = 0.2  # news closer together than this wakes no one (a spamming peer included)
 
 
 def layer_buckets(layer_numels: list[list[int]], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, list[tuple[int, int]]]]:
@@ -231,6 +236,8 @@ class Trainer:
         self._device_base = None  # device counters when training began
         self._last_gain_check = 0.0
         self._gain_since: Optional[float] = None
+        self._map_news = asyncio.Event()
+        self._map_news_at = 0.0
         self._gain_key: Optional[tuple] = None  # (measurements, gain, new step, current step) of the last check
         self._bad_logged: set = set()
         peer.before_serving(self._install)
@@ -241,6 +248,7 @@ class Trainer:
             peer.dataplane.register(kind, self._on_tensor)
         peer.dataplane.register("ckpt", self._on_ckpt)
         peer.dataplane.register("fetch", self._on_fetch)
+        peer.dataplane.register("mapnews", self._on_map_news)
         peer.dataplane.add_json_get("/inventory", self.inventory)
         peer.dataplane.add_json_get("/report", self.report)
         peer.dataplane.add_json_get("/measurements", self.measurements)
@@ -277,6 +285,37 @@ class Trainer:
         if not 0 <= header["layer"] < self.handle.num_layers or not 0 <= header["step"] <= self.job.steps:
             raise FrameError("layer or step out of range")
         return header["layer"], header["step"]
+
+    async def _on_map_news(self, header: dict, buffers) -> None:
+        """A planner published a stage map: wake whoever waits for one (they read the DHT)."""
+        if self.job is not None and header.get("job") != self.job.job_id:
+            return None
+        now = time.monotonic()
+        if now - self._map_news_at >= MAP_NEWS_MIN_GAP_S:
+            self._map_news_at = now
+            self._map_news.set()
+        return None
+
+    async def _map_news_or(self, timeout_s: float) -> None:
+        """Until the next stage-map news, at most ``timeout_s``."""
+        try:
+            await asyncio.wait_for(self._map_news.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        self._map_news.clear()
+
+    async def _announce_map(self, epoch: int) -> None:
+        """Best effort: every other live peer gets the news at once (a lost one waits MAP_POLL_S)."""
+        async def tell(r) -> None:
+            try:
+                await self.peer.client.send(r.data_url, "mapnews", {"job": self.job.job_id, "epoch": epoch},
+                                            timeout=2.0, link=self.peer.link_to(r.peer_id))
+            except Exception as e:
+                log.debug("stage-map news to %s not delivered: %r", r.name or r.peer_id, e)
+
+        self._map_news.set()  # this peer's own waiters
+        await asyncio.gather(*(tell(r) for r in self.peer.live_members()
+                               if r.peer_id != self.peer.peer_id and r.data_url))
 
     async def _on_ckpt(self, header: dict, buffers) -> None:
         """A buddy's copy of one of its layers after a step: held for recovery."""
@@ -422,7 +461,7 @@ class Trainer:
     async def _watch_epochs(self) -> None:
         """Aborts the running epoch as soon as a newer stage map is out: no waiting on a dead peer."""
         while True:
-            await asyncio.sleep(self.opts.poll_s)
+            await self._map_news_or(MAP_POLL_S)
             task, cur = self._train_task, self.smap
             if task is None or cur is None or task.done():
                 continue
@@ -727,7 +766,7 @@ class Trainer:
                 log.info("waiting for the planner's stage map (%d of %d peers ready)",
                          len(self._ready_peers()), self.job.peers)
                 announced = True
-            await asyncio.sleep(self.opts.poll_s)
+            await self._map_news_or(MAP_POLL_S)
 
     def _log_map(self, smap: StageMap) -> None:
         pred = f", predicted step {smap.predicted_step_s:.3f}s ({smap.bottleneck})" if smap.predicted_step_s else ""
@@ -914,6 +953,7 @@ class Trainer:
             await self._store(stagemap_key(self.peer.config.swarm), f"{smap.epoch:012d}",
                               sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
             log.error("run stopped: %s", error)
+            self.peer.spawn(self._announce_map(smap.epoch), "map-news")
             return
         if plan is not None:
             smap = planning.to_stage_map(plan, job, epoch, names, term, start)
@@ -929,6 +969,7 @@ class Trainer:
                           sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
         self.replans += current is not None
         log.info("published stage map epoch %d (term %d)", smap.epoch, term)
+        self.peer.spawn(self._announce_map(smap.epoch), "map-news")
 
     async def _train(self) -> None:
         job, smap, k = self.job, self.smap, self.stage

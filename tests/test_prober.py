@@ -277,6 +277,28 @@ def test_the_passive_estimate_sees_a_10x_drop_within_5_seconds_fake_clock():
     assert est.estimate("b", now=100.0) is None and est.estimate("zzz") is None  # old data expires
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_passive_estimate_is_not_fooled_by_a_fifth_of_transfers_stalling(seed):
+    """A busy receiver makes some transfers slow: with every fifth one (at random) 10x slower,
+    the estimate stays the link's 100 MB/s, and a real 10x drop still shows within 3 s."""
+    import random
+
+    rnd = random.Random(seed)
+    est = PassiveEstimator()
+    seen, t = [], 0.0
+    while t < 20.0:
+        rate = 100e6 if t < 10.0 else 10e6
+        dur = 1e6 / rate * (10 if rnd.random() < 0.2 else 1)
+        t += dur
+        est.observe("b", 1_000_000, dur, now=t)
+        seen.append((t, est.estimate("b", now=t)))
+        t += 0.02  # idle moments between sends: each transfer its own busy period
+    steady = [e for t_, e in seen if 3.0 < t_ <= 10.0]
+    assert min(steady) == pytest.approx(100e6, rel=0.1)
+    d = detection_time(seen, 10.0, 100e6)
+    assert d is not None and d < 3.0, d
+
+
 def test_latency_bound_transfers_give_a_lower_bound_that_shows_a_recovered_link():
     est = PassiveEstimator(tau_s=1.0)
     # degraded: 32 KiB takes 26 ms of bytes after 20 ms of latency: counted

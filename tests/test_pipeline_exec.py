@@ -129,10 +129,10 @@ async def test_each_layer_is_reported_done_during_the_last_backward_with_its_fin
     layers = handle.build(0, handle.num_layers)
     ids, tgt = data.batch(0, 0, 0, JOB.micro_batch_size, JOB.seq_len)
     per_layer = stage_layer_flops(layers, ids, tgt)
-    flops = {ph: sum(x[ph] for x in per_layer) for ph in ("F", "B", "W")}
-    device = VirtualDevice(1.0, scale=flops["W"] / 1e12 / 0.2)  # a weight-grad op takes 0.2 s
+    w_flops = sum(x["W"] for x in per_layer)
+    device = VirtualDevice(1.0, scale=w_flops / 1e12 / 0.2)  # a weight-grad op takes 0.2 s
     ex = StageExecutor(layers, True, True, 2, lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len),
-                       None, None, device=device, flops=flops, layer_flops=per_layer)
+                       None, None, device=device, layer_flops=per_layer)
     loop = asyncio.get_running_loop()
     seen = []
 
@@ -143,7 +143,7 @@ async def test_each_layer_is_reported_done_during_the_last_backward_with_its_fin
     await ex.run_step(0, actions, on_layer_done=done)
     end = loop.time()
     assert [i for i, _, _ in seen] == list(reversed(range(len(layers))))
-    heavy = [i for i, x in enumerate(per_layer) if x["W"] > 0.1 * flops["W"]]
+    heavy = [i for i, x in enumerate(per_layer) if x["W"] > 0.1 * w_flops]
     at = {i: t for i, t, _ in seen}
     assert end - at[heavy[-1]] > 0.02  # the last big layer's gradients were out well before the end
     for i, _, grads in seen:

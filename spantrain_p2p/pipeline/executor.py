@@ -51,11 +51,12 @@ LayerDone = Callable[[int], None]  # called with a layer's index once its step's
 
 class StageExecutor:
     def __init__(self, layers: list[nn.Module], is_first: bool, is_last: bool, num_microbatches: int,
-                 batch: Batch, recv: Recv, send: Send, device=None, flops: Optional[dict[str, float]] = None,
+                 batch: Batch, recv: Recv, send: Send, device=None,
                  layer_flops: Optional[list[dict[str, float]]] = None):
-        """``device`` (a profile.virtual.VirtualDevice) pads each op to ``flops[phase]`` of one
-        micro-batch; ``layer_flops`` (per layer, the same phases) says when within the step's last
-        weight-grad op each layer is done on the device (for ``run_step``'s ``on_layer_done``)."""
+        """``device`` (a profile.virtual.VirtualDevice) pads each op to the FLOPs of one micro-batch
+        through the stage, from ``layer_flops`` (per layer, F, B and W: ``stage_layer_flops``),
+        which also say when within the step's last weight-grad op each layer is done on the device
+        (for ``run_step``'s ``on_layer_done``)."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
@@ -64,8 +65,8 @@ class StageExecutor:
         self._layer_params = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stage-compute")
         self.device = device
-        self.flops = flops or {}
         self.layer_flops = layer_flops
+        self.flops = {ph: sum(x.get(ph, 0.0) for x in layer_flops or ()) for ph in ("F", "B", "W")}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -250,9 +251,3 @@ def stage_layer_flops(layers: list[nn.Module], sample_input: torch.Tensor,
             with torch.no_grad():
                 x = layer(x)
     return out
-
-
-def stage_flops(layers: list[nn.Module], sample_input: torch.Tensor, targets: Optional[torch.Tensor]) -> dict[str, float]:
-    """FLOPs of F, B and W of one micro-batch through these layers, counted by torch's own counter."""
-    per = stage_layer_flops(layers, sample_input, targets)
-    return {k: sum(x[k] for x in per) for k in ("F", "B", "W")}

@@ -993,15 +993,14 @@ class Trainer:
             sizes = [(sum(n for _, n in b),) for _, b in self._buckets] + ([(2,)] if nxt is None else [])
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(self._replicas) - {me}, (),
                                   len(sizes), shapes_by_mb=tuple(sizes))
-        flops = layer_flops = None
+        layer_flops = None
         if self.peer.device is not None:
             ids, tgt = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
             sample = ids if k == 0 else torch.randn(shapes[first])
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt if k == n - 1 else None)
-            flops = {ph: sum(x[ph] for x in layer_flops) for ph in ("F", "B", "W")}
         executor = StageExecutor(layers, k == 0, k == n - 1, M,
                                  batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
-                                 recv=self._recv, send=self._send, device=self.peer.device, flops=flops,
+                                 recv=self._recv, send=self._send, device=self.peer.device,
                                  layer_flops=layer_flops)
         opt = make_optimizer(job, executor.params)
         await self._load_state(layers, opt, first, smap.start_step)

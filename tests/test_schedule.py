@@ -240,3 +240,10 @@ def test_schedule_dispatches_by_name():
     assert schedule("gpipe", 3, 5, 1) == gpipe(3, 5, 1)
     assert schedule("1f1b", 3, 5, 1) == one_f_one_b(3, 5, 1)
     assert schedule("zb-h1", 3, 5, 1) == zb_h1(3, 5, 1)
+
+
+def test_backward_done_fractions_run_last_layer_first_by_work():
+    from spantrain_p2p.pipeline.schedule import backward_done_fractions
+
+    assert backward_done_fractions([1.0, 2.0, 1.0]) == [1.0, 0.75, 0.25]
+    assert backward_done_fractions([0.0, 0.0]) == [1.0, 0.5]  # no work counted: evenly

@@ -75,14 +75,9 @@ class StageExecutor:
         """Per layer, the fraction of a backward op (``W`` or ``BW``) done once that layer is: the
         layers run last to first, each taking its share of the op's FLOPs."""
         n = len(self.layers)
-        lf = self.layer_flops if self.layer_flops and len(self.layer_flops) == n else None
-        work = [(lf[i].get("W", 0.0) + (lf[i].get("B", 0.0) if phase == "BW" else 0.0)) if lf else 1.0
-                for i in range(n)]
-        total, acc, out = sum(work), 0.0, [0.0] * n
-        for i in reversed(range(n)):
-            acc += work[i]
-            out[i] = acc / total if total > 0 else 1.0
-        return out
+        lf = self.layer_flops if self.layer_flops and len(self.layer_flops) == n else [{}] * n
+        return sched.backward_done_fractions(
+            [x.get("W", 0.0) + (x.get("B", 0.0) if phase == "BW" else 0.0) for x in lf])
 
     async def _compute(self, phase: str, fn, *args, on_layer_done: Optional[LayerDone] = None):
         """Runs ``fn(*args, layer_done)`` on the compute thread, padded on a virtual device.

@@ -204,6 +204,18 @@ def all_stages(name: str, num_stages: int, num_microbatches: int) -> list[list[A
 # ------------------------------------------------------------------------------ text form
 
 
+def backward_done_fractions(work: Sequence[float]) -> list[float]:
+    """Per layer (``work`` in layer order), the fraction of a backward op done once that layer
+    is: the op runs the layers last to first, each taking its share of ``work`` (evenly if none)."""
+    n = len(work)
+    total = sum(work)
+    out, acc = [0.0] * n, 0.0
+    for i in reversed(range(n)):
+        acc += work[i] if total > 0 else 1.0
+        out[i] = acc / (total if total > 0 else n)
+    return out
+
+
 def to_text(actions: Sequence[Action]) -> str:
     """Space-separated actions, e.g. ``"F0 SEND_F0 F1 SEND_F1 RECV_B0 BW0"``."""
     return " ".join(str(a) for a in actions)

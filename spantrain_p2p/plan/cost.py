@@ -248,9 +248,9 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     ar_stage = -1
     ars = []
     for s in range(p):
-        ring = layout.allreduce_layers[s] if s < len(layout.allreduce_layers) else None
+        ring = layout.allreduce_layers[s]
         if ring is None:
-            ars.append(layout.allreduce_s[s])
+            ars.append(0.0)
         else:
             last_op = max((pw.w + (pw.b if fused else 0.0) for _, pw in layout.stages[s].kinds if pw.mbs), default=0.0)
             ars.append(ring.tail_s(last_op, fused))

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..pipeline.schedule import schedule as make_schedule
+from ..pipeline.schedule import backward_done_fractions, schedule as make_schedule
 from .types import Link, ModelProfile, Plan, Snapshot, Stage
 
 
@@ -216,8 +216,7 @@ class Layout:
     num_micro_batches: int
     stages: tuple[StageWork, ...]
     hops: tuple[HopLinks, ...]
-    allreduce_s: tuple[float, ...]  # per stage: its whole ring all-reduce, nothing overlapped
-    allreduce_layers: tuple[Optional["RingLayers"], ...] = ()  # per stage: the same, layer by layer
+    allreduce_layers: tuple[Optional["RingLayers"], ...]  # per stage: its ring all-reduce by layer (None: one peer)
 
     def matches(self, plan: Plan) -> bool:
         return (self.stages_key == plan.stages and self.micro_batch_size == plan.micro_batch_size
@@ -257,8 +256,7 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
             ar = cache[key] = ring_layers(st.peers, profile.layers[st.layers[0]:st.layers[1]],
                                           profile.grad_wire_bytes_per_param_byte, links)
         ars.append(ar)
-    return Layout(plan.stages, b, m, tuple(out), tuple(hops),
-                  tuple(0.0 if r is None else r.whole_s for r in ars), tuple(ars))
+    return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars))
 
 
 def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: ModelProfile,
@@ -323,10 +321,6 @@ class RingLayers:
     piece_s: tuple[float, ...]
     latency_s: float
 
-    @property
-    def whole_s(self) -> float:
-        return sum(self.piece_s) + self.latency_s
-
     def tail_s(self, backward_s: float, fused: bool) -> float:
         """Seconds the all-reduce goes on after the stage's last backward op (of ``backward_s``)."""
         return overlapped_tail(self.done_bw if fused else self.done_w, self.piece_s, self.latency_s, backward_s)
@@ -355,32 +349,12 @@ def ring_layers(peers: Sequence[str], layers: Sequence, wire_per_param_byte: flo
     edges = [links.get(peers[i], peers[(i + 1) % n]) for i in range(n)]
     slow = max(edges, key=lambda e: e.transfer_s(nbytes / n))
     order = list(reversed(layers))
-    w = [x.bwd_weight_flops for x in order]
-    bw = [x.bwd_input_flops + x.bwd_weight_flops for x in order]
 
-    def cum(xs):
-        total, acc, out = sum(xs), 0.0, []
-        for x in xs:
-            acc += x
-            out.append(acc / total if total > 0 else 1.0)
-        return tuple(out)
+    def done(work):  # in the order the layers finish: last first
+        return tuple(reversed(backward_done_fractions(work)))
 
+    w = done([x.bwd_weight_flops for x in layers])
+    bw = done([x.bwd_input_flops + x.bwd_weight_flops for x in layers])
     steps = 2 * (n - 1)
     pieces = tuple(steps * x.param_bytes * wire_per_param_byte / n / slow.bandwidth for x in order)
-    return RingLayers(cum(w), cum(bw), pieces, steps * slow.rtt_s / 2)
-
-
-def ring_allreduce_s(peers: Sequence[str], nbytes: float, links: LinkTable) -> tuple[float, str]:
-    """Ring all-reduce of ``nbytes`` over ``peers`` in order: 2(n-1) steps of ``nbytes/n``, each
-    as slow as the ring's slowest edge. Returns (seconds, slowest edge "a->b")."""
-    n = len(peers)
-    if n < 2 or nbytes <= 0:
-        return 0.0, ""
-    chunk = nbytes / n
-    worst, edge = -1.0, ""
-    for i in range(n):
-        a, c = peers[i], peers[(i + 1) % n]
-        t = links.get(a, c).transfer_s(chunk)
-        if t > worst:
-            worst, edge = t, f"{a}->{c}"
-    return 2 * (n - 1) * worst, edge
+    return RingLayers(w, bw, pieces, steps * slow.rtt_s / 2)

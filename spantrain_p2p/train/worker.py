@@ -85,9 +85,10 @@ def layer_buckets(layer_numels: list[list[int]], bucket_bytes: int = BUCKET_BYTE
 class GradientSum:
     """One step's all-reduce (sum) of a stage's weight gradients among its replicas, bucket by
     bucket: a layer's buckets go to the other replicas as soon as the executor says its gradients
-    are final (``layer_done``, during the step's last backward op), so the transfers overlap the
-    backward of the layers below; ``finish`` sends what is left, adds every replica's part up in
-    peer-id order (every replica ends with bit-identical gradients) and sets them."""
+    are final (``layer_done``, during the step's last backward op; ``run_step`` tells every layer
+    by its end), so the transfers overlap the backward of the layers below; ``finish`` adds every
+    replica's part up in peer-id order (every replica ends with bit-identical gradients) and sets
+    them."""
 
     def __init__(self, worker: "Trainer", step: int, params: list[torch.nn.Parameter],
                  buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str]):
@@ -114,8 +115,6 @@ class GradientSum:
         of micro-batch losses rides along, and the whole step's is returned)."""
         me = self.worker.peer.peer_id
         try:
-            for layer in self.by_layer:
-                self.layer_done(layer)  # none is left unsent, even if the executor did not say
             if loss is not None:
                 self.local.append(None)
                 self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))

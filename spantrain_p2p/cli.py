@@ -103,7 +103,7 @@ def _model_args(pairs: list[str]) -> dict:
 
 def _train_options(a: argparse.Namespace):
     from .train.job import BUILTIN, JobSpec
-    from .train.worker import TrainOptions
+    from .train.trainer import TrainOptions
 
     allowed = (a.model,) if a.model != BUILTIN else ()
     job = None
@@ -155,7 +155,7 @@ def _config_from_args(a: argparse.Namespace):
 
 async def _run_peer(config, ready_file: Optional[str], train_options=None) -> int:
     from .peer import Peer
-    from .train.worker import Trainer
+    from .train.trainer import Trainer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -46,7 +46,7 @@ def _preload() -> None:
 
     from . import cli, peer  # noqa: F401
     from .swarm import discovery  # noqa: F401
-    from .train import model, worker  # noqa: F401
+    from .train import model, trainer  # noqa: F401
 
 
 def _child(argv: list[str], log: str, cwd: str) -> None:

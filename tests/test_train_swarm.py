@@ -125,7 +125,7 @@ async def test_a_joiner_refuses_a_job_of_another_protocol_version(peers):
 
     from spantrain_p2p import PROTOCOL_VERSION
     from spantrain_p2p.peer import Peer, PeerConfig
-    from spantrain_p2p.train.worker import Trainer, TrainOptions
+    from spantrain_p2p.train.trainer import Trainer, TrainOptions
 
     job = replace(JobSpec(steps=3).finalized(), protocol=PROTOCOL_VERSION + 1, version="9.9.9")
     swarm = f"proto-{os.getpid()}"
@@ -182,7 +182,7 @@ async def test_a_trainer_that_fails_unexpectedly_says_so_and_its_peer_is_marked_
     """Whatever breaks inside a trainer ends as its error in /status and the state 'failed', never as
     a peer that looks idle while nothing happens (the command line then leaves the swarm)."""
     from spantrain_p2p.peer import Peer, PeerConfig
-    from spantrain_p2p.train.worker import Trainer, TrainOptions
+    from spantrain_p2p.train.trainer import Trainer, TrainOptions
 
     spec = "no_such_pkg.models:build"
     peer = Peer(PeerConfig(swarm=f"crash-{os.getpid()}", heartbeat_s=0.5))
@@ -199,7 +199,7 @@ async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited():
     another job, or news right after news, wakes no one."""
     import types
 
-    from spantrain_p2p.train.worker import MAP_NEWS_MIN_GAP_S, Trainer, TrainOptions
+    from spantrain_p2p.train.trainer import MAP_NEWS_MIN_GAP_S, Trainer, TrainOptions
 
     trainer = Trainer(types.SimpleNamespace(before_serving=lambda f: None), TrainOptions())
     trainer.job = JobSpec(job_id="job-a")

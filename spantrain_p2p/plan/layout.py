@@ -311,7 +311,7 @@ def _hop_links(a: StageWork, c: StageWork, m: int, links: LinkTable) -> HopLinks
 @dataclass(frozen=True)
 class RingLayers:
     """A stage's ring all-reduce split by layer, in the order the backward finishes them (last
-    layer first): each layer's gradients go out as soon as they are final (``train.worker``'s
+    layer first): each layer's gradients go out as soon as they are final (``train.trainer``'s
     ``GradientSum``). Per layer: the fraction of the stage's W (``done_w``) or fused B+W
     (``done_bw``) op done by then, and the seconds its bytes hold the ring's slowest edge
     (``piece_s``: 2(n-1) chunks of bytes / n); ``latency_s``: the ring's 2(n-1) one-way delays."""

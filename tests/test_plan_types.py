@@ -8,7 +8,7 @@ import pytest
 from spantrain_p2p import scenario
 from spantrain_p2p.plan.types import (GIB, ModelProfile, Plan, Snapshot, Stage, compression_ratio,
                                       default_planning_model)
-from spantrain_p2p.train.model import ModelConfig, num_params
+from spantrain_p2p.plan.model import ModelConfig, num_params
 
 
 def test_scenario_numbers_become_flops_bytes_and_seconds():
@@ -100,3 +100,12 @@ def test_plans_with_gaps_or_a_peer_twice_are_refused(stages, msg):
 def test_stage_shares_must_sum_to_one():
     with pytest.raises(ValueError, match="sum to 1"):
         Stage(("a", "b"), (0, 1), (0.5, 0.6))
+
+
+def test_planning_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, spantrain_p2p.plan, spantrain_p2p.plan.planner, spantrain_p2p.sim; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "importing the planner imported torch"

@@ -1,8 +1,7 @@
 """Plain frozen data the planner works on: peers, links, a model's per-layer profile, plans.
 
-Everything here is pure data with validation; no network and no torch at plan time
-(``ModelProfile.from_model_config`` imports the model module lazily, only for its
-FLOP formula).
+Everything here is pure data with validation; no network and no torch (the reference
+model's shape and FLOPs come from ``plan.model``).
 
 Units: seconds, bytes, bytes/second, FLOP, FLOP/second. Scenario and measurement files
 speak in ms, Mbit/s, TFLOP/s and GB; the ``from_*`` constructors convert.
@@ -12,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional
+
+from .model import ModelConfig, block_params, embed_params, flops_per_layer, head_params, num_params
 
 MAX_PEERS = 100_000
 MAX_LINKS = 5_000_000
@@ -166,9 +167,9 @@ class ModelProfile:
         return sum(x.fwd_flops + x.bwd_input_flops + x.bwd_weight_flops for x in self.layers)
 
     @classmethod
-    def from_model_config(cls, cfg: Any, *, param_dtype_bytes: int = 4, wire_dtype_bytes: int = 4,
+    def from_model_config(cls, cfg: ModelConfig, *, param_dtype_bytes: int = 4, wire_dtype_bytes: int = 4,
                           stash_dtype_bytes: int = 2, name: str = "") -> "ModelProfile":
-        """The reference transformer (``spantrain_p2p.train.model``) as a profile.
+        """The reference transformer (``plan.model.ModelConfig``) as a profile.
 
         FLOPs from ``flops_per_layer``. Backward of a matmul costs about its forward twice
         over, once for the input-grad (B) and once for the weight-grad (W), so B ~ W ~ F;
@@ -176,27 +177,21 @@ class ModelProfile:
         embedding has no input-grad. Stash per block follows Korthikanti et al. (2022) with
         fused attention: ``34 * T * D`` elements of ``stash_dtype_bytes / 2`` bytes.
         """
-        from ..train.model import flops_per_layer, num_params  # noqa: F401  (torch import, only here)
-
         f = flops_per_layer(cfg, 1)
         t, d, v = cfg.seq_len, cfg.dim, cfg.vocab
-        h = cfg.mlp_ratio * d
         attn = 4.0 * t * t * d  # QK^T and AV per sample (as flops_per_layer counts them)
-        embed_params = v * d + t * d
-        block_params = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * h + h) + (h * d + d)
-        head_params = 2 * d + d * v + v
         act = float(t * d * wire_dtype_bytes)
         layers = [LayerProfile(fwd_flops=f[0], bwd_input_flops=0.0, bwd_weight_flops=f[0],
-                               param_bytes=float(embed_params * param_dtype_bytes),
+                               param_bytes=float(embed_params(cfg) * param_dtype_bytes),
                                activation_bytes_out=act, stash_bytes=0.0)]
         for x in f[1:-1]:
             mm = x - attn
             layers.append(LayerProfile(fwd_flops=x, bwd_input_flops=mm + 2 * attn, bwd_weight_flops=mm,
-                                       param_bytes=float(block_params * param_dtype_bytes),
+                                       param_bytes=float(block_params(cfg) * param_dtype_bytes),
                                        activation_bytes_out=act,
                                        stash_bytes=17.0 * t * d * stash_dtype_bytes))
         layers.append(LayerProfile(fwd_flops=f[-1], bwd_input_flops=f[-1], bwd_weight_flops=f[-1],
-                                   param_bytes=float(head_params * param_dtype_bytes),
+                                   param_bytes=float(head_params(cfg) * param_dtype_bytes),
                                    activation_bytes_out=0.0,
                                    stash_bytes=float(t * d * stash_dtype_bytes + t * v * 4)))
         label = name or f"transformer d={d} L={cfg.depth} T={t} V={v} ({num_params(cfg) / 1e9:.2f}B params)"
@@ -204,14 +199,12 @@ class ModelProfile:
 
 
 def default_planning_model(dim: int = 2048, depth: int = 24, seq_len: int = 1024, vocab: int = 32000,
-                           heads: int = 16) -> Any:
+                           heads: int = 16) -> ModelConfig:
     """A GPT-like model of ~1.3B parameters (d=2048, 24 blocks, T=1024): the planner's default.
 
     The swarm's live demo model is tiny (a CPU model); planning a scenario with it would make
     every plan latency-bound and the trade-off between compute and links meaningless.
     """
-    from ..train.model import ModelConfig
-
     return ModelConfig(vocab=vocab, dim=dim, depth=depth, heads=heads, seq_len=seq_len)
 
 

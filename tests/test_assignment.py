@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from spantrain_p2p.pipeline.peerplan import check_deadlock_free, peer_actions
+from spantrain_p2p.pipeline.assignment import check_deadlock_free, peer_actions
 from spantrain_p2p.plan.stagemap import assign_microbatches
 
 

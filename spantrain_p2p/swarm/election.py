@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
+from .keys import lease_key, term_subkey
 from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.election")
@@ -70,16 +71,12 @@ def parse_leases(raw: Any, on_bad: Callable[[object, str], None]) -> list[Lease]
                 raise BadRecord("lease term must be a positive int")
             if pid != signer or not isinstance(exp, (int, float)):
                 raise BadRecord("lease must be signed by the peer it names")
-            if sub != f"{term:012d}":
+            if sub != term_subkey(term):
                 raise BadRecord("lease stored under another term's subkey")
             out.append(Lease(term, pid, float(exp)))
         except BadRecord as e:
             on_bad(sub, str(e))
     return out
-
-
-def lease_key(swarm: str) -> str:
-    return f"spantrain/{swarm}/planner"
 
 
 class Election:
@@ -117,7 +114,7 @@ class Election:
 
     async def _write(self, lease: Lease) -> None:
         value = sign_payload(lease.to_dict(), self.peer.identity)
-        await self.peer.dht.store(lease_key(self.peer.config.swarm), value, lease.expires, subkey=f"{lease.term:012d}")
+        await self.peer.dht.store(lease_key(self.peer.config.swarm), value, lease.expires, subkey=term_subkey(lease.term))
 
     async def tick(self) -> Optional[Lease]:
         """One round: read, then renew, claim or wait. Returns the leader as this peer sees it."""

@@ -9,29 +9,27 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from .keys import GROUPS, LINKS, PINGS, PROFILES, measure_key
 from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.measure")
 
-PROFILES, LINKS, GROUPS, PINGS = "profiles", "links", "groups", "pings"
+__all__ = ["GROUPS", "LINKS", "MAX_BYTES", "PINGS", "PROFILES", "TTL_S", "publish", "read"]
+
 MAX_BYTES = 256 << 10
 TTL_S = 3600.0
-
-
-def key(swarm: str, what: str) -> str:
-    return f"spantrain/{swarm}/{what}"
 
 
 async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S) -> None:
     from hivemind.utils import get_dht_time
 
     value = sign_payload(payload, peer.identity, MAX_BYTES)
-    await peer.dht.store(key(peer.config.swarm, what), value, get_dht_time() + ttl_s, subkey=peer.peer_id)
+    await peer.dht.store(measure_key(peer.config.swarm, what), value, get_dht_time() + ttl_s, subkey=peer.peer_id)
 
 
 async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[object, str], None]) -> dict[str, Any]:
     """{peer id: parse(payload)} of the valid entries signed by the peer they are filed under."""
-    found = await peer.dht.get(key(peer.config.swarm, what), latest=True)
+    found = await peer.dht.get(measure_key(peer.config.swarm, what), latest=True)
     out: dict[str, Any] = {}
     if found is None or not isinstance(found.value, dict):
         return out

@@ -12,13 +12,12 @@ from typing import Optional
 from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
 
+from .keys import members_key
 from .records import BadRecord, PeerRecord, open_record
 
 log = logging.getLogger(__name__)
 
-
-def members_key(swarm: str) -> str:
-    return f"spantrain/{swarm}/members"
+__all__ = ["BadRecordLog", "announce", "describe", "diff_members", "members_key", "parse_members", "read_members"]
 
 
 class BadRecordLog:

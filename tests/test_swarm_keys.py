@@ -1,0 +1,23 @@
+"""The swarm's DHT keys are part of the protocol: peers of one version must build the same strings."""
+from spantrain_p2p.swarm import election, keys, measure, membership
+
+
+def test_every_key_of_a_swarm_is_spelled_as_peers_of_this_version_expect():
+    assert keys.members_key("s1") == "spantrain/s1/members"
+    assert [keys.measure_key("s1", w) for w in (keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS)] == [
+        "spantrain/s1/profiles", "spantrain/s1/links", "spantrain/s1/groups", "spantrain/s1/pings"]
+    assert keys.lease_key("s1") == "spantrain/s1/planner"
+    assert keys.job_key("s1") == "spantrain/s1/job" and keys.JOB_SUBKEY == "job"
+    assert keys.stagemap_key("s1") == "spantrain/s1/stagemap"
+
+
+def test_term_and_epoch_subkeys_sort_as_their_numbers_do():
+    assert keys.term_subkey(7) == "000000000007" and keys.epoch_subkey(12) == "000000000012"
+    assert sorted(keys.epoch_subkey(e) for e in (10, 9, 100)) == [keys.epoch_subkey(e) for e in (9, 10, 100)]
+
+
+def test_the_modules_that_store_records_use_these_keys():
+    assert membership.members_key is keys.members_key
+    assert election.lease_key is keys.lease_key
+    assert (measure.PROFILES, measure.LINKS, measure.GROUPS, measure.PINGS) == (
+        keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS)

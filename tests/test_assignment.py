@@ -3,7 +3,7 @@ import itertools
 import pytest
 
 from spantrain_p2p.pipeline.assignment import check_deadlock_free, peer_actions
-from spantrain_p2p.plan.stagemap import assign_microbatches
+from spantrain_p2p.pipeline.assignment import assign_microbatches
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])

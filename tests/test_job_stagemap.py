@@ -51,7 +51,7 @@ def test_replicated_stages_deal_peers_in_order_and_share_micro_batches():
 
 
 def test_micro_batches_follow_the_shares_and_are_spread_over_the_step():
-    from spantrain_p2p.plan.stagemap import assign_microbatches
+    from spantrain_p2p.pipeline.assignment import assign_microbatches
 
     got = assign_microbatches(["fast", "slow"], [3.0, 1.0], 8)
     assert got.count("fast") == 6 and got.count("slow") == 2

@@ -7,8 +7,8 @@ import torch
 from spantrain_p2p.pipeline import schedule as sched
 from spantrain_p2p.pipeline.executor import StageExecutor, StepFailed
 from spantrain_p2p.pipeline.messages import ACT, GRAD, Inbox
-from spantrain_p2p.pipeline.peerplan import peer_actions
-from spantrain_p2p.plan.stagemap import assign_microbatches, even_split
+from spantrain_p2p.pipeline.assignment import assign_microbatches, peer_actions
+from spantrain_p2p.plan.stagemap import even_split
 from spantrain_p2p.train import data
 from spantrain_p2p.train.job import JobSpec, ModelHandle
 from spantrain_p2p.train.optim import make_optimizer

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from spantrain_p2p.plan.cost import estimate
-from spantrain_p2p.plan.layout import LinkTable, microbatch_counts, microbatch_owners
+from spantrain_p2p.pipeline.assignment import microbatch_counts, microbatch_owners
+from spantrain_p2p.plan.layout import LinkTable
 from spantrain_p2p.plan.types import (LayerProfile, Link, ModelProfile, Network, PeerInfo, Plan, Snapshot,
                                       Stage)
 

@@ -1,31 +1,128 @@
-"""Per-peer action lists when a stage holds several data-parallel peers.
+"""Who runs which micro-batch, and each peer's action list: what the runtime runs, and what the
+cost model and the simulator (``plan.layout``, ``sim``) model, from these same functions.
 
-Each peer of stage k runs the stage's whole action list filtered to the micro-batches it owns;
-sends and receives go to whichever peer of the neighbouring stage holds that micro-batch. The
-stage lists use warm-ups scaled to the number of replicas and never growing downstream
-(``plan.layout.stage_warmups``): a sub-sequence of a deadlock-free stage list, run by more
-devices, cannot deadlock. ``check_deadlock_free`` proves it for given lists by executing them
-abstractly: every peer runs its list in order, receives block until the matching send happened.
+- ``microbatch_counts`` / ``microbatch_owners`` / ``assign_microbatches``: which peer of a stage
+  runs which micro-batch. Counts by largest remainder of ``share * m``; each peer's micro-batches
+  spread evenly over the step (peer ``i`` with ``c`` of them takes the slots nearest to
+  ``(k + 0.5) * m / c``), so no peer waits for a clump of another's.
+- ``stage_warmups`` / ``stage_actions`` / ``peer_lists`` / ``peer_actions``: each peer's action
+  list. A stage of several data-parallel peers runs its schedule's list over all ``m``
+  micro-batches with a warm-up scaled to its replicas (never growing downstream), and each peer
+  keeps the actions of its own micro-batches; sends and receives go to whichever peer of the
+  neighbouring stage holds that micro-batch. A sub-sequence of a deadlock-free stage list, run by
+  more devices, cannot deadlock. (Giving each replica the schedule generated for its own count
+  instead can deadlock: stages of 1, 3 and 1 peers, m = 4, 1F1B or ZB-H1.)
+- ``check_deadlock_free`` proves it for given lists by executing them abstractly: every peer
+  runs its list in order, receives block until the matching send happened.
 """
 from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
 
 from . import schedule as sched
 
 
-def peer_actions(assignments: list[list[str]], schedule_name: str) -> dict[tuple[int, str], list[sched.Action]]:
-    """{(stage, peer): actions with global micro-batch numbers}; assignments[k][mb] = peer of mb at stage k."""
-    from ..plan.layout import stage_actions, stage_warmups
+def microbatch_counts(shares: Sequence[float], m: int) -> list[int]:
+    """``m`` micro-batches split by ``shares`` (largest remainder; ties to the earlier peer)."""
+    n = len(shares)
+    total = sum(shares)
+    if n == 0 or total <= 0:
+        raise ValueError("micro-batch shares must be positive")
+    exact = [s / total * m for s in shares]
+    counts = [int(math.floor(x)) for x in exact]
+    left = m - sum(counts)
+    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:left]:
+        counts[i] += 1
+    return counts
 
+
+def microbatch_owners(shares: Sequence[float], m: int) -> list[int]:
+    """For each micro-batch ``0..m-1``, the index of the peer (in ``shares`` order) that runs it.
+
+    Peer ``i`` with ``c`` micro-batches takes the slots nearest to ``(k + 0.5) * m / c``: its
+    work is spread evenly over the step, so no peer waits for a clump of another's.
+    """
+    counts = microbatch_counts(shares, m)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    pos = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c] or [np.zeros(0)])
+    return owner[np.lexsort((owner, pos))].tolist()  # by position, then peer index
+
+
+def assign_microbatches(peers: Sequence[str], shares: Sequence[float], num_microbatches: int) -> list[str]:
+    """The peer that runs each micro-batch: ``microbatch_owners`` by peer id."""
+    return [peers[i] for i in microbatch_owners(shares, num_microbatches)]
+
+
+def stage_warmups(schedule_name: str, shares: Sequence[Sequence[float]], m: int) -> list[int]:
+    """Forwards each stage runs before its first backward.
+
+    The schedule's own warm-up (1F1B: ``p - s - 1``, ZB-H1: ``p - s``) is meant for one device per
+    stage; a stage of several peers splits its micro-batches among them, so its warm-up is
+    scaled by ``1 / largest share`` to give each peer about the schedule's own number in flight.
+    Warm-ups never grow downstream (stage ``s`` runs at least as many as ``s + 1``), which is
+    what keeps the filtered per-peer lists free of deadlock.
+    """
+    p = len(shares)
+    if schedule_name == "gpipe":
+        return [m] * p
+    out = [0] * p
+    for s in range(p - 1, -1, -1):
+        std = (p - s - 1) if schedule_name == "1f1b" else (p - s)
+        if s == p - 1:
+            out[s] = std
+            continue
+        scaled = int(math.ceil(std / max(shares[s]) - 1e-9))
+        out[s] = min(max(std, scaled, out[s + 1] + 1), max(m, std))
+    return out
+
+
+def stage_actions(schedule_name: str, num_stages: int, stage: int, m: int, warmup: int) -> list[sched.Action]:
+    """The whole stage's action list (``m`` micro-batches) with ``warmup`` forwards first.
+
+    Built with ``pipeline.schedule``'s generators at a virtual pipeline depth that gives this
+    warm-up while keeping the stage's receives and sends (first / middle / last stage).
+    """
+    p, s = num_stages, stage
+    last = s == p - 1
+    if schedule_name == "gpipe" or last:
+        return sched.schedule(schedule_name, p, m, s)
+    if schedule_name == "1f1b":
+        if s == 0:
+            return sched.schedule("1f1b", max(warmup, 1) + 1, m, 0)
+        return sched.schedule("1f1b", max(warmup, 1) + 2, m, 1)
+    if s == 0:
+        return sched.schedule("zb-h1", max(warmup, 2), m, 0)
+    return sched.schedule("zb-h1", max(warmup, 2) + s, m, s)
+
+
+def peer_lists(schedule_name: str, num_stages: int, stage: int, m: int, warmup: int,
+               owner: Sequence[int], n_peers: int) -> list[list[sched.Action]]:
+    """Each peer's action list: the stage's list filtered to the micro-batches it owns
+    (``owner[mb]``: index of the peer that runs micro-batch ``mb``)."""
+    lists: list[list[sched.Action]] = [[] for _ in range(n_peers)]
+    for a in stage_actions(schedule_name, num_stages, stage, m, warmup):
+        lists[owner[a.mb]].append(a)
+    return lists
+
+
+def peer_actions(assignments: list[list[str]], schedule_name: str) -> dict[tuple[int, str], list[sched.Action]]:
+    """{(stage, peer): actions with global micro-batch numbers}; assignments[k][mb] = peer of mb at stage k.
+
+    The warm-ups come from each peer's count of micro-batches (its share as assigned)."""
     n = len(assignments)
     m = len(assignments[0]) if assignments else 0
     shares = [[assign.count(p) / m for p in dict.fromkeys(assign)] for assign in assignments]
     warmups = stage_warmups(schedule_name, shares, m)
     out: dict[tuple[int, str], list[sched.Action]] = {}
     for k, assign in enumerate(assignments):
-        for peer in dict.fromkeys(assign):
-            out[(k, peer)] = []
-        for a in stage_actions(schedule_name, n, k, m, warmups[k]):
-            out[(k, assign[a.mb])].append(a)
+        peers = list(dict.fromkeys(assign))
+        index = {p: i for i, p in enumerate(peers)}
+        lists = peer_lists(schedule_name, n, k, m, warmups[k], [index[p] for p in assign], len(peers))
+        out.update(((k, p), lst) for p, lst in zip(peers, lists))
     return out
 
 

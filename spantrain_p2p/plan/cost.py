@@ -42,7 +42,8 @@ from typing import Optional
 
 import numpy as np
 
-from .layout import Layout, LinkTable, build_layout, held_bound, stage_warmups
+from ..pipeline.assignment import stage_warmups
+from .layout import Layout, LinkTable, build_layout, held_bound
 from .types import ModelProfile, Plan, Snapshot, compression_ratio
 
 INF = math.inf

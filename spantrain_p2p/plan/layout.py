@@ -1,13 +1,9 @@
 """What a plan means peer by peer, shared by the cost model and the simulator.
 
-- ``microbatch_counts`` / ``microbatch_owners``: which peer of a stage runs which micro-batch
-  (counts by largest remainder of ``share * m``, each peer's micro-batches spread evenly over
-  the index range; the same assignment as ``plan.stagemap.assign_microbatches``).
-- ``stage_warmups`` / ``stage_actions`` / ``peer_lists``: each peer's action list. A stage of
-  several replicas runs its schedule's list over all ``m`` micro-batches with a warm-up scaled
-  to its replicas, and each replica keeps the actions of its own micro-batches. (Giving each
-  replica the schedule generated for its own count instead can deadlock: stages of 1, 3 and 1
-  peers, m = 4, 1F1B or ZB-H1.)
+Which peer of a stage runs which micro-batch, and each peer's action list, are the runtime's
+own functions (``pipeline.assignment``): the cost model and the simulator call them too.
+
+- ``held_bound``: most micro-batches a peer keeps activations for, under its stage's warm-up.
 - ``LinkTable``: a link for every pair, estimating unknown ones from the grouping.
 - ``build_layout``: per peer compute times, per hop link summaries, per stage all-reduce.
 """
@@ -21,89 +17,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..pipeline.schedule import backward_done_fractions, schedule as make_schedule
+from ..pipeline.assignment import microbatch_owners
+from ..pipeline.schedule import backward_done_fractions
 from .types import Link, ModelProfile, Plan, Snapshot, Stage
-
-
-def microbatch_counts(shares: Sequence[float], m: int) -> list[int]:
-    """``m`` micro-batches split by ``shares`` (largest remainder; ties to the earlier peer)."""
-    n = len(shares)
-    total = sum(shares)
-    if n == 0 or total <= 0:
-        raise ValueError("micro-batch shares must be positive")
-    exact = [s / total * m for s in shares]
-    counts = [int(math.floor(x)) for x in exact]
-    left = m - sum(counts)
-    order = sorted(range(n), key=lambda i: (-(exact[i] - counts[i]), i))
-    for i in order[:left]:
-        counts[i] += 1
-    return counts
-
-
-def microbatch_owners(shares: Sequence[float], m: int) -> list[int]:
-    """For each micro-batch ``0..m-1``, the index of the peer (in ``shares`` order) that runs it.
-
-    Peer ``i`` with ``c`` micro-batches takes the slots nearest to ``(k + 0.5) * m / c``: its
-    work is spread evenly over the step, so no peer waits for a clump of another's.
-    """
-    counts = microbatch_counts(shares, m)
-    owner = np.repeat(np.arange(len(counts)), counts)
-    pos = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c] or [np.zeros(0)])
-    return owner[np.lexsort((owner, pos))].tolist()  # by position, then peer index
-
-
-def stage_warmups(schedule_name: str, shares: Sequence[Sequence[float]], m: int) -> list[int]:
-    """Forwards each stage runs before its first backward.
-
-    The schedule's own warm-up (1F1B: ``p - s - 1``, ZB-H1: ``p - s``) is meant for one device per
-    stage; a stage of several peers splits its micro-batches among them, so its warm-up is
-    scaled by ``1 / largest share`` to give each peer about the schedule's own number in flight.
-    Warm-ups never grow downstream (stage ``s`` runs at least as many as ``s + 1``), which is
-    what keeps the filtered per-peer lists free of deadlock.
-    """
-    p = len(shares)
-    if schedule_name == "gpipe":
-        return [m] * p
-    out = [0] * p
-    for s in range(p - 1, -1, -1):
-        std = (p - s - 1) if schedule_name == "1f1b" else (p - s)
-        if s == p - 1:
-            out[s] = std
-            continue
-        scaled = int(math.ceil(std / max(shares[s]) - 1e-9))
-        out[s] = min(max(std, scaled, out[s + 1] + 1), max(m, std))
-    return out
-
-
-def stage_actions(schedule_name: str, num_stages: int, stage: int, m: int, warmup: int) -> list:
-    """The whole stage's action list (``m`` micro-batches) with ``warmup`` forwards first.
-
-    Built with ``pipeline.schedule``'s generators at a virtual pipeline depth that gives this
-    warm-up while keeping the stage's receives and sends (first / middle / last stage).
-    """
-    p, s = num_stages, stage
-    last = s == p - 1
-    if schedule_name == "gpipe" or last:
-        return make_schedule(schedule_name, p, m, s)
-    if schedule_name == "1f1b":
-        if s == 0:
-            return make_schedule("1f1b", max(warmup, 1) + 1, m, 0)
-        return make_schedule("1f1b", max(warmup, 1) + 2, m, 1)
-    if s == 0:
-        return make_schedule("zb-h1", max(warmup, 2), m, 0)
-    return make_schedule("zb-h1", max(warmup, 2) + s, m, s)
-
-
-def peer_lists(schedule_name: str, num_stages: int, stage: int, m: int, warmup: int,
-               owner: Sequence[int], n_peers: int) -> list[list]:
-    """Each peer's action list: the stage's list filtered to the micro-batches it owns.
-
-    A sub-sequence of a deadlock-free stage list, run by more devices, cannot deadlock.
-    """
-    lists: list[list] = [[] for _ in range(n_peers)]
-    for a in stage_actions(schedule_name, num_stages, stage, m, warmup):
-        lists[owner[a.mb]].append(a)
-    return lists
 
 
 def held_bound(schedule_name: str, stage: int, warmup: int, n: int, m: int) -> int:

@@ -52,7 +52,8 @@ import numpy as np
 
 from ..swarm.grouping import Grouping, GroupingOptions, group
 from .cost import estimate
-from .layout import Layout, LinkTable, build_layout, microbatch_counts
+from ..pipeline.assignment import microbatch_counts
+from .layout import Layout, LinkTable, build_layout
 from .types import (COMPRESSIONS, ModelProfile, Plan, Snapshot, Stage, compression_rank,
                     compression_ratio)
 

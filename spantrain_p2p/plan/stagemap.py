@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..pipeline.assignment import assign_microbatches
+
 MAX_STAGES = 4096
 
 
@@ -23,29 +25,8 @@ class Stage:
         return {p: s / total for p, s in zip(self.peers, shares)}
 
     def assign(self, num_microbatches: int) -> list[str]:
-        """The peer that runs each micro-batch of this stage (see ``assign_microbatches``)."""
+        """The peer that runs each micro-batch of this stage (``pipeline.assignment.assign_microbatches``)."""
         return assign_microbatches(list(self.peers), list(self.share_of().values()), num_microbatches)
-
-
-def assign_microbatches(peers: list[str], shares: list[float], num_microbatches: int) -> list[str]:
-    """Deterministic interleaved assignment: peer p gets about shares[p] * M micro-batches.
-
-    Quotas by largest remainder, then smooth weighted round-robin, so the micro-batches of a
-    faster peer are spread over the step instead of bunched at its end.
-    """
-    total = sum(shares)
-    raw = [s / total * num_microbatches for s in shares]
-    quota = [int(r) for r in raw]
-    for i in sorted(range(len(peers)), key=lambda i: (-(raw[i] - quota[i]), i))[: num_microbatches - sum(quota)]:
-        quota[i] += 1
-    out, given = [], [0] * len(peers)
-    for mb in range(num_microbatches):
-        # the peer furthest behind its quota, in proportion
-        i = min((i for i in range(len(peers)) if given[i] < quota[i]),
-                key=lambda i: ((given[i] + 0.5) / quota[i], i))
-        given[i] += 1
-        out.append(peers[i])
-    return out
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 What it models, and nothing more:
 
-- every peer runs its action list in order (``plan.layout.peer_lists``: its stage's schedule,
+- every peer runs its action list in order (``pipeline.assignment.peer_lists``, as the runtime: its stage's schedule,
   from ``pipeline.schedule``, filtered to the micro-batches the peer owns, with the stage's
   warm-up scaled to its replicas): compute takes FLOPs / the peer's FLOP/s, a receive blocks
   until the message has arrived, a send does not block;
@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..pipeline.schedule import Op
-from ..plan.layout import LinkTable, build_layout, overlapped_tail, peer_lists, stage_warmups
+from ..pipeline.assignment import peer_lists, stage_warmups
+from ..plan.layout import LinkTable, build_layout, overlapped_tail
 from ..plan.types import ModelProfile, Plan, Snapshot, compression_ratio
 
 

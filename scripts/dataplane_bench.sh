@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
-exec .venv/bin/python -m spantrain_p2p.net.bench --rounds 5 "$@"
+exec .venv/bin/python -m spantrain_p2p.cli.dataplane_bench --rounds 5 "$@"

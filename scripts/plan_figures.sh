@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
-.venv/bin/python -m spantrain_p2p.plan.figures "$@"
+.venv/bin/python -m spantrain_p2p.cli.plan_figures "$@"
 echo
-echo "== python -m spantrain_p2p.plan.cli --scenario peers/cee-3region.toml --json (spantrain plan)"
-.venv/bin/python -m spantrain_p2p.plan.cli --scenario peers/cee-3region.toml --json | tail -1
+echo "== python -m spantrain_p2p.cli.plan --scenario peers/cee-3region.toml --json (spantrain plan)"
+.venv/bin/python -m spantrain_p2p.cli.plan --scenario peers/cee-3region.toml --json | tail -1

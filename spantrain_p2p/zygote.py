@@ -68,7 +68,7 @@ def _child(argv: list[str], log: str, cwd: str) -> None:
 
         numpy.random.seed()  # the zygote's state is every child's: draw a fresh one (random does so itself)
         sys.argv = ["spantrain-peer", *argv]
-        from .cli import peer_main
+        from .cli.main import peer_main
 
         code = peer_main(argv)
     except SystemExit as e:

@@ -195,7 +195,7 @@ def test_the_dataplane_benchmark_reports_both_raw_baselines_and_the_ratio_to_the
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "spantrain_p2p.net.bench", "--mib", "1", "--reps", "2", "--rounds", "1", "--json"],
+        [sys.executable, "-m", "spantrain_p2p.cli.dataplane_bench", "--mib", "1", "--reps", "2", "--rounds", "1", "--json"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spantrain_p2p.plan.cli import add_plan_arguments, plan_command
+from spantrain_p2p.cli.plan import add_plan_arguments, plan_command
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

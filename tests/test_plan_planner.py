@@ -8,7 +8,7 @@ import time
 import pytest
 
 from spantrain_p2p import scenario
-from spantrain_p2p.plan.figures import small_instance
+from spantrain_p2p.cli.plan_figures import small_instance
 from spantrain_p2p.plan.planner import PlannerOptions, baselines, greedy_baseline, plan, uniform_baseline
 from spantrain_p2p.plan.synthetic import synthetic_swarm
 from spantrain_p2p.plan.types import ModelProfile, Snapshot, default_planning_model

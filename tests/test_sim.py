@@ -9,7 +9,7 @@ import pytest
 
 from spantrain_p2p import scenario
 from spantrain_p2p.pipeline.schedule import all_stages, simulate as schedule_simulate
-from spantrain_p2p.plan.cli import ladder_configs
+from spantrain_p2p.cli.plan import ladder_configs
 from spantrain_p2p.plan.cost import estimate
 from spantrain_p2p.plan.layout import LinkTable
 from spantrain_p2p.plan.planner import PlannerOptions, baselines, plan, plan_largest

@@ -1,6 +1,6 @@
 """Data-plane throughput against raw asyncio TCP, between two processes on loopback.
 
-``python -m spantrain_p2p.net.bench [--mib 16] [--reps 20]``: a server process answers two raw
+``python -m spantrain_p2p.cli.dataplane_bench [--mib 16] [--reps 20]``: a server process answers two raw
 TCP sockets (each reads exactly the payload, acks one byte) and the data plane (a framed ACT message,
 decoded and validated like a training peer does: shape, dtype, sizes); the client sends the same
 tensor through each, one message at a time, and prints MiB/s of each and the data plane's ratio to
@@ -22,7 +22,7 @@ import time
 import torch
 
 from ..pipeline.messages import ACT, Expect, decode_tensor, encode_tensor
-from .dataplane import DataPlaneClient, DataPlaneServer, read_exactly
+from ..net.dataplane import DataPlaneClient, DataPlaneServer, read_exactly
 
 JOB = "bench"
 
@@ -129,7 +129,7 @@ async def _client(url: str, raw_ports: tuple[int, int], nbytes: int, reps: int, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m spantrain_p2p.net.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m spantrain_p2p.cli.dataplane_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=float, default=16.0, help="tensor size in MiB (default 16)")
     ap.add_argument("--reps", type=int, default=20, help="messages per timed round (default 20)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds; the best counts (default 3)")

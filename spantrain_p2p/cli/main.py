@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Optional
 
-from . import __version__
+from .. import __version__
 
 log = logging.getLogger("spantrain")
 
@@ -102,8 +102,8 @@ def _model_args(pairs: list[str]) -> dict:
 
 
 def _train_options(a: argparse.Namespace):
-    from .train.job import BUILTIN, JobSpec
-    from .train.trainer import TrainOptions
+    from ..train.job import BUILTIN, JobSpec
+    from ..train.trainer import TrainOptions
 
     allowed = (a.model,) if a.model != BUILTIN else ()
     job = None
@@ -126,12 +126,12 @@ def _train_options(a: argparse.Namespace):
 
 
 def _config_from_args(a: argparse.Namespace):
-    from .peer import PeerConfig
-    from .swarm import discovery
+    from ..peer import PeerConfig
+    from ..swarm import discovery
 
     name, device = a.name, {}
     if a.emulate:
-        from . import scenario as sc
+        from .. import scenario as sc
 
         path, sep, peer_name = a.emulate.rpartition(":")
         if not sep or not path or not peer_name:
@@ -154,8 +154,8 @@ def _config_from_args(a: argparse.Namespace):
 
 
 async def _run_peer(config, ready_file: Optional[str], train_options=None) -> int:
-    from .peer import Peer
-    from .train.trainer import Trainer
+    from ..peer import Peer
+    from ..train.trainer import Trainer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -202,14 +202,14 @@ async def _run_peer(config, ready_file: Optional[str], train_options=None) -> in
 def peer_main(argv: Optional[list[str]] = None) -> int:
     args = peer_parser().parse_args(argv)
     _setup_logging(args.verbose)
-    from ._hivemind_lite import install
+    from .._hivemind_lite import install
 
     install()  # ~0.9 s of CPU less per peer (see the module)
     import torch
 
     torch.set_num_threads(1)  # peers share the machine's cores; more threads only add stalls
-    from .peer import PeerError
-    from .scenario import ScenarioError
+    from ..peer import PeerError
+    from ..scenario import ScenarioError
 
     try:
         config = _config_from_args(args)
@@ -267,7 +267,7 @@ def main_parser() -> argparse.ArgumentParser:
     st.add_argument("-v", "--verbose", action="count", default=0)
 
     pl = sub.add_parser("plan", help="plan a scenario offline and compare with the baselines")
-    from .plan.cli import add_plan_arguments
+    from .plan import add_plan_arguments
 
     add_plan_arguments(pl)
     pl.add_argument("-v", "--verbose", action="count", default=0)
@@ -281,29 +281,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = main_parser().parse_args(argv)
     _setup_logging(args.verbose)
     if args.cmd in ("swarm", "bench"):
-        from . import zygote
+        from .. import zygote
 
         zygote.prestart()  # it imports torch and hivemind while this process imports its own modules
-    from ._hivemind_lite import install
+    from .._hivemind_lite import install
 
     install()
-    from .scenario import ScenarioError
+    from ..scenario import ScenarioError
 
     try:
         if args.cmd == "status":
-            from .ops import status_command
+            from .status import status_command
 
             return asyncio.run(status_command(args))
         if args.cmd == "plan":
-            from .plan.cli import plan_command
+            from .plan import plan_command
 
             return plan_command(args)
         if args.cmd == "swarm":
-            from .launch import swarm_command
+            from ..launch import swarm_command
 
             return swarm_command(args)
         if args.cmd == "bench":
-            from .launch import bench_command
+            from ..launch import bench_command
 
             if args.steps is None:
                 args.steps = 30

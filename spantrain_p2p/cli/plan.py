@@ -32,7 +32,7 @@ MODEL_LADDER = (  # (dim, depth, heads): GPT-3 XL, Medium, Small shapes
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``spantrain plan`` (for ``spantrain_p2p.cli`` to add to its subparser)."""
+    """The flags of ``spantrain plan`` (for ``spantrain_p2p.cli.main`` to add to its subparser)."""
     src = p.add_argument_group("swarm to plan (one of)")
     src.add_argument("--scenario", metavar="FILE", help="scenario file, e.g. peers/cee-3region.toml")
     src.add_argument("--measurements", metavar="FILE.json",
@@ -70,8 +70,8 @@ def _csv(text: str, name: str) -> tuple[str, ...]:
 
 
 def _snapshot(args: argparse.Namespace) -> tuple[Any, str]:
-    from .synthetic import synthetic_swarm
-    from .types import Snapshot
+    from ..plan.synthetic import synthetic_swarm
+    from ..plan.types import Snapshot
 
     given = [x for x in ("scenario", "measurements", "synthetic_peers") if getattr(args, x, None) is not None]
     if not given:
@@ -101,13 +101,13 @@ def _snapshot(args: argparse.Namespace) -> tuple[Any, str]:
 
 def ladder_configs(**kwargs: Any) -> list[Any]:
     """The models `spantrain plan` tries by default, largest first (``kwargs``: seq_len, vocab)."""
-    from .types import default_planning_model
+    from ..plan.types import default_planning_model
 
     return [default_planning_model(dim=d, depth=l, heads=h, **kwargs) for d, l, h in MODEL_LADDER]
 
 
 def _model_configs(args: argparse.Namespace) -> list[Any]:
-    from .types import default_planning_model
+    from ..plan.types import default_planning_model
 
     if args.model_dim is None and args.model_depth is None and args.model_heads is None:
         return ladder_configs(seq_len=args.seq_len, vocab=args.vocab)
@@ -128,10 +128,10 @@ def _fmt(x: Optional[float], unit: str = "", digits: int = 3) -> str:
 def run_plan(args: argparse.Namespace) -> dict:
     """Everything ``spantrain plan`` prints, as a dict (raises ValueError on bad input)."""
     from ..sim import simulate
-    from ..train.model import num_params
-    from .layout import LinkTable
-    from .planner import PlannerOptions, baselines, plan_largest
-    from .types import compression_ratio
+    from ..plan.model import num_params
+    from ..plan.layout import LinkTable
+    from ..plan.planner import PlannerOptions, baselines, plan_largest
+    from ..plan.types import compression_ratio
 
     snapshot, source = _snapshot(args)
     g = args.global_batch or (2048 if args.synthetic_peers is not None else 256)
@@ -224,7 +224,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Stand-alone entry point (``python -m spantrain_p2p.plan.cli``) until ``spantrain plan`` is wired."""
+    """Stand-alone entry point (``python -m spantrain_p2p.cli.plan``); ``spantrain plan`` is the same."""
     p = argparse.ArgumentParser(prog="spantrain plan", description="plan a swarm offline")
     add_plan_arguments(p)
     return plan_command(p.parse_args(argv))

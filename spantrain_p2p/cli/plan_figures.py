@@ -1,6 +1,6 @@
 """The planner's figures (issue 5's "done when"), as ``scripts/plan_figures.sh`` prints them.
 
-    python -m spantrain_p2p.plan.figures [--instances N] [--seed S]
+    python -m spantrain_p2p.cli.plan_figures [--instances N] [--seed S]
 
 1. throughput of the planner and the baselines on the shipped scenarios (simulated), and the
    planner's speed-up over the best baseline;
@@ -21,18 +21,18 @@ from typing import Optional
 
 from .. import scenario
 from ..sim import simulate
-from .cost import estimate
-from .layout import LinkTable
-from .planner import PlannerOptions, baselines, plan, plan_largest
-from .synthetic import synthetic_swarm
-from .types import Link, ModelProfile, Network, PeerInfo, Snapshot, default_planning_model
+from ..plan.cost import estimate
+from ..plan.layout import LinkTable
+from ..plan.planner import PlannerOptions, baselines, plan, plan_largest
+from ..plan.synthetic import synthetic_swarm
+from ..plan.types import Link, ModelProfile, Network, PeerInfo, Snapshot, default_planning_model
 
 
 def small_instance(rng: random.Random, n: int = 6, depth: int = 6) -> tuple[Snapshot, ModelProfile]:
     """``n`` peers of mixed speed (0.25-4 TFLOP/s) and memory (8-48 GB) in 1-3 regions (0.2-5 ms,
     1-10 Gbit/s inside; 20-150 ms, 20-500 Mbit/s between) and a GPT of ``depth`` blocks
     (``depth + 2`` layers), d = 1024 or 2048, T = 1024."""
-    from ..train.model import ModelConfig
+    from ..plan.model import ModelConfig
 
     regions = rng.randint(1, 3)
     reg = [rng.randrange(regions) for _ in range(n)]
@@ -61,7 +61,7 @@ def _pct(x: float) -> str:
 
 
 def scenarios(names: list[str], global_batch: int) -> None:
-    from .cli import ladder_configs
+    from .plan import ladder_configs
 
     print(f"== shipped scenarios (global batch {global_batch}; step times simulated)")
     for name in names:

@@ -1,11 +1,11 @@
-"""Operator queries against a running swarm (``spantrain status``)."""
+"""``spantrain status``: the live members of a running swarm, read through a short-lived DHT client."""
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
 
-from .swarm import discovery, membership
+from ..swarm import discovery, membership
 
 
 async def read_swarm_members(join: list[str], swarm: str, timeout: float) -> list:
@@ -13,7 +13,7 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float) -> lis
     from hivemind.dht.node import DHTNode
     from hivemind.p2p import P2P
 
-    from .swarm.daemon import tie_daemons_to_this_process
+    from ..swarm.daemon import tie_daemons_to_this_process
 
     tie_daemons_to_this_process()
     join = discovery.parse_join(join)

@@ -1,4 +1,6 @@
 import struct
+from dataclasses import dataclass
+from typing import Optional
 
 import msgpack
 import pytest
@@ -59,3 +61,49 @@ def test_check_fields_names_the_missing_or_mistyped_field():
         framing.check_fields({"step": "1"}, {"step": int})
     with pytest.raises(FrameError, match="'step'"):
         framing.check_fields({"step": True}, {"step": int})
+
+
+@dataclass(frozen=True)
+class _Reading:
+    name: str
+    count: int
+    times: tuple[float, ...]
+    rate: Optional[float] = None
+    flag: bool = False
+
+    def __post_init__(self):
+        if self.count < 0:
+            raise ValueError("count must be >= 0")
+
+
+@pytest.mark.parametrize("d, why", [
+    ([1, 2], "reading must be a map, not list"),
+    ({"name": "a", "count": 1, "times": [], "spam": 1}, "unknown fields ['spam']"),
+    ({"name": "a", "times": []}, "lacks fields ['count']"),
+    ({"name": "a", "count": True, "times": []}, "'count' must be an int, not True"),
+    ({"name": "a", "count": 1.0, "times": []}, "'count' must be an int"),
+    ({"name": 5, "count": 1, "times": []}, "'name' must be a str"),
+    ({"name": "a", "count": 1, "times": [1.0, float("nan")]}, "'times'[1] must be a finite number, not nan"),
+    ({"name": "a", "count": 1, "times": "fast"}, "'times' must be a list, not str"),
+    ({"name": "a", "count": 1, "times": [], "rate": float("inf")}, "'rate' must be a finite number"),
+    ({"name": "a", "count": 1, "times": [], "flag": 1}, "'flag' must be a bool"),
+    ({"name": "a", "count": -1, "times": []}, "count must be >= 0"),  # the class's own checks still run
+])
+def test_strict_from_dict_refuses_untrusted_maps_saying_which_field_is_wrong(d, why):
+    with pytest.raises(ValueError) as e:
+        framing.strict_from_dict(_Reading, d, "reading", required=("name", "count", "times"))
+    assert why in str(e.value)
+
+
+def test_strict_from_dict_builds_the_dataclass_with_tuples_and_defaults():
+    r = framing.strict_from_dict(_Reading, {"name": "a", "count": 2, "times": [1, 0.5], "rate": None}, "reading",
+                                 required=("name", "count", "times"))
+    assert r == _Reading("a", 2, (1, 0.5))
+    with pytest.raises(ValueError, match="lacks fields"):  # by default every field is required
+        framing.strict_from_dict(_Reading, {"name": "a", "count": 2, "times": []}, "reading")
+
+
+def test_strict_from_dict_quotes_only_the_start_of_a_huge_bad_value():
+    with pytest.raises(ValueError) as e:
+        framing.strict_from_dict(_Reading, {"name": "a", "count": "x" * 10_000, "times": []}, "reading", required=())
+    assert len(str(e.value)) < 100 and str(e.value).endswith("...")

@@ -4,13 +4,23 @@ Wire form: ``b"STP1"`` magic, a 4-byte big-endian header length, the msgpack hea
 ``"buffers": [len, …]`` listing the byte length of each raw buffer that follows), then the buffers
 back to back. Every length is checked against the bytes actually present and against limits
 before anything is allocated, so a hostile or truncated frame gives ``FrameError``, never a crash.
+
+Untrusted content: ``check_fields`` checks a frame header's fields; ``strict_from_dict`` builds a
+frozen dataclass (a measurement, a profile, a config) from an untrusted map.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 import struct
-from typing import Any, Sequence
+import types
+import typing
+from typing import Any, Iterable, Optional, Sequence, TypeVar
 
 import msgpack
+
+T = TypeVar("T")
 
 MAGIC = b"STP1"
 _PREFIX = struct.Struct(">4sI")
@@ -88,3 +98,65 @@ def check_fields(header: dict, spec: dict[str, type | tuple[type, ...]]) -> None
         v: Any = header.get(name)
         if v is None or isinstance(v, bool) and typ is not bool or not isinstance(v, typ):
             raise FrameError(f"frame header field {name!r} missing or not {getattr(typ, '__name__', typ)}")
+
+
+def strict_from_dict(cls: type[T], d: Any, what: str, required: Optional[Iterable[str]] = None) -> T:
+    """The frozen dataclass ``cls`` built from the untrusted map ``d`` (off the network, a file),
+    else ValueError saying what is wrong (``what`` names the thing, e.g. "device profile").
+
+    ``d`` has no field that ``cls`` lacks and every field of ``required`` (default: all of them);
+    each value has its field's annotated type: an ``int`` is no bool, a ``float`` is a finite int
+    or float, ``Optional[X]`` is None or an X, ``tuple[X, ...]`` is a list or tuple of X (built as
+    a tuple). Other annotations are left to the class, whose ``__post_init__`` checks the ranges
+    and how the fields fit together."""
+    if not isinstance(d, typing.Mapping):
+        raise ValueError(f"{what} must be a map, not {type(d).__name__}")
+    hints = _field_types(cls)
+    unknown = [k for k in d if k not in hints]
+    if unknown:
+        raise ValueError(f"{what} has unknown fields {sorted(map(str, unknown))[:8]}")
+    missing = [name for name in (hints if required is None else required) if name not in d]
+    if missing:
+        raise ValueError(f"{what} lacks fields {sorted(missing)}")
+    return cls(**{name: _typed(v, hints[name], f"{what} field {name!r}") for name, v in d.items()})
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types(cls: type) -> dict[str, Any]:
+    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+        raise TypeError(f"strict_from_dict builds dataclasses, not {cls!r}")
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+def _typed(v: Any, hint: Any, where: str) -> Any:
+    """``v`` if it has the annotated type ``hint`` (tuples built from lists), else ValueError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        if v is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        return _typed(v, options[0], where) if len(options) == 1 else v
+    if hint is bool:
+        ok = isinstance(v, bool)
+    elif hint is int:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+    elif hint is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    elif hint is str:
+        ok = isinstance(v, str)
+    elif origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"{where} must be a list, not {type(v).__name__}")
+        return tuple(_typed(x, args[0], f"{where}[{i}]") for i, x in enumerate(v))
+    else:
+        return v  # the class checks what its annotation cannot say
+    if not ok:
+        kind = "a finite number" if hint is float else f"{'an' if hint is int else 'a'} {hint.__name__}"
+        raise ValueError(f"{where} must be {kind}, not {_short(v)}")
+    return v
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."

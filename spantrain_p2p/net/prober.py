@@ -28,7 +28,7 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 from . import framing
 from .dataplane import RemoteError
@@ -118,15 +118,7 @@ class LinkMeasurement:
     @classmethod
     def from_dict(cls, d: Any) -> "LinkMeasurement":
         """From untrusted data (the DHT): every field checked, else ValueError."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"link measurement must be a map, not {type(d).__name__}")
-        known = {"version", "dst", "status", "rtt_ms", "mbps", "error", "bulk_bytes", "seconds"}
-        unknown = [k for k in d if k not in known]
-        if unknown:
-            raise ValueError(f"link measurement has unknown fields {sorted(map(str, unknown))[:8]}")
-        if not {"version", "dst", "status"} <= set(d):
-            raise ValueError("link measurement needs version, dst and status")
-        return cls(**d)
+        return framing.strict_from_dict(cls, d, "link measurement", required=("version", "dst", "status"))
 
 
 class _Probe:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from ..net.framing import strict_from_dict
 from .virtual import FlopCache, VirtualDevice, grad_output, layer_inputs
 
 log = logging.getLogger(__name__)
@@ -121,16 +122,7 @@ class DeviceProfile:
     @classmethod
     def from_dict(cls, d: Any) -> "DeviceProfile":
         """From untrusted data (the DHT, a cache file): every field checked, else ValueError."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"device profile must be a map, not {type(d).__name__}")
-        known = {"version", "fwd_s", "bwd_input_s", "bwd_weight_s", "memory_bytes", "effective_tflops"}
-        unknown = [k for k in d if k not in known]
-        if unknown:
-            raise ValueError(f"device profile has unknown fields {sorted(map(str, unknown))[:8]}")
-        missing = known - set(d)
-        if missing:
-            raise ValueError(f"device profile lacks fields {sorted(missing)}")
-        return cls(d["fwd_s"], d["bwd_input_s"], d["bwd_weight_s"], d["memory_bytes"], d["effective_tflops"], d["version"])
+        return strict_from_dict(cls, d, "device profile")
 
 
 def model_fingerprint(layers: Sequence[nn.Module]) -> str:

@@ -1,7 +1,4 @@
-"""The ``Peer``: one member of a swarm, and the Python API of SpanTrain-P2P.
-
-    async with Peer(PeerConfig(join=("/ip4/…/p2p/Qm…",))) as peer:
-        print(peer.address, [m.peer_id for m in await peer.members()])
+"""The ``Peer``'s life cycle and its view of the swarm's members.
 
 A peer runs hivemind's ``P2P`` and a ``DHTNode`` inside its own asyncio loop (no forked DHT
 process), an aiohttp data plane, and a heartbeat that keeps its signed record alive in the DHT.
@@ -16,45 +13,20 @@ import secrets
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from . import PROTOCOL_VERSION, __version__
-from .net.dataplane import DataPlaneClient, DataPlaneServer
-from .net.prober import PROBE_KIND, handle_probe
-from .net.framing import DEFAULT_MAX_MESSAGE_BYTES
-from .swarm import discovery, membership
-from .swarm.daemon import tie_daemons_to_this_process
-from .swarm.identity import Identity
-from .swarm.records import PeerRecord, seal
+from .. import PROTOCOL_VERSION, __version__
+from ..net.dataplane import DataPlaneClient, DataPlaneServer
+from ..net.prober import PROBE_KIND, handle_probe
+from ..swarm import discovery, membership
+from ..swarm.daemon import tie_daemons_to_this_process
+from ..swarm.identity import Identity
+from ..swarm.records import PeerRecord, seal
+from .config import PeerConfig, PeerError
+from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
-
-
-class PeerError(RuntimeError):
-    """A peer could not start or join; the message is meant for the user."""
-
-
-@dataclass(frozen=True)
-class PeerConfig:
-    join: tuple[str, ...] = ()  # multiaddrs of peers to join; ("auto",) for mDNS; () starts a swarm
-    swarm: str = "default"  # the swarm's name: one DHT can hold several swarms
-    listen: str = "/ip4/127.0.0.1/tcp/0"  # where p2pd listens
-    host: str = "127.0.0.1"  # data plane address
-    data_port: int = 0
-    identity_path: Optional[str] = None  # stable peer id; created if missing
-    name: str = ""  # human name, e.g. the scenario's peer name
-    device: dict = field(default_factory=dict)
-    heartbeat_s: float = 2.0
-    ttl_heartbeats: int = 3  # a record lives this many heartbeats
-    poll_s: float = 1.0  # how often the member view is refreshed
-    join_timeout_s: float = 30.0
-    discover_s: float = 5.0  # how long --join auto looks for a swarm on mDNS
-    mdns: bool = False  # advertise on mDNS (always on with --join auto)
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    emulate: str = ""  # "SCENARIO:PEER": shape outgoing links and pad compute like that scenario peer
-    emulate_t0: Optional[float] = None  # CLOCK_MONOTONIC origin of the scenario's bandwidth traces
 
 
 def local_device_summary() -> dict:
@@ -151,38 +123,7 @@ class Peer:
 
     def link_to(self, peer_id: str):
         """The emulated link to a peer (None when not emulating, or for a peer outside the scenario)."""
-        if self.emulator is None:
-            return None
-        name = self.name_of(peer_id)
-        try:
-            return self.emulator.link_for(name)
-        except Exception:
-            return None
-
-    def _start_emulation(self, spec: str, t0: Optional[float]) -> None:
-        from . import scenario as sc
-        from .net.emulator import LinkEmulator
-        from .profile.virtual import VirtualDevice
-
-        path, _, name = spec.rpartition(":")
-        s = sc.load(path)
-        dev = s.device_of(name)
-        self.emulator = LinkEmulator(s, name, t0=t0)
-        self.device = VirtualDevice(dev.tflops, s.compute_scale, memory_bytes=int(dev.memory_gb * 2**30))
-        log.info("emulating %s of %s: %s, links shaped from this peer", name, s.name, self.device)
-
-    async def _on_chaos(self, header: dict, buffers) -> tuple[dict, list]:
-        """Fault injection by the local launcher: change the emulated links between two regions."""
-        from .net.framing import FrameError
-
-        regions, factor = header.get("regions"), header.get("factor")
-        if not (isinstance(regions, list) and len(regions) == 2 and all(isinstance(r, str) for r in regions)
-                and isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 <= factor <= 1e3):
-            raise FrameError("chaos wants {'regions': [A, B], 'factor': F}")
-        changed = self.emulator.set_factor((regions[0], regions[1]), float(factor))
-        if changed:
-            log.info("links to %s now at %g x bandwidth", ", ".join(changed), factor)
-        return {"changed": changed}, []
+        return emulated_link(self.emulator, self.name_of(peer_id)) if self.emulator is not None else None
 
     def data_url_of(self, peer_id: str) -> Optional[str]:
         rec = self._view.get(peer_id)
@@ -246,11 +187,11 @@ class Peer:
             join = discovery.parse_join(join)
 
         if cfg.emulate:
-            self._start_emulation(cfg.emulate, cfg.emulate_t0)
+            self.emulator, self.device = start_emulation(cfg.emulate, cfg.emulate_t0)
         self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes)
         self.dataplane.register(PROBE_KIND, handle_probe)
         if self.emulator is not None:
-            self.dataplane.register("chaos", self._on_chaos)
+            self.dataplane.register(CHAOS_KIND, chaos_handler(lambda: self.emulator))
         for hook in self._before_serving:
             hook(self)
         try:

@@ -7,15 +7,14 @@ its parent dies (PR_SET_PDEATHSIG), by adding a ``preexec_fn`` to that call.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import signal
 import sys
 
-_PR_SET_PDEATHSIG = 1
+from ..osproc import die_with_parent
 
 
 def _die_with_parent() -> None:  # runs in the forked child, before exec
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    die_with_parent(signal.SIGKILL)
 
 
 def tie_daemons_to_this_process() -> None:

@@ -1,0 +1,32 @@
+"""What a peer is told at start (``PeerConfig``), and the error a peer that cannot start raises."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..net.framing import DEFAULT_MAX_MESSAGE_BYTES
+
+
+class PeerError(RuntimeError):
+    """A peer could not start or join; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    join: tuple[str, ...] = ()  # multiaddrs of peers to join; ("auto",) for mDNS; () starts a swarm
+    swarm: str = "default"  # the swarm's name: one DHT can hold several swarms
+    listen: str = "/ip4/127.0.0.1/tcp/0"  # where p2pd listens
+    host: str = "127.0.0.1"  # data plane address
+    data_port: int = 0
+    identity_path: Optional[str] = None  # stable peer id; created if missing
+    name: str = ""  # human name, e.g. the scenario's peer name
+    device: dict = field(default_factory=dict)
+    heartbeat_s: float = 2.0
+    ttl_heartbeats: int = 3  # a record lives this many heartbeats
+    poll_s: float = 1.0  # how often the member view is refreshed
+    join_timeout_s: float = 30.0
+    discover_s: float = 5.0  # how long --join auto looks for a swarm on mDNS
+    mdns: bool = False  # advertise on mDNS (always on with --join auto)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    emulate: str = ""  # "SCENARIO:PEER": shape outgoing links and pad compute like that scenario peer
+    emulate_t0: Optional[float] = None  # CLOCK_MONOTONIC origin of the scenario's bandwidth traces

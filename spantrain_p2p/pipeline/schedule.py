@@ -85,7 +85,13 @@ class Action:
         return cls(Op(m.group(1)), int(m.group(2)))
 
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "zb-h1")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "zb-h1")  # every schedule there is, declared here only
+AUTO = "auto"  # a job's schedule when the planner picks it
+
+
+def resolve_schedule(name: str) -> str:
+    """The schedule a job's ``name`` runs where no plan chose one: ``auto`` is ``gpipe``."""
+    return "gpipe" if name == AUTO else name
 
 
 # ---------------------------------------------------------------------------- generators

@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from .. import PROTOCOL_VERSION, __version__
+from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
 from . import model as model_lib
 
 BUILTIN = "transformer"
-SCHEDULES = ("gpipe", "1f1b", "zb-h1", "auto")  # auto: the planner picks
+SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
 PLANS = ("planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy")
 OPTIMIZERS = ("adam", "sgd")
 

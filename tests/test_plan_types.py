@@ -97,9 +97,17 @@ def test_plans_with_gaps_or_a_peer_twice_are_refused(stages, msg):
         Plan(stages, "1f1b", 1, 4)
 
 
-def test_stage_shares_must_sum_to_one():
+def test_a_plans_stage_shares_must_sum_to_one():
     with pytest.raises(ValueError, match="sum to 1"):
-        Stage(("a", "b"), (0, 1), (0.5, 0.6))
+        Plan((Stage(("a", "b"), (0, 1), (0.5, 0.6)),), "1f1b", 1, 4)
+
+
+def test_a_stage_map_keeps_its_raw_shares_and_normalizes_them_when_asked():
+    st = Stage(("a", "b"), (0, 1), (3.0, 1.0))
+    assert st.share_of() == {"a": 0.75, "b": 0.25}
+    assert Stage(("a", "b"), (0, 1)).share_of() == {"a": 0.5, "b": 0.5}
+    with pytest.raises(ValueError, match=">= 0"):
+        Stage(("a", "b"), (0, 1), (1.0, -1.0))
 
 
 def test_planning_needs_no_torch():

@@ -1,32 +1,18 @@
 """The stage map: which peers run which layers, in which pipeline order, under which epoch.
 
-Until the planner exists, ``placeholder_map`` is the rule every peer computes the same way:
-layers split evenly over the ready peers in peer-id order, one peer per stage.
+The map the peers follow: a plan (``train.planning.to_stage_map``) or, where no plan is made
+(the ``even`` plan kind, no measurements, a model without a FLOP model), ``placeholder_map``, the
+rule every peer computes the same way (layers split evenly over the ready peers in peer-id order). Its stages are
+``plan.types.Stage``; ``to_dict`` / ``from_dict`` are its wire form (validated on receipt).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..pipeline.assignment import assign_microbatches
+from .types import Stage
 
 MAX_STAGES = 4096
-
-
-@dataclass(frozen=True)
-class Stage:
-    peers: tuple[str, ...]
-    layers: tuple[int, int]  # [first, last_exclusive)
-    shares: tuple[float, ...] = ()  # micro-batch share of each peer (empty: equal shares)
-
-    def share_of(self) -> dict[str, float]:
-        shares = self.shares or tuple(1.0 for _ in self.peers)
-        total = sum(shares)
-        return {p: s / total for p, s in zip(self.peers, shares)}
-
-    def assign(self, num_microbatches: int) -> list[str]:
-        """The peer that runs each micro-batch of this stage (``pipeline.assignment.assign_microbatches``)."""
-        return assign_microbatches(list(self.peers), list(self.share_of().values()), num_microbatches)
 
 
 @dataclass(frozen=True)

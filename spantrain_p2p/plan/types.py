@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional
 
+from ..pipeline.assignment import assign_microbatches
+from ..pipeline.schedule import SCHEDULE_NAMES
 from .model import ModelConfig, block_params, embed_params, flops_per_layer, head_params, num_params
 
 MAX_PEERS = 100_000
@@ -321,31 +323,46 @@ COMPRESSIONS = ("none", "fp16", "int8")  # least to most lossy; "topk:R" (0 < R 
 @dataclass(frozen=True)
 class Stage:
     """One pipeline stage: its peers (data-parallel replicas), layers ``[first, last)``, and
-    each peer's share of the micro-batches (``shares[i]`` belongs to ``peers[i]``)."""
+    each peer's weight in the micro-batches (``shares[i]`` belongs to ``peers[i]``; empty: equal).
+
+    A plan's shares are fractions that sum to 1 (``Plan`` checks); a stage map's are whatever
+    non-negative weights its planner sent (``share_of`` normalizes them).
+    """
 
     peers: tuple[str, ...]
     layers: tuple[int, int]
-    shares: tuple[float, ...]
+    shares: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(self.peers))
         object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
         object.__setattr__(self, "shares", tuple(float(x) for x in self.shares))
-        if not self.peers or len(self.shares) != len(self.peers):
-            raise ValueError("a stage needs peers and one share per peer")
+        if not self.peers or (self.shares and len(self.shares) != len(self.peers)):
+            raise ValueError("a stage needs peers and one share per peer (or none)")
         if len(set(self.peers)) != len(self.peers):
             raise ValueError(f"stage peers repeat: {self.peers}")
         a, b = self.layers
         if not 0 <= a < b:
             raise ValueError(f"stage layers must be [first, last_exclusive) with first < last, got {self.layers}")
-        if any(not math.isfinite(x) or x < 0 for x in self.shares) or abs(sum(self.shares) - 1.0) > 1e-6:
-            raise ValueError(f"stage shares must be >= 0 and sum to 1, got {self.shares}")
+        if any(not math.isfinite(x) or x < 0 for x in self.shares):
+            raise ValueError(f"stage shares must be finite and >= 0, got {self.shares}")
 
     @property
     def microbatch_share(self) -> dict[str, float]:
         return dict(zip(self.peers, self.shares))
 
+    def share_of(self) -> dict[str, float]:
+        """Each peer's fraction of the micro-batches (equal if the stage has no shares)."""
+        shares = self.shares or tuple(1.0 for _ in self.peers)
+        total = sum(shares)
+        return {p: s / total for p, s in zip(self.peers, shares)}
+
+    def assign(self, num_microbatches: int) -> list[str]:
+        """The peer that runs each micro-batch of this stage (``pipeline.assignment.assign_microbatches``)."""
+        return assign_microbatches(list(self.peers), list(self.share_of().values()), num_microbatches)
+
     def to_dict(self) -> dict:
+        """The plan's JSON form (a stage map writes its own, with the raw shares)."""
         return {"peers": list(self.peers), "layers": list(self.layers),
                 "microbatch_share": {p: round(s, 6) for p, s in zip(self.peers, self.shares)}}
 
@@ -381,8 +398,6 @@ class Plan:
             raise ValueError(f"a plan of {p} stages needs {p - 1} compression entries, got {len(comp)}")
         for c in comp:
             compression_ratio(c)
-        from ..pipeline.schedule import SCHEDULE_NAMES
-
         if self.schedule not in SCHEDULE_NAMES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULE_NAMES)}")
         for n in ("micro_batch_size", "num_micro_batches"):
@@ -392,6 +407,8 @@ class Plan:
         seen: set[str] = set()
         prev_end = 0
         for i, s in enumerate(self.stages):
+            if len(s.shares) != len(s.peers) or abs(sum(s.shares) - 1.0) > 1e-6:
+                raise ValueError(f"stage {i}: shares must be one per peer and sum to 1, got {s.shares}")
             if s.layers[0] != prev_end:
                 raise ValueError(f"stage {i} starts at layer {s.layers[0]}, expected {prev_end}")
             prev_end = s.layers[1]

@@ -7,13 +7,13 @@ map the peers follow.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping, Optional
 
+from ..pipeline.schedule import AUTO, SCHEDULE_NAMES, resolve_schedule
 from ..plan import types as pt
-from ..plan.stagemap import Stage, StageMap
+from ..plan.stagemap import StageMap
 from .job import BUILTIN, JobSpec, ModelHandle
-
-PLANNERS = ("planner", "gpipe-uniform", "1f1b-uniform", "greedy", "even")
 
 
 def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: list[str]) -> pt.Snapshot:
@@ -46,8 +46,8 @@ def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan
     prof = model_profile(job)
     if prof is None:
         raise ValueError("the planner needs a FLOP model of the job's model")
-    schedules = ("gpipe", "1f1b", "zb-h1") if job.schedule == "auto" else (job.schedule,)
-    comp = ("none", "fp16", "int8") if job.compression == "adaptive" else ("none",)
+    schedules = SCHEDULE_NAMES if job.schedule == AUTO else (job.schedule,)
+    comp = pt.COMPRESSIONS if job.compression == "adaptive" else ("none",)
     opts = pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
                              schedules=schedules, compressions=comp)
     try:
@@ -73,10 +73,8 @@ def _memory_facts(prof: pt.ModelProfile, snap: pt.Snapshot) -> str:
 
 def to_stage_map(plan: pt.Plan, job: JobSpec, epoch: int, names: Mapping[str, str], term: int = 0,
                  start_step: int = 0) -> StageMap:
-    stages = tuple(Stage(tuple(s.peers), (s.layers[0], s.layers[1]), tuple(max(x, 0.0) for x in s.shares))
-                   for s in plan.stages)
-    used = [p for s in stages for p in s.peers]
-    return StageMap(epoch, job.job_id, stages, start_step, tuple((p, names.get(p, "")) for p in used),
+    used = [p for s in plan.stages for p in s.peers]
+    return StageMap(epoch, job.job_id, plan.stages, start_step, tuple((p, names.get(p, "")) for p in used),
                     schedule=plan.schedule, term=term, predicted_step_s=float(plan.step_s),
                     bottleneck=plan.bottleneck)
 
@@ -90,7 +88,7 @@ def current_cost(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> float:
     known = {p.id for p in snap.peers}
     if prof is None or any(p not in known for st in smap.stages for p in st.peers):
         return float("inf")
-    stages = tuple(pt.Stage(st.peers, st.layers, tuple(v for v in st.share_of().values())) for st in smap.stages)
-    plan = pt.Plan(stages, smap.schedule or ("gpipe" if job.schedule == "auto" else job.schedule),
-                   job.micro_batch_size, job.num_micro_batches)
+    stages = tuple(replace(st, shares=tuple(st.share_of().values())) for st in smap.stages)  # fractions
+    plan = pt.Plan(stages, smap.schedule or resolve_schedule(job.schedule), job.micro_batch_size,
+                   job.num_micro_batches)
     return float(estimate(plan, snap, prof).step_s)

@@ -7,9 +7,11 @@ import pytest
 
 from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
 from spantrain_p2p.net.emulator import LinkEmulator
-from spantrain_p2p.net.prober import (
-    PROBE_KIND, LinkMeasurement, PassiveEstimator, handle_probe, paired_rtt, ping_link, ping_links, probe_link, sparse_probe_plan,
-)
+from spantrain_p2p.net.passive import PassiveEstimator, link_update
+from spantrain_p2p.net.ping import paired_rtt, ping_link, ping_links
+from spantrain_p2p.net.probe_messages import PROBE_KIND, handle_probe
+from spantrain_p2p.net.prober import LinkMeasurement, probe_link
+from spantrain_p2p.swarm.probe_plan import sparse_probe_plan
 from spantrain_p2p.scenario import parse
 
 # three link classes, as in cee-3region (jitter kept where it does not blur a 10 % check)
@@ -365,7 +367,6 @@ async def test_a_peer_with_a_small_message_limit_is_probed_with_what_it_accepts(
     (100, 100, 400, None, None),      # faster than probed: left alone
 ])
 def test_only_sizeable_link_changes_are_published(published, probed, estimate, bound, want):
-    from spantrain_p2p.net.prober import link_update
     assert link_update(published, probed, estimate, bound) == want
 
 

@@ -1,0 +1,62 @@
+"""Which (src, dst) pairs of a swarm to probe: the full mesh for small swarms, else every pair inside
+each candidate group plus a few samples across groups (about linear in N).
+
+A pure function of the peer ids and the candidate groups (``grouping``), so every peer computes the
+same plan; probing a pair is ``net.prober.probe_link``.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+FULL_MESH_MAX_PEERS = 16
+
+
+def _h(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def sparse_probe_plan(
+    peer_ids: Sequence[str],
+    candidate_groups: Sequence[Sequence[str]] = (),
+    samples_across: int = 2,
+    full_mesh_max: int = FULL_MESH_MAX_PEERS,
+) -> list[tuple[str, str]]:
+    """Directed (src, dst) pairs to probe; every peer computes the same plan from the same inputs.
+
+    Up to ``full_mesh_max`` peers: every ordered pair. Beyond: every ordered pair inside each
+    candidate group (peers in no group form groups of one), plus, for each peer, ``samples_across``
+    destinations in other groups (spread over different groups, picked by a hash of the pair, so
+    the choice is deterministic and varies from peer to peer). With groups of bounded size the
+    total grows linearly with N. Groups are not split: one huge group costs its size squared.
+    """
+    peers = sorted(set(peer_ids))
+    if len(peers) <= full_mesh_max:
+        return [(a, b) for a in peers for b in peers if a != b]
+    known = set(peers)
+    group_of: dict[str, int] = {}
+    groups: list[list[str]] = []
+    for g in sorted(sorted({p for p in g if p in known}) for g in candidate_groups):  # order-independent
+        members = [p for p in g if p not in group_of]
+        if members:
+            for p in members:
+                group_of[p] = len(groups)
+            groups.append(members)
+    for p in peers:
+        if p not in group_of:
+            group_of[p] = len(groups)
+            groups.append([p])
+    pairs: set[tuple[str, str]] = set()
+    for g in groups:
+        pairs.update((a, b) for a in g for b in g if a != b)
+    if len(groups) > 1 and samples_across > 0:
+        for p in peers:
+            mine = group_of[p]
+            others = sorted((gi for gi in range(len(groups)) if gi != mine), key=lambda gi: _h(p, groups[gi][0]))
+            for k in range(samples_across):
+                g = groups[others[k % len(others)]]
+                taken = {b for a, b in pairs if a == p}
+                choices = [q for q in g if q not in taken]
+                if choices:
+                    pairs.add((p, min(choices, key=lambda q: _h(p, q))))
+    return sorted(pairs)

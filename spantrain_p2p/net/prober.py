@@ -20,7 +20,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import framing
 from .dataplane import RemoteError
@@ -204,14 +204,3 @@ async def probe_link(
         mbps=st.mbps if st.mbps and math.isfinite(st.mbps) and 0 < st.mbps <= MAX_MBPS else None,
         error=error, bulk_bytes=st.bulk_bytes, seconds=min(86400.0, clock() - t0),
     )
-
-
-async def probe_links(
-    client: "DataPlaneClient",
-    targets: Iterable[tuple[str, str]],
-    emulator: Optional["LinkEmulator"] = None,
-    **kwargs: Any,
-) -> list[LinkMeasurement]:
-    """Probes ``(dst_name, url)`` targets one after the other (probes of one peer would otherwise
-    share its uplink and measure each other)."""
-    return [await probe_link(client, url, dst, emulator, **kwargs) for dst, url in targets]

@@ -1,5 +1,9 @@
-"""Compression of activations and gradients between pipeline stages: codecs (none, fp16, int8,
-top-k), error feedback for gradients, and the per-link adaptive choice."""
+"""Compression of activations and gradients between pipeline stages.
+
+- ``codecs``: the codecs (none, fp16, int8, int, top-k) as pure functions over tensors and bytes,
+  and error feedback for gradients;
+- ``adaptive``: the per-link choice of a codec (compress a link only as much as it needs).
+"""
 from .adaptive import (DEFAULT_CANDIDATES, DEFAULT_FLOORS, AdaptivePolicy, Option, choose, evaluate,
                        measure_fidelities, nominal_fidelity)
 from .codecs import (CODECS, DEFAULT_MAX_BYTES, CodecError, ErrorFeedback, check_params, decode, encode,

@@ -1,4 +1,9 @@
-"""Device measurement: the profiler (per-layer F/B/W times) and the virtual device used in emulation."""
+"""Measuring a device.
+
+- ``profiler``: per-layer forward, input-grad and weight-grad times of this device at the job's
+  micro-batch (``DeviceProfile``), cached on disk;
+- ``virtual``: the virtual device of emulation, a CPU that takes as long as a scenario's device.
+"""
 from .profiler import DeviceProfile, ProfileCache, ProfileError, model_fingerprint, profile_layers
 from .virtual import FlopCache, PhaseFlops, VirtualDevice
 

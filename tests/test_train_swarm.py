@@ -199,17 +199,17 @@ async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited():
     another job, or news right after news, wakes no one."""
     import types
 
-    from spantrain_p2p.train.trainer import MAP_NEWS_MIN_GAP_S, Trainer, TrainOptions
+    from spantrain_p2p.train.records import MAP_NEWS_MIN_GAP_S, RunRecords
 
-    trainer = Trainer(types.SimpleNamespace(before_serving=lambda f: None), TrainOptions())
-    trainer.job = JobSpec(job_id="job-a")
+    records = RunRecords(types.SimpleNamespace(), log_bad=lambda sub, why: None)
+    records.job = JobSpec(job_id="job-a")
     loop = asyncio.get_running_loop()
 
     async def woken_after(header) -> float:
         t0 = loop.time()
-        waiter = asyncio.ensure_future(trainer._map_news_or(1.0))
+        waiter = asyncio.ensure_future(records.news_or(1.0))
         await asyncio.sleep(0.05)
-        await trainer._on_map_news(header, [])
+        await records.on_news(header, [])
         await waiter
         return loop.time() - t0
 

@@ -1,0 +1,228 @@
+"""The coordinator: the planner's role, which every peer is ready to take.
+
+Every peer computes the region groups of the same measurement snapshot and publishes their
+digest; the peer holding the planner lease (``swarm.election``) plans once a quorum agrees, and
+publishes the stage map as the next epoch: the first one, a new one when a peer of the current
+map is gone (``decide.epoch_verdict``, then asking the missing peers), resuming from the latest
+step every layer survives at (``decide.resume_point``), and a better one when a lasting change
+makes it worth moving stages (``decide.ReplanHysteresis``)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import replace
+from typing import Optional
+
+from ..plan.stagemap import StageMap, placeholder_map
+from ..swarm import grouping, measure
+from ..swarm.election import Election
+from . import planning
+from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
+from .liveness import answers_at
+
+log = logging.getLogger("spantrain.train")
+
+READY_STATES = ("ready", "training", "recovering", "done")
+
+
+def ready_peers(peer) -> list:
+    """The live members that measured and can take a stage."""
+    return [r for r in peer.live_members() if r.state in READY_STATES]
+
+
+class Coordinator:
+    """Groups, election and planning for one job. ``has_map()`` says whether this peer follows a
+    stage map already (groups are then recomputed less often); ``measure``: the job's plans come
+    from measurements (False with --no-measure)."""
+
+    def __init__(self, peer, records, measuring, recovery, measure_links: bool, poll_s: float):
+        self.peer, self.records, self.measuring, self.recovery = peer, records, measuring, recovery
+        self.measure_links, self.poll_s = measure_links, poll_s
+        self.job = self.handle = None
+        self.has_map = lambda: False
+        self.election: Optional[Election] = None
+        self.groups_digest: Optional[str] = None
+        self.groups: list[list[str]] = []
+        self.replans = 0
+        self._hysteresis = ReplanHysteresis()
+        self._last_gain_check = 0.0
+        self._gain_key: Optional[tuple] = None  # (measurements, gain, new step, current step) of the last check
+
+    def start(self, job, handle, has_map) -> None:
+        self.job, self.handle, self.has_map = job, handle, has_map
+        self.election = Election(self.peer, lease_s=6.0, candidates=lambda: [r.peer_id for r in ready_peers(self.peer)])
+        self.peer.spawn(self.election.run(1.0), "election")
+        self.peer.spawn(self._groups_loop(), "groups")
+        self.peer.spawn(self._planner_loop(), "planner")
+
+    def status(self) -> dict:
+        leader = self.election.leader if self.election else None
+        return {"planner": self.peer.name_of(leader.peer_id) if leader else None,
+                "term": leader.term if leader else None,
+                "groups_digest": self.groups_digest, "groups": self.groups, "replans": self.replans}
+
+    # ---- groups -----------------------------------------------------------------------------------
+    async def _measured_snapshot(self):
+        """(peer ids, profiles, links) of the ready peers whose measurements are in the DHT."""
+        profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self.measuring.log_bad)
+        links = await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.measuring.log_bad)
+        ids = sorted(r.peer_id for r in ready_peers(self.peer) if r.peer_id in profiles and r.peer_id in links)
+        return ids, profiles, links
+
+    async def _groups_loop(self) -> None:
+        """Every peer computes the grouping of the same snapshot and publishes its digest."""
+        published = None
+        last_round, last_live = 0.0, None
+        while True:
+            # DHT reads cost every peer CPU: once a stage map is in force and the live peers are
+            # the same, the measurements are read again only every REPLAN_CHECK_S
+            live = sorted(r.peer_id for r in ready_peers(self.peer))
+            if self.has_map() and live == last_live and time.monotonic() - last_round < REPLAN_CHECK_S:
+                await asyncio.sleep(1.0)
+                continue
+            last_round, last_live = time.monotonic(), live
+            try:
+                ids, profiles, links = await self._measured_snapshot()
+                if ids:
+                    snap = planning.snapshot(profiles, links, ids)
+                    g = grouping.group(snap)
+                    self.groups_digest = g.digest()
+                    self.groups = [sorted(self.peer.name_of(p) for p in grp.peers) for grp in g.groups]
+                    if (self.groups_digest, ids) != published:
+                        await measure.publish(self.peer, measure.GROUPS, {"digest": self.groups_digest, "peers": ids})
+                        published = (self.groups_digest, ids)
+            except Exception as e:
+                log.warning("grouping round failed: %s", e)
+            await asyncio.sleep(1.0)
+
+    async def _quorum(self, ids: list[str], digest: str) -> bool:
+        """More than half of the snapshot's peers published the same groups digest for it."""
+        votes = await measure.read(self.peer, measure.GROUPS, lambda d: (d["digest"], list(d["peers"])),
+                                   self.measuring.log_bad)
+        agree = sum(1 for p in ids if votes.get(p) == (digest, ids))
+        return agree * 2 > len(ids)
+
+    # ---- the planner's loop -----------------------------------------------------------------------
+    async def _planner_loop(self) -> None:
+        """Acts while this peer holds the planner lease: publishes the first stage map once enough
+        peers are measured and agree on the groups, a new epoch when a peer of the current map is
+        gone, and a better map when one is worth the move."""
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if self.election is None or not self.election.is_leader:
+                continue
+            try:
+                current = await self.records.newest_map()
+                inherited = current is not None and current.term < self.election.leader.term
+                if current is not None and not current.error and not inherited and not await self._epoch_broken(current):
+                    if await self._worth_replanning(current):
+                        await self._plan_and_publish(current, improve=True)
+                    continue
+                if current is not None and current.error:
+                    continue
+                if inherited:
+                    log.info("taking over as planner from term %d: re-planning from the live swarm", current.term)
+                await self._plan_and_publish(current)
+            except Exception as e:
+                log.warning("planning round failed: %r", e)
+
+    async def _worth_replanning(self, current: StageMap) -> bool:
+        """A newcomer or a lasting change of links: re-plan only when a new plan is predicted to
+        be much faster on the latest measurements, and still is a while later (the hysteresis)."""
+        now = time.monotonic()
+        if now - self._last_gain_check < REPLAN_CHECK_S or planning.model_profile(self.job) is None:
+            return False
+        self._last_gain_check = now
+        if self.job.plan != "planner" or not self.measure_links:
+            return False
+        ids, profiles, links = await self._measured_snapshot()
+        if not ids:
+            return False
+        key = json.dumps([ids, [links.get(p) for p in ids], [profiles[p].get("profile") for p in ids],
+                          current.epoch, current.term], sort_keys=True, default=str)
+        if self._gain_key is not None and self._gain_key[0] == key:
+            gain, new_s, cur = self._gain_key[1:]  # the same measurements: the same answer
+        else:
+            snap = planning.snapshot(profiles, links, ids)
+            cur = planning.current_cost(current, self.job, snap)
+            new = await asyncio.to_thread(planning.make_plan, self.job, snap, "planner")
+            new_s = new.step_s
+            gain = cur / new_s - 1 if new_s > 0 else 0.0
+            self._gain_key = (key, gain, new_s, cur)
+        verdict = self._hysteresis.update(gain, now)
+        if verdict == "gone":
+            log.info("re-plan gain gone (%.0f %%): no move", gain * 100)
+        elif verdict == "hold":
+            log.info("a new plan would be %.0f %% faster (%.3fs vs %.3fs per step): holding %.0fs before moving",
+                     gain * 100, new_s, cur, REPLAN_HOLD_S)
+        elif verdict == "move":
+            log.info("re-planning: %.0f %% predicted gain has lasted %.0fs", gain * 100, REPLAN_HOLD_S)
+        return verdict == "move"
+
+    async def _epoch_broken(self, current: StageMap) -> bool:
+        """A peer of the map abandoned this epoch, or is gone: its record is missing and it does
+        not answer where it served last (a heartbeat late on a busy machine is no failure:
+        re-planning around it would throw away the step in flight for nothing)."""
+        broken, absent = epoch_verdict(current, {r.peer_id: r for r in self.peer.live_members()})
+        if broken:
+            return True
+        for p in absent:
+            url = self.peer.last_data_url(p)  # None once it left with a tombstone
+            if url is None or not await answers_at(self.peer.client, url):
+                return True
+            log.info("%s: no fresh record, but it answers: its heartbeat is late, not a failure", current.name_of(p))
+        return False
+
+    async def _resume_point(self, current: StageMap) -> tuple[Optional[int], str]:
+        """(step to redo from, error): the latest step whose state of every layer survives."""
+        invs = [*(await self.recovery.inventories()).values(), self.recovery.store.inventory()]
+        return resume_point(invs, self.handle.num_layers, [tuple(st.layers) for st in current.stages])
+
+    async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False) -> None:
+        """Plans from the live swarm and publishes the stage map as the next epoch. ``improve``: the
+        current map still runs and a better one is expected; a plan that would only reload the
+        same layers on the same peers is not published."""
+        job = self.job
+        measured = job.plan != "even" and self.measure_links and planning.model_profile(job) is not None
+        if measured:
+            ids, profiles, links = await self._measured_snapshot()
+            if current is None and len(ids) < job.peers:
+                return
+            if not ids or self.groups_digest is None or not await self._quorum(ids, self.groups_digest):
+                return
+        else:
+            ids = sorted(r.peer_id for r in ready_peers(self.peer))
+            if current is None and len(ids) < job.peers:
+                return
+        names = {r.peer_id: r.name for r in self.peer.live_members()}
+        epoch = (current.epoch if current else 0) + 1
+        term = self.election.leader.term
+        start, error = (await self._resume_point(current)) if current is not None else (0, "")
+        plan = None
+        if measured and not error:
+            snap = planning.snapshot(profiles, links, ids)
+            t0 = time.perf_counter()
+            try:
+                plan = await asyncio.to_thread(planning.make_plan, job, snap, job.plan)
+            except planning.NoPlan as e:
+                error = f"no plan can run this job on the {len(ids)} live peers: {e}"
+        if error:
+            base = current or placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names)
+            await self.records.publish_map(replace(base, epoch=epoch, term=term, error=error))
+            log.error("run stopped: %s", error)
+            return
+        if plan is not None:
+            smap = planning.to_stage_map(plan, job, epoch, names, term, start)
+            if improve and current is not None and same_layout(smap, current):
+                log.info("re-plan gives the same stages, peers and schedule: nothing to move")
+                return
+            log.info("planned %d stages for %d peers in %.2fs: predicted %.3fs per step, bottleneck %s",
+                     smap.num_stages, len(ids), time.perf_counter() - t0, plan.step_s, plan.bottleneck)
+        else:
+            smap = replace(placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names,
+                                           start_step=start, num_stages=job.stages), term=term)
+        await self.records.publish_map(smap)
+        self.replans += current is not None
+        log.info("published stage map epoch %d (term %d)", smap.epoch, term)

@@ -1,0 +1,121 @@
+"""The trainer's decisions, as plain functions over plain data (no network, no clock of their own):
+re-plan now or hold, is the running epoch broken, where to resume, which peer holds a copy of this
+peer's layers, and when each peer pings its short links. Each is unit-tested without a swarm
+(tests/test_decide.py); the components that act on them live beside this module."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence
+
+from ..plan.stagemap import StageMap
+from . import state as layer_state
+
+REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
+REPLAN_HOLD_S = 10.0  # ...for this long (checked every REPLAN_CHECK_S) before stages move
+REPLAN_CHECK_S = 5.0
+
+
+def same_layout(a: StageMap, b: StageMap) -> bool:
+    """Same stages on the same peers with the same layers, micro-batch shares (to 1 %) and schedule."""
+    def key(m: StageMap):
+        return m.schedule, [(tuple(sorted((p, round(v, 2)) for p, v in st.share_of().items())), tuple(st.layers))
+                            for st in m.stages]
+    return key(a) == key(b)
+
+
+@dataclass
+class ReplanHysteresis:
+    """Re-plan only when a new plan is predicted at least ``gain`` faster, and still is ``hold_s``
+    later: a short blip never moves a stage. ``update`` takes each fresh prediction and says what
+    to do: "move", "hold" (a gain appeared: wait), "gone" (a held gain vanished) or "stay"."""
+
+    gain: float = REPLAN_GAIN
+    hold_s: float = REPLAN_HOLD_S
+    since: Optional[float] = None  # when the current run of large gains began
+
+    def update(self, gain: float, now: float) -> str:
+        if gain < self.gain:
+            verdict = "gone" if self.since is not None else "stay"
+            self.since = None
+            return verdict
+        if self.since is None:
+            self.since = now
+            return "hold"
+        if now - self.since < self.hold_s:
+            return "stay"
+        self.since = None
+        return "move"
+
+
+def epoch_verdict(smap: StageMap, live: Mapping[str, object]) -> tuple[bool, list[str]]:
+    """(broken, peers to ask): the epoch is broken if a peer of the map abandoned it (state
+    ``recovering`` with this ``failed_epoch``); peers of the map with no fresh record are returned
+    in map order, to be asked whether they still answer (a record that expired on a busy machine
+    is no death). ``live``: peer id -> record (``state``, ``progress``)."""
+    absent = []
+    for st in smap.stages:
+        for p in st.peers:
+            r = live.get(p)
+            if r is None:
+                absent.append(p)
+            elif r.state == "recovering" and r.progress.get("failed_epoch") == smap.epoch:
+                return True, []
+    return False, absent
+
+
+def resume_point(inventories: Sequence[Mapping[int, Sequence[int]]], num_layers: int,
+                 stages: Sequence[tuple[int, int]]) -> tuple[Optional[int], str]:
+    """(step to redo from, error): the latest step at which a state of every layer survives in
+    ``inventories`` (layer -> steps held, one per peer). Step 0 is every layer's initial state, which
+    any peer rebuilds from the job's seed. ``stages``: the layer ranges, for the error message."""
+    invs = [*inventories, {i: [0] for i in range(num_layers)}]
+    step, missing = layer_state.resume_step(invs, num_layers)
+    if missing:
+        spans = [(a, b) for a, b in stages if any(a <= m < b for m in missing)]
+        return None, (f"layers {missing} (of stage range {spans}) have no surviving copy: no live replica and "
+                      f"no checkpoint on any live peer; the run cannot continue without losing them")
+    if step is None:
+        return None, "the surviving copies of the layers share no common step"
+    return step, ""
+
+
+def choose_buddy(smap: StageMap, stage: int, me: str, rtt_ms: Callable[[str], float]) -> Optional[str]:
+    """Where a peer's layers are copied after each step: nowhere if a replica of its stage holds
+    them anyway, else the peer of the map nearest to it (smallest RTT, then peer id)."""
+    if len(smap.stages[stage].peers) > 1:
+        return None
+    others = [p for st in smap.stages for p in st.peers if p != me]
+    if not others:
+        return None
+    return min(others, key=lambda p: (rtt_ms(p), p))
+
+
+@dataclass(frozen=True)
+class PingSlots:
+    """When the peers with short links ping them again, one turn after another."""
+
+    turn: tuple[str, ...]  # peers with short links, in slot order
+    t0: float  # unix time the first slot starts
+    end: float  # unix time the last slot ends
+    slot_s: float
+    at_once: int
+
+    def start_of(self, peer_id: str) -> Optional[float]:
+        if peer_id not in self.turn:
+            return None
+        return self.t0 + (self.turn.index(peer_id) // self.at_once) * self.slot_s
+
+
+def ping_slots(records: Mapping[str, tuple[bool, float]], members: set, at_once: int, slot_s: float,
+               margin_s: float = 0.3) -> Optional[PingSlots]:
+    """Every peer derives the same slots from the same PINGS records (peer id -> (has short links,
+    unix time its pings finished)): they start ``margin_s`` after the last peer finished, and take
+    the peers with short links in peer-id order, ``at_once`` per slot. Records of non-members or
+    with a non-finite time get no slot; None when nobody has short links."""
+    recs = {p: v for p, v in records.items() if p in members and math.isfinite(v[1])}
+    turn = sorted(p for p, (has, _) in recs.items() if has)
+    if not turn:
+        return None
+    t0 = max(f for _, f in recs.values()) + margin_s
+    return PingSlots(tuple(turn), t0, t0 + -(-len(turn) // at_once) * slot_s, slot_s, at_once)

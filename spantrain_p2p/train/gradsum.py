@@ -1,0 +1,101 @@
+"""The replicas of a stage sum their weight gradients, layer by layer, during the last backward."""
+from __future__ import annotations
+
+import asyncio
+from typing import Optional
+
+import torch
+
+from ..pipeline.executor import StepFailed
+from ..pipeline.messages import GSUM
+
+BUCKET_BYTES = 4 << 20
+
+
+def layer_buckets(layer_numels: list[list[int]], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Each layer's parameters, as (layer, [(index among all the layers' parameters, numel), ...])
+    buckets of at most ``bucket_bytes`` (a bigger parameter alone): one message each, sent as
+    soon as that layer's gradients are final, while the backward goes on below it."""
+    out: list[tuple[int, list[tuple[int, int]]]] = []
+    i = 0
+    for layer, numels in enumerate(layer_numels):
+        cur: list[tuple[int, int]] = []
+        size = 0
+        for n in numels:
+            if cur and size + 4 * n > bucket_bytes:
+                out.append((layer, cur))
+                cur, size = [], 0
+            cur.append((i, n))
+            size += 4 * n
+            i += 1
+        if cur:
+            out.append((layer, cur))
+    return out
+
+
+class GradientSum:
+    """One step's all-reduce (sum) of a stage's weight gradients among its replicas, bucket by
+    bucket: a layer's buckets go to the other replicas as soon as the executor says its gradients
+    are final (``layer_done``, during the step's last backward op; ``run_step`` tells every layer
+    by its end), so the transfers overlap the backward of the layers below; ``finish`` adds every
+    replica's part up in peer-id order (every replica ends with bit-identical gradients) and sets
+    them. ``transport`` sends and receives the parts (``send_to``, ``receive``)."""
+
+    def __init__(self, transport, me: str, step: int, params: list[torch.nn.Parameter],
+                 buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str]):
+        self.transport, self.me, self.step, self.params, self.buckets, self.others = \
+            transport, me, step, params, buckets, others
+        self.local: list[Optional[torch.Tensor]] = [None] * len(buckets)
+        self.by_layer: dict[int, list[int]] = {}
+        for k, (layer, _) in enumerate(buckets):
+            self.by_layer.setdefault(layer, []).append(k)
+        self.sends: list[asyncio.Task] = []
+
+    def _start(self, k: int, t: torch.Tensor) -> None:
+        self.local[k] = t
+        self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, t)) for dst in self.others]
+
+    def layer_done(self, layer: int) -> None:
+        for k in self.by_layer.get(layer, ()):
+            if self.local[k] is None:
+                ps = [self.params[i] for i, _ in self.buckets[k][1]]
+                self._start(k, torch.cat([p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+                                          for p in ps]))
+
+    async def finish(self, loss: Optional[tuple[float, int]] = None) -> Optional[tuple[float, int]]:
+        """Sums the step's gradients (and, on the last stage, ``loss``: this replica's (sum, count)
+        of micro-batch losses rides along, and the whole step's is returned)."""
+        try:
+            if loss is not None:
+                self.local.append(None)
+                self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
+            summed = []
+            for k, mine in enumerate(self.local):
+                parts = {self.me: mine}
+                for src in self.others:
+                    parts[src] = await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
+                total = torch.zeros_like(mine)
+                for src in sorted(parts):
+                    total += parts[src]
+                summed.append(total)
+            for (_, bucket), total in zip(self.buckets, summed):
+                offset = 0
+                for i, n in bucket:
+                    self.params[i].grad = total[offset:offset + n].view_as(self.params[i]).clone()
+                    offset += n
+            await asyncio.gather(*self.sends)
+        except BaseException as e:
+            await self.cancel()
+            for p in self.params:
+                p.grad = None
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise StepFailed(f"step {self.step}: gradient averaging with {len(self.others)} replica(s) failed: {e}") from e
+        if loss is not None:
+            return float(summed[-1][0]), int(round(float(summed[-1][1])))
+        return None
+
+    async def cancel(self) -> None:
+        for t in self.sends:
+            t.cancel()
+        await asyncio.gather(*self.sends, return_exceptions=True)

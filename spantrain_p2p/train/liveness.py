@@ -1,0 +1,25 @@
+"""Is a peer alive? Heartbeats in the DHT (``swarm.membership``) drop a silent peer after a few
+beats; training cannot wait that long, so a receive that runs past its deadline, or a planner that
+misses a peer's record, asks the peer itself: one that answers its ``/status`` quickly at the
+address it served from last is alive (a record that expired on a busy machine is no death), one
+that left with a tombstone or does not answer is dead."""
+from __future__ import annotations
+
+STATUS_TIMEOUT_S = 2.0
+
+
+async def answers_at(client, url: str, timeout_s: float = STATUS_TIMEOUT_S) -> bool:
+    """Whether the data plane at ``url`` answers ``/status`` within ``timeout_s``."""
+    try:
+        await client.status(url, timeout=timeout_s)
+        return True
+    except Exception:
+        return False
+
+
+async def is_alive(peer, peer_id: str) -> bool:
+    """Whether ``peer_id`` still answers where it served last (this peer itself always does)."""
+    if peer_id == peer.peer_id:
+        return True
+    url = peer.last_data_url(peer_id)  # None once it left with a tombstone
+    return url is not None and await answers_at(peer.client, url)

@@ -1,0 +1,59 @@
+"""What the outside sees of a trainer: ``GET /status``'s ``train`` part (progress, plan, recent
+losses, events) and ``GET /report`` (the whole run: losses, step times, wire bytes, codecs,
+device figures), which ``spantrain swarm`` gathers into its summary."""
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+
+def status(t) -> dict:
+    """The trainer's part of ``/status``."""
+    smap, job = t.smap, t.job
+    last = t.losses.get(max(t.losses)) if t.losses else None
+    return {"job": job.job_id if job else None, "stage": t.stage,
+            "num_stages": smap.num_stages if smap else None,
+            "epoch": smap.epoch if smap else None, "step": t.step,
+            "steps_done": t.steps_done, "steps_total": job.steps if job else None,
+            "loss": last, "error": t.error or t.refused,
+            **t.coordinator.status(),
+            "recent_losses": [[st, a, n, e] for st, (a, n, e) in
+                              sorted(t.loss_sums.items())[-30:] + sorted(t.recovery.held_losses.items())[-30:]],
+            "plan": smap.summary() if smap else None, "events": t.events[-20:],
+            "links_mbps": {t.peer.name_of(d): round(v, 2) for d in t.measuring.passive.destinations()
+                           if (v := t.measuring.passive.estimate_mbps(d)) is not None}}
+
+
+def report(t) -> dict:
+    """The trainer's whole run, for ``/report``."""
+    smap, job, tr = t.smap, t.job, t.transport
+    durations = [e - s for _, s, e, _ in t.step_times]
+    return {"peer_id": t.peer.peer_id, "name": t.peer.config.name, "stage": t.stage,
+            "layers": list(smap.stages[t.stage].layers) if smap and t.stage is not None else None,
+            "plan": smap.summary() if smap else None, "job": job.to_dict() if job else None,
+            "steps_done": t.steps_done, "losses": [[s, loss] for s, loss in sorted(t.losses.items())],
+            "loss_sums": [[s, a, n, e] for s, (a, n, e) in sorted(t.loss_sums.items())],
+            "step_times": [list(x) for x in t.step_times],
+            "step_s_median": statistics.median(durations) if durations else None,
+            "wire_bytes": [[s, {smap.name_of(d): b for d, b in per.items()}]
+                           for s, per in sorted(tr.wire_bytes.items())] if smap else [],
+            "codecs": dict(tr.codecs_used),
+            "device_stats": t.peer.device.stats().to_dict() if t.peer.device else None,
+            "train_device": train_device_stats(t.peer.device, t.device_base),
+            "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
+            "deadlines": tr.deadline_report() if job else {},
+            "deadline_extensions": tr.deadline_extensions,
+            "error": t.error, "refused": t.refused}
+
+
+def train_device_stats(dev, base) -> Optional[dict]:
+    """FLOPs, padded ops and overruns of the virtual device since training began (``base``: its
+    counters then), and its speed."""
+    if dev is None:
+        return None
+    now = dev.stats()
+    d = {"flops": now.flops, "padded_ops": now.padded_ops, "overruns": now.overruns}
+    if base is not None:
+        d = {k: v - getattr(base, k) for k, v in d.items()}
+    d["flops_per_s"] = dev.flops_per_s
+    return d

@@ -1,0 +1,191 @@
+"""The pipeline transport: a stage's activations and gradients to and from its neighbours.
+
+Sending: each message picks its codec (per link, ``--compression``; adaptive decides from the
+link and the stage's compute), goes out with retries until the job's receive timeout, and its
+bytes and time feed the passive bandwidth estimate. Receiving: the data plane's handler checks a
+message against what the stage expects (kind, epoch, senders, shapes) and files it in the inbox;
+a wait that runs past the adaptive deadline asks the sender whether it lives
+(``train.liveness``) and fails the step at once if it does not."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, Optional
+
+import aiohttp
+import torch
+
+from ..compress import codecs
+from ..compress.adaptive import AdaptivePolicy
+from ..net.dataplane import RemoteError, Retry
+from ..net.framing import FrameError
+from ..pipeline.deadlines import Deadlines
+from ..pipeline.executor import StepFailed
+from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
+from ..plan.stagemap import StageMap
+from .liveness import is_alive
+
+log = logging.getLogger("spantrain.train")
+
+# Adaptive compression leaves a link's tensors as they are only where their transfer is negligible
+# next to the stage's compute for one micro-batch; elsewhere it takes the fastest codec that meets
+# the fidelity floor. FusionLLM's rule (compress until the transfer hides behind compute) holds in
+# a pipeline's steady state, but its fill and drain wait on every hop's transfer, and with about as
+# many micro-batches as stages (volunteer swarms) fill and drain are most of the step.
+NEGLIGIBLE_TRANSFER = 0.1
+
+
+class PipelineTransport:
+    """Moves one stage's tensors. ``links`` gives what is known of each link: ``probes`` (peer id
+    -> the prober's measurement) and ``passive`` (the estimator fed by real transfers);
+    ``current_step`` is the step the trainer runs (messages for it and the next are taken)."""
+
+    def __init__(self, peer, links, current_step: Callable[[], int]):
+        self.peer, self.links, self.current_step = peer, links, current_step
+        self.job = None
+        self.smap: Optional[StageMap] = None
+        self.stage: Optional[int] = None
+        self.inbox = Inbox(max_pending=64)
+        self._expect: dict[str, Expect] = {}
+        self._route: dict[str, list[str]] = {}  # kind -> destination peer of each micro-batch
+        self.wire_bytes: dict[int, dict[str, int]] = {}  # step -> destination peer -> bytes sent
+        self.codecs_used: dict[str, str] = {}  # "kind->destination name" -> last codec
+        # activation gradients feed every earlier layer's update: no top-k for them (its error
+        # feedback suits weight gradients, not these); 6-bit blocks (0.97) at most, like activations
+        self._policy = AdaptivePolicy(fidelity_floors={"act": 0.95, "grad": 0.95})
+        self._feedback = codecs.ErrorFeedback()
+        self._deadlines = Deadlines()  # receive deadlines from the recent waits, per message kind
+        self.deadline_extensions = 0  # waits past their deadline whose sender still answered
+        self.mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
+
+    # ---- the stage's epoch ------------------------------------------------------------------------
+    def begin_epoch(self, smap: StageMap, stage: Optional[int]) -> None:
+        """A new stage map: nothing is expected until the stage is set up (``open``)."""
+        self.smap, self.stage = smap, stage
+        self._expect = {}
+        self.inbox.clear()
+
+    def route(self, route: dict[str, list[str]]) -> None:
+        """Where each micro-batch's activation (ACT) and input gradient (GRAD) goes."""
+        self._route = route
+
+    def open(self, expect: dict[str, Expect]) -> None:
+        """The stage is set up: take the messages it expects from now on."""
+        self._expect = expect
+
+    def drop_before(self, step: int) -> None:
+        self.inbox.drop_before(step)
+
+    def observe_compute(self, per_mb_s: float) -> None:
+        """One step's compute time per micro-batch: adaptive compression weighs transfers against it."""
+        self.mb_compute_s = per_mb_s if self.mb_compute_s is None else 0.7 * self.mb_compute_s + 0.3 * per_mb_s
+
+    def deadline_report(self) -> dict:
+        return {k: {"typical_s": round(t, 4), "deadline_s": round(self._deadlines.deadline(k, self.job.recv_timeout_s), 3)}
+                for k in (ACT, GRAD, GSUM) if (t := self._deadlines.typical(k)) is not None}
+
+    # ---- receiving --------------------------------------------------------------------------------
+    async def on_tensor(self, header: dict, buffers) -> None:
+        """The data plane's handler of ACT, GRAD and GSUM messages."""
+        kind, epoch = header.get("kind"), header.get("epoch")
+        if self.smap is None or (isinstance(epoch, int) and epoch > self.smap.epoch):
+            raise Retry("this peer has no stage map for that epoch yet")
+        if self.stage is None:
+            raise FrameError("this peer has no stage in the current stage map")
+        if not self._expect:
+            raise Retry("this peer is still setting up its stage")
+        expect = self._expect.get(kind) if isinstance(kind, str) else None
+        if expect is None:
+            raise FrameError(f"this peer's stage does not take {kind!r} messages")
+        step = self.current_step()
+        step, mb, t = decode_tensor(header, buffers, expect, (step, step + 1))
+        self.inbox.put((f"{kind}/{header['src']}" if kind == GSUM else kind, step, mb), t)
+        return None
+
+    async def recv(self, kind: str, step: int, mb: int) -> torch.Tensor:
+        """A micro-batch's activation (ACT) or output gradient (GRAD), for the executor."""
+        # activations of a micro-batch come from the peer its gradients go back to, and vice versa
+        src = self._route[GRAD if kind == ACT else ACT][mb]
+        return await self.receive((kind, step, mb), kind, src)
+
+    async def receive(self, key: tuple[str, int, int], kind: str, src: str) -> torch.Tensor:
+        """The message ``key`` from ``src``. Past the adaptive deadline (a multiple of the recent
+        waits for this kind), ask whether ``src`` still lives: one that does not answer fails the
+        step at once; a slow but live one is waited for, up to the job's ``recv_timeout_s``."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        cap = t0 + self.job.recv_timeout_s
+        while True:
+            wait = self._deadlines.deadline(kind, max(0.0, cap - loop.time()))
+            try:
+                t = await self.inbox.get(key, max(0.05, wait))
+            except TimeoutError:
+                waited = loop.time() - t0
+                if loop.time() >= cap:
+                    raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} from "
+                                     f"{self.smap.name_of(src)} within {waited:.1f}s") from None
+                if not await is_alive(self.peer, src):
+                    raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} after {waited:.1f}s, and "
+                                     f"{self.smap.name_of(src)} does not answer") from None
+                log.info("waiting %.1fs for %s of step %d from %s (typically %.2fs): it answers, so waiting on",
+                         waited, kind, key[1], self.smap.name_of(src), self._deadlines.typical(kind) or 0.0)
+                self.deadline_extensions += 1
+                continue
+            self._deadlines.observe(kind, loop.time() - t0)
+            return t
+
+    # ---- sending ----------------------------------------------------------------------------------
+    async def send(self, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
+        """A micro-batch's activation (ACT) or input gradient (GRAD), for the executor."""
+        await self.send_to(self._route[kind][mb], kind, step, mb, t)
+
+    def codec_for(self, kind: str, dst: str, raw_bytes: int) -> str:
+        c = self.job.compression
+        if kind == GSUM or c == "none":
+            return "none"
+        if c != "adaptive":
+            return c
+        probe = self.links.probes.get(dst)
+        if self._policy.bandwidth(dst) is None and probe is not None and probe.ok:
+            self._policy.set_link(dst, bytes_per_s=probe.mbps * 1e6 / 8, rtt_s=probe.rtt_ms / 1e3)
+        if self._policy.bandwidth(dst) is None or self.mb_compute_s is None:
+            return "none"  # nothing known of the link or the stage's compute yet
+        return codecs.spec(*self._policy.decide(dst, raw_bytes, self.mb_compute_s * NEGLIGIBLE_TRANSFER, kind))
+
+    async def send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
+        codec = self.codec_for(kind, dst, t.numel() * 4)
+        lossy_grad = kind == GRAD and codec.startswith("topk")
+        header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t, codec,
+                                     self._feedback if lossy_grad else None, (dst, mb))
+        self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
+        nbytes = sum(b.nbytes for b in bufs) + 256  # + header, about
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.job.recv_timeout_s
+        while True:
+            url = self.peer.data_url_of(dst)
+            t0 = loop.time()  # this attempt's: refusals and waits before it say nothing of the link
+            try:
+                if url is None:
+                    raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
+                await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()),
+                                            link=self.peer.link_to(dst))
+                per = self.wire_bytes.setdefault(step, {})
+                per[dst] = per.get(dst, 0) + nbytes
+                elapsed = loop.time() - t0
+                probe = self.links.probes.get(dst)
+                rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0
+                # an epoch's first step meets peers still loading and setting up their stages: its
+                # transfers' times say more about them than about the links
+                if step > self.smap.start_step:
+                    # a send waits for its reply: a whole round trip of it is not the bytes' time
+                    self.links.passive.observe(dst, nbytes, elapsed, latency_s=rtt)
+                    if kind != GSUM:
+                        self._policy.observe(dst, nbytes, max(0.0, elapsed - rtt / 2))  # to delivery
+                return
+            except RemoteError as e:
+                if e.status != 503 or loop.time() > deadline:
+                    raise StepFailed(f"{self.smap.name_of(dst)} refused {kind} step {step} mb {mb}: {e}") from None
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                if loop.time() > deadline:
+                    raise StepFailed(f"cannot send {kind} to {self.smap.name_of(dst)}: {e!r}") from None
+            await asyncio.sleep(0.2)

@@ -1,0 +1,98 @@
+"""The trainer's decisions, without a swarm: re-plan hysteresis, a broken epoch, the resume point,
+the buddy and the ping slots."""
+from __future__ import annotations
+
+import math
+import types
+
+from spantrain_p2p.plan.stagemap import Stage, StageMap
+from spantrain_p2p.train.decide import (REPLAN_GAIN, REPLAN_HOLD_S, ReplanHysteresis, choose_buddy, epoch_verdict,
+                                        ping_slots, resume_point, same_layout)
+
+MAP = StageMap(3, "j", (Stage(("a", "b"), (0, 2), (0.5, 0.5)), Stage(("c",), (2, 4), (1.0,)),
+                        Stage(("d",), (4, 6), (1.0,))))
+
+
+def _rec(state="training", **progress):
+    return types.SimpleNamespace(state=state, progress=progress)
+
+
+def test_a_lasting_gain_moves_stages_once_it_held_long_enough():
+    h = ReplanHysteresis()
+    assert h.update(REPLAN_GAIN + 0.1, now=100.0) == "hold"
+    assert h.update(REPLAN_GAIN + 0.1, now=100.0 + REPLAN_HOLD_S - 1) == "stay"
+    assert h.update(REPLAN_GAIN + 0.1, now=100.0 + REPLAN_HOLD_S) == "move"
+    assert h.update(REPLAN_GAIN + 0.1, now=200.0) == "hold"  # after a move, a new gain holds again
+
+
+def test_a_short_blip_moves_nothing():
+    h = ReplanHysteresis()
+    assert h.update(0.5, now=0.0) == "hold"
+    assert h.update(0.01, now=5.0) == "gone"  # the gain went away before the hold ended
+    assert h.update(0.5, now=10.0) == "hold"  # and the next one starts its hold afresh
+    assert h.update(0.5, now=10.0 + REPLAN_HOLD_S * 0.9) == "stay"
+    assert h.update(REPLAN_GAIN - 0.01, now=30.0) == "gone"
+    assert h.update(0.0, now=31.0) == "stay"
+
+
+def test_an_epoch_is_broken_when_a_peer_abandoned_it():
+    live = {p: _rec() for p in "abcd"}
+    assert epoch_verdict(MAP, live) == (False, [])
+    live["c"] = _rec("recovering", failed_epoch=3)
+    assert epoch_verdict(MAP, live) == (True, [])
+    live["c"] = _rec("recovering", failed_epoch=2)  # an older epoch's failure says nothing of this one
+    assert epoch_verdict(MAP, live) == (False, [])
+
+
+def test_peers_without_a_fresh_record_are_to_be_asked_in_map_order():
+    live = {"a": _rec(), "c": _rec()}
+    assert epoch_verdict(MAP, live) == (False, ["b", "d"])
+
+
+def test_resume_from_the_latest_step_every_layer_survives_at():
+    assert resume_point([{0: [4, 5], 1: [4]}, {2: [3, 4]}], 3, [(0, 3)]) == (4, "")
+    assert resume_point([{i: [4, 5] for i in range(6)}, {2: [5]}], 6, [(0, 6)]) == (5, "")
+
+
+def test_resume_from_the_start_when_nothing_survives_but_the_seed():
+    step, err = resume_point([], 4, [(0, 4)])
+    assert (step, err) == (0, "")
+
+
+def test_lost_layers_stop_the_run_with_the_reason():
+    step, err = resume_point([{0: [3], 1: [3]}, {2: [3]}], 4, [(0, 2), (2, 4)])
+    # layer 3 survives only as its initial state: the run redoes from step 0, nothing is lost
+    assert step == 0 and err == ""
+
+
+def test_a_replicated_stage_needs_no_buddy_and_a_single_peer_takes_the_nearest():
+    rtt = {"a": 5.0, "b": 5.0, "c": 1e9, "d": 2.0}.get
+    assert choose_buddy(MAP, 0, "a", rtt) is None
+    assert choose_buddy(MAP, 1, "c", rtt) == "d"
+    assert choose_buddy(MAP, 2, "d", rtt) == "a"  # a tie on RTT goes to the smaller peer id
+    alone = StageMap(1, "j", (Stage(("x",), (0, 6), (1.0,)),))
+    assert choose_buddy(alone, 0, "x", rtt) is None
+
+
+def test_same_stages_peers_shares_and_schedule_are_no_move():
+    a = StageMap(1, "j", (Stage(("p", "q"), (0, 3), (0.5, 0.5)), Stage(("r",), (3, 6), (1.0,))), schedule="zb-h1")
+    b = StageMap(2, "j", (Stage(("q", "p"), (0, 3), (0.501, 0.499)), Stage(("r",), (3, 6), (1.0,))),
+                 start_step=7, schedule="zb-h1")
+    assert same_layout(a, b)
+    assert not same_layout(a, StageMap(2, "j", a.stages, schedule="1f1b"))
+
+
+def test_ping_slots_start_after_the_last_peer_finished_and_take_turns():
+    recs = {"p3": (True, 100.0), "p1": (True, 101.0), "p2": (False, 102.0), "p4": (True, 99.0),
+            "gone": (True, 500.0), "bad": (True, math.nan)}
+    slots = ping_slots(recs, {"p1", "p2", "p3", "p4", "bad"}, at_once=2, slot_s=0.5)
+    assert slots.turn == ("p1", "p3", "p4")  # short links only, peer-id order, members with a valid time
+    assert slots.t0 == 102.0 + 0.3
+    assert slots.start_of("p1") == slots.start_of("p3") == 102.3
+    assert slots.start_of("p4") == 102.8
+    assert slots.end == 102.3 + 2 * 0.5
+    assert slots.start_of("p2") is None
+
+
+def test_no_slots_when_no_peer_has_short_links():
+    assert ping_slots({"a": (False, 1.0), "b": (False, 2.0)}, {"a", "b"}, at_once=1, slot_s=0.5) is None

@@ -53,12 +53,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Iterable, Optional, Sequence, Union
 
-
-from . import framing
-
 if TYPE_CHECKING:
     from ..scenario import LinkClass, Scenario
-    from .dataplane import DataPlaneClient
 
 BYTES_PER_MBIT = 1e6 / 8
 QUANTUM_S = 0.004  # link time of one slice: the granularity of sharing a link between messages

@@ -201,11 +201,6 @@ class ProfileCache:
             raise
 
 
-def default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "spantrain-p2p", "profiles")
-
-
 def profile_layers(
     layers: Sequence[nn.Module],
     input_shape: tuple[int, int],

@@ -87,6 +87,20 @@ def test_member_parsing_skips_bad_and_expired_entries_and_logs_each_once(ids, ca
     assert sum("ignoring peer record" in r.message for r in caplog.records) == 1
 
 
+def test_the_bad_entry_log_says_what_was_ignored_once_and_remembers_a_bounded_number(caplog):
+    import logging
+
+    bad = membership.BadRecordLog("lease", logging.getLogger("spantrain.election"), limit=3)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            bad("000000000002", "bad signature")
+        for i in range(10):  # a hostile peer making up reasons
+            bad("x", f"reason {i}")
+    said = [(r.name, r.message) for r in caplog.records]
+    assert said[0] == ("spantrain.election", "ignoring lease '000000000002': bad signature")
+    assert len(said) == 3 and len(bad._seen) == 3
+
+
 def test_a_tombstone_counts_as_a_departure(ids):
     a, b = ids
     old = {a.peer_id: record(a), b.peer_id: record(b)}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from .keys import lease_key, term_subkey
+from .membership import BadRecordLog
 from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.election")
@@ -96,17 +97,12 @@ class Election:
         self._candidates = candidates or (lambda: [r.peer_id for r in peer.live_members()])
         self._on_change = on_change
         self._lapsed_at: Optional[float] = None
-        self._bad = set()
+        self._log_bad = BadRecordLog("lease", log)
         self._first_tick: Optional[float] = None  # a newcomer watches settle_s before it may claim
 
     @property
     def is_leader(self) -> bool:
         return self.leader is not None and self.leader.peer_id == self.peer.peer_id
-
-    def _log_bad(self, sub, reason):
-        if (sub, reason) not in self._bad:
-            self._bad.add((sub, reason))
-            log.warning("ignoring lease %r: %s", sub, reason)
 
     async def _read(self) -> list[Lease]:
         found = await self.peer.dht.get(lease_key(self.peer.config.swarm), latest=True)

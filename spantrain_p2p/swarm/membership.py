@@ -21,9 +21,13 @@ __all__ = ["BadRecordLog", "announce", "describe", "diff_members", "members_key"
 
 
 class BadRecordLog:
-    """Logs each (peer, reason) of a rejected record once, not on every poll."""
+    """Logs each (subkey, reason) of a rejected DHT entry once, not on every poll, and remembers at
+    most ``limit`` of them (a hostile peer can make up reasons). ``what`` names the entries in the
+    line ("ignoring peer record 'Qm…': bad signature"); ``logger`` is the one that says it."""
 
-    def __init__(self, limit: int = 1024):
+    def __init__(self, what: str = "peer record", logger: Optional[logging.Logger] = None, limit: int = 1024):
+        self.what = what
+        self._log = logger or log
         self._seen: set[tuple[str, str]] = set()
         self._limit = limit
 
@@ -31,7 +35,7 @@ class BadRecordLog:
         k = (repr(subkey)[:80], reason)
         if k not in self._seen and len(self._seen) < self._limit:
             self._seen.add(k)
-            log.warning("ignoring peer record %s: %s", k[0], reason)
+            self._log.warning("ignoring %s %s: %s", self.what, k[0], reason)
 
 
 def parse_members(entries: object, now: float, on_bad: BadRecordLog) -> dict[str, PeerRecord]:

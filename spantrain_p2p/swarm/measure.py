@@ -1,8 +1,9 @@
-"""Measurements in the DHT: each peer's device profile and its probes of the links to others.
+"""Measurements in the DHT: each peer's device profile, its probes of the links to others, its
+pings and its vote on the grouping.
 
-``spantrain/<swarm>/profiles`` and ``spantrain/<swarm>/links``, one signed entry per peer
-(subkey = its peer id), so every peer can read the same snapshot and nobody can publish in
-another's name. ``read`` validates each entry and skips (and logs once) the bad ones.
+One key per kind (``PROFILES``, ``LINKS``, ``PINGS``, ``GROUPS``: ``keys.measure_key``), one signed
+entry per peer (subkey = its peer id), so every peer can read the same snapshot and nobody can
+publish in another's name. ``read`` validates each entry and skips (and logs once) the bad ones.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..pipeline.schedule import SCHEDULE_NAMES
 from .types import Stage
 
 MAX_STAGES = 4096
@@ -101,7 +102,7 @@ class StageMap:
             raise ValueError("stage map names must be [peer id, name] pairs")
         schedule, term = d.get("schedule", ""), d.get("term", 0)
         pred, bottleneck = d.get("predicted_step_s", 0.0), d.get("bottleneck", "")
-        if schedule not in ("", "gpipe", "1f1b", "zb-h1"):
+        if schedule not in ("", *SCHEDULE_NAMES):
             raise ValueError(f"stage map schedule {schedule!r} is unknown")
         if not (isinstance(term, int) and not isinstance(term, bool) and 0 <= term < 2**62):
             raise ValueError("stage map term must be a non-negative int")

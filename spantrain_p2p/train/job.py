@@ -19,11 +19,12 @@ from torch import nn
 
 from .. import PROTOCOL_VERSION, __version__
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
+from ..plan.baselines import PLAN_KINDS
 from . import model as model_lib
 
 BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
-PLANS = ("planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy")
+PLANS = PLAN_KINDS
 OPTIMIZERS = ("adam", "sgd")
 
 

@@ -12,7 +12,7 @@ for _ in $(seq "$rounds"); do
     SPANTRAIN_ZYGOTE=$z .venv/bin/python - "$scenario" <<'PY'
 import sys, tempfile, time
 t0 = time.monotonic()
-from spantrain_p2p import zygote
+from spantrain_p2p.launch import zygote
 zygote.prestart()
 from spantrain_p2p.launch import launch_scenario
 procs = launch_scenario(sys.argv[1], tempfile.mkdtemp(prefix="spantrain-launch-"))

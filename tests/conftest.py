@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from spantrain_p2p import zygote
+from spantrain_p2p.launch import zygote
 from spantrain_p2p.launch import PeerProcess
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from spantrain_p2p.chaos import Chaos, parse
+from spantrain_p2p.launch.chaos import Chaos, parse
 
 PEERS, REGIONS = ["cloud-1", "edge-1"], ["cloud", "edge", "end"]
 
@@ -27,3 +27,10 @@ def test_chaos_specs_parse(spec, want):
 def test_bad_chaos_specs_say_what_is_wrong(spec, reason):
     with pytest.raises(ValueError, match=reason):
         parse(spec, PEERS, REGIONS)
+
+
+def test_the_launcher_sends_link_changes_as_the_kind_the_peer_handles():
+    from spantrain_p2p.launch.chaos import CHAOS_KIND as sent
+    from spantrain_p2p.peer.emulation import CHAOS_KIND as handled
+
+    assert sent == handled

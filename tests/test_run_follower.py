@@ -64,7 +64,7 @@ def test_each_epoch_gets_its_measured_and_predicted_samples_per_second():
 def test_a_chaos_event_not_yet_due_does_not_hold_back_one_that_is():
     from types import SimpleNamespace
 
-    from spantrain_p2p.chaos import Chaos
+    from spantrain_p2p.launch.chaos import Chaos
     launched, said = [], []
     f = RunFollower([], None, said.append, [Chaos("degrade", "a-b", at_t=1e6, factor=0.1),
                                             Chaos("join", "p9", at_step=5)], launch_peer=launched.append)

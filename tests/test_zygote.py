@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from spantrain_p2p import zygote
+from spantrain_p2p.launch import zygote
 from spantrain_p2p.launch import wait_until
 
 

@@ -1,4 +1,6 @@
-"""Fault injection for ``spantrain swarm --chaos``: what to do to the swarm, and when.
+"""Fault injection for ``spantrain swarm --chaos``: what to do to the swarm, and when (``parse``), and
+the message that changes the peers' emulated links (``set_link_factor``); ``follow.RunFollower``
+fires them.
 
     kill:PEER@step=K          SIGKILL a scenario peer once the swarm has completed K steps
     kill:planner@step=K       the same for whichever peer holds the planner lease then
@@ -12,6 +14,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Optional
+
+# the data-plane kind of a link-factor change: peer.emulation.CHAOS_KIND (tests/test_chaos.py ties them;
+# importing the peer package here would cost the launcher ~2.7 s of torch and hivemind imports)
+CHAOS_KIND = "chaos"
 
 _RE = re.compile(r"^(kill|join|degrade|restore):([A-Za-z0-9_.\-]+?)(?::([0-9.]+))?@(step|t)=([0-9.]+)$")
 
@@ -62,3 +68,22 @@ def parse(spec: str, peers: list[str], regions: list[str]) -> Chaos:
     if factor is not None:
         raise ValueError(f"--chaos {spec!r}: restore takes no factor")
     return Chaos(action, target, at_t=float(value), factor=1.0)
+
+
+def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) -> list[Optional[Exception]]:
+    """Tells every peer to run its emulated links between two regions at ``factor`` x bandwidth;
+    the error of each peer that did not take it (None where it did)."""
+    import asyncio
+
+    from ..net.dataplane import DataPlaneClient
+
+    async def send_all():
+        client = DataPlaneClient()
+        try:
+            header = {"regions": list(regions), "factor": factor}
+            return await asyncio.gather(*(client.send(u, CHAOS_KIND, header, timeout=5) for u in urls),
+                                        return_exceptions=True)
+        finally:
+            await client.close()
+
+    return [r if isinstance(r, Exception) else None for r in asyncio.run(send_all())]

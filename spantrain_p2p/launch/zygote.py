@@ -3,7 +3,7 @@
 A peer process spends ~2.7 s of CPU importing torch, hivemind and this package before it does
 anything; a launcher that starts 4-8 peers on a 2-core machine waits 6-11 s for those imports alone
 (``spantrain swarm``, the chaos joiners, the tests). The launcher instead starts one zygote
-(``python -m spantrain_p2p.zygote``), which imports what a peer needs and then only forks: a forked
+(``serve`` in a new Python process), which imports what a peer needs and then only forks: a forked
 peer is ready as fast as its own start-up allows.
 
 Protocol (JSON lines; the launcher is the zygote's only client, over its stdin and stdout):
@@ -16,11 +16,10 @@ SIGTERM if the zygote dies; the zygote ignores Ctrl-C (the launcher stops the pe
 EOF on its stdin, i.e. when the launcher exits or dies.
 
 ``ForkedPeer`` is the launcher's handle on one child, with the part of ``subprocess.Popen``'s
-interface that ``launch.PeerProcess`` and the tests use (pid, poll, wait, returncode, send_signal).
+interface that ``processes.PeerProcess`` and the tests use (pid, poll, wait, returncode, send_signal).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -31,22 +30,24 @@ import threading
 import traceback
 from typing import Optional
 
-_PR_SET_PDEATHSIG = 1
+from ..osproc import die_with_parent
+
 START_TIMEOUT_S = 60.0  # the zygote's own imports, on a loaded 2-core machine
 
 
 # ---- the zygote process ------------------------------------------------------------------------
 def _preload() -> None:
-    from ._hivemind_lite import install
+    from .._hivemind_lite import install
 
     install()
     import torch  # noqa: F401
     from hivemind.dht.node import DHTNode  # noqa: F401
     from hivemind.p2p import P2P  # noqa: F401
 
-    from . import cli, peer  # noqa: F401
-    from .swarm import discovery  # noqa: F401
-    from .train import model, trainer  # noqa: F401
+    from .. import peer  # noqa: F401
+    from ..peer_command import main  # noqa: F401
+    from ..swarm import discovery  # noqa: F401
+    from ..train import model, trainer  # noqa: F401
 
 
 def _child(argv: list[str], log: str, cwd: str) -> None:
@@ -54,7 +55,7 @@ def _child(argv: list[str], log: str, cwd: str) -> None:
     code = 1
     try:
         os.setsid()
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        die_with_parent(signal.SIGTERM)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -68,7 +69,7 @@ def _child(argv: list[str], log: str, cwd: str) -> None:
 
         numpy.random.seed()  # the zygote's state is every child's: draw a fresh one (random does so itself)
         sys.argv = ["spantrain-peer", *argv]
-        from .cli.main import peer_main
+        from ..peer_command.main import main as peer_main
 
         code = peer_main(argv)
     except SystemExit as e:
@@ -135,6 +136,11 @@ class ZygoteError(RuntimeError):
     pass
 
 
+# not ``python -m spantrain_p2p.launch.zygote``: the package imports this module first, and runpy would
+# run a second copy of it as __main__
+_SERVE = "import sys; from spantrain_p2p.launch.zygote import serve; sys.exit(serve())"
+
+
 class Zygote:
     """The launcher's connection to one zygote process (started on first use; thread-safe)."""
 
@@ -159,7 +165,7 @@ class Zygote:
         self._dead = None
         self._ready = threading.Event()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "spantrain_p2p.zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=None, bufsize=0,
         )
         threading.Thread(target=self._read, args=(self._proc, self._ready), name="zygote-reader", daemon=True).start()
@@ -307,7 +313,3 @@ def shared() -> Zygote:
         if _shared is None:
             _shared = Zygote()
         return _shared
-
-
-if __name__ == "__main__":
-    sys.exit(serve())

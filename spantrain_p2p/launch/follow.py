@@ -1,0 +1,201 @@
+"""Following a training run from the peers' /status: the progress line, the chaos events fired at
+their step or time, the losses gathered as the run goes, recovery and re-plan times; then the
+run summary (``train_and_report``)."""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from .chaos import set_link_factor
+from .processes import PeerProcess
+from .report import describe_plan, epoch_figures, figures, summarize
+
+
+class RunFollower:
+    """Follows a training run from the peers' /status: progress line, chaos, losses, events.
+
+    Losses are gathered while the run goes (each peer's recent ones, tagged with its epoch), so a
+    peer killed later does not take its part of the loss curve with it; for each step the newest
+    epoch's values count (a redone step replaces the abandoned one).
+    """
+
+    def __init__(self, procs: list["PeerProcess"], args, say, chaos: list, launch_peer=None):
+        self.procs, self.args, self.say = procs, args, say
+        self.chaos = sorted(chaos, key=lambda c: (c.at_step if c.at_step is not None else -1, c.at_t or 0))
+        self.launch_peer = launch_peer
+        self.t0 = time.monotonic()
+        self.killed: set[str] = set()
+        self.losses: dict[tuple[int, str], dict[int, tuple[float, int]]] = {}
+        self.plans: dict[int, dict] = {}
+        self.events: list[dict] = []
+        self.pending_recovery: list[dict] = []
+        self.pending_replan: list[dict] = []
+        self.train_t0: Optional[float] = None  # when the first stage map was seen
+        self.max_step = 0
+
+    def live(self) -> list["PeerProcess"]:
+        return [p for p in self.procs if p.name not in self.killed and p.proc is not None]
+
+    def poll(self) -> tuple[list[tuple["PeerProcess", dict]], Optional[str]]:
+        sts = []
+        for p in self.live():
+            if not p.alive():
+                return [], f"peer {p.name} exited (code {p.proc.returncode}):\n{p.log_tail(8)}"
+            try:
+                if not p.poll_ready():
+                    continue  # a newcomer still starting
+                sts.append((p, p.status()))
+            except OSError:
+                continue
+        for p, st in sts:
+            t = st.get("train") or {}
+            if t.get("error") and "stopped the run" in t["error"]:
+                return sts, f"{p.name}: {t['error']}"
+            plan = t.get("plan")
+            if plan:
+                self.plans.setdefault(plan["epoch"], plan)
+            for step, total, count, epoch in t.get("recent_losses", []):
+                self.losses.setdefault((epoch, p.name), {})[step] = (total, count)
+        return sts, None
+
+    def loss_curve(self) -> list[float]:
+        """Per step, the newest epoch's loss; every replica of the last stage reports the whole
+        step's (sum, count) (the replicas add them up with the gradients), so any one report will do."""
+        best: dict[int, tuple[int, float, int]] = {}
+        for (epoch, _), steps in self.losses.items():
+            for step, (total, count) in steps.items():
+                if step not in best or (epoch, count) > (best[step][0], best[step][2]):
+                    best[step] = (epoch, total, count)
+        return [best[s][1] / best[s][2] for s in sorted(best) if best[s][2]]
+
+    def fire_chaos(self, sts) -> None:
+        now = time.monotonic() - self.t0
+        if self.plans and self.train_t0 is None:
+            self.train_t0 = time.monotonic()  # @t=S counts from the first stage map: training's start
+        now_train = time.monotonic() - self.train_t0 if self.train_t0 is not None else -1.0
+        done = min((st["train"]["steps_done"] for _, st in sts if (st.get("train") or {}).get("stage") is not None),
+                   default=0)
+        for c in list(self.chaos):  # in order; one not yet due does not hold back another that is
+            if (c.at_step is not None and done < c.at_step) or (c.at_t is not None and now_train < c.at_t):
+                continue
+            self.chaos.remove(c)
+            ev = {"kind": c.action, "target": c.target, "step": self.max_step, "t_s": round(now, 2)}
+            if c.action == "kill":
+                name = c.target
+                planner = next((st["train"].get("planner") for _, st in sts if (st.get("train") or {}).get("planner")), None)
+                if name == "planner":
+                    name = planner
+                elif name == "worker":
+                    name = next((p.name for p, st in sts if (st.get("train") or {}).get("stage") is not None
+                                 and p.name != planner), None)
+                victim = next((p for p in self.live() if p.name == name), None)
+                if victim is None:
+                    self.say(f"chaos: cannot kill {c.target}: not running")
+                    continue
+                victim.kill()
+                self.killed.add(victim.name)
+                ev["target"] = victim.name
+                self.say(f"chaos: killed {victim.name} (SIGKILL) after step {done}")
+                self.pending_recovery.append(ev)
+            elif c.action == "join":
+                self.say(f"chaos: {c.target} joins at step {done}")
+                self.launch_peer(c.target)
+                self.pending_recovery.append(ev)
+            else:
+                peers = [p for p in self.live() if p.info]
+                errors = set_link_factor([p.info["data_url"] for p in peers], c.regions, c.factor)
+                for p, err in zip(peers, errors):
+                    if err is not None:
+                        self.say(f"chaos: {p.name} did not take {c.describe()}: {err}")
+                self.say(f"chaos: {c.describe()}")
+                ev["factor"] = c.factor
+                ev["t_train_s"] = round(now_train, 2)
+                self.pending_replan.append(ev)
+            ev["epoch_before"] = max(self.plans) if self.plans else 0
+            self.events.append(ev)
+
+    def check_replans(self) -> None:
+        """A link change is answered by a re-plan: ``replan_s`` is the time until a newer stage map
+        appeared (None while there is none: e.g. a blip the swarm rightly sat out)."""
+        for ev in list(self.pending_replan):
+            if self.plans and max(self.plans) > ev["epoch_before"]:
+                ev["replan_s"] = round(time.monotonic() - self.t0 - ev["t_s"], 2)
+                ev["epoch_after"] = max(self.plans)
+                self.pending_replan.remove(ev)
+                self.say(f"re-planned {ev['replan_s']}s after {ev['kind']} {ev['target']} (epoch {ev['epoch_after']})")
+
+    def check_recovery(self, sts) -> None:
+        """An event is recovered once a newer epoch runs past the step the swarm had reached."""
+        for ev in list(self.pending_recovery):
+            newer = [st for _, st in sts if (st.get("train") or {}).get("plan")
+                     and st["train"]["plan"]["epoch"] > ev["epoch_before"] and st["state"] in ("training", "done")]
+            if newer and min(st["train"]["step"] for st in newer) > ev["step"]:
+                ev["recovery_s"] = round(time.monotonic() - self.t0 - ev["t_s"], 2)
+                self.pending_recovery.remove(ev)
+                self.say(f"recovered from {ev['kind']} {ev['target']} in {ev['recovery_s']}s")
+
+    def follow(self) -> dict:
+        total = self.args.steps
+        last_line, last_print = "", 0.0
+        shown: set[int] = set()
+        while True:
+            sts, error = self.poll()
+            if error:
+                raise RuntimeError(f"training failed: {error}")
+            for epoch in sorted(set(self.plans) - shown):
+                shown.add(epoch)
+                self.say(describe_plan(self.plans[epoch]))
+            staged = [(p, st) for p, st in sts if (st.get("train") or {}).get("stage") is not None]
+            self.max_step = max([self.max_step] + [st["train"]["step"] for _, st in staged])
+            self.fire_chaos(sts)
+            self.check_recovery(sts)
+            self.check_replans()
+            newest = max(self.plans) if self.plans else 0
+            current = [(p, st) for p, st in staged if st["train"]["plan"]["epoch"] == newest]
+            # weather still to come does not hold a finished run back; a kill or join does
+            pending = [c for c in self.chaos if c.action in ("kill", "join")]
+            finished = bool(current) and not pending and all(st["state"] == "done" for _, st in current) and \
+                all(st["state"] != "recovering" for _, st in sts)
+            curve = self.loss_curve()
+            done = min((st["train"]["step"] for _, st in current), default=0)
+            elapsed = time.monotonic() - self.t0
+            line = f"step {done:>4}/{total}" + (f"  loss {curve[-1]:.4f}" if curve else "") + \
+                (f"  epoch {newest}" if newest > 1 else "")
+            if line != last_line and (time.monotonic() - last_print > 1.0 or finished):
+                rate = done / elapsed if elapsed > 0 else 0.0
+                eta = (total - done) / rate if rate else float("nan")
+                self.say(f"{line}  {rate:.2f} steps/s  ETA {eta:.0f}s")
+                last_line, last_print = line, time.monotonic()
+            if finished:
+                return {"statuses": sts}
+            # each poll asks every peer for its status: on a shared machine that is CPU the training
+            # peers miss, so poll often only while a chaos event, recovery or re-plan is being timed
+            busy = self.chaos or self.pending_recovery or self.pending_replan
+            time.sleep(0.3 if busy else 1.0)
+
+
+def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_peer=None, scenario=None) -> dict:
+    """Follows training until every stage of the newest epoch is done; returns the run summary."""
+    follower = RunFollower(procs, args, say, list(chaos), launch_peer)
+    follower.follow()
+    reports = []
+    for p in follower.live():
+        try:
+            reports.append(p.status(path="/report"))
+        except OSError:
+            continue
+    summary = summarize(reports, args.micro_batches * args.micro_batch_size, args.seq_len)
+    summary["losses"] = follower.loss_curve()
+    epochs = sorted(follower.plans)
+    moves = 0
+    for a, b in zip(epochs, epochs[1:]):
+        old = {tuple(s["layers"]): sorted(s["peers"]) for s in follower.plans[a]["stages"]}
+        new = {tuple(s["layers"]): sorted(s["peers"]) for s in follower.plans[b]["stages"]}
+        moves += sum(1 for k, v in new.items() if old.get(k) != v)
+    summary["samples_per_step"] = args.micro_batches * args.micro_batch_size
+    summary.update(figures(summary, reports, scenario))
+    summary["epochs"] = epoch_figures(reports, follower.plans, summary["samples_per_step"])
+    summary.update({"replans": max(0, len(epochs) - 1), "stage_moves": moves,
+                    "lost_steps": max(0, args.steps - len(summary["losses"])), "events": follower.events,
+                    "plans": [follower.plans[e] for e in epochs]})
+    return summary

@@ -1,0 +1,156 @@
+"""The run's figures from what the peers report: the run summary (losses, samples/s, step time),
+figures per stage-map epoch, the plan's prediction against the measured speed, utilization, wire
+bytes, emulation fidelity, the ``--measure-only`` measurements, and a stage map in words."""
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+from .processes import PeerProcess, wait_until
+
+
+def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
+    """The run summary from the peers' reports (see README: run summary)."""
+    staged = [r for r in reports if r.get("stage") is not None]
+    if not staged:
+        return {"steps": 0, "losses": [], "samples_per_s": 0.0, "tokens_per_s": 0.0, "step_s": None, "plan": None}
+    last_stage = max(r["stage"] for r in staged)
+    sums: dict[int, tuple[float, int]] = {}  # each replica of the last stage reports the whole step's loss
+    for r in staged:
+        if r["stage"] == last_stage:
+            for step, total, count, _epoch in r["loss_sums"]:
+                if count > sums.get(step, (0.0, 0))[1]:
+                    sums[step] = (total, count)
+    losses = [sums[s][0] / sums[s][1] for s in sorted(sums)]
+    last = next(r for r in staged if r["stage"] == last_stage)
+    ends: dict[int, float] = {}
+    starts: dict[int, float] = {}
+    for r in staged:
+        for step, t0, t1, *_ in r["step_times"]:
+            ends[step] = max(ends.get(step, 0.0), t1)
+            starts[step] = min(starts.get(step, float("inf")), t0)
+    steps = sorted(ends)
+    intervals = [ends[b] - ends[a] for a, b in zip(steps, steps[1:])] or [ends[s] - starts[s] for s in steps]
+    wall = ends[steps[-1]] - starts[steps[0]] if steps else 0.0
+    step_s = statistics.median(intervals) if intervals else None
+    # steady state: a step's samples over the median time between step completions
+    sps = samples_per_step / step_s if step_s else 0.0
+    return {"steps": len(steps), "losses": losses, "samples_per_s": round(sps, 3),
+            "tokens_per_s": round(sps * seq_len, 1), "step_s": round(step_s, 5) if step_s else None,
+            "samples_per_s_wall": round(len(steps) * samples_per_step / wall, 3) if wall > 0 else 0.0,
+            "wall_s": round(wall, 3), "plan": last["plan"],
+            "peers": [{"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
+                       "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
+                       "error": r["error"]} for r in reports]}
+
+
+def epoch_figures(reports: list[dict], plans: dict[int, dict], samples_per_step: int) -> list[dict]:
+    """Per stage-map epoch: its steps, measured samples/s (a step's samples over the median time
+    between consecutive step completions inside the epoch) and the plan's predicted samples/s."""
+    ends: dict[int, dict[int, float]] = {}
+    for r in reports:
+        for row in r.get("step_times", []):
+            if len(row) >= 4:
+                step, _, t1, epoch = row[:4]
+                per = ends.setdefault(epoch, {})
+                per[step] = max(per.get(step, 0.0), t1)
+    out = []
+    for epoch in sorted(set(ends) | set(plans)):
+        per = ends.get(epoch, {})
+        steps = sorted(per)
+        gaps = [per[b] - per[a] for a, b in zip(steps, steps[1:]) if b == a + 1]
+        sps = samples_per_step / statistics.median(gaps) if gaps else None
+        pred = (plans.get(epoch) or {}).get("predicted_step_s") or None
+        row = {"epoch": epoch, "steps": len(steps), "first_step": steps[0] if steps else None,
+               "samples_per_s": round(sps, 3) if sps else None,
+               "predicted_samples_per_s": round(samples_per_step / pred, 3) if pred else None}
+        row["ratio"] = round(row["samples_per_s"] / row["predicted_samples_per_s"], 3) \
+            if row["samples_per_s"] and row["predicted_samples_per_s"] else None
+        out.append(row)
+    return out
+
+
+def describe_plan(plan: dict) -> str:
+    """A stage map as a few lines for people: its epoch, the stages and their peers, the prediction."""
+    head = f"plan epoch {plan['epoch']} (planner term {plan.get('term', 0)})"
+    if plan.get("schedule"):
+        head += f", schedule {plan['schedule']}"
+    if plan.get("predicted_step_s"):
+        head += f", predicted {plan['predicted_step_s']:.3f}s per step"
+        if plan.get("bottleneck"):
+            head += f" (bottleneck {plan['bottleneck']})"
+    lines = [head + ":"]
+    for i, st in enumerate(plan.get("stages", [])):
+        a, b = st["layers"]
+        shares = st.get("microbatch_share") or {}
+        peers = ", ".join(f"{p} {shares[p]:.0%}" if p in shares and len(st["peers"]) > 1 else p for p in st["peers"])
+        lines.append(f"  stage {i}: layers {a}-{b - 1} on {peers}")
+    return "\n".join(lines)
+
+
+def figures(summary: dict, reports: list[dict], scenario=None) -> dict:
+    """DESIGN.md section 5 figures from the peers' reports: prediction and bound, utilization,
+    wire bytes per step (by link class when the scenario is known), emulation fidelity."""
+    plan = summary.get("plan") or {}
+    gb = summary.get("samples_per_step") or 0
+    pred = plan.get("predicted_step_s") or None
+    out = {"predicted_step_s": pred, "bottleneck": plan.get("bottleneck") or None,
+           "bound_samples_per_s": round(gb / pred, 3) if pred else None}
+    devs = [r.get("train_device") for r in reports if r.get("train_device")]
+    wall = summary.get("wall_s") or 0
+    if devs and wall:
+        out["compute_utilization"] = round(sum(d["flops"] for d in devs) / wall / sum(d["flops_per_s"] for d in devs), 4)
+        padded = sum(d["padded_ops"] for d in devs)
+        out["fidelity"] = round(1 - sum(d["overruns"] for d in devs) / padded, 4) if padded else None
+    else:
+        out["compute_utilization"], out["fidelity"] = None, None
+    per_step: dict[int, int] = {}
+    by_class: dict[str, list[int]] = {}
+    for r in reports:
+        for step, per in r.get("wire_bytes", []):
+            per_step[step] = per_step.get(step, 0) + sum(per.values())
+            if scenario is not None:
+                for dst, nbytes in per.items():
+                    try:
+                        cls = scenario.link_between(r["name"], dst)[0].name
+                    except Exception:
+                        cls = "unknown"
+                    by_class.setdefault(cls, []).append(nbytes)
+    steps = max(1, len(per_step))
+    out["wire_bytes_per_step"] = int(statistics.median(per_step.values())) if per_step else 0
+    out["wire_bytes_per_step_by_link_class"] = {k: int(sum(v) / steps) for k, v in sorted(by_class.items())}
+    # the codec each peer last used per kind and destination ("act->vol-03": "int:6")
+    out["codecs"] = {f"{r['name']}:{k}": c for r in reports for k, c in sorted((r.get("codecs") or {}).items())}
+    return out
+
+
+def measurement_summary(scenario, measurements: list[dict]) -> dict:
+    """The --measure-only contract: measured links and devices beside the scenario's configuration."""
+    links, devices, ops, ok_ops = [], [], 0, 0
+    for m in measurements:
+        src = m["peer"]
+        for dst, lm in sorted(m["links"].items()):
+            conf, _ = scenario.link_between(src, dst)
+            links.append({"src": src, "dst": dst, "rtt_ms": lm["rtt_ms"], "mbps": lm["mbps"], "status": lm["status"],
+                          "configured_rtt_ms": conf.rtt_ms, "configured_mbps": conf.mbps})
+        dev = scenario.device_of(src)
+        devices.append({"peer": src, "tflops": m["tflops"], "configured_tflops": dev.tflops,
+                        "memory_gb": m["memory_gb"], "configured_memory_gb": dev.memory_gb})
+        stats = m.get("device_stats") or {}
+        ops += stats.get("padded_ops", 0)
+        ok_ops += stats.get("padded_ops", 0) - stats.get("overruns", 0)
+    windows = [m["probe_window"] for m in measurements if m.get("probe_window")]
+    return {"links": links, "devices": devices,
+            # from the first probe of any peer to the last: the swarm's whole probing phase
+            "probe_seconds": round(max(w[1] for w in windows) - min(w[0] for w in windows), 3) if windows else 0.0,
+            "probe_seconds_per_peer": max((m["probe_seconds"] for m in measurements), default=0.0),
+            "fidelity": round(ok_ops / ops, 4) if ops else None}
+
+
+def measure_and_report(procs: list["PeerProcess"], scenario, say, timeout: float = 300) -> dict:
+    say("measuring: device profiles and link probes…")
+    wait_until(lambda: all(p.status()["state"] == "done" or not p.alive() for p in procs), timeout, interval=0.5)
+    dead = [p.name for p in procs if not p.alive()]
+    if dead:
+        raise RuntimeError(f"peer(s) {', '.join(dead)} exited while measuring")
+    return measurement_summary(scenario, [p.status(path="/measurements") for p in procs])

@@ -1,0 +1,157 @@
+"""The job options: declared once, here, for both command lines and the launcher.
+
+``spantrain-peer`` adds them to its parser (``add_job_arguments``) and turns what it parsed into a
+``JobSpec`` and ``TrainOptions`` (``job_fields``, ``train_fields``); ``spantrain swarm`` and
+``spantrain bench`` add the same options and pass them on to the peers they start
+(``peer_argv``): the job's fields to the peer that defines the job, a peer's own options to every
+peer. An option added here is accepted by all of them and reaches the peer.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
+
+PLAN_KINDS = ("planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy")  # as train.job.PLANS (a test ties them)
+OPTIMIZERS = ("adam", "sgd")  # as train.job.OPTIMIZERS (a test ties them)
+FIRST, EVERY = "first", "every"  # which peers of a launched swarm get an option
+
+
+def parse_model_args(pairs: list[str]) -> dict:
+    """``--model-arg KEY=VALUE`` pairs as a dict; values become int, float or bool where they read so."""
+    out = {}
+    for kv in pairs:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--model-arg wants KEY=VALUE, not {kv!r}")
+        for conv in (int, float):
+            try:
+                out[k] = conv(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return out
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+_AS_PEER = object()  # `spantrain swarm` has the peer's default
+
+
+@dataclass(frozen=True)
+class JobOption:
+    """One command-line option of the training job, and where its value goes."""
+
+    flag: str
+    help: Optional[str] = None
+    type: Optional[Callable[[str], Any]] = None
+    default: Any = None
+    choices: Optional[tuple[str, ...]] = None
+    metavar: Optional[str] = None
+    action: str = "store"  # store | append | store_true
+    job: Optional[str] = None  # the JobSpec field it sets (on the peer that defines the job)
+    train: Optional[str] = None  # the TrainOptions field it sets (on this peer)
+    value: Callable[[Any], Any] = _same  # parsed value -> field value
+    to: str = FIRST  # which peers `spantrain swarm` passes it to: the job's first peer, or every peer
+    swarm_help: Optional[str] = None  # its help in `spantrain swarm` where the launcher adds to it
+    swarm_default: Any = _AS_PEER  # `spantrain swarm`'s default where it differs
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+    def add_to(self, parser, swarm: bool = False) -> None:
+        kw: dict[str, Any] = {"help": (self.swarm_help if swarm and self.swarm_help else self.help)}
+        if self.action == "store_true":
+            kw["action"] = "store_true"
+        else:
+            kw["action"] = self.action
+            default = self.swarm_default if swarm and self.swarm_default is not _AS_PEER else self.default
+            kw["default"] = [] if self.action == "append" else default
+            for k in ("type", "choices", "metavar"):
+                if getattr(self, k) is not None:
+                    kw[k] = getattr(self, k)
+        parser.add_argument(self.flag, **kw)
+
+    def argv(self, value: Any) -> list[str]:
+        """The value again as command-line words (nothing for a default that need not be said)."""
+        if self.action == "store_true":
+            return [self.flag] if value else []
+        if self.action == "append":
+            return [w for v in value for w in (self.flag, str(v))]
+        return [] if value is None else [self.flag, str(value)]
+
+
+JOB_OPTIONS: tuple[JobOption, ...] = (
+    JobOption("--steps", "define the swarm's job: train this many steps", type=int, job="steps",
+              swarm_help="train this many steps, then stop (default: only form)"),
+    JobOption("--peers", "ready peers to wait for before training (default 1)", type=int, default=1, job="peers",
+              swarm_help="ready peers to wait for before training (default: the scenario's peers that start "
+              "with the swarm)", swarm_default=None),
+    JobOption("--model", "'transformer' (built in) or package.module:function returning a list of layers; on a "
+              "joiner it names the user model this peer agrees to run", default="transformer", metavar="SPEC",
+              job="model", to=EVERY),
+    JobOption("--model-arg", "argument of the model (transformer: dim, depth, heads, mlp_ratio, vocab, seed); "
+              "repeatable", action="append", metavar="KEY=VALUE", job="model_args", value=parse_model_args),
+    JobOption("--seq-len", type=int, default=32, job="seq_len"),
+    JobOption("--micro-batch-size", type=int, default=4, job="micro_batch_size"),
+    JobOption("--micro-batches", "micro-batches per step", type=int, default=4, job="num_micro_batches"),
+    JobOption("--lr", type=float, default=1e-3, job="lr"),
+    JobOption("--optimizer", default="adam", choices=OPTIMIZERS, job="optimizer"),
+    JobOption("--seed", "seed of the data order and the model init", type=int, default=0, job="seed"),
+    JobOption("--schedule", "pipeline schedule (default auto: the planner picks)", default=AUTO,
+              choices=(AUTO, *SCHEDULE_NAMES), job="schedule"),
+    JobOption("--plan", "who places the layers (default: the planner, from the measurements)", default="planner",
+              choices=PLAN_KINDS, job="plan"),
+    JobOption("--recv-timeout", "upper bound of every activation/gradient receive; below it the deadline follows "
+              "the recent waits (default %(default)s)", type=float, default=60.0, metavar="S", job="recv_timeout_s",
+              to=EVERY),
+    JobOption("--compression", "activations/gradients between stages: none, fp16, int8, int:BITS (2-7), topk:R or "
+              "adaptive (default none)", default="none", job="compression"),
+    JobOption("--stages", "pipeline depth: 0 = one peer per stage; N = peers share N stages as data-parallel "
+              "replicas", type=int, default=0, job="stages"),
+    JobOption("--checkpoint-every", "checkpoint every K steps (0: never)", type=int, default=0, metavar="K",
+              job="checkpoint_every"),
+    JobOption("--checkpoint-dir", "where this peer writes its checkpoints", default="checkpoints",
+              train="checkpoint_dir", to=EVERY),
+    JobOption("--no-measure", "skip device profiling and link probing", action="store_true", train="measure",
+              value=lambda skip: not skip, to=EVERY),
+    JobOption("--measure-only", "measure (profile and probe), then stop", action="store_true", train="measure_only",
+              to=EVERY, swarm_help="profile devices and probe links, print the measurements, stop"),
+    JobOption("--dump-grads", "save this stage's gradients of --dump-step to DIR (testing)", metavar="DIR",
+              train="dump_grads_dir", to=EVERY),
+    JobOption("--dump-step", type=int, default=0, train="dump_step", to=EVERY),
+)
+
+
+def add_job_arguments(parser, swarm: bool = False) -> None:
+    """Adds every job option to ``parser`` (an ArgumentParser or argument group); ``swarm``: with the
+    launcher's help and defaults."""
+    for opt in JOB_OPTIONS:
+        opt.add_to(parser, swarm)
+
+
+def job_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``JobSpec`` keyword arguments the parsed options give."""
+    return {o.job: o.value(getattr(args, o.dest)) for o in JOB_OPTIONS if o.job}
+
+
+def train_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``TrainOptions`` keyword arguments (other than ``job`` and ``allowed_models``) the options give."""
+    return {o.train: o.value(getattr(args, o.dest)) for o in JOB_OPTIONS if o.train}
+
+
+def peer_argv(values: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(flags for the peer that defines the job, flags for every peer) that give a peer these values
+    (by ``dest``; the parsed options of ``spantrain swarm``)."""
+    first: list[str] = []
+    every: list[str] = []
+    for opt in JOB_OPTIONS:
+        (every if opt.to == EVERY else first).extend(opt.argv(values[opt.dest]))
+    return first, every

@@ -31,6 +31,10 @@ Per stage ``s`` and peer ``q`` (``n_q`` of the ``m`` micro-batches, per micro-ba
 - **memory**: weights + gradients + optimizer state (Adam: 2x) + the stash of the most
   micro-batches the peer's schedule holds at once must fit, else the step time is infinite.
 
+``estimate`` takes these as steps: ``_out_of_memory``, ``_stage_compute``, ``_hop_times``,
+``_period_terms`` (with the latency cycles, ``_cycle_terms`` and ``_stall_terms``), ``_pipeline``
+(the schedule's fill and drain) and ``_allreduce``.
+
 The discrete-event simulator (``spantrain_p2p.sim``) runs the same plan action by action; the
 two agree within 10 % on the shipped scenarios' plans and baselines (``tests/test_sim.py``).
 """
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -81,19 +85,59 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     if layout is None or not layout.matches(plan):
         links = links or LinkTable(snapshot)
         layout = build_layout(plan, snapshot, profile, links, op_overhead_s)
-    p, m = plan.num_stages, plan.num_micro_batches
+    m = plan.num_micro_batches
     sched = plan.schedule
-    fused = sched != "zb-h1"
     warm = stage_warmups(sched, [st.shares for st in plan.stages], m)
+    short = _out_of_memory(layout, sched, warm, m)
+    if short:
+        return _infeasible(f"memory:{short}")
+    c = _stage_compute(layout, m)
+    h = _hop_times(layout, plan.compression, comm_scale)
+    cands = _period_terms(layout, sched, warm, c, h, m)
+    period, why, lam = max(cands)
+    top_terms = sorted(cands, reverse=True)[:6]
+    pipe, period, ends = _pipeline(sched, c, h, period, lam, m)
+    total, ar_stage, ars = _allreduce(layout, sched, pipe, ends)
+    steady = m * period
+    bubble = pipe - steady
+    tail = total - pipe
+    parts = {"period_s": period, "steady_s": steady, "bubble_s": bubble, "allreduce_tail_s": tail,
+             "pipeline_s": pipe, "allreduce_s": ars, "top_terms": top_terms}
+    if ar_stage >= 0 and (tail >= max(steady, bubble) or tail > 0.25 * total):
+        bottleneck = f"allreduce:stage {ar_stage}"
+    elif bubble > steady:
+        bottleneck = "bubble"
+    else:
+        bottleneck = why
+    return Estimate(total, plan.global_batch / total if total > 0 else 0.0, bottleneck, parts)
 
-    # --- memory: a hard limit
+
+def _out_of_memory(layout: Layout, sched: str, warm: list[int], m: int) -> str:
+    """The first peer whose weights, gradients, optimizer state and most stashes held at once do
+    not fit its memory ("" if every peer's do): a hard limit."""
     for s, sw in enumerate(layout.stages):
         for _, pw in sw.kinds:
             held = held_bound(sched, s, warm[s], len(pw.mbs), m)
             if sw.state_bytes + held * sw.stash_bytes > pw.memory_bytes:
-                return _infeasible(f"memory:{pw.id}")
+                return pw.id
+    return ""
 
-    # --- per stage compute
+
+@dataclass(frozen=True)
+class _StageCompute:
+    """Per stage: mean F, B, W seconds per micro-batch over its peers (``fbar``, ``bbar``,
+    ``wbar``) and its busiest peer's seconds in all (``busy``), in forwards (``busy_f``) and in
+    backwards (``busy_bw``)."""
+
+    fbar: list[float]
+    bbar: list[float]
+    wbar: list[float]
+    busy: list[float]
+    busy_f: list[float]
+    busy_bw: list[float]
+
+
+def _stage_compute(layout: Layout, m: int) -> _StageCompute:
     fbar, bbar, wbar, busy, busy_f, busy_bw = [], [], [], [], [], []
     for sw in layout.stages:
         f = b = w = bz = bzf = bzb = 0.0
@@ -111,100 +155,145 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
         busy.append(bz)
         busy_f.append(bzf)
         busy_bw.append(bzb)
+    return _StageCompute(fbar, bbar, wbar, busy, busy_f, busy_bw)
 
-    # --- per hop: latency of one message each way, busiest directed link each way
+
+@dataclass(frozen=True)
+class _HopTimes:
+    """Per hop: one message's latency each way (``lat_f``, ``lat_b``), the busiest directed link's
+    busy seconds each way (``busy_f``, ``busy_b``) and that link's name (``worst``)."""
+
+    lat_f: list[float]
+    lat_b: list[float]
+    busy_f: list[float]
+    busy_b: list[float]
+    worst: list[str]
+
+
+def _hop_times(layout: Layout, compression: Sequence[str], comm_scale: float) -> _HopTimes:
     lat_f, lat_b, hop_busy_f, hop_busy_b, hop_worst = [], [], [], [], []
     for h, hl in enumerate(layout.hops):
-        nbytes = layout.stages[h].act_bytes * compression_ratio(plan.compression[h])
+        nbytes = layout.stages[h].act_bytes * compression_ratio(compression[h])
         lat_f.append(comm_scale * (hl.half_rtt_f + nbytes * hl.inv_bw_f))
         lat_b.append(comm_scale * (hl.half_rtt_b + nbytes * hl.inv_bw_b))
         hop_busy_f.append(comm_scale * nbytes * hl.busy_coef_f)
         hop_busy_b.append(comm_scale * nbytes * hl.busy_coef_b)
         hop_worst.append(hl.worst_f if hl.busy_coef_f >= hl.busy_coef_b else hl.worst_b)
+    return _HopTimes(lat_f, lat_b, hop_busy_f, hop_busy_b, hop_worst)
 
-    # --- steady period: the slowest resource per micro-batch
-    # (period, name, latency of one micro-batch through that element): a stage of k peers
-    # works on k micro-batches at once, so its own latency is k periods, not one
+
+def _period_terms(layout: Layout, sched: str, warm: list[int], c: _StageCompute, h: _HopTimes,
+                  m: int) -> list[tuple[float, str, float]]:
+    """Candidates for the steady period, the slowest resource per micro-batch: ``(period, name,
+    latency of one micro-batch through that element)``. A stage of k peers works on k
+    micro-batches at once, so its own latency is k periods, not one."""
+    p = len(layout.stages)
     cands: list[tuple[float, str, float]] = []
     for s in range(p):
-        per = busy[s] / m
-        cands.append((per, f"compute:stage {s}", max(per, fbar[s] + bbar[s] + wbar[s])))
-    for h in range(p - 1):
-        per = max(hop_busy_f[h], hop_busy_b[h]) / m
-        cands.append((per, f"link:{hop_worst[h]}", per))
+        per = c.busy[s] / m
+        cands.append((per, f"compute:stage {s}", max(per, c.fbar[s] + c.bbar[s] + c.wbar[s])))
+    for k in range(p - 1):
+        per = max(h.busy_f[k], h.busy_b[k]) / m
+        cands.append((per, f"link:{h.worst[k]}", per))
     if sched != "gpipe":
-        # in-flight limits: one cycle per pair of stages s < t (see the module docstring)
-        inner = [fbar[u] + bbar[u] + (wbar[u] if fused else 0.0) for u in range(p)]
-        cycles = []  # (stage s, stage t, tokens, downstream latency excluding stage t's owner)
-        for s in range(p - 1):
-            sw = layout.stages[s]
-            down = 0.0
-            rows = []  # (t, tokens, down, hops_t) of this stage's cycles
-            for t in range(s + 1, p):
-                hops_t = lat_f[t - 1] + lat_b[t - 1]
-                ahead = warm[t] if fused else warm[t] - 1  # forwards stage t runs past y before y's backward
-                slack = min(ahead, _REPLICA_SLACK * (len(layout.stages[t].peers) - 1) / 2)
-                tokens = min(m, warm[s] - warm[t] + 1 + slack)
-                if tokens > 0:
-                    rows.append((t, tokens, down, hops_t))
-                    cycles.append((s, t, tokens, down + hops_t))
-                down += inner[t] + hops_t
-            if not rows:
-                continue
-            # per cycle, the worst of the stage's peers (one row per cycle, one column per kind of peer)
-            n = sw.busy_n
-            worst = [0.0] * len(rows)
-            if len(n):
-                col = np.array([r[1:] + (inner[r[0]],) for r in rows])  # tokens, down, hops_t, inner[t]
-                tok, dn, hp, inn = (col[:, k:k + 1] for k in range(4))
-                own = 1.0 + (tok - 1.0) * n / m  # its own micro-batches in a window from one of them
-                per = n * (sw.busy_fbw + dn + hp + inn) / own / m
-                worst = [max(0.0, float(x)) for x in per.max(axis=1)]
-            for (t, *_), w in zip(rows, worst):
-                cands.append((w, f"latency:stage {s}->{t}", w))
+        cycles = _cycle_terms(layout, sched != "zb-h1", warm, c, h, m, cands)
         # Micro-batches move in index order: one whose owner downstream is slower than average
         # holds up the window until it is back, and a peer that is busy anyway cannot make that up.
         if _HETERO and cycles:
-            p_star = max(c[0] for c in cands)
-            by_t: dict[int, list] = {}
-            for s, t, tokens, down in cycles:
-                by_t.setdefault(t, []).append((s, tokens, down))
-            for t, rows in by_t.items():
-                kinds = [(k, rw) for k, rw in layout.stages[t].kinds if rw.mbs]
-                if sum(k for k, _ in kinds) <= 1:
-                    continue
-                # stage t's owners' per-micro-batch times, sorted, with suffix sums
-                owners = sorted((rw.f + rw.b + (rw.w if fused else 0.0), k * len(rw.mbs) / m) for k, rw in kinds)
-                xs = [x for x, _ in owners]
-                suf_w, suf_wx = [0.0] * (len(owners) + 1), [0.0] * (len(owners) + 1)
-                for i in range(len(owners) - 1, -1, -1):
-                    suf_w[i] = suf_w[i + 1] + owners[i][1]
-                    suf_wx[i] = suf_wx[i + 1] + owners[i][1] * owners[i][0]
-                suf_w_a, suf_wx_a = np.array(suf_w), np.array(suf_wx)
-                # every upstream stage's peers at once: one segment of columns per stage s
-                segs = [(s, tokens, down, layout.stages[s]) for s, tokens, down in rows]
-                for s, _, _, sw in segs:
-                    if not len(sw.busy_n):
-                        cands.append((0.0, f"latency:stage {s}->{t}", 0.0))
-                segs = [x for x in segs if len(x[3].busy_n)]
-                if not segs:
-                    continue
-                n = np.concatenate([x[3].busy_n for x in segs])
-                fbw = np.concatenate([x[3].busy_fbw for x in segs])
-                tok = np.concatenate([np.full(len(x[3].busy_n), float(x[1])) for x in segs])
-                dn = np.concatenate([np.full(len(x[3].busy_n), float(x[2])) for x in segs])
-                own = 1.0 + (tok - 1.0) * n / m
-                budget = own * p_star * m / n  # time its window allows per own micro-batch
-                base = fbw + dn
-                i = np.searchsorted(xs, budget - base, side="right")  # owners slower than that stall it
-                stall = ((base - budget) * suf_w_a[i] + suf_wx_a[i]) / own
-                val = p_star + _HETERO * n / m * stall
-                starts = np.cumsum([0] + [len(x[3].busy_n) for x in segs[:-1]])
-                for (s, *_), w in zip(segs, np.maximum.reduceat(val, starts)):
-                    w = max(0.0, float(w))
-                    cands.append((w, f"latency:stage {s}->{t}", w))
-    period, why, lam = max(cands)
-    top_terms = sorted(cands, reverse=True)[:6]
+            _stall_terms(layout, sched != "zb-h1", cycles, m, cands)
+    return cands
+
+
+def _cycle_terms(layout: Layout, fused: bool, warm: list[int], c: _StageCompute, h: _HopTimes, m: int,
+                 cands: list[tuple[float, str, float]]) -> list[tuple[int, int, float, float]]:
+    """In-flight limits, one cycle per pair of stages s < t (see the module docstring): each
+    stage's worst peer's period per cycle, added to ``cands``. Returns the cycles as (stage s,
+    stage t, tokens, downstream latency excluding stage t's owner)."""
+    p = len(layout.stages)
+    fbar, bbar, wbar, lat_f, lat_b = c.fbar, c.bbar, c.wbar, h.lat_f, h.lat_b
+    inner = [fbar[u] + bbar[u] + (wbar[u] if fused else 0.0) for u in range(p)]
+    cycles = []
+    for s in range(p - 1):
+        sw = layout.stages[s]
+        down = 0.0
+        rows = []  # (t, tokens, down, hops_t) of this stage's cycles
+        for t in range(s + 1, p):
+            hops_t = lat_f[t - 1] + lat_b[t - 1]
+            ahead = warm[t] if fused else warm[t] - 1  # forwards stage t runs past y before y's backward
+            slack = min(ahead, _REPLICA_SLACK * (len(layout.stages[t].peers) - 1) / 2)
+            tokens = min(m, warm[s] - warm[t] + 1 + slack)
+            if tokens > 0:
+                rows.append((t, tokens, down, hops_t))
+                cycles.append((s, t, tokens, down + hops_t))
+            down += inner[t] + hops_t
+        if not rows:
+            continue
+        # per cycle, the worst of the stage's peers (one row per cycle, one column per kind of peer)
+        n = sw.busy_n
+        worst = [0.0] * len(rows)
+        if len(n):
+            col = np.array([r[1:] + (inner[r[0]],) for r in rows])  # tokens, down, hops_t, inner[t]
+            tok, dn, hp, inn = (col[:, k:k + 1] for k in range(4))
+            own = 1.0 + (tok - 1.0) * n / m  # its own micro-batches in a window from one of them
+            per = n * (sw.busy_fbw + dn + hp + inn) / own / m
+            worst = [max(0.0, float(x)) for x in per.max(axis=1)]
+        for (t, *_), w in zip(rows, worst):
+            cands.append((w, f"latency:stage {s}->{t}", w))
+    return cycles
+
+
+def _stall_terms(layout: Layout, fused: bool, cycles: list[tuple[int, int, float, float]], m: int,
+                 cands: list[tuple[float, str, float]]) -> None:
+    """Each cycle's period with the expected stall behind micro-batches whose owner on stage t is
+    slower than the period so far allows, added to ``cands``."""
+    p_star = max(c[0] for c in cands)
+    by_t: dict[int, list] = {}
+    for s, t, tokens, down in cycles:
+        by_t.setdefault(t, []).append((s, tokens, down))
+    for t, rows in by_t.items():
+        kinds = [(k, rw) for k, rw in layout.stages[t].kinds if rw.mbs]
+        if sum(k for k, _ in kinds) <= 1:
+            continue
+        # stage t's owners' per-micro-batch times, sorted, with suffix sums
+        owners = sorted((rw.f + rw.b + (rw.w if fused else 0.0), k * len(rw.mbs) / m) for k, rw in kinds)
+        xs = [x for x, _ in owners]
+        suf_w, suf_wx = [0.0] * (len(owners) + 1), [0.0] * (len(owners) + 1)
+        for i in range(len(owners) - 1, -1, -1):
+            suf_w[i] = suf_w[i + 1] + owners[i][1]
+            suf_wx[i] = suf_wx[i + 1] + owners[i][1] * owners[i][0]
+        suf_w_a, suf_wx_a = np.array(suf_w), np.array(suf_wx)
+        # every upstream stage's peers at once: one segment of columns per stage s
+        segs = [(s, tokens, down, layout.stages[s]) for s, tokens, down in rows]
+        for s, _, _, sw in segs:
+            if not len(sw.busy_n):
+                cands.append((0.0, f"latency:stage {s}->{t}", 0.0))
+        segs = [x for x in segs if len(x[3].busy_n)]
+        if not segs:
+            continue
+        n = np.concatenate([x[3].busy_n for x in segs])
+        fbw = np.concatenate([x[3].busy_fbw for x in segs])
+        tok = np.concatenate([np.full(len(x[3].busy_n), float(x[1])) for x in segs])
+        dn = np.concatenate([np.full(len(x[3].busy_n), float(x[2])) for x in segs])
+        own = 1.0 + (tok - 1.0) * n / m
+        budget = own * p_star * m / n  # time its window allows per own micro-batch
+        base = fbw + dn
+        i = np.searchsorted(xs, budget - base, side="right")  # owners slower than that stall it
+        stall = ((base - budget) * suf_w_a[i] + suf_wx_a[i]) / own
+        val = p_star + _HETERO * n / m * stall
+        starts = np.cumsum([0] + [len(x[3].busy_n) for x in segs[:-1]])
+        for (s, *_), w in zip(segs, np.maximum.reduceat(val, starts)):
+            w = max(0.0, float(w))
+            cands.append((w, f"latency:stage {s}->{t}", w))
+
+
+def _pipeline(sched: str, c: _StageCompute, h: _HopTimes, period: float, lam: float,
+              m: int) -> tuple[float, float, list[float]]:
+    """The pipeline's length with its fill and drain (the bubbles), the steady period (GPipe's is
+    its two waves'), and when each stage's last compute ends."""
+    fbar, bbar, wbar, busy = c.fbar, c.bbar, c.wbar, c.busy
+    lat_f, lat_b = h.lat_f, h.lat_b
+    p = len(fbar)
+    fused = sched != "zb-h1"
     path = sum(fbar) + sum(bbar) + sum(lat_f) + sum(lat_b)
     ends: list[float] = []
     if sched == "gpipe":
@@ -212,16 +301,16 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
         # stages and hops: done when the last job leaves = every element's latency once plus
         # (m - 1) times the slowest element's period
         fw_lat = sum(fbar) + sum(lat_f)
-        fw_per = max([x / m for x in busy_f] + [x / m for x in hop_busy_f])
+        fw_per = max([x / m for x in c.busy_f] + [x / m for x in h.busy_f])
         t_fwd = fw_lat + (m - 1) * fw_per
         lat_acc, per_max = 0.0, 0.0
         ends = [0.0] * p
         for s in range(p - 1, -1, -1):
             lat_acc += bbar[s] + wbar[s]
-            per_max = max(per_max, busy_bw[s] / m)
+            per_max = max(per_max, c.busy_bw[s] / m)
             if s < p - 1:
                 lat_acc += lat_b[s]
-                per_max = max(per_max, hop_busy_b[s] / m)
+                per_max = max(per_max, h.busy_b[s] / m)
             ends[s] = t_fwd + lat_acc + (m - 1) * per_max
         pipe = max(ends)
         if max(busy) > pipe:
@@ -243,12 +332,17 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
                 owed = min(m, s + 1) * wbar[s] if s > 0 else wbar[0]
                 ends.append(min(pipe, pipe - wbar[0] - back + owed))
             back += bbar[s] + (wbar[s] if fused else 0.0) + (lat_b[s] if s < p - 1 else 0.0)
+    return pipe, period, ends
 
-    # --- all-reduce: layer by layer during each stage's last backward op, the rest after it
+
+def _allreduce(layout: Layout, sched: str, pipe: float, ends: list[float]) -> tuple[float, int, list[float]]:
+    """Each stage's all-reduce, layer by layer during its last backward op and the rest after it:
+    the step's end, the stage whose all-reduce ends it (-1: none) and each stage's tail."""
+    fused = sched != "zb-h1"
     total = pipe
     ar_stage = -1
     ars = []
-    for s in range(p):
+    for s in range(len(layout.stages)):
         ring = layout.allreduce_layers[s]
         if ring is None:
             ars.append(0.0)
@@ -257,16 +351,4 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
             ars.append(ring.tail_s(last_op, fused))
         if ends[s] + ars[s] > total:
             total, ar_stage = ends[s] + ars[s], s
-
-    steady = m * period
-    bubble = pipe - steady
-    tail = total - pipe
-    parts = {"period_s": period, "steady_s": steady, "bubble_s": bubble, "allreduce_tail_s": tail,
-             "pipeline_s": pipe, "allreduce_s": ars, "top_terms": top_terms}
-    if ar_stage >= 0 and (tail >= max(steady, bubble) or tail > 0.25 * total):
-        bottleneck = f"allreduce:stage {ar_stage}"
-    elif bubble > steady:
-        bottleneck = "bubble"
-    else:
-        bottleneck = why
-    return Estimate(total, plan.global_batch / total if total > 0 else 0.0, bottleneck, parts)
+    return total, ar_stage, ars

@@ -10,8 +10,10 @@ The reference model is a byte-level, decoder-only, pre-LN transformer:
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..net.framing import strict_from_dict
 
 MAX_PARAMS = 4 << 30  # a config above this many parameters is refused as absurd
 
@@ -62,16 +64,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: Any) -> ModelConfig:
         """Builds a config from untrusted data (e.g. off the network): all fields required, else ValueError."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"model config must be a map, got {type(d).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = [k for k in d if k not in known]
-        if unknown:
-            raise ValueError(f"model config has unknown fields {sorted(map(str, unknown))[:8]}")
-        missing = known - set(d)
-        if missing:
-            raise ValueError(f"model config lacks fields {sorted(missing)}")
-        return cls(**d)
+        return strict_from_dict(cls, d, "model config")
 
 
 def embed_params(cfg: ModelConfig) -> int:

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
+from ..plan import PLAN_KINDS
 
-PLAN_KINDS = ("planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy")  # as train.job.PLANS (a test ties them)
-OPTIMIZERS = ("adam", "sgd")  # as train.job.OPTIMIZERS (a test ties them)
+# as train.job.OPTIMIZERS (tests/test_cli_options.py ties them): importing train.job here would load
+# torch for every `spantrain --help`
+OPTIMIZERS = ("adam", "sgd")
 FIRST, EVERY = "first", "every"  # which peers of a launched swarm get an option
 
 

@@ -4,7 +4,6 @@ bytes, emulation fidelity, the ``--measure-only`` measurements, and a stage map 
 from __future__ import annotations
 
 import statistics
-from typing import Optional
 
 from .processes import PeerProcess, wait_until
 

@@ -246,7 +246,8 @@ class Trainer:
         opt = make_optimizer(job, executor.params)
         await self.recovery.load(layers, opt, first, smap.start_step)
         assignments = [st.assign(M) for st in smap.stages]
-        actions = peer_actions(assignments, smap.schedule or sched.resolve_schedule(job.schedule)).get((k, me), [])  # this peer's micro-batches, in order
+        schedule = smap.schedule or sched.resolve_schedule(job.schedule)
+        actions = peer_actions(assignments, schedule).get((k, me), [])  # this peer's micro-batches, in order
         self.transport.open(expect)
         return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None)
 

@@ -84,8 +84,6 @@ def test_the_simulator_runs_what_the_peers_run(name):
         assert _simulated_compute(plan_, snap, prof) == _runtime_compute(plan_), plan_.name
 
 
-@pytest.mark.xfail(strict=True, reason="warm-ups differ: the peers scale a stage's by its largest count / m, the "
-                                       "cost model and simulator by its largest share (here 6/13 against 0.5)")
 def test_the_simulator_runs_what_the_peers_run_with_uneven_replicas():
     plan_ = Plan((Stage(("p0", "p1", "p2"), (0, 1), (0.5, 0.3, 0.2)), Stage(("p3", "p4"), (1, 3), (0.6, 0.4))),
                  "zb-h1", 1, 13)

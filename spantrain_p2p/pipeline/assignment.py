@@ -57,6 +57,12 @@ def assign_microbatches(peers: Sequence[str], shares: Sequence[float], num_micro
     return [peers[i] for i in microbatch_owners(shares, num_microbatches)]
 
 
+def dealt_shares(shares: Sequence[float], m: int) -> list[float]:
+    """Each peer's fraction of ``m`` micro-batches as they are dealt (its count / ``m``): what the
+    peers' warm-ups are scaled by, so the cost model and the simulator scale theirs the same way."""
+    return [c / m for c in microbatch_counts(shares, m)]
+
+
 def stage_warmups(schedule_name: str, shares: Sequence[Sequence[float]], m: int) -> list[int]:
     """Forwards each stage runs before its first backward.
 
@@ -115,7 +121,7 @@ def peer_actions(assignments: list[list[str]], schedule_name: str) -> dict[tuple
     The warm-ups come from each peer's count of micro-batches (its share as assigned)."""
     n = len(assignments)
     m = len(assignments[0]) if assignments else 0
-    shares = [[assign.count(p) / m for p in dict.fromkeys(assign)] for assign in assignments]
+    shares = [[assign.count(p) / m for p in dict.fromkeys(assign)] for assign in assignments]  # = dealt_shares
     warmups = stage_warmups(schedule_name, shares, m)
     out: dict[tuple[int, str], list[sched.Action]] = {}
     for k, assign in enumerate(assignments):

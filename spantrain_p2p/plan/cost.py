@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..pipeline.assignment import stage_warmups
+from ..pipeline.assignment import dealt_shares, stage_warmups
 from .layout import Layout, LinkTable, build_layout, held_bound
 from .types import ModelProfile, Plan, Snapshot, compression_ratio
 
@@ -87,7 +87,7 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
         layout = build_layout(plan, snapshot, profile, links, op_overhead_s)
     m = plan.num_micro_batches
     sched = plan.schedule
-    warm = stage_warmups(sched, [st.shares for st in plan.stages], m)
+    warm = stage_warmups(sched, [dealt_shares(list(st.share_of().values()), m) for st in plan.stages], m)
     short = _out_of_memory(layout, sched, warm, m)
     if short:
         return _infeasible(f"memory:{short}")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..pipeline.schedule import Op
-from ..pipeline.assignment import peer_lists, stage_warmups
+from ..pipeline.assignment import dealt_shares, peer_lists, stage_warmups
 from ..plan.layout import LinkTable, build_layout, overlapped_tail
 from ..plan.types import ModelProfile, Plan, Snapshot, compression_ratio
 
@@ -71,7 +71,8 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     links = links or LinkTable(snapshot)
     prep = build_layout(plan, snapshot, profile, links, op_overhead_s)
     p, sched = plan.num_stages, plan.schedule
-    warm = stage_warmups(sched, [st.shares for st in plan.stages], plan.num_micro_batches)
+    warm = stage_warmups(sched, [dealt_shares(list(st.share_of().values()), plan.num_micro_batches) for st in plan.stages],
+                         plan.num_micro_batches)
     hop_bytes = [sw.act_bytes * compression_ratio(plan.compression[s]) if s < p - 1 else 0.0
                  for s, sw in enumerate(prep.stages)]
     workers = []  # flat list of (stage, PeerWork)

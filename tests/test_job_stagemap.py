@@ -94,7 +94,7 @@ def test_a_peer_refuses_a_job_it_cannot_run_and_says_why():
 
 def test_a_re_plan_with_the_same_stages_peers_shares_and_schedule_is_no_move():
     from spantrain_p2p.plan.stagemap import Stage, StageMap
-    from spantrain_p2p.train.trainer import _same_layout
+    from spantrain_p2p.train.decide import same_layout as _same_layout
     a = StageMap(1, "j", (Stage(("p", "q"), (0, 3), (0.5, 0.5)), Stage(("r",), (3, 6), (1.0,))), schedule="zb-h1")
     assert _same_layout(a, StageMap(2, "j", (Stage(("q", "p"), (0, 3), (0.501, 0.499)), Stage(("r",), (3, 6), (1.0,))),
                                     start_step=7, schedule="zb-h1"))

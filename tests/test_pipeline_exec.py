@@ -162,7 +162,7 @@ async def test_a_peer_without_micro_batches_reports_every_layer_done():
 
 
 def test_gradient_buckets_follow_layers_and_split_big_ones():
-    from spantrain_p2p.train.trainer import layer_buckets
+    from spantrain_p2p.train.gradsum import layer_buckets
 
     b = layer_buckets([[10, 20], [], [300, 5, 5]], bucket_bytes=4 * 100)
     assert b == [(0, [(0, 10), (1, 20)]), (2, [(2, 300)]), (2, [(3, 5), (4, 5)])]

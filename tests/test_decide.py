@@ -1,5 +1,5 @@
 """The trainer's decisions, without a swarm: re-plan hysteresis, a broken epoch, the resume point,
-the buddy and the ping slots."""
+the buddy and the ping slots (same_layout: tests/test_job_stagemap.py)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import types
 
 from spantrain_p2p.plan.stagemap import Stage, StageMap
 from spantrain_p2p.train.decide import (REPLAN_GAIN, REPLAN_HOLD_S, ReplanHysteresis, choose_buddy, epoch_verdict,
-                                        ping_slots, resume_point, same_layout)
+                                        ping_slots, resume_point)
 
 MAP = StageMap(3, "j", (Stage(("a", "b"), (0, 2), (0.5, 0.5)), Stage(("c",), (2, 4), (1.0,)),
                         Stage(("d",), (4, 6), (1.0,))))
@@ -72,14 +72,6 @@ def test_a_replicated_stage_needs_no_buddy_and_a_single_peer_takes_the_nearest()
     assert choose_buddy(MAP, 2, "d", rtt) == "a"  # a tie on RTT goes to the smaller peer id
     alone = StageMap(1, "j", (Stage(("x",), (0, 6), (1.0,)),))
     assert choose_buddy(alone, 0, "x", rtt) is None
-
-
-def test_same_stages_peers_shares_and_schedule_are_no_move():
-    a = StageMap(1, "j", (Stage(("p", "q"), (0, 3), (0.5, 0.5)), Stage(("r",), (3, 6), (1.0,))), schedule="zb-h1")
-    b = StageMap(2, "j", (Stage(("q", "p"), (0, 3), (0.501, 0.499)), Stage(("r",), (3, 6), (1.0,))),
-                 start_step=7, schedule="zb-h1")
-    assert same_layout(a, b)
-    assert not same_layout(a, StageMap(2, "j", a.stages, schedule="1f1b"))
 
 
 def test_ping_slots_start_after_the_last_peer_finished_and_take_turns():

@@ -199,7 +199,7 @@ async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited():
     another job, or news right after news, wakes no one."""
     import types
 
-    from spantrain_p2p.train.records import MAP_NEWS_MIN_GAP_S, RunRecords
+    from spantrain_p2p.train.run_records import MAP_NEWS_MIN_GAP_S, RunRecords
 
     records = RunRecords(types.SimpleNamespace(), log_bad=lambda sub, why: None)
     records.job = JobSpec(job_id="job-a")

@@ -9,7 +9,7 @@ The workload:
 
 A peer's trainer (``trainer``: its life cycle and step loop) and its components:
 - ``measuring``: the device profile, pings, bandwidth probes, passive estimate;
-- ``records``: the job, the stage maps and their news, in the DHT;
+- ``run_records``: the job, the stage maps and their news, in the DHT;
 - ``coordinator``: the planner's role (groups, quorum, election, planning, re-planning);
 - ``planning``: from measurements to the planner's snapshot and from a plan to a stage map;
 - ``transport``: activations and gradients between stages (codecs, retries, deadlines);

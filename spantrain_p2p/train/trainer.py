@@ -2,7 +2,7 @@
 
 There is no coordinator process. The peer that starts the swarm publishes the job in the DHT;
 every peer checks it can run it, measures its device and links (``measuring``) and says so (state
-``ready``). The elected planner (``coordinator``) publishes signed stage maps (``records``); every
+``ready``). The elected planner (``coordinator``) publishes signed stage maps (``run_records``); every
 peer adopts the newest one it sees and runs its stage: activations and gradients go peer to peer
 (``transport``), replicas of a stage sum their gradients (``gradsum``), each step's state is kept
 and copied for recovery (``recovery``). This module keeps the life cycle and the step loop; each
@@ -31,7 +31,7 @@ from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from .optim import make_optimizer
-from .records import MAP_POLL_S, RunRecords
+from .run_records import MAP_POLL_S, RunRecords
 from .recovery import Recovery
 from .transport import PipelineTransport
 

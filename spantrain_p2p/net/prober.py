@@ -12,7 +12,7 @@
 With ``emulator`` (a ``LinkEmulator``), traffic goes through the emulated link to ``dst``; pass None
 once the data-plane client shapes its own traffic. The prober never reads a scenario.
 
-The far side answers with ``handle_probe`` (``probe_messages``, re-exported here for the peer).
+The far side answers with ``probe_messages.handle_probe``.
 """
 from __future__ import annotations
 
@@ -25,18 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from . import framing
 from .dataplane import RemoteError
 from .ping import ping_once, ping_series, robust_rtt
-from .probe_messages import PROBE_KIND, PROBE_VERSION, handle_probe, probe_sender
-
-# moved out of this module (issue 13); re-exported until train/ imports them from their new homes
-from .passive import PassiveEstimator, link_update
-from .ping import paired_rtt, ping_link, ping_links
+from .probe_messages import PROBE_VERSION, probe_sender
 
 if TYPE_CHECKING:
     from .dataplane import DataPlaneClient
     from .emulator import LinkEmulator
 
-__all__ = ["LinkMeasurement", "MAX_MBPS", "MAX_RTT_MS", "PROBE_KIND", "handle_probe", "probe_link",
-           "PassiveEstimator", "link_update", "paired_rtt", "ping_link", "ping_links"]
+__all__ = ["LinkMeasurement", "MAX_MBPS", "MAX_RTT_MS", "probe_link"]
 
 MAX_RTT_MS = 600_000.0
 MAX_MBPS = 1e7

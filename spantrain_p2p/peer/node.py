@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from .. import PROTOCOL_VERSION, __version__
 from ..net.dataplane import DataPlaneClient, DataPlaneServer
-from ..net.prober import PROBE_KIND, handle_probe
+from ..net.probe_messages import PROBE_KIND, handle_probe
 from ..swarm import discovery, membership
 from ..swarm.daemon import tie_daemons_to_this_process
 from ..swarm.identity import Identity

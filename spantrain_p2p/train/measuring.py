@@ -12,9 +12,12 @@ import logging
 import time
 from typing import Any, Optional
 
-from ..net.prober import LinkMeasurement, PassiveEstimator, link_update, paired_rtt, ping_links, probe_link
+from ..net.passive import PassiveEstimator, link_update
+from ..net.ping import paired_rtt, ping_links
+from ..net.prober import LinkMeasurement, probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
+from ..swarm.membership import BadRecordLog
 from . import data
 from .decide import REPLAN_CHECK_S, ping_slots
 
@@ -41,13 +44,7 @@ class Measuring:
         self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination
         self._probed: dict = {}  # destination -> the probe's measurement, before any passive update
         self._passive_published = 0.0
-        self._bad_logged: set = set()
-
-    def log_bad(self, sub, reason) -> None:
-        """A record that does not validate: said once."""
-        if (str(sub)[:32], reason) not in self._bad_logged:
-            self._bad_logged.add((str(sub)[:32], reason))
-            log.warning("ignoring %s", reason)
+        self.log_bad = BadRecordLog("DHT entry", log)  # (subkey, reason) of an entry that does not validate: said once
 
     def rtt_ms(self, peer_id: str) -> float:
         """Probed RTT to a peer (nearest first when choosing a buddy or a source); unknown: last."""

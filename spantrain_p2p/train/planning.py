@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES, resolve_schedule
 from ..plan import types as pt

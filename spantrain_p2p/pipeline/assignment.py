@@ -121,7 +121,7 @@ def peer_actions(assignments: list[list[str]], schedule_name: str) -> dict[tuple
     The warm-ups come from each peer's count of micro-batches (its share as assigned)."""
     n = len(assignments)
     m = len(assignments[0]) if assignments else 0
-    shares = [[assign.count(p) / m for p in dict.fromkeys(assign)] for assign in assignments]  # = dealt_shares
+    shares = [[assign.count(p) / m for p in dict.fromkeys(assign)] for assign in assignments]  # dealt: count / m
     warmups = stage_warmups(schedule_name, shares, m)
     out: dict[tuple[int, str], list[sched.Action]] = {}
     for k, assign in enumerate(assignments):

@@ -50,12 +50,12 @@ from typing import Optional, Sequence
 
 from ..swarm.grouping import group
 from . import dp
-from .baselines import PLAN_KINDS, baselines, greedy_baseline, uniform_baseline  # noqa: F401  (the plan API)
+from .baselines import baselines, greedy_baseline, uniform_baseline  # noqa: F401  (the plan API)
 from .candidates import Segment, compositions, segments, units
 from .exhaustive import exhaustive as exhaustive_search
 from .layout import LinkTable
 from .local_search import local_search, rebalance
-from .search import SCHEDULES, PlannerOptions, PlanResult, Search  # noqa: F401  (the plan API)
+from .search import PlannerOptions, PlanResult, Search  # noqa: F401  (the plan API)
 from .types import ModelProfile, Plan, Snapshot, Stage
 
 

@@ -4,8 +4,8 @@ What it models, and nothing more:
 
 - every peer runs its action list in order, from the runtime's own functions
   (``pipeline.assignment``: its stage's schedule filtered to the micro-batches the peer owns,
-  with the stage's warm-up scaled to its replicas; the warm-up from the plan's shares, where the
-  peers take it from their counts, which can differ by one: ``tests/test_sim.py``): compute takes
+  with the stage's warm-up scaled to its replicas by their dealt micro-batch counts, as the peers
+  do: ``tests/test_sim.py``): compute takes
   FLOPs / the peer's FLOP/s, a receive blocks until the message has arrived, a send does not block;
 - a message goes over the directed link from the micro-batch's owner on one stage to its owner
   on the next: a link serializes its messages (FIFO at its bandwidth) and adds the one-way delay

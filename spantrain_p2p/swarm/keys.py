@@ -39,19 +39,23 @@ def lease_key(swarm: str) -> str:
 
 def job_key(swarm: str) -> str:
     """The swarm's job record, under ``JOB_SUBKEY``."""
-    return f"spantrain/{swarm}/job"
+    return _key(swarm, "job")
 
 
 def stagemap_key(swarm: str) -> str:
     """The published stage maps, one per epoch (``epoch_subkey``)."""
-    return f"spantrain/{swarm}/stagemap"
+    return _key(swarm, "stagemap")
 
 
 def term_subkey(term: int) -> str:
     """The subkey of a lease of ``term``: zero-padded, so subkeys sort as the terms do."""
-    return f"{term:012d}"
+    return _padded(term)
 
 
 def epoch_subkey(epoch: int) -> str:
     """The subkey of the stage map of ``epoch``: zero-padded, so subkeys sort as the epochs do."""
-    return f"{epoch:012d}"
+    return _padded(epoch)
+
+
+def _padded(n: int) -> str:
+    return f"{n:012d}"

@@ -34,11 +34,12 @@ def ready_peers(peer) -> list:
 
 class Coordinator:
     """Groups, election and planning for one job. ``has_map()`` says whether this peer follows a
-    stage map already (groups are then recomputed less often); ``measure``: the job's plans come
-    from measurements (False with --no-measure)."""
+    stage map already (groups are then recomputed less often); ``measure_links``: the job's plans
+    come from measurements (False with --no-measure); ``log_bad(subkey, reason)`` says (once) that
+    a DHT entry is invalid."""
 
-    def __init__(self, peer, records, measuring, recovery, measure_links: bool, poll_s: float):
-        self.peer, self.records, self.measuring, self.recovery = peer, records, measuring, recovery
+    def __init__(self, peer, records, recovery, log_bad, measure_links: bool, poll_s: float):
+        self.peer, self.records, self.recovery, self.log_bad = peer, records, recovery, log_bad
         self.measure_links, self.poll_s = measure_links, poll_s
         self.job = self.handle = None
         self.has_map = lambda: False
@@ -66,8 +67,8 @@ class Coordinator:
     # ---- groups -----------------------------------------------------------------------------------
     async def _measured_snapshot(self):
         """(peer ids, profiles, links) of the ready peers whose measurements are in the DHT."""
-        profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self.measuring.log_bad)
-        links = await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.measuring.log_bad)
+        profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad)
+        links = await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.log_bad)
         ids = sorted(r.peer_id for r in ready_peers(self.peer) if r.peer_id in profiles and r.peer_id in links)
         return ids, profiles, links
 
@@ -100,7 +101,7 @@ class Coordinator:
     async def _quorum(self, ids: list[str], digest: str) -> bool:
         """More than half of the snapshot's peers published the same groups digest for it."""
         votes = await measure.read(self.peer, measure.GROUPS, lambda d: (d["digest"], list(d["peers"])),
-                                   self.measuring.log_bad)
+                                   self.log_bad)
         agree = sum(1 for p in ids if votes.get(p) == (digest, ids))
         return agree * 2 > len(ids)
 
@@ -177,7 +178,7 @@ class Coordinator:
 
     async def _resume_point(self, current: StageMap) -> tuple[Optional[int], str]:
         """(step to redo from, error): the latest step whose state of every layer survives."""
-        invs = [*(await self.recovery.inventories()).values(), self.recovery.store.inventory()]
+        invs = [*(await self.recovery.inventories()).values(), self.recovery.inventory()]
         return resume_point(invs, self.handle.num_layers, [tuple(st.layers) for st in current.stages])
 
     async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False) -> None:

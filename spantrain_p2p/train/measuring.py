@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..net.passive import PassiveEstimator, link_update
 from ..net.ping import paired_rtt, ping_links
 from ..net.prober import LinkMeasurement, probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
-from ..swarm.membership import BadRecordLog
 from . import data
 from .decide import REPLAN_CHECK_S, ping_slots
 
@@ -31,11 +30,11 @@ QUIET_SLOT_S = 0.5  # one turn of pinging short links again
 class Measuring:
     """This peer's measurements: its device ``profile``, its ``probes`` (peer id -> link
     measurement), the ``passive`` estimator fed by real transfers; ``measured`` is set once every
-    member's link is probed."""
+    member's link is probed. ``log_bad(subkey, reason)`` says (once) that a DHT entry is invalid."""
 
-    def __init__(self, peer, profile_cache_dir: Optional[str] = None):
-        self.peer, self.profile_cache_dir = peer, profile_cache_dir
-        self.job = self.handle = None
+    def __init__(self, peer, log_bad: Callable[[object, str], None], profile_cache_dir: Optional[str] = None):
+        self.peer, self.log_bad, self.profile_cache_dir = peer, log_bad, profile_cache_dir
+        self.job = None
         self.profile = None  # profile.profiler.DeviceProfile of this peer
         self.probes: dict[str, Any] = {}  # peer id -> net.prober.LinkMeasurement
         self.probe_seconds = 0.0
@@ -44,7 +43,6 @@ class Measuring:
         self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination
         self._probed: dict = {}  # destination -> the probe's measurement, before any passive update
         self._passive_published = 0.0
-        self.log_bad = BadRecordLog("DHT entry", log)  # (subkey, reason) of an entry that does not validate: said once
 
     def rtt_ms(self, peer_id: str) -> float:
         """Probed RTT to a peer (nearest first when choosing a buddy or a source); unknown: last."""
@@ -73,7 +71,7 @@ class Measuring:
     # ---- the device -------------------------------------------------------------------------------
     async def run(self, job, handle) -> None:
         """Profiles the device, starts probing the links, and returns once every member is probed."""
-        self.job, self.handle = job, handle
+        self.job = job
         # measure a settled swarm: peers still starting up (their daemons, DHT nodes) would steal the CPU
         while len(self.peer.live_members()) < job.peers:
             await asyncio.sleep(0.5)

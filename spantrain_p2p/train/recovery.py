@@ -40,6 +40,10 @@ class Recovery:
     def start(self, job, handle) -> None:
         self.job, self.handle = job, handle
 
+    def inventory(self) -> dict[int, list[int]]:
+        """What this peer holds: layer -> steps (its snapshots and a buddy's copies)."""
+        return self.store.inventory()
+
     # ---- after each step --------------------------------------------------------------------------
     def snapshot(self, smap: StageMap, stage: int, layers, opt, first: int, step: int, loss_rows: list) -> None:
         """Keeps the state after ``step`` completed steps, and sends a copy to the buddy peer

@@ -37,6 +37,9 @@ class RunRecords:
         self._news = asyncio.Event()
         self._news_at = 0.0
 
+    def start(self, job: JobSpec, num_layers: int) -> None:
+        self.job, self.num_layers = job, num_layers
+
     @property
     def swarm(self) -> str:
         return self.peer.config.swarm
@@ -90,7 +93,7 @@ class RunRecords:
                 signer, payload = open_payload(entry.value, MAX_MAP_BYTES)
                 smap = StageMap.from_dict(payload, self.num_layers)
             except (BadRecord, ValueError) as e:
-                self.log_bad(sub, f"stage map {str(sub)[:16]}: {e}")
+                self.log_bad(sub, f"stage map: {e}")
                 continue
             if smap.job_id != self.job.job_id:
                 continue

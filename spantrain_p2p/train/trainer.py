@@ -23,6 +23,7 @@ from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
 from ..pipeline.messages import ACT, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
 from ..plan.stagemap import StageMap
+from ..swarm.membership import BadRecordLog
 from . import data
 from . import report as run_report
 from .checkpoint import dump_grads, write_checkpoint
@@ -88,12 +89,12 @@ class Trainer:
         self.finished = asyncio.Event()
         self.device_base = None  # the device's counters when training began
         self._train_task: Optional[asyncio.Task] = None
-        self.measuring = Measuring(peer, options.profile_cache_dir)
-        self.records = RunRecords(peer, self.measuring.log_bad, options.poll_s)
-        self.transport = PipelineTransport(peer, self.measuring, lambda: self.step)
+        log_bad = BadRecordLog("DHT entry", log)  # an invalid DHT entry is said once, whoever reads it
+        self.measuring = Measuring(peer, log_bad, options.profile_cache_dir)
+        self.records = RunRecords(peer, log_bad, options.poll_s)
+        self.transport = PipelineTransport(peer, self.measuring.probes, self.measuring.passive, lambda: self.step)
         self.recovery = Recovery(peer, self.measuring.rtt_ms, self.events.append)
-        self.coordinator = Coordinator(peer, self.records, self.measuring, self.recovery, options.measure,
-                                       options.poll_s)
+        self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
         peer.before_serving(self._install)
 
     def _install(self, peer) -> None:
@@ -115,7 +116,7 @@ class Trainer:
         return run_report.report(self)
 
     def inventory(self) -> dict:
-        return {"inventory": {str(k): v for k, v in self.recovery.store.inventory().items()}, "step": self.step,
+        return {"inventory": {str(k): v for k, v in self.recovery.inventory().items()}, "step": self.step,
                 "epoch": self.smap.epoch if self.smap else None}
 
     # ---- the life of a trainer ----------------------------------------------------------------------
@@ -140,13 +141,12 @@ class Trainer:
     async def _run(self) -> None:
         if self.opts.job is not None:
             self.job = self.opts.job if self.opts.job.fingerprint else self.opts.job.finalized()
-            self.records.job = self.job
             await self.records.publish_job(self.job)
         else:
             self.job = await self.records.await_job()
         self.handle = check_compatible(self.job, self.opts.allowed_models)
-        self.records.job, self.records.num_layers = self.job, self.handle.num_layers
-        self.transport.job = self.job
+        self.records.start(self.job, self.handle.num_layers)
+        self.transport.start(self.job)
         self.recovery.start(self.job, self.handle)
         self.peer.spawn(self.records.refresh_job(), "refresh-job")
         log.info("job %s: model %s (%d layers), %d steps of %d x %d samples, schedule %s", self.job.job_id,

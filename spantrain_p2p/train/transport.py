@@ -36,12 +36,12 @@ NEGLIGIBLE_TRANSFER = 0.1
 
 
 class PipelineTransport:
-    """Moves one stage's tensors. ``links`` gives what is known of each link: ``probes`` (peer id
-    -> the prober's measurement) and ``passive`` (the estimator fed by real transfers);
+    """Moves one stage's tensors. ``probes`` (peer id -> the prober's link measurement) choose
+    codecs and tell round trips; real transfers feed ``passive`` (the bandwidth estimator);
     ``current_step`` is the step the trainer runs (messages for it and the next are taken)."""
 
-    def __init__(self, peer, links, current_step: Callable[[], int]):
-        self.peer, self.links, self.current_step = peer, links, current_step
+    def __init__(self, peer, probes: dict, passive, current_step: Callable[[], int]):
+        self.peer, self.probes, self.passive, self.current_step = peer, probes, passive, current_step
         self.job = None
         self.smap: Optional[StageMap] = None
         self.stage: Optional[int] = None
@@ -57,6 +57,9 @@ class PipelineTransport:
         self._deadlines = Deadlines()  # receive deadlines from the recent waits, per message kind
         self.deadline_extensions = 0  # waits past their deadline whose sender still answered
         self.mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
+
+    def start(self, job) -> None:
+        self.job = job
 
     # ---- the stage's epoch ------------------------------------------------------------------------
     def begin_epoch(self, smap: StageMap, stage: Optional[int]) -> None:
@@ -145,7 +148,7 @@ class PipelineTransport:
             return "none"
         if c != "adaptive":
             return c
-        probe = self.links.probes.get(dst)
+        probe = self.probes.get(dst)
         if self._policy.bandwidth(dst) is None and probe is not None and probe.ok:
             self._policy.set_link(dst, bytes_per_s=probe.mbps * 1e6 / 8, rtt_s=probe.rtt_ms / 1e3)
         if self._policy.bandwidth(dst) is None or self.mb_compute_s is None:
@@ -172,13 +175,13 @@ class PipelineTransport:
                 per = self.wire_bytes.setdefault(step, {})
                 per[dst] = per.get(dst, 0) + nbytes
                 elapsed = loop.time() - t0
-                probe = self.links.probes.get(dst)
+                probe = self.probes.get(dst)
                 rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0
                 # an epoch's first step meets peers still loading and setting up their stages: its
                 # transfers' times say more about them than about the links
                 if step > self.smap.start_step:
                     # a send waits for its reply: a whole round trip of it is not the bytes' time
-                    self.links.passive.observe(dst, nbytes, elapsed, latency_s=rtt)
+                    self.passive.observe(dst, nbytes, elapsed, latency_s=rtt)
                     if kind != GSUM:
                         self._policy.observe(dst, nbytes, max(0.0, elapsed - rtt / 2))  # to delivery
                 return

@@ -42,7 +42,7 @@ NON_DEFAULT = {
     "--steps": "7", "--peers": "3", "--model": "tests.user_model:build", "--seq-len": "16",
     "--micro-batch-size": "2", "--micro-batches": "5", "--lr": "0.0025", "--optimizer": "sgd", "--seed": "11",
     "--schedule": "1f1b", "--plan": "gpipe-uniform", "--recv-timeout": "12.5", "--compression": "int8",
-    "--stages": "2", "--checkpoint-every": "4", "--checkpoint-dir": "/tmp/ckpt", "--dump-grads": "/tmp/grads",
+    "--stages": "2", "--checkpoint-every": "4", "--checkpoint-dir": "/tmp/ckpt", "--resume": "/tmp/ckpt-in", "--dump-grads": "/tmp/grads",
     "--dump-step": "3",
 }
 

@@ -122,6 +122,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               job="checkpoint_every"),
     JobOption("--checkpoint-dir", "where this peer writes its checkpoints", default="checkpoints",
               train="checkpoint_dir", to=EVERY),
+    JobOption("--resume", "start from the checkpoint directory DIR (written by --checkpoint-every): the swarm "
+              "resumes at the latest step at which every layer survives, on the stage layout the planner picks now",
+              metavar="DIR", train="resume_dir", to=EVERY),
     JobOption("--no-measure", "skip device profiling and link probing", action="store_true", train="measure",
               value=lambda skip: not skip, to=EVERY),
     JobOption("--measure-only", "measure (profile and probe), then stop", action="store_true", train="measure_only",

@@ -1,25 +1,141 @@
-"""Checkpoints on local disk: a stage's layers and optimizer state every K steps (the last two
-kept, written atomically), and gradient dumps for tests that compare with single-process runs."""
+"""Checkpoints on local disk, in safetensors: one file per layer and step.
+
+``DIR/step-00000020/layer-0003.safetensors`` holds layer 3's state after 20 steps: its parameters
+and buffers and the optimizer's state of its parameters, named as ``train.state`` names them
+(``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``), with the job's model fingerprint, the
+optimizer, the layer and the step in the file's metadata. Every peer writes the layers it runs
+(atomically: a temporary file, then a rename) and keeps the newest two steps of them; peers of one
+swarm may share the directory or each keep their own.
+
+``--resume DIR`` reads it back: ``CheckpointDir`` lists what the directory holds for this job's
+model (checked by fingerprint and shapes) and loads a layer's state on demand, so a peer holds
+nothing in memory until a stage map gives it layers. Together with the peers' other copies, the
+swarm resumes from the latest step at which every layer survives (``decide.resume_point``), on
+whatever peers and stage layout the planner chooses then.
+
+Gradient dumps (``--dump-grads``, for tests against single-process training) live here too.
+"""
 from __future__ import annotations
 
+import logging
 import os
+import re
+from typing import Optional
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .state import LayerState
+
+log = logging.getLogger("spantrain.train")
+
+FORMAT = "spantrain-layer-1"
+KEEP_STEPS = 2
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+_LAYER_FILE = re.compile(r"^layer-(\d{4})\.safetensors$")
 
 
-def write_checkpoint(directory: str, job_id: str, step: int, layers, opt, first: int, last: int) -> str:
-    """Writes the state of layers [first, last) after ``step`` steps; keeps the two newest."""
-    os.makedirs(directory, exist_ok=True)
-    name = f"ckpt-{job_id}-layers{first}-{last}-step{step}.pt"
-    path = os.path.join(directory, name)
-    torch.save({"job_id": job_id, "step": step, "layers": [first, last],
-                "model": [layer.state_dict() for layer in layers], "optimizer": opt.state_dict()}, path + ".tmp")
-    os.replace(path + ".tmp", path)
-    old = sorted((f for f in os.listdir(directory) if f.startswith(f"ckpt-{job_id}-layers{first}-{last}-")),
-                 key=lambda f: int(f.rsplit("step", 1)[1].split(".")[0]))
-    for f in old[:-2]:
-        os.remove(os.path.join(directory, f))
-    return path
+def step_dir(directory: str, step: int) -> str:
+    return os.path.join(directory, f"step-{step:08d}")
+
+
+def layer_path(directory: str, step: int, layer: int) -> str:
+    return os.path.join(step_dir(directory, step), f"layer-{layer:04d}.safetensors")
+
+
+def write_layers(directory: str, fingerprint: str, optimizer: str, step: int,
+                 states: list[tuple[int, LayerState]]) -> None:
+    """Writes each (layer, state) after ``step`` steps; keeps the newest ``KEEP_STEPS`` steps of
+    these layers (other peers' layers in a shared directory are theirs to prune)."""
+    os.makedirs(step_dir(directory, step), exist_ok=True)
+    for layer, state in states:
+        path = layer_path(directory, step, layer)
+        tensors = {name: t.detach().contiguous() for name, t in state}
+        meta = {"format": FORMAT, "fingerprint": fingerprint, "optimizer": optimizer, "layer": str(layer),
+                "step": str(step)}
+        save_file(tensors, path + ".tmp", metadata=meta)
+        os.replace(path + ".tmp", path)
+    mine = {layer for layer, _ in states}
+    for old in sorted(_steps(directory))[:-KEEP_STEPS]:
+        for layer in mine:
+            try:
+                os.remove(layer_path(directory, old, layer))
+            except FileNotFoundError:
+                pass
+        try:
+            os.rmdir(step_dir(directory, old))  # only once every peer's files of that step are gone
+        except OSError:
+            pass
+
+
+def _steps(directory: str) -> list[int]:
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [int(m.group(1)) for n in names if (m := _STEP_DIR.match(n))]
+
+
+class CheckpointDir:
+    """The layer states a checkpoint directory holds for one model (``fingerprint``) and optimizer.
+    Files of another model or optimizer, unreadable ones or ones whose shapes do not match the
+    layer are left out, each said once."""
+
+    def __init__(self, directory: str, fingerprint: str, optimizer: str):
+        if not os.path.isdir(directory):
+            raise ValueError(f"--resume {directory!r}: no such directory")
+        self.directory, self.fingerprint, self.optimizer = directory, fingerprint, optimizer
+        self._said: set[str] = set()
+
+    def _skip(self, path: str, why: str) -> None:
+        if path not in self._said:
+            self._said.add(path)
+            log.warning("checkpoint %s left out: %s", path, why)
+
+    def inventory(self) -> dict[int, list[int]]:
+        """Layer -> steps held for this model."""
+        out: dict[int, list[int]] = {}
+        for step in sorted(_steps(self.directory)):
+            try:
+                names = os.listdir(step_dir(self.directory, step))
+            except OSError:
+                continue
+            for name in names:
+                m = _LAYER_FILE.match(name)
+                if m and self._matches(layer_path(self.directory, step, int(m.group(1))), int(m.group(1)), step):
+                    out.setdefault(int(m.group(1)), []).append(step)
+        return out
+
+    def _matches(self, path: str, layer: int, step: int) -> bool:
+        try:
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+        except Exception as e:
+            self._skip(path, f"unreadable ({e})")
+            return False
+        want = {"format": FORMAT, "fingerprint": self.fingerprint, "optimizer": self.optimizer,
+                "layer": str(layer), "step": str(step)}
+        wrong = [k for k, v in want.items() if meta.get(k) != v]
+        if wrong:
+            self._skip(path, f"its {', '.join(wrong)} differ from this job's (fingerprint "
+                             f"{str(meta.get('fingerprint'))[:12]} vs {self.fingerprint[:12]})")
+            return False
+        return True
+
+    def load(self, layer: int, step: int, expected: dict[str, tuple[int, ...]]) -> Optional[LayerState]:
+        """The state of ``layer`` after ``step`` steps, or None if the directory has no valid one;
+        ``expected``: the layer's parameter and buffer shapes."""
+        path = layer_path(self.directory, step, layer)
+        if not os.path.exists(path) or not self._matches(path, layer, step):
+            return None
+        with safe_open(path, framework="pt") as f:
+            state = [(name, f.get_tensor(name)) for name in sorted(f.keys())]
+        got = {n: tuple(t.shape) for n, t in state if not n.startswith("o:")}
+        if got != expected or any(not torch.isfinite(t).all() for _, t in state if t.is_floating_point()):
+            self._skip(path, "its tensors do not match the layer's shapes, or hold NaN/inf")
+            return None
+        return state
 
 
 def dump_grads(directory: str, layers, first: int, step: int, peer_id: str) -> None:

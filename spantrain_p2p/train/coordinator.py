@@ -176,10 +176,10 @@ class Coordinator:
             log.info("%s: no fresh record, but it answers: its heartbeat is late, not a failure", current.name_of(p))
         return False
 
-    async def _resume_point(self, current: StageMap) -> tuple[Optional[int], str]:
+    async def _resume_point(self, current: Optional[StageMap]) -> tuple[Optional[int], str]:
         """(step to redo from, error): the latest step whose state of every layer survives."""
         invs = [*(await self.recovery.inventories()).values(), self.recovery.inventory()]
-        return resume_point(invs, self.handle.num_layers, [tuple(st.layers) for st in current.stages])
+        return resume_point(invs, self.handle.num_layers, [tuple(st.layers) for st in current.stages] if current else [])
 
     async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False) -> None:
         """Plans from the live swarm and publishes the stage map as the next epoch. ``improve``: the
@@ -200,7 +200,9 @@ class Coordinator:
         names = {r.peer_id: r.name for r in self.peer.live_members()}
         epoch = (current.epoch if current else 0) + 1
         term = self.election.leader.term
-        start, error = (await self._resume_point(current)) if current is not None else (0, "")
+        # the first map too starts where the layers' states are: step 0 in a new run, a
+        # checkpoint's step in a resumed one (--resume)
+        start, error = await self._resume_point(current)
         plan = None
         if measured and not error:
             snap = planning.snapshot(profiles, links, ids)

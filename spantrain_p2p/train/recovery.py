@@ -17,6 +17,8 @@ from ..net.framing import FrameError, check_fields
 from ..pipeline.executor import StepFailed
 from ..plan.stagemap import StageMap
 from . import state as layer_state
+from .checkpoint import CheckpointDir
+from .state import LayerState
 from .decide import choose_buddy
 
 log = logging.getLogger("spantrain.train")
@@ -31,29 +33,48 @@ class Recovery:
 
     def __init__(self, peer, rtt_ms: Callable[[str], float], on_event: Callable[[dict], None]):
         self.peer, self.rtt_ms, self.on_event = peer, rtt_ms, on_event
-        self.job = self.handle = None
+        self.job = self.handle = self.checkpoints = None
         self.store = layer_state.Store(keep_steps=3)  # own snapshots and a buddy's copies, by (layer, step)
         self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
         self._buddy_push: Optional[asyncio.Task] = None
         self._meta_layers = None
 
-    def start(self, job, handle) -> None:
-        self.job, self.handle = job, handle
+    def start(self, job, handle, checkpoints: Optional[CheckpointDir] = None) -> None:
+        """``checkpoints``: a checkpoint directory to take layer states from (``--resume``)."""
+        self.job, self.handle, self.checkpoints = job, handle, checkpoints
+        if checkpoints is not None:
+            held = checkpoints.inventory()
+            log.info("resuming from %s: %d layer(s), latest steps %s", checkpoints.directory, len(held),
+                     sorted({max(s) for s in held.values()}) if held else "none")
 
     def inventory(self) -> dict[int, list[int]]:
-        """What this peer holds: layer -> steps (its snapshots and a buddy's copies)."""
-        return self.store.inventory()
+        """What this peer holds: layer -> steps (its snapshots, a buddy's copies, a checkpoint's)."""
+        inv = self.store.inventory()
+        if self.checkpoints is not None:
+            for layer, steps in self.checkpoints.inventory().items():
+                inv[layer] = sorted(set(inv.get(layer, [])) | set(steps))
+        return inv
+
+    def _held(self, layer: int, step: int):
+        """The state of (layer, step) this peer holds, in memory or in its checkpoint directory."""
+        st = self.store.get(layer, step)
+        if st is None and self.checkpoints is not None:
+            st = self.checkpoints.load(layer, step, self._expected_layer_shapes(layer))
+        return st
 
     # ---- after each step --------------------------------------------------------------------------
-    def snapshot(self, smap: StageMap, stage: int, layers, opt, first: int, step: int, loss_rows: list) -> None:
+    def snapshot(self, smap: StageMap, stage: int, layers, opt, first: int, step: int,
+                 loss_rows: list) -> list[tuple[int, LayerState]]:
         """Keeps the state after ``step`` completed steps, and sends a copy to the buddy peer
-        (with ``loss_rows``, this peer's recent [step, loss sum, count, epoch])."""
+        (with ``loss_rows``, this peer's recent [step, loss sum, count, epoch]). Returns the
+        (layer, state) pairs."""
         states = [(first + i, layer_state.capture(layer, opt)) for i, layer in enumerate(layers)]
         for i, st in states:
             self.store.put(i, step, st)
         buddy = choose_buddy(smap, stage, self.peer.peer_id, self.rtt_ms)
         if buddy is not None and (self._buddy_push is None or self._buddy_push.done()):
             self._buddy_push = asyncio.create_task(self._push_to_buddy(buddy, states, step, loss_rows[-LOSS_ROWS:]))
+        return states
 
     async def _push_to_buddy(self, buddy: str, states, step: int, rows: list) -> None:
         try:
@@ -73,11 +94,11 @@ class Recovery:
     # ---- taking over layers -----------------------------------------------------------------------
     async def load(self, layers, opt, first: int, step: int) -> None:
         """Puts the layers in their state after ``step`` steps: fresh at step 0, else from this peer's
-        own snapshot, a live replica or a buddy's copy (nearest first)."""
+        own snapshot or checkpoint directory, a live replica or a buddy's copy (nearest first)."""
         invs = None
         for i, layer in enumerate(layers):
             idx = first + i
-            st = self.store.get(idx, step)
+            st = self._held(idx, step)
             if st is None and step == 0:
                 self.store.put(idx, 0, layer_state.capture(layer, opt))  # built from the job's seed: the initial state
                 continue
@@ -157,7 +178,7 @@ class Recovery:
     async def on_fetch(self, header: dict, buffers):
         """Another peer takes over a layer: send it the state held for (layer, step)."""
         layer, step = self._check_layer_header(header)
-        st = self.store.get(layer, step)
+        st = self._held(layer, step)
         if st is None:
             raise FrameError(f"this peer holds no state of layer {layer} at step {step}")
         return layer_state.encode(st)

@@ -26,7 +26,7 @@ from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
 from . import data
 from . import report as run_report
-from .checkpoint import dump_grads, write_checkpoint
+from .checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
 from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
@@ -46,6 +46,7 @@ class TrainOptions:
     dump_grads_dir: Optional[str] = None  # save this stage's gradients of step dump_step here
     dump_step: int = 0
     checkpoint_dir: Optional[str] = None  # where this peer writes its stage's checkpoints
+    resume_dir: Optional[str] = None  # a checkpoint directory this peer reads layer states from
     measure: bool = True  # profile the device and probe links before saying ready
     measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
     profile_cache_dir: Optional[str] = None
@@ -147,7 +148,13 @@ class Trainer:
         self.handle = check_compatible(self.job, self.opts.allowed_models)
         self.records.start(self.job, self.handle.num_layers)
         self.transport.start(self.job)
-        self.recovery.start(self.job, self.handle)
+        resume = None
+        if self.opts.resume_dir:
+            try:
+                resume = CheckpointDir(self.opts.resume_dir, self.job.fingerprint, self.job.optimizer)
+            except ValueError as e:
+                raise JobRefused(str(e)) from None
+        self.recovery.start(self.job, self.handle, resume)
         self.peer.spawn(self.records.refresh_job(), "refresh-job")
         log.info("job %s: model %s (%d layers), %d steps of %d x %d samples, schedule %s", self.job.job_id,
                  self.job.model, self.handle.num_layers, self.job.steps, self.job.num_micro_batches,
@@ -301,8 +308,8 @@ class Trainer:
             self.losses[step] = loss_sum / loss_count
         self.step = step + 1
         self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
-        self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
-                               [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())])
+        states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
+                                        [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())])
         if loss_count or log.isEnabledFor(logging.DEBUG):
             t2 = time.time()
             parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient "
@@ -312,4 +319,4 @@ class Trainer:
             else:
                 log.debug("step %d (%s)", step, parts)
         if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
-            write_checkpoint(self.opts.checkpoint_dir, job.job_id, self.step, st.layers, st.opt, st.first, st.last)
+            write_layers(self.opts.checkpoint_dir, job.fingerprint, job.optimizer, self.step, states)

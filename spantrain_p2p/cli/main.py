@@ -47,6 +47,9 @@ def main_parser() -> argparse.ArgumentParser:
 
     add_swarm_arguments(sub.add_parser("swarm", help="launch a local swarm of peer processes from a scenario file"))
     add_swarm_arguments(sub.add_parser("bench", help="the planner's plan and the baselines, back to back, with ratios"))
+    from .tokenizer import add_tokenizer_arguments
+
+    add_tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a local data set"))
     return p
 
 
@@ -75,6 +78,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             from ..launch import swarm_command
 
             return swarm_command(args)
+        if args.cmd == "tokenizer":
+            from .tokenizer import tokenizer_command
+
+            return tokenizer_command(args)
         if args.cmd == "bench":
             from ..launch import bench_command
 

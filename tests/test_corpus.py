@@ -229,3 +229,26 @@ def test_the_stdlib_demo_corpus_is_here_and_tokenizes(tmp_path):
     c = open_corpus("stdlib", ByteTokenizer(), cache_dir=tmp_path / "c", max_bytes=64 << 10)
     assert c.tokens > 64 << 10 and c.stats["files"] >= 1
     assert corpus_lib.SHARD_BYTES // 2 == c.manifest.shard_tokens
+
+
+def test_peers_opening_one_source_at_once_tokenize_it_once(tmp_path):
+    import threading
+
+    f = tmp_path / "t.txt"
+    f.write_text(TEXT)
+    calls = []
+
+    class Counting(ByteTokenizer):
+        def encode_batch(self, texts):
+            calls.append(len(texts))
+            return super().encode_batch(texts)
+
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(open_corpus(f, Counting(), cache_dir=tmp_path / "c")))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len({c.fingerprint for c in out}) == 1
+    assert sum(bool(c.stats.get("cached")) for c in out) == 2

@@ -27,11 +27,13 @@ touch, so a peer can fetch just those.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
@@ -172,6 +174,7 @@ class Corpus:
         self.stats = dict(stats or {})  # what reading the source found (files, skipped, ...), if built here
         self._mapped: OrderedDict[int, np.ndarray] = OrderedDict()
         self._verified: set[int] = set()
+        self._lock = threading.Lock()  # batches may be cut on worker threads
 
     @property
     def fingerprint(self) -> str:
@@ -217,6 +220,10 @@ class Corpus:
 
     def shard(self, i: int) -> np.ndarray:
         """Shard ``i``'s tokens (read-only, memory-mapped), checked against the manifest on first use."""
+        with self._lock:
+            return self._shard(i)
+
+    def _shard(self, i: int) -> np.ndarray:
         arr = self._mapped.get(i)
         if arr is not None:
             self._mapped.move_to_end(i)
@@ -398,25 +405,38 @@ def open_corpus(
     files = list_files(path, suffixes)
     key = _source_key(path, files, tokenizer, st, max_bytes, suffixes)
     src = cache / "sources" / f"{key}.json"
-    if src.is_file():
-        try:
-            seen = json.loads(src.read_bytes())
-            corpus = open_manifest(seen["fingerprint"], cache)
-            if not corpus.missing_shards():
-                corpus.stats = dict(seen.get("stats", {}), cached=True)
-                log.info("data %s: %s from the cache", path, corpus)
-                return corpus
-        except (DataError, ValueError, KeyError, TypeError) as e:
-            log.warning("data %s: cache entry %s unusable (%s); tokenizing again", path, src.name, e)
-    t0 = time.perf_counter()
-    manifest, stats = _build(path, tokenizer, cache, st, max_bytes, suffixes)
-    seconds = time.perf_counter() - t0
-    summary = {**stats.as_dict(), "tokenize_s": round(seconds, 3)}
-    atomic_write_bytes(cache / "manifests" / f"{manifest.fingerprint}.json", _canonical(manifest.to_dict()))
-    atomic_write_bytes(src, _canonical({"fingerprint": manifest.fingerprint, "stats": summary}))
+    src.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache / "sources" / f"{key}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # peers on one machine: one tokenizes, the others then read its cache
+        corpus = _from_cache(src, cache)
+        if corpus is not None:
+            log.info("data %s: %s from the cache", path, corpus)
+            return corpus
+        t0 = time.perf_counter()
+        manifest, stats = _build(path, tokenizer, cache, st, max_bytes, suffixes)
+        seconds = time.perf_counter() - t0
+        summary = {**stats.as_dict(), "tokenize_s": round(seconds, 3)}
+        atomic_write_bytes(cache / "manifests" / f"{manifest.fingerprint}.json", _canonical(manifest.to_dict()))
+        atomic_write_bytes(src, _canonical({"fingerprint": manifest.fingerprint, "stats": summary}))
     if stats.skipped:
         log.warning("data %s: %d files skipped as not UTF-8 text (first: %s)", path, len(stats.skipped), stats.skipped[0])
     log.info("data %s: %.1f MiB of text in %d files -> %d tokens, %d shards, in %.2f s (%s)", path,
              stats.text_bytes / 2**20, stats.files, manifest.tokens, len(manifest.shards), seconds,
              manifest.fingerprint[:12])
     return Corpus(manifest, cache, summary)
+
+
+def _from_cache(src: Path, cache: Path) -> Optional[Corpus]:
+    """The corpus a source entry names, if its manifest and every shard file are here."""
+    if not src.is_file():
+        return None
+    try:
+        seen = json.loads(src.read_bytes())
+        corpus = open_manifest(seen["fingerprint"], cache)
+    except (DataError, ValueError, KeyError, TypeError) as e:
+        log.warning("data cache entry %s unusable (%s); tokenizing again", src, e)
+        return None
+    if corpus.missing_shards():
+        return None
+    corpus.stats = dict(seen.get("stats", {}), cached=True)
+    return corpus

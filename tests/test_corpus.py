@@ -252,3 +252,13 @@ def test_peers_opening_one_source_at_once_tokenize_it_once(tmp_path):
         t.join()
     assert len(calls) == 1 and len({c.fingerprint for c in out}) == 1
     assert sum(bool(c.stats.get("cached")) for c in out) == 2
+
+
+def test_a_cached_manifest_that_does_not_hash_to_its_name_is_refused(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text(TEXT)
+    c = open_corpus(f, ByteTokenizer(), cache_dir=tmp_path / "c")
+    p = tmp_path / "c" / "manifests" / f"{c.fingerprint}.json"
+    p.write_text(json.dumps({**c.manifest.to_dict(), "tokens": c.tokens - 1}))
+    with pytest.raises(DataError, match="not its name"):
+        open_manifest(c.fingerprint, tmp_path / "c")

@@ -303,8 +303,11 @@ def open_manifest(manifest: Union[Manifest, dict, str], cache_dir: Optional[Unio
         p = cache / "manifests" / f"{manifest}.json"
         if not p.is_file():
             raise DataError(f"data set {manifest[:12]} is not in the cache {cache}")
-        manifest = json.loads(p.read_bytes())
-    m = manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest)
+        m = Manifest.from_dict(json.loads(p.read_bytes()))
+        if m.fingerprint != manifest:
+            raise DataError(f"cached manifest {p} hashes to {m.fingerprint[:12]}, not its name: delete it")
+    else:
+        m = manifest if isinstance(manifest, Manifest) else Manifest.from_dict(manifest)
     p = cache / "manifests" / f"{m.fingerprint}.json"
     if not p.is_file():
         atomic_write_bytes(p, _canonical(m.to_dict()))
@@ -366,7 +369,11 @@ def _build(path: Path, tokenizer: Tokenizer, cache: Path, shard_tokens: int, max
         hashes.append(digest)
         buf, buffered = [flat[n:]], len(flat) - n
 
+    report_at = _ENCODE_CHARS
     for ids in _encoded(read_pieces(path, max_bytes=max_bytes, suffixes=suffixes, stats=stats), tokenizer):
+        if stats.text_bytes >= report_at:  # a line per ~8 MiB read, for data sets that take a while
+            log.info("data %s: %.0f MiB read, %d tokens so far", path, stats.text_bytes / 2**20, total)
+            report_at = stats.text_bytes + _ENCODE_CHARS
         if len(ids) and (ids.min() < 0 or ids.max() >= tokenizer.vocab_size):
             raise DataError(f"{tokenizer!r} produced token ids outside [0, {tokenizer.vocab_size})")
         buf.append(ids.astype(dtype))

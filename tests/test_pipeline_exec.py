@@ -22,8 +22,10 @@ def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int = 0, widths=None, shares=None):
-    """In-process pipeline: stage k has widths[k] replicas; replicas sum their gradients each step."""
+async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int = 0, widths=None, shares=None,
+                       compute_dtype=None, sent_dtypes=None):
+    """In-process pipeline: stage k has widths[k] replicas; replicas sum their gradients each step.
+    ``sent_dtypes`` (a set) collects the dtypes of the tensors that cross between stages."""
     handle = ModelHandle(job)
     ranges = even_split(handle.num_layers, num_stages)
     widths = widths or [1] * num_stages
@@ -40,12 +42,14 @@ async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int 
             return await inboxes[key].get((kind, step, mb), 10)
 
         async def send(kind, step, mb, t, k=k):
+            if sent_dtypes is not None:
+                sent_dtypes.add(t.dtype)
             dst = k + 1 if kind == ACT else k - 1
             inboxes[(dst, assigns[dst][mb])].put((kind, step, mb), t.clone())
 
         execs[(k, peer)] = StageExecutor(handle.build(a, b), k == 0, k == num_stages - 1, M,
                                          lambda s, m: data.batch(job.seed, s, m, job.micro_batch_size, job.seq_len),
-                                         recv, send)
+                                         recv, send, compute_dtype=compute_dtype)
     opts = {key: make_optimizer(job, e.params) for key, e in execs.items()}
     losses, grads = [], {}
     for step in range(steps):
@@ -166,3 +170,19 @@ def test_gradient_buckets_follow_layers_and_split_big_ones():
 
     b = layer_buckets([[10, 20], [], [300, 5, 5]], bucket_bytes=4 * 100)
     assert b == [(0, [(0, 10), (1, 20)]), (2, [(2, 300)]), (2, [(3, 5), (4, 5)])]
+
+
+async def test_bf16_trains_like_fp32_with_two_byte_values_between_stages():
+    """bf16 autocast with fp32 master weights: 3 stages, 30 steps; the loss stays within 2 % of fp32
+    and every activation and gradient between stages is bfloat16."""
+    from dataclasses import replace
+
+    job = replace(JOB, steps=30, schedule="1f1b")
+    fp32, _ = await run_pipeline(job, 3, 30)
+    sent = set()
+    bf16, _ = await run_pipeline(job, 3, 30, compute_dtype=torch.bfloat16, sent_dtypes=sent)
+    assert sent == {torch.bfloat16}
+    gap = abs(sum(bf16[-5:]) / sum(fp32[-5:]) - 1)
+    print(f"\nbf16 vs fp32 over 30 steps: loss {bf16[0]:.4f} -> {bf16[-1]:.4f} vs {fp32[0]:.4f} -> {fp32[-1]:.4f}, "
+          f"last-5 mean {gap:.2%} apart")
+    assert bf16[-1] < bf16[0] - 0.3 and gap < 0.02

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional
 
@@ -52,11 +53,14 @@ LayerDone = Callable[[int], None]  # called with a layer's index once its step's
 class StageExecutor:
     def __init__(self, layers: list[nn.Module], is_first: bool, is_last: bool, num_microbatches: int,
                  batch: Batch, recv: Recv, send: Send, device=None,
-                 layer_flops: Optional[list[dict[str, float]]] = None):
+                 layer_flops: Optional[list[dict[str, float]]] = None,
+                 compute_dtype: Optional[torch.dtype] = None):
         """``device`` (a profile.virtual.VirtualDevice) pads each op to the FLOPs of one micro-batch
         through the stage, from ``layer_flops`` (per layer, F, B and W: ``stage_layer_flops``),
         which also say when within the step's last weight-grad op each layer is done on the device
-        (for ``run_step``'s ``on_layer_done``)."""
+        (for ``run_step``'s ``on_layer_done``). ``compute_dtype`` (bfloat16 or float16): the forward
+        runs under autocast to it, the weights stay float32 (so do their gradients and the
+        optimizer), and activations and their gradients leave the stage in it."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
@@ -67,6 +71,17 @@ class StageExecutor:
         self.device = device
         self.layer_flops = layer_flops
         self.flops = {ph: sum(x.get(ph, 0.0) for x in layer_flops or ()) for ph in ("F", "B", "W")}
+        self.compute_dtype = compute_dtype
+        self._device_type = next((p.device.type for p in self.params), "cpu")
+
+    def _autocast(self):
+        if self.compute_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device_type, dtype=self.compute_dtype)
+
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        """A tensor leaving the stage: in the compute dtype, where the job has one."""
+        return t if self.compute_dtype is None else t.to(self.compute_dtype)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -111,25 +126,35 @@ class StageExecutor:
         st.ins, st.outs = [], []
         n = len(self.layers)
         loss = None
-        for i, layer in enumerate(self.layers):
-            if i > 0 and x.is_floating_point():
-                x = x.detach().requires_grad_(True)
-            st.ins.append(x)
-            if self.is_last and i == n - 1:
-                loss = layer(x, targets)
-                x = loss / self.num_microbatches  # micro-batch gradients sum to the global-batch mean
-            else:
-                x = layer(x)
-            st.outs.append(x)
+        with self._autocast():
+            for i, layer in enumerate(self.layers):
+                if i > 0 and x.is_floating_point():
+                    x = x.detach().requires_grad_(True)
+                st.ins.append(x)
+                if self.is_last and i == n - 1:
+                    loss = layer(x, targets)
+                    x = loss / self.num_microbatches  # micro-batch gradients sum to the global-batch mean
+                else:
+                    x = layer(x)
+                st.outs.append(x)
         st.out = x
         return None if loss is None else float(loss.detach())
+
+    @staticmethod
+    def _grad_at_output(st: _Mb) -> Optional[torch.Tensor]:
+        """The received gradient, in the dtype of the output it belongs to (it crossed the wire in
+        the compute dtype; autocast may have left the stage's last output in float32)."""
+        g = st.grad_out
+        if g is not None and g.dtype != st.outs[-1].dtype:
+            g = g.to(st.outs[-1].dtype)
+        return g
 
     def _needs_input_grad(self, st: _Mb, i: int) -> bool:
         return st.ins[i].requires_grad and (i > 0 or not self.is_first)
 
     def _backward_input(self, st: _Mb, done=None) -> None:
         """B: the gradient at every layer's output and at the stage's input, weights untouched."""
-        g = st.grad_out
+        g = self._grad_at_output(st)
         st.gouts = [None] * len(self.layers)
         for i in reversed(range(len(self.layers))):
             st.gouts[i] = g
@@ -150,7 +175,7 @@ class StageExecutor:
 
     def _backward_full(self, st: _Mb, done=None) -> None:
         """B and W at once, layer by layer from the last."""
-        g = st.grad_out
+        g = self._grad_at_output(st)
         for i in reversed(range(len(self.layers))):
             wants_in = self._needs_input_grad(st, i)
             inputs = self._layer_params[i] + ([st.ins[i]] if wants_in else [])
@@ -189,9 +214,9 @@ class StageExecutor:
                 elif op is sched.Op.RECV_B:
                     st.grad_out = await self.recv(GRAD, step, a.mb)
                 elif op is sched.Op.SEND_F:
-                    sends.append(asyncio.create_task(self.send(ACT, step, a.mb, st.out.detach())))
+                    sends.append(asyncio.create_task(self.send(ACT, step, a.mb, self._wire(st.out.detach()))))
                 elif op is sched.Op.SEND_B:
-                    sends.append(asyncio.create_task(self.send(GRAD, step, a.mb, st.grad_in.detach())))
+                    sends.append(asyncio.create_task(self.send(GRAD, step, a.mb, self._wire(st.grad_in.detach()))))
                     st.grad_in = None
                 else:
                     t0 = loop.time()

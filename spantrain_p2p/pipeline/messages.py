@@ -1,8 +1,10 @@
 """Tensor messages between pipeline stages: activations downstream, their gradients upstream.
 
 A message is one frame (see ``net.framing``): header ``{"v", "kind", "job", "epoch", "step",
-"mb", "src", "dtype", "shape"}`` and one raw buffer of the tensor's bytes. The receiver checks
-every field against what its stage map says it must get; anything else is a ``FrameError``.
+"mb", "src", "dtype", "shape"}`` and one raw buffer of the tensor's bytes (float32, float16 or
+bfloat16: activations and their gradients cross the wire in the job's compute dtype), or a
+codec's buffers (``comp``: they decode to float32, then to the expected dtype). The receiver
+checks every field against what its stage map says it must get; anything else is a ``FrameError``.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from ..net.framing import FrameError, check_fields
 MESSAGE_VERSION = 1
 ACT, GRAD, GSUM = "act", "grad", "gsum"  # activations, their gradients, weight gradients to sum
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_NP = {"float32": np.float32, "float16": np.float16}
+# numpy has no bfloat16: its 2-byte values travel as int16 and are viewed back as bfloat16
+_NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16}
 MAX_DIMS = 8
 
 
@@ -31,18 +34,18 @@ def encode_tensor(kind: str, job_id: str, epoch: int, step: int, mb: int, src: s
     with ``feedback`` the part a lossy codec drops is carried over to the next tensor of ``slot``."""
     t = t.detach().contiguous()
     dtype = next((n for n, d in DTYPES.items() if d == t.dtype), None)
-    if dtype is None or dtype == "bfloat16":
+    if dtype is None:
         raise ValueError(f"cannot send tensors of dtype {t.dtype}")
     header = {"v": MESSAGE_VERSION, "kind": kind, "job": job_id, "epoch": epoch, "step": step, "mb": mb,
               "src": src, "dtype": dtype, "shape": list(t.shape)}
     if codec == "none":
-        return header, [memoryview(t.numpy()).cast("B")]
+        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        return header, [memoryview(raw.numpy()).cast("B")]
     name, params = codecs.parse_spec(codec)
     if feedback is not None:
         meta, bufs = feedback.encode(slot, name, t.float(), **params)
     else:
         meta, bufs = codecs.encode(name, t.float(), **params)
-    header["dtype"] = "float32"
     header["comp"] = meta
     return header, bufs
 
@@ -96,7 +99,7 @@ def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps
             t = codecs.decode(comp, buffers, want_shape)
         except codecs.CodecError as e:
             raise FrameError(f"compressed tensor rejected: {e}") from None
-        return step, mb, t
+        return step, mb, t.to(DTYPES[expect.dtype])
     if len(buffers) != 1:
         raise FrameError(f"a tensor message carries 1 buffer, not {len(buffers)}")
     want = math.prod(shape) * np.dtype(_NP[expect.dtype]).itemsize
@@ -106,6 +109,8 @@ def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps
     if not arr.flags.writeable:
         arr = arr.copy()  # a read-only frame (bytes): the tensor gets memory of its own
     t = torch.from_numpy(arr)
+    if expect.dtype == "bfloat16":
+        t = t.view(torch.bfloat16)
     if t.numel() and not all(math.isfinite(x) for x in torch.aminmax(t)):  # NaN wins min and max: one pass
         raise FrameError("tensor holds NaN or infinite values")
     return step, mb, t

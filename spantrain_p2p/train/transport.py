@@ -156,7 +156,7 @@ class PipelineTransport:
         return codecs.spec(*self._policy.decide(dst, raw_bytes, self.mb_compute_s * NEGLIGIBLE_TRANSFER, kind))
 
     async def send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
-        codec = self.codec_for(kind, dst, t.numel() * 4)
+        codec = self.codec_for(kind, dst, t.numel() * t.element_size())
         lossy_grad = kind == GRAD and codec.startswith("topk")
         header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t, codec,
                                      self._feedback if lossy_grad else None, (dst, mb))

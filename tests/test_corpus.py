@@ -142,6 +142,8 @@ def test_shards_for_names_exactly_the_shards_a_batch_reads(tmp_path):
     f = tmp_path / "t.txt"
     f.write_text(TEXT)
     full = open_corpus(f, ByteTokenizer(), cache_dir=tmp_path / "full", shard_tokens=512)
+    assert _stream(full).tolist() == list(TEXT.encode()) + [ord("\n")]  # shards cut the stream, nothing lost
+    assert [full.manifest.shard_len(i) for i in range(full.num_shards)][:-1] == [512] * (full.num_shards - 1)
     need = full.shards_for(1, 9, 0, 3, 100)
     assert need and need < set(range(full.num_shards))
     partial = open_manifest(full.manifest.to_dict(), tmp_path / "partial")  # a peer with the manifest only

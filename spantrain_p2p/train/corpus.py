@@ -358,16 +358,19 @@ def _build(path: Path, tokenizer: Tokenizer, cache: Path, shard_tokens: int, max
     buf: list[np.ndarray] = []
     buffered = total = 0
 
-    def cut(n: int) -> None:
+    def cut(final: bool) -> None:
+        """Write the whole shards in the buffer (and the rest, if ``final``); keep the rest buffered."""
         nonlocal buf, buffered
         flat = np.concatenate(buf)
-        data = flat[:n].tobytes()
-        digest = hashlib.sha256(data).hexdigest()
-        target = cache / "shards" / f"{digest}.tokens"
-        if not target.is_file():
-            atomic_write_bytes(target, data)
-        hashes.append(digest)
-        buf, buffered = [flat[n:]], len(flat) - n
+        end = len(flat) if final else len(flat) // shard_tokens * shard_tokens
+        for a in range(0, end, shard_tokens):
+            data = flat[a:min(a + shard_tokens, end)].tobytes()
+            digest = hashlib.sha256(data).hexdigest()
+            target = cache / "shards" / f"{digest}.tokens"
+            if not target.is_file():
+                atomic_write_bytes(target, data)
+            hashes.append(digest)
+        buf, buffered = [flat[end:]], len(flat) - end
 
     report_at = _ENCODE_CHARS
     for ids in _encoded(read_pieces(path, max_bytes=max_bytes, suffixes=suffixes, stats=stats), tokenizer):
@@ -379,10 +382,10 @@ def _build(path: Path, tokenizer: Tokenizer, cache: Path, shard_tokens: int, max
         buf.append(ids.astype(dtype))
         buffered += len(ids)
         total += len(ids)
-        while buffered >= shard_tokens:
-            cut(shard_tokens)
+        if buffered >= shard_tokens:
+            cut(final=False)
     if buffered:
-        cut(buffered)
+        cut(final=True)
     if total == 0:
         raise DataError(f"data {str(path)!r}: no text to tokenize ({stats.files} files read, "
                         f"{len(stats.skipped)} skipped as not UTF-8 text)")

@@ -131,7 +131,8 @@ class TransformersTokenizer(Tokenizer):
         self.eos_id = self._tok.eos_token_id
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        ids = self._tok(list(texts), add_special_tokens=False)["input_ids"]
+        # verbose=False: a corpus piece is far longer than model_max_length, which is no error here
+        ids = self._tok(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
         return [np.asarray(x, dtype=np.int64) for x in ids]
 
 

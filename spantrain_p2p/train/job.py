@@ -26,6 +26,7 @@ BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
 PLANS = PLAN_KINDS
 OPTIMIZERS = ("adam", "sgd")
+PRECISIONS = ("fp32", "bf16", "fp16")  # compute dtype; weights and optimizer state stay fp32
 
 
 class JobRefused(RuntimeError):
@@ -62,6 +63,11 @@ class JobSpec:
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
     recv_timeout_s: float = 60.0
+    precision: str = "fp32"
+    data: str = ""  # the data set the starting peer named ("": the generated corpus); a joiner may have its own copy
+    tokenizer: str = "bytes"  # likewise, the tokenizer it named
+    data_fingerprint: str = ""  # what every peer's copy of the data set must hash to
+    tokenizer_fingerprint: str = ""
     protocol: int = PROTOCOL_VERSION
     version: str = __version__
     job_id: str = ""
@@ -96,10 +102,16 @@ class JobSpec:
                 codecs.parse_spec(self.compression)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"compression {self.compression!r}: {e}") from None
-        for name in ("version", "job_id", "fingerprint"):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
+        for name in ("version", "job_id", "fingerprint", "data_fingerprint", "tokenizer_fingerprint"):
             v = getattr(self, name)
             if not isinstance(v, str) or len(v) > 128:
                 raise ValueError(f"job field {name!r} must be a short string")
+        for name in ("data", "tokenizer"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or len(v) > 4096:
+                raise ValueError(f"job field {name!r} must be a path of at most 4096 characters")
         object.__setattr__(self, "model_args", _scalar_args(self.model_args))
 
     @property

@@ -42,7 +42,8 @@ NON_DEFAULT = {
     "--steps": "7", "--peers": "3", "--model": "tests.user_model:build", "--seq-len": "16",
     "--micro-batch-size": "2", "--micro-batches": "5", "--lr": "0.0025", "--optimizer": "sgd", "--seed": "11",
     "--schedule": "1f1b", "--plan": "gpipe-uniform", "--recv-timeout": "12.5", "--compression": "int8",
-    "--stages": "2", "--checkpoint-every": "4", "--checkpoint-dir": "/tmp/ckpt", "--resume": "/tmp/ckpt-in", "--dump-grads": "/tmp/grads",
+    "--stages": "2", "--checkpoint-every": "4", "--checkpoint-dir": "/tmp/ckpt", "--resume": "/tmp/ckpt-in",
+    "--precision": "bf16", "--data": "stdlib", "--tokenizer": "/tmp/tok.json", "--dump-grads": "/tmp/grads",
     "--dump-step": "3",
 }
 
@@ -85,7 +86,8 @@ def test_every_field_of_the_job_and_the_trainer_options_has_its_option(field_of)
     from spantrain_p2p.train.trainer import TrainOptions
 
     if field_of == "job":
-        fields = {f.name for f in dataclasses.fields(JobSpec)} - {"protocol", "version", "job_id", "fingerprint"}
+        fields = {f.name for f in dataclasses.fields(JobSpec)} - {"protocol", "version", "job_id", "fingerprint",
+                                                                  "data_fingerprint", "tokenizer_fingerprint"}
         declared = {o.job for o in JOB_OPTIONS if o.job}
     else:
         # set by the command line itself (job, allowed_models) or by tests and the Python API only
@@ -102,6 +104,7 @@ def test_choices_are_the_job_s_own():
     by_flag = {o.flag: o for o in JOB_OPTIONS}
     assert set(by_flag["--plan"].choices) == set(PLAN_KINDS) == set(job.PLANS)
     assert set(by_flag["--optimizer"].choices) == set(OPTIMIZERS) == set(job.OPTIMIZERS)
+    assert set(by_flag["--precision"].choices) == set(job.PRECISIONS)
     assert set(by_flag["--schedule"].choices) == {AUTO, *SCHEDULE_NAMES} == set(job.SCHEDULES)
 
 

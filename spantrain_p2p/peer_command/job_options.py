@@ -18,6 +18,7 @@ from ..plan import PLAN_KINDS
 # as train.job.OPTIMIZERS (tests/test_cli_options.py ties them): importing train.job here would load
 # torch for every `spantrain --help`
 OPTIMIZERS = ("adam", "sgd")
+PRECISIONS = ("fp32", "bf16")  # as train.job.PRECISIONS (tied by the same test)
 FIRST, EVERY = "first", "every"  # which peers of a launched swarm get an option
 
 
@@ -106,6 +107,16 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--micro-batches", "micro-batches per step", type=int, default=4, job="num_micro_batches"),
     JobOption("--lr", type=float, default=1e-3, job="lr"),
     JobOption("--optimizer", default="adam", choices=OPTIMIZERS, job="optimizer"),
+    JobOption("--precision", "compute dtype: fp32, or bf16 (autocast; weights, their gradients and the optimizer "
+              "state stay fp32; activations and their gradients cross the wire as bf16) (default fp32)",
+              default="fp32", choices=PRECISIONS, job="precision"),
+    JobOption("--data", "the data set: a text file, a folder of them, .jsonl (a 'text' field), .parquet (a 'text' "
+              "column) or 'stdlib' (this Python's standard library); default: a generated corpus. Every peer "
+              "checks its copy against the swarm's fingerprint", metavar="PATH", job="data", train="data",
+              value=lambda v: v or "", to=EVERY),
+    JobOption("--tokenizer", "'bytes' (default), a tokenizers tokenizer.json or a transformers tokenizer folder "
+              "(`spantrain tokenizer` trains one)", metavar="PATH", job="tokenizer", train="tokenizer",
+              value=lambda v: v or "bytes", to=EVERY),
     JobOption("--seed", "seed of the data order and the model init", type=int, default=0, job="seed"),
     JobOption("--schedule", "pipeline schedule (default auto: the planner picks)", default=AUTO,
               choices=(AUTO, *SCHEDULE_NAMES), job="schedule"),

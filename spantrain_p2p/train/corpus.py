@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -43,7 +42,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .text_sources import DataError, Piece, ReadStats, list_files, read_pieces, resolve_data
+from .text_sources import DataError, Piece, ReadStats, atomic_write_bytes, list_files, read_pieces, resolve_data
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -56,24 +55,6 @@ _HEX = frozenset("0123456789abcdef")
 
 __all__ = ["Corpus", "DataError", "Manifest", "open_corpus", "open_manifest", "default_cache_dir",
            "atomic_write_bytes", "shard_from_bytes"]
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def default_cache_dir() -> Path:

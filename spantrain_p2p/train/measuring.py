@@ -17,7 +17,6 @@ from ..net.ping import paired_rtt, ping_links
 from ..net.prober import LinkMeasurement, probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
-from . import data
 from .decide import REPLAN_CHECK_S, ping_slots
 
 log = logging.getLogger("spantrain.train")
@@ -69,15 +68,16 @@ class Measuring:
                 "fidelity": dev.fidelity() if dev else None, "complete": self.measured.is_set()}
 
     # ---- the device -------------------------------------------------------------------------------
-    async def run(self, job, handle) -> None:
-        """Profiles the device, starts probing the links, and returns once every member is probed."""
+    async def run(self, job, handle, batch) -> None:
+        """Profiles the device, starts probing the links, and returns once every member is probed.
+        ``batch(step, micro_batch)``: the job's data, for the profile's sample."""
         self.job = job
         # measure a settled swarm: peers still starting up (their daemons, DHT nodes) would steal the CPU
         while len(self.peer.live_members()) < job.peers:
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.0)
         layers = handle.build(0, handle.num_layers)
-        inputs, targets = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
+        inputs, targets = batch(0, 0)
 
         async def profile(cache_dir):
             dev, report = self.peer.device, {}

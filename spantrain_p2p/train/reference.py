@@ -1,17 +1,20 @@
 """Single-process training of a job: the reference the swarm's losses and gradients must match."""
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 
-from . import data
+from .dataset import open_data
 from .job import JobSpec, ModelHandle
 from .optim import make_optimizer
 
 
 def reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """(loss per step, {"<layer>.<param>": grad} after the backward of step ``grads_at``)."""
+    """(loss per step, {"<layer>.<param>": grad} after the backward of step ``grads_at``); the
+    job's data (``dataset.open_data``) and precision (bf16: autocast, fp32 weights)."""
+    batch = open_data(job)
     handle = ModelHandle(job)
     layers = handle.build(0, handle.num_layers)
     params = [p for layer in layers for p in layer.parameters()]
@@ -21,10 +24,11 @@ def reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None) -> t
     for step in range(steps):
         total = 0.0
         for mb in range(M):
-            x, y = data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len)
-            for layer in layers[:-1]:
-                x = layer(x)
-            loss = layers[-1](x, y)
+            x, y = batch(step, mb)
+            with (torch.autocast("cpu", dtype=torch.bfloat16) if job.precision == "bf16" else contextlib.nullcontext()):
+                for layer in layers[:-1]:
+                    x = layer(x)
+                loss = layers[-1](x, y)
             (loss / M).backward()
             total += float(loss.detach())
         losses.append(total / M)

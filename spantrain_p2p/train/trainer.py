@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -24,10 +24,10 @@ from ..pipeline.messages import ACT, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
-from . import data
 from . import report as run_report
 from .checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
+from .dataset import open_data, with_data
 from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
@@ -38,6 +38,9 @@ from .transport import PipelineTransport
 
 log = logging.getLogger("spantrain.train")
 
+COMPUTE_DTYPES = {"bf16": torch.bfloat16}  # --precision -> autocast dtype (fp32: none)
+WIRE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
 
 @dataclass(frozen=True)
 class TrainOptions:
@@ -47,6 +50,8 @@ class TrainOptions:
     dump_step: int = 0
     checkpoint_dir: Optional[str] = None  # where this peer writes its stage's checkpoints
     resume_dir: Optional[str] = None  # a checkpoint directory this peer reads layer states from
+    data: Optional[str] = None  # this peer's copy of the job's data set (default: the path the job names)
+    tokenizer: Optional[str] = None  # likewise, its tokenizer
     measure: bool = True  # profile the device and probe links before saying ready
     measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
     profile_cache_dir: Optional[str] = None
@@ -89,6 +94,7 @@ class Trainer:
         self.crashed = False  # the trainer died of an unexpected error (the peer then leaves)
         self.finished = asyncio.Event()
         self.device_base = None  # the device's counters when training began
+        self.batch = None  # (step, micro-batch) -> (inputs, targets): the job's data on this peer
         self._train_task: Optional[asyncio.Task] = None
         log_bad = BadRecordLog("DHT entry", log)  # an invalid DHT entry is said once, whoever reads it
         self.measuring = Measuring(peer, log_bad, options.profile_cache_dir)
@@ -141,11 +147,16 @@ class Trainer:
 
     async def _run(self) -> None:
         if self.opts.job is not None:
-            self.job = self.opts.job if self.opts.job.fingerprint else self.opts.job.finalized()
+            job = self.opts.job
+            if job.data and not job.data_fingerprint:  # the data set and tokenizer this job names, hashed
+                job = await asyncio.to_thread(with_data, job, job.data, job.tokenizer)
+                job = replace(job, fingerprint="")  # the vocabulary may have grown to the tokenizer's
+            self.job = job if job.fingerprint else job.finalized()
             await self.records.publish_job(self.job)
         else:
             self.job = await self.records.await_job()
         self.handle = check_compatible(self.job, self.opts.allowed_models)
+        self.batch = await asyncio.to_thread(open_data, self.job, self.opts.data, self.opts.tokenizer)
         self.records.start(self.job, self.handle.num_layers)
         self.transport.start(self.job)
         resume = None
@@ -161,7 +172,7 @@ class Trainer:
                  self.job.micro_batch_size, self.job.schedule)
         if self.opts.measure:
             await self.peer.set_state("measuring")
-            await self.measuring.run(self.job, self.handle)
+            await self.measuring.run(self.job, self.handle, self.batch)
             if self.opts.measure_only:
                 await self.peer.set_state("done")
                 return
@@ -230,10 +241,11 @@ class Trainer:
         self.transport.route({ACT: nxt.assign(M) if nxt else [], GRAD: prev.assign(M) if prev else []})
         replicas = smap.stages[k].peers
         expect = {}
+        wire = WIRE_DTYPES[job.precision]  # activations and their gradients cross in the compute dtype
         if prev:
-            expect[ACT] = Expect(ACT, job.job_id, smap.epoch, frozenset(prev.peers), shapes[first], M)
+            expect[ACT] = Expect(ACT, job.job_id, smap.epoch, frozenset(prev.peers), shapes[first], M, dtype=wire)
         if nxt:
-            expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt.peers), shapes[last], M)
+            expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt.peers), shapes[last], M, dtype=wire)
         params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
         buckets = []
         if len(replicas) > 1:
@@ -243,13 +255,12 @@ class Trainer:
                                   len(sizes), shapes_by_mb=tuple(sizes))
         layer_flops = None
         if self.peer.device is not None:
-            ids, tgt = data.batch(job.seed, 0, 0, job.micro_batch_size, job.seq_len)
+            ids, tgt = self.batch(0, 0)
             sample = ids if k == 0 else torch.randn(shapes[first])
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt if k == n - 1 else None)
-        executor = StageExecutor(layers, k == 0, k == n - 1, M,
-                                 batch=lambda step, mb: data.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len),
+        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self.batch,
                                  recv=self.transport.recv, send=self.transport.send, device=self.peer.device,
-                                 layer_flops=layer_flops)
+                                 layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
         opt = make_optimizer(job, executor.params)
         await self.recovery.load(layers, opt, first, smap.start_step)
         assignments = [st.assign(M) for st in smap.stages]

@@ -2,12 +2,14 @@
 a peer with another copy of the data or another tokenizer refuses, saying why; bf16 trains like
 fp32 with 2-byte activations on the wire."""
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
 
+from spantrain_p2p.launch import wait_until
 from spantrain_p2p.train.dataset import open_data, with_data
 from spantrain_p2p.train.job import JobRefused, JobSpec
 from spantrain_p2p.train.reference import reference_run
@@ -32,7 +34,7 @@ def test_the_job_carries_the_fingerprints_and_a_vocabulary_the_size_of_the_token
     job = with_data(JobSpec(), data, tok)
     assert len(job.data_fingerprint) == 64 and len(job.tokenizer_fingerprint) == 64
     assert 256 < job.model_args["vocab"] <= 400
-    x, y = open_data(job)(3, 1)
+    x, y = open_data(job).batch(3, 1)
     assert x.shape == (job.micro_batch_size, job.seq_len) and int(x.max()) < job.model_args["vocab"]
     assert (x[:, 1:] == y[:, :-1]).all()
 
@@ -47,8 +49,19 @@ def test_a_peer_with_another_copy_of_the_data_or_another_tokenizer_refuses(corpu
         open_data(job, data=str(other))
     with pytest.raises(JobRefused, match="tokenizer 'bytes' here differs"):
         open_data(job, tokenizer="bytes")
-    with pytest.raises(JobRefused, match="no usable copy"):
-        open_data(job, data=str(tmp_path / "missing"))
+    assert open_data(job, data=str(tmp_path / "missing")).lacking  # no copy at all: it fetches shards
+
+
+def wait_done(procs, timeout):
+    def all_done():
+        for p in procs:
+            if not p.alive():
+                raise AssertionError(f"{p.name} exited:\n{p.log_tail()}")
+        sts = [p.status() for p in procs]
+        errors = [s["train"]["error"] for s in sts if s.get("train", {}).get("error")]
+        assert not errors, errors
+        return all(s["state"] == "done" for s in sts)
+    wait_until(all_done, timeout, interval=0.3)
 
 
 def _swarm(tmp_path, *args):
@@ -84,3 +97,48 @@ def test_bf16_trains_within_two_percent_of_fp32_with_two_byte_activations(tmp_pa
     assert gap < 0.02
     assert max(abs(a - b) / b for a, b in zip(summary["losses"], bf16_ref)) < 1e-2  # the same bf16 arithmetic
     assert summary["wire_bytes_per_step"] < 0.55 * fp32_wire
+
+
+def test_a_peer_without_the_data_fetches_only_the_shards_its_batches_read(peers, tmp_path):
+    """4 peers by hand as 2 stages x 2 replicas; one has no copy of a 22-shard data set (and a cache
+    of its own): it fetches the shards of its own micro-batches, hash-checked, and the run's losses
+    are those of one process."""
+    from spantrain_p2p.pipeline.assignment import assign_microbatches
+    from spantrain_p2p.train.corpus import open_corpus
+    from spantrain_p2p.train.tokenizer import load_tokenizer
+
+    data = tmp_path / "big"
+    data.mkdir()
+    words = TEXT.split()
+    for i in range(10):  # ~11 MB of bytes: 22 shards of 512 Ki byte tokens
+        (data / f"part{i}.txt").write_text(" ".join(words[(i * 7 + j) % len(words)] for j in range(190_000)))
+    shared, own = str(tmp_path / "cache-shared"), str(tmp_path / "cache-own")
+    steps, swarm = 2, f"fetch-{os.getpid()}"
+    common = ["--swarm", swarm, "--no-measure", "--tokenizer", "bytes"]
+    origin = peers("p0", *common, "--data", str(data), "--data-cache", shared, "--steps", str(steps), "--peers", "4",
+                   "--plan", "even", "--stages", "2", "--micro-batches", "2")
+    origin.wait_ready(60)
+    have = [peers(f"p{i}", *common, "--join", origin.info["address"], "--data-cache", shared) for i in (1, 2)]
+    lacking = peers("p3", *common, "--join", origin.info["address"], "--data", str(tmp_path / "nowhere"),
+                    "--data-cache", own)
+    everyone = [origin, *have, lacking]
+    for p in everyone:
+        p.wait_ready(60)
+    wait_done(everyone, 120)
+
+    corpus = open_corpus(str(data), load_tokenizer("bytes"), cache_dir=shared)
+    assert corpus.num_shards >= 20
+    report = lacking.status(path="/report")
+    job = JobSpec(**{k: v for k, v in report["job"].items()})
+    stage, me = report["plan"]["stages"][report["stage"]], report["peer_id"][:12]  # peers unnamed: id prefixes
+    mine = [mb for mb, p in enumerate(assign_microbatches(stage["peers"], list(stage["microbatch_share"].values()), 2))
+            if p == me]
+    needed = {i for step in range(steps) for mb in mine for i in corpus.shards_for(job.seed, step, mb, job.micro_batch_size,
+                                                                                  job.seq_len)}
+    fetched = report["data_fetched"]
+    print(f"\nthe peer without the data fetched shards {sorted(fetched)} of {corpus.num_shards} (its micro-batches "
+          f"{mine} read {sorted(needed)})")
+    assert sorted(fetched) == sorted(needed) and len(fetched) < corpus.num_shards / 2
+    ref, _ = reference_run(job, steps)
+    last = max((p.status(path="/report") for p in everyone), key=lambda r: r["stage"])
+    assert max(abs(l - r) / r for (_, l), r in zip(last["losses"], ref)) <= 1e-4

@@ -117,6 +117,8 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--tokenizer", "'bytes' (default), a tokenizers tokenizer.json or a transformers tokenizer folder "
               "(`spantrain tokenizer` trains one)", metavar="PATH", job="tokenizer", train="tokenizer",
               value=lambda v: v or "bytes", to=EVERY),
+    JobOption("--data-cache", "where this peer keeps tokenized data shards (default: $SPANTRAIN_CACHE/data, else "
+              "~/.cache/spantrain/data)", metavar="DIR", train="data_cache", to=EVERY),
     JobOption("--seed", "seed of the data order and the model init", type=int, default=0, job="seed"),
     JobOption("--schedule", "pipeline schedule (default auto: the planner picks)", default=AUTO,
               choices=(AUTO, *SCHEDULE_NAMES), job="schedule"),

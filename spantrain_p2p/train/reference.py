@@ -14,7 +14,7 @@ from .optim import make_optimizer
 def reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """(loss per step, {"<layer>.<param>": grad} after the backward of step ``grads_at``); the
     job's data (``dataset.open_data``) and precision (bf16: autocast, fp32 weights)."""
-    batch = open_data(job)
+    batch = open_data(job).batch
     handle = ModelHandle(job)
     layers = handle.build(0, handle.num_layers)
     params = [p for layer in layers for p in layer.parameters()]

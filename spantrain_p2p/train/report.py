@@ -43,6 +43,7 @@ def report(t) -> dict:
             "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
             "deadlines": tr.deadline_report() if job else {},
             "deadline_extensions": tr.deadline_extensions,
+            "data_fetched": list(t.data_share.fetched),
             "error": t.error, "refused": t.refused}
 
 

@@ -27,6 +27,7 @@ from ..swarm.membership import BadRecordLog
 from . import report as run_report
 from .checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
+from .data_share import MANIFEST, SHARD, DataShare
 from .dataset import open_data, with_data
 from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
@@ -52,6 +53,7 @@ class TrainOptions:
     resume_dir: Optional[str] = None  # a checkpoint directory this peer reads layer states from
     data: Optional[str] = None  # this peer's copy of the job's data set (default: the path the job names)
     tokenizer: Optional[str] = None  # likewise, its tokenizer
+    data_cache: Optional[str] = None  # where it keeps tokenized shards (default: corpus.default_cache_dir())
     measure: bool = True  # profile the device and probe links before saying ready
     measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
     profile_cache_dir: Optional[str] = None
@@ -94,13 +96,14 @@ class Trainer:
         self.crashed = False  # the trainer died of an unexpected error (the peer then leaves)
         self.finished = asyncio.Event()
         self.device_base = None  # the device's counters when training began
-        self.batch = None  # (step, micro-batch) -> (inputs, targets): the job's data on this peer
+        self.data = None  # dataset.RunData: the job's batches on this peer
         self._train_task: Optional[asyncio.Task] = None
         log_bad = BadRecordLog("DHT entry", log)  # an invalid DHT entry is said once, whoever reads it
         self.measuring = Measuring(peer, log_bad, options.profile_cache_dir)
         self.records = RunRecords(peer, log_bad, options.poll_s)
         self.transport = PipelineTransport(peer, self.measuring.probes, self.measuring.passive, lambda: self.step)
         self.recovery = Recovery(peer, self.measuring.rtt_ms, self.events.append)
+        self.data_share = DataShare(peer)
         self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
         peer.before_serving(self._install)
 
@@ -110,6 +113,8 @@ class Trainer:
         peer.dataplane.register("ckpt", self.recovery.on_ckpt)
         peer.dataplane.register("fetch", self.recovery.on_fetch)
         peer.dataplane.register("mapnews", self.records.on_news)
+        peer.dataplane.register(MANIFEST, self.data_share.on_manifest)
+        peer.dataplane.register(SHARD, self.data_share.on_shard)
         peer.dataplane.add_json_get("/inventory", self.inventory)
         peer.dataplane.add_json_get("/report", self.report)
         peer.dataplane.add_json_get("/measurements", self.measuring.view)
@@ -149,14 +154,16 @@ class Trainer:
         if self.opts.job is not None:
             job = self.opts.job
             if job.data and not job.data_fingerprint:  # the data set and tokenizer this job names, hashed
-                job = await asyncio.to_thread(with_data, job, job.data, job.tokenizer)
+                job = await asyncio.to_thread(with_data, job, job.data, job.tokenizer, self.opts.data_cache)
                 job = replace(job, fingerprint="")  # the vocabulary may have grown to the tokenizer's
             self.job = job if job.fingerprint else job.finalized()
             await self.records.publish_job(self.job)
         else:
             self.job = await self.records.await_job()
         self.handle = check_compatible(self.job, self.opts.allowed_models)
-        self.batch = await asyncio.to_thread(open_data, self.job, self.opts.data, self.opts.tokenizer)
+        self.data = await asyncio.to_thread(open_data, self.job, self.opts.data, self.opts.tokenizer,
+                                            self.opts.data_cache)
+        self.data_share.start(self.data)
         self.records.start(self.job, self.handle.num_layers)
         self.transport.start(self.job)
         resume = None
@@ -172,7 +179,8 @@ class Trainer:
                  self.job.micro_batch_size, self.job.schedule)
         if self.opts.measure:
             await self.peer.set_state("measuring")
-            await self.measuring.run(self.job, self.handle, self.batch)
+            await self.data_share.ensure(0, [0])  # the profile's sample
+            await self.measuring.run(self.job, self.handle, self.data.batch)
             if self.opts.measure_only:
                 await self.peer.set_state("done")
                 return
@@ -255,10 +263,11 @@ class Trainer:
                                   len(sizes), shapes_by_mb=tuple(sizes))
         layer_flops = None
         if self.peer.device is not None:
-            ids, tgt = self.batch(0, 0)
+            await self.data_share.ensure(0, [0])
+            ids, tgt = self.data.batch(0, 0)
             sample = ids if k == 0 else torch.randn(shapes[first])
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt if k == n - 1 else None)
-        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self.batch,
+        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self.data.batch,
                                  recv=self.transport.recv, send=self.transport.send, device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
         opt = make_optimizer(job, executor.params)
@@ -286,6 +295,8 @@ class Trainer:
         """One step: the pipeline, the replicas' gradient sum, the optimizer, the snapshot."""
         job, smap, me = self.job, self.smap, self.peer.peer_id
         self.step = step
+        if self.stage == 0 or st.is_last:  # the stages that read data: their shards are here first
+            await self.data_share.ensure(step, [a.mb for a in st.actions if a.op is sched.Op.F])
         t0 = time.time()
         gsum = None
         if len(st.replicas) > 1:

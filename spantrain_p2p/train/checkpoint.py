@@ -5,7 +5,8 @@ and buffers and the optimizer's state of its parameters, named as ``train.state`
 (``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``), with the job's model fingerprint, the
 optimizer, the layer and the step in the file's metadata. Every peer writes the layers it runs
 (atomically: a temporary file, then a rename) and keeps the newest two steps of them; peers of one
-swarm may share the directory or each keep their own.
+swarm may share the directory or each keep their own. ``DIR/job.json`` is the job that trained
+them: what ``spantrain export`` rebuilds the model from.
 
 ``--resume DIR`` reads it back: ``CheckpointDir`` lists what the directory holds for this job's
 model (checked by fingerprint and shapes) and loads a layer's state on demand, so a peer holds
@@ -17,6 +18,7 @@ Gradient dumps (``--dump-grads``, for tests against single-process training) liv
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -32,6 +34,7 @@ log = logging.getLogger("spantrain.train")
 
 FORMAT = "spantrain-layer-1"
 KEEP_STEPS = 2
+JOB_FILE = "job.json"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 _LAYER_FILE = re.compile(r"^layer-(\d{4})\.safetensors$")
 
@@ -45,10 +48,18 @@ def layer_path(directory: str, step: int, layer: int) -> str:
 
 
 def write_layers(directory: str, fingerprint: str, optimizer: str, step: int,
-                 states: list[tuple[int, LayerState]]) -> None:
-    """Writes each (layer, state) after ``step`` steps; keeps the newest ``KEEP_STEPS`` steps of
-    these layers (other peers' layers in a shared directory are theirs to prune)."""
+                 states: list[tuple[int, LayerState]], job: Optional[dict] = None) -> None:
+    """Writes each (layer, state) after ``step`` steps, and ``job`` (the job record, which says
+    what model the layers make up) as ``job.json``; keeps the newest ``KEEP_STEPS`` steps of these
+    layers (other peers' layers in a shared directory are theirs to prune)."""
     os.makedirs(step_dir(directory, step), exist_ok=True)
+    if job is not None:
+        raw = json.dumps(job, sort_keys=True, indent=1).encode()
+        path = os.path.join(directory, JOB_FILE)
+        if not os.path.exists(path) or open(path, "rb").read() != raw:
+            with open(path + f".tmp{os.getpid()}", "wb") as f:
+                f.write(raw)
+            os.replace(path + f".tmp{os.getpid()}", path)
     for layer, state in states:
         path = layer_path(directory, step, layer)
         tensors = {name: t.detach().contiguous() for name, t in state}

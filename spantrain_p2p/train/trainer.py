@@ -341,4 +341,4 @@ class Trainer:
             else:
                 log.debug("step %d (%s)", step, parts)
         if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
-            write_layers(self.opts.checkpoint_dir, job.fingerprint, job.optimizer, self.step, states)
+            write_layers(self.opts.checkpoint_dir, job.fingerprint, job.optimizer, self.step, states, job.to_dict())

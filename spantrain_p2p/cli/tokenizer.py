@@ -20,7 +20,7 @@ def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix", action="append", default=None, metavar=".EXT",
                    help="in a folder, read only files with this suffix (repeatable)")
     p.add_argument("--min-frequency", type=int, default=2, metavar="N", help="merge pairs seen at least N times")
-    p.add_argument("--cache-dir", default=None, metavar="DIR",
+    p.add_argument("--data-cache", default=None, metavar="DIR",
                    help="where the tokenized data set is kept (default: $SPANTRAIN_CACHE/data or ~/.cache/spantrain/data)")
     p.add_argument("--json", action="store_true", help="print one JSON summary on the last line of stdout")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -32,7 +32,7 @@ def tokenizer_command(args: argparse.Namespace) -> int:
 
     trained = train_bpe(args.data, args.vocab, args.out, max_bytes=args.max_bytes, suffixes=args.suffix,
                         min_frequency=args.min_frequency)
-    corpus = open_corpus(args.data, load_tokenizer(trained.path), cache_dir=args.cache_dir,
+    corpus = open_corpus(args.data, load_tokenizer(trained.path), cache_dir=args.data_cache,
                          max_bytes=args.max_bytes, suffixes=args.suffix)
     tokenize_s = float(corpus.stats.get("tokenize_s", 0.0))
     per_token = trained.text_bytes / corpus.tokens

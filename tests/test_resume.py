@@ -68,7 +68,7 @@ def test_a_swarm_resumed_onto_another_stage_count_trains_on_as_if_it_never_stopp
     first = _swarm(tmp_path, "a", "--steps", "20", "--stages", "4", "--checkpoint-every", "10",
                    "--checkpoint-dir", ckpt)
     assert [len(s["peers"]) for s in first["plan"]["stages"]] == [1, 1, 1, 1]
-    assert sorted(os.listdir(ckpt)) == ["step-00000010", "step-00000020"]
+    assert sorted(os.listdir(ckpt)) == ["job.json", "step-00000010", "step-00000020"]
     resumed = _swarm(tmp_path, "b", "--steps", "40", "--stages", "2", "--resume", ckpt)
     assert [len(s["peers"]) for s in resumed["plan"]["stages"]] == [2, 2]
     assert resumed["steps"] == 20 and len(resumed["losses"]) == 20  # steps 20..39, none redone

@@ -18,13 +18,13 @@ from typing import Optional
 import torch
 
 from . import data as generated
-from .job import BUILTIN, JobRefused, JobSpec
+from .job import BUILTIN, JobRefused, JobSpec, is_hf_preset
 
 def _vocab_arg(job: JobSpec) -> Optional[str]:
     """The model argument that sizes the vocabulary, for models whose vocabulary a job may set."""
     if job.model == BUILTIN:
         return "vocab"
-    if job.model.startswith("hf:") and not os.path.isdir(job.model[3:]):
+    if is_hf_preset(job.model):
         return "vocab_size"  # a preset's config; a directory's pretrained weights fix theirs
     return None
 

@@ -21,12 +21,20 @@ from .. import PROTOCOL_VERSION, __version__
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
 from ..plan.baselines import PLAN_KINDS
 from . import model as model_lib
+from .hf_model import PREFIX, is_hf
+from .hf_presets import PRESETS
 
 BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
 PLANS = PLAN_KINDS
 OPTIMIZERS = ("adam", "sgd")
 PRECISIONS = ("fp32", "bf16")  # compute dtype; weights and optimizer state stay fp32 (fp16 needs loss scaling: not yet)
+
+
+def is_hf_preset(model: str) -> bool:
+    """A named transformers config: data, not code; any peer may build it without naming it (a model
+    directory must be named with --model: a job from the network never makes a peer read a path)."""
+    return is_hf(model) and model[len(PREFIX):] in PRESETS
 
 
 class JobRefused(RuntimeError):
@@ -47,7 +55,7 @@ def _scalar_args(d: Any) -> dict:
 
 @dataclass(frozen=True)
 class JobSpec:
-    model: str = BUILTIN  # "transformer" or "package.module:function"
+    model: str = BUILTIN  # "transformer", "hf:PRESET_OR_DIR" (train.hf_model) or "package.module:function"
     model_args: Mapping[str, Any] = field(default_factory=dict)  # ModelConfig fields, or the function's kwargs
     seq_len: int = 32
     micro_batch_size: int = 4
@@ -88,7 +96,7 @@ class JobSpec:
         if not isinstance(self.model, str) or not 0 < len(self.model) <= 200:
             raise ValueError("job field 'model' must be a short string")
         if self.model != BUILTIN and self.model.count(":") != 1:
-            raise ValueError(f"model {self.model!r} must be {BUILTIN!r} or 'package.module:function'")
+            raise ValueError(f"model {self.model!r} must be {BUILTIN!r}, 'hf:PRESET_OR_DIR' or 'package.module:function'")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
@@ -145,6 +153,16 @@ class ModelHandle:
     def __init__(self, job: JobSpec):
         self.job = job
         self._num_layers: Optional[int] = None
+        self._hf = None
+
+    @property
+    def hf(self):
+        """The ``hf:`` model of the job (``train.hf_model.HFModel``), or None."""
+        if self._hf is None and is_hf(self.job.model):
+            from .hf_model import HFModel
+
+            self._hf = HFModel(self.job.model, self.job.model_args, self.job.seed, self.job.seq_len)
+        return self._hf
 
     def _config(self) -> model_lib.ModelConfig:
         args = {"seed": self.job.seed, **self.job.model_args, "seq_len": self.job.seq_len}
@@ -153,14 +171,20 @@ class ModelHandle:
     def _build_all(self) -> list[nn.Module]:
         if self.job.model == BUILTIN:
             return model_lib.build_layers(self._config())
+        if self.hf is not None:
+            return self.hf.build(0, self.hf.num_layers)
         return model_lib.load_user_model(self.job.model, **self.job.model_args)
 
     def build(self, first: int, last_exclusive: int) -> list[nn.Module]:
         if self.job.model == BUILTIN:
             return model_lib.build_layer_range(self._config(), first, last_exclusive)
+        if self.hf is not None:
+            return self.hf.build(first, last_exclusive)
         return self._build_all()[first:last_exclusive]
 
     def meta_layers(self) -> list[nn.Module]:
+        if self.hf is not None:
+            return self.hf.meta_layers()
         with torch.device("meta"):
             return self._build_all()
 
@@ -189,6 +213,8 @@ class ModelHandle:
         layers = self.meta_layers()
         desc = [self.job.model, sorted(self.job.model_args.items()), self.job.seq_len,
                 [[(n, list(p.shape)) for n, p in layer.named_parameters()] for layer in layers]]
+        if self.hf is not None:  # the config, the weights' contents and the init seed
+            desc.append(self.hf.describe())
         return hashlib.sha256(json.dumps(desc, default=str).encode()).hexdigest()[:32]
 
 
@@ -197,8 +223,9 @@ def check_compatible(job: JobSpec, allowed_models: tuple[str, ...] = ()) -> Mode
     if job.protocol != PROTOCOL_VERSION:
         raise JobRefused(f"the swarm's job speaks protocol {job.protocol} (software {job.version}); this peer "
                          f"speaks {PROTOCOL_VERSION} (software {__version__}): upgrade or downgrade to match")
-    if job.model != BUILTIN and job.model not in allowed_models:
-        raise JobRefused(f"the swarm trains user model {job.model!r}; this peer only runs models named with "
+    if job.model != BUILTIN and job.model not in allowed_models and not is_hf_preset(job.model):
+        what = "model directory" if is_hf(job.model) else "user model"
+        raise JobRefused(f"the swarm trains {what} {job.model!r}; this peer only runs models named with "
                          f"--model (it has: {list(allowed_models) or 'none'})")
     try:
         handle = ModelHandle(job)

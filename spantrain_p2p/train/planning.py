@@ -13,7 +13,7 @@ from typing import Mapping, Optional
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES, resolve_schedule
 from ..plan import types as pt
 from ..plan.stagemap import StageMap
-from .job import BUILTIN, JobSpec, ModelHandle
+from .job import BUILTIN, JobSpec, ModelHandle, is_hf
 
 
 def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: list[str]) -> pt.Snapshot:
@@ -33,6 +33,10 @@ def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: 
 
 def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
     """The job's model as the planner sees it (None for a user model: no FLOP model of it yet)."""
+    if is_hf(job.model):
+        from .hf_profile import hf_model_profile
+
+        return hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=2 if job.precision == "bf16" else 4)
     if job.model != BUILTIN:
         return None
     return pt.ModelProfile.from_model_config(ModelHandle(job)._config())

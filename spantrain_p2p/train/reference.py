@@ -38,3 +38,39 @@ def reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None) -> t
         opt.step()
         opt.zero_grad(set_to_none=True)
     return losses, grads
+
+
+def transformers_reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None
+                               ) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """As ``reference_run`` for an ``hf:`` job, but the model is transformers' whole
+    ``*ForCausalLM`` (``hf_model.full_model``) starting from the same weights: what single-process
+    training with transformers computes. Gradients are keyed as the swarm's (``"<layer>.<param>"``)."""
+    import torch.nn.functional as F
+
+    from .hf_model import full_model
+
+    batch = open_data(job).batch
+    handle = ModelHandle(job)
+    layers = handle.build(0, handle.num_layers)
+    lm = full_model(handle.hf, layers)
+    lm.train()
+    named = dict(lm.named_parameters())
+    keys = {f"{i}.{n}": layer.hf_name(n) for i, layer in enumerate(layers) for n, _ in layer.named_parameters()}
+    opt = make_optimizer(job, lm.parameters())
+    losses, grads = [], {}
+    M = job.num_micro_batches
+    for step in range(steps):
+        total = 0.0
+        for mb in range(M):
+            x, y = batch(step, mb)
+            with (torch.autocast("cpu", dtype=torch.bfloat16) if job.precision == "bf16" else contextlib.nullcontext()):
+                logits = lm(input_ids=x).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+            (loss / M).backward()
+            total += float(loss.detach())
+        losses.append(total / M)
+        if step == grads_at:
+            grads = {k: named[hf].grad.detach().clone() for k, hf in keys.items() if named[hf].grad is not None}
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses, grads

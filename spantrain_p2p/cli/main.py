@@ -50,6 +50,11 @@ def main_parser() -> argparse.ArgumentParser:
     from .tokenizer import add_tokenizer_arguments
 
     add_tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a local data set"))
+    from .export import add_export_arguments
+
+    ex = sub.add_parser("export", help="write a checkpoint as a transformers directory (from_pretrained loads it)")
+    add_export_arguments(ex)
+    ex.add_argument("-v", "--verbose", action="count", default=0)
     return p
 
 
@@ -78,6 +83,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             from ..launch import swarm_command
 
             return swarm_command(args)
+        if args.cmd == "export":
+            from .export import export_command
+
+            return export_command(args)
         if args.cmd == "tokenizer":
             from .tokenizer import tokenizer_command
 

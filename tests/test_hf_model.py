@@ -113,19 +113,55 @@ def test_presets_are_planned_from_their_real_shapes():
     assert abs(block.fwd_flops - (2 * 202_375_168 * 1024 + 4 * 1024 * 1024 * 4096)) < 1e6
 
 
-@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
-def test_four_peers_train_a_transformers_model_like_single_process_transformers(preset, tmp_path):
-    """2 stages x 2 replicas on lan-4: gradients after step 0 and every loss match the whole
-    transformers model trained in one process from the same weights on the same batches."""
-    steps, grads_dir = 12, str(tmp_path / "grads")
+TEXT = ("The planner places the stages where the links are fast. Activations cross the slow links, "
+        "compressed as much as each link needs. Replicas sum their gradients inside a region. ")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A local corpus and a BPE tokenizer trained on it here (300 tokens)."""
+    from spantrain_p2p.train.tokenizer import train_bpe
+
+    d = tmp_path_factory.mktemp("hfcorpus")
+    for i in range(6):
+        (d / f"doc{i}.txt").write_text("".join(f"{TEXT} Paragraph {i}.{j}: {TEXT[j:]}\n" for j in range(40)))
+    tok = d.parent / "hf-tokenizer.json"
+    train_bpe(str(d), 300, str(tok))
+    return str(d), str(tok)
+
+
+def _pretrained_llama_dir(path, vocab):
+    """A tiny Llama saved by transformers (config.json + model.safetensors): the model to fine-tune."""
+    src = HFModel("hf:llama-tiny", {"seed": 9, "vocab_size": vocab}, 0, 16)
+    lm = full_model(src, src.build(0, src.num_layers))
+    lm.save_pretrained(str(path))
+    return f"hf:{path}"
+
+
+@pytest.mark.parametrize("which", ["gpt2-tiny", "llama-dir"])
+def test_four_peers_train_a_transformers_model_like_single_process_transformers(which, corpus, tmp_path):
+    """2 stages x 2 replicas on lan-4, a local corpus and a tokenizer trained on it: gradients after
+    step 0 and 30 losses match the whole transformers model trained in one process from the same
+    weights on the same batches. The Llama comes from a directory of pretrained weights (fine-tuning)
+    and its last checkpoint is exported: transformers loads it and computes the swarm's loss."""
+    from spantrain_p2p.train import state as layer_state
+    from spantrain_p2p.train.checkpoint import CheckpointDir
+    from spantrain_p2p.train.dataset import open_data, with_data
+    from spantrain_p2p.train.tokenizer import load_tokenizer
+
+    data, tok = corpus
+    model = "hf:gpt2-tiny" if which == "gpt2-tiny" else _pretrained_llama_dir(tmp_path / "llama",
+                                                                              load_tokenizer(tok).vocab_size)
+    steps, grads_dir, ckpt = 30, str(tmp_path / "grads"), str(tmp_path / "ckpt")
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--model", f"hf:{preset}", "--seq-len", "16", "--steps", str(steps), "--stages", "2",
-                        "--plan", "even", "--dump-grads", grads_dir, "--json", "--run-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=240)
+                        "--model", model, "--data", data, "--tokenizer", tok, "--seq-len", "16",
+                        "--steps", str(steps), "--stages", "2", "--plan", "even", "--dump-grads", grads_dir,
+                        "--checkpoint-every", str(steps), "--checkpoint-dir", ckpt,
+                        "--json", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert [len(s["peers"]) for s in summary["plan"]["stages"]] == [2, 2]
-    job = JobSpec(model=f"hf:{preset}", seq_len=16, steps=steps)
+    job = with_data(JobSpec(model=model, seq_len=16, steps=steps), data, tok)
     ref_losses, ref_grads = transformers_reference_run(job, steps, grads_at=0)
     worst_loss = max(abs(a - b) / b for a, b in zip(summary["losses"], ref_losses))
     files = glob.glob(os.path.join(grads_dir, "grads-step0-*.pt"))
@@ -134,9 +170,44 @@ def test_four_peers_train_a_transformers_model_like_single_process_transformers(
     for f in files:  # every replica holds its stage's whole summed gradient
         for k, g in torch.load(f).items():
             worst_grad = max(worst_grad, rel(g, ref_grads[k]))
-    print(f"\n{preset} on 2 stages x 2 replicas: worst gradient rel. error {worst_grad:.2e}, worst loss rel. error "
-          f"{worst_loss:.2e} over {steps} steps; loss {summary['losses'][0]:.4f} -> {summary['losses'][-1]:.4f}")
+    print(f"\n{model} (vocab {job.model_args.get('vocab_size', 'of the directory')}) on 2 stages x 2 replicas: "
+          f"worst gradient rel. error {worst_grad:.2e}, worst loss rel. error {worst_loss:.2e} over {steps} steps; "
+          f"loss {summary['losses'][0]:.4f} -> {summary['losses'][-1]:.4f}")
     assert len(summary["losses"]) == steps and worst_loss <= 1e-4 and worst_grad <= 1e-5
     assert summary["losses"][-1] < summary["losses"][0]
-    same, _ = reference_run(job, 2)  # the layer list in one process: the same curve
-    assert abs(same[1] - ref_losses[1]) <= 1e-5 * ref_losses[1]
+    if which == "gpt2-tiny":
+        return
+
+    out = tmp_path / "exported"
+    e = subprocess.run([sys.executable, "-m", "spantrain_p2p", "export", ckpt, "--out", str(out), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert e.returncode == 0, e.stderr[-2000:]
+    assert json.loads(e.stdout.strip().splitlines()[-1])["step"] == steps
+    handle = ModelHandle(job)  # the swarm's weights: the layers loaded from the checkpoint
+    layers = handle.build(0, handle.num_layers)
+    files = CheckpointDir(ckpt, json.load(open(os.path.join(ckpt, "job.json")))["fingerprint"], job.optimizer)
+    for i, layer in enumerate(layers):
+        layer_state.apply(layer, None, files.load(i, steps, layer_state.expected_shapes(layer)))
+    x, y = open_data(job).batch(steps + 5, 0)  # a batch the swarm never trained on
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():
+        h = x
+        for layer in layers[:-1]:
+            h = layer(h)
+        ours = float(layers[-1](h, y))
+        logits = AutoModelForCausalLM.from_pretrained(str(out))(input_ids=x).logits
+        theirs = float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
+    print(f"exported step {steps}: loss {theirs:.6f} in transformers, {ours:.6f} on the swarm's layers")
+    assert abs(ours - theirs) <= 1e-4 * ours
+    assert (out / "tokenizer.json").is_file()
+
+
+def test_a_tokenizer_larger_than_a_pretrained_model_s_vocabulary_is_refused_saying_so(corpus, tmp_path):
+    from spantrain_p2p.train.dataset import with_data
+
+    data, tok = corpus
+    model = _pretrained_llama_dir(tmp_path / "llama", 256)  # a directory's vocabulary is its weights'
+    with pytest.raises(ValueError, match="has 300 tokens, the model's vocabulary only 256"):
+        with_data(JobSpec(model=model, seq_len=16), data, tok)
+    assert with_data(JobSpec(model="hf:llama-tiny", seq_len=16), data, tok).model_args["vocab_size"] == 300

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from . import data as generated
-from .job import BUILTIN, JobRefused, JobSpec, is_hf_preset
+from .job import BUILTIN, JobRefused, JobSpec, ModelHandle, is_hf_preset
 
 def _vocab_arg(job: JobSpec) -> Optional[str]:
     """The model argument that sizes the vocabulary, for models whose vocabulary a job may set."""
@@ -41,8 +41,21 @@ def with_data(job: JobSpec, data: str, tokenizer: str, cache_dir: Optional[str] 
     key = _vocab_arg(job)
     if key is not None and key not in args and tok.vocab_size != 256:
         args[key] = tok.vocab_size
-    return replace(job, data=data, tokenizer=tokenizer, data_fingerprint=corpus.fingerprint,
-                   tokenizer_fingerprint=tok.fingerprint, model_args=args)
+    job = replace(job, data=data, tokenizer=tokenizer, data_fingerprint=corpus.fingerprint,
+                  tokenizer_fingerprint=tok.fingerprint, model_args=args)
+    vocab = _model_vocab(job)
+    if vocab is not None and tok.vocab_size > vocab:
+        raise ValueError(f"tokenizer {tokenizer!r} has {tok.vocab_size} tokens, the model's vocabulary only {vocab}: "
+                         f"train a tokenizer of at most {vocab} tokens (spantrain tokenizer --vocab {vocab})")
+    return job
+
+
+def _model_vocab(job: JobSpec) -> Optional[int]:
+    """How many token ids the job's model embeds (None: a user model, unknown)."""
+    handle = ModelHandle(job)
+    if job.model == BUILTIN:
+        return handle._config().vocab
+    return handle.hf.config.vocab_size if handle.hf is not None else None
 
 
 class RunData:

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from spantrain_p2p.train import state as layer_state
 from spantrain_p2p.train.checkpoint import CheckpointDir, layer_path, write_layers
+from spantrain_p2p.launch import wait_until
 from spantrain_p2p.train.job import JobSpec
 from spantrain_p2p.train.reference import reference_run
 
@@ -52,6 +53,34 @@ def test_a_peer_keeps_the_newest_two_steps_of_its_layers(tmp_path):
                                                          (1, layer_state.capture(layer, opt))])
     assert CheckpointDir(str(tmp_path), "fp", "adam").inventory() == {0: [20, 30], 1: [20, 30]}
     assert sorted(os.listdir(tmp_path)) == ["step-00000020", "step-00000030"]
+
+
+_REPLICA = """
+import os, sys, time, torch
+from spantrain_p2p.train import state as layer_state
+from spantrain_p2p.train.checkpoint import write_layers
+torch.manual_seed(0)
+layer = torch.nn.Linear(4, 3)
+open(os.path.join(sys.argv[2], str(os.getpid())), "w").close()
+while not os.path.exists(os.path.join(sys.argv[2], "go")):
+    time.sleep(0.001)
+for step in range(1, 31):
+    write_layers(sys.argv[1], "fp", "adam", step, [(0, layer_state.capture(layer, None))], {"job": 1})
+"""
+
+
+def test_replicas_of_a_stage_write_the_same_files_into_one_directory_at_once(tmp_path):
+    """4 replicas of one stage in one local swarm share --checkpoint-dir: no write trips another's
+    (each writes and prunes the same layer's files, here without waiting for the others)."""
+    ckpt, ready = tmp_path / "ckpt", tmp_path / "ready"
+    ready.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", _REPLICA, str(ckpt), str(ready)], stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    wait_until(lambda: len(os.listdir(ready)) == 4, 60)
+    (ready / "go").touch()  # all at once
+    errors = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], errors
+    assert CheckpointDir(str(ckpt), "fp", "adam").inventory() == {0: [29, 30]}
 
 
 def _swarm(tmp_path, tag, *args):

@@ -52,7 +52,7 @@ def write_layers(directory: str, fingerprint: str, optimizer: str, step: int,
     """Writes each (layer, state) after ``step`` steps, and ``job`` (the job record, which says
     what model the layers make up) as ``job.json``; keeps the newest ``KEEP_STEPS`` steps of these
     layers (other peers' layers in a shared directory are theirs to prune)."""
-    os.makedirs(step_dir(directory, step), exist_ok=True)
+    os.makedirs(directory, exist_ok=True)
     if job is not None:
         raw = json.dumps(job, sort_keys=True, indent=1).encode()
         path = os.path.join(directory, JOB_FILE)
@@ -65,8 +65,18 @@ def write_layers(directory: str, fingerprint: str, optimizer: str, step: int,
         tensors = {name: t.detach().contiguous() for name, t in state}
         meta = {"format": FORMAT, "fingerprint": fingerprint, "optimizer": optimizer, "layer": str(layer),
                 "step": str(step)}
-        save_file(tensors, path + ".tmp", metadata=meta)
-        os.replace(path + ".tmp", path)
+        # Replicas of a stage sharing the directory write the same files, and prune old steps: write
+        # beside the step folders (never removed) under this process's name, then move it in.
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{step}.tmp{os.getpid()}")
+        save_file(tensors, tmp, metadata=meta)
+        for attempt in range(5):  # another replica's pruning may take the step folder at any moment
+            try:
+                os.makedirs(step_dir(directory, step), exist_ok=True)
+                os.replace(tmp, path)
+                break
+            except (FileNotFoundError, FileExistsError):  # FileExistsError: made, then removed, by others
+                if attempt == 4:
+                    raise
     mine = {layer for layer, _ in states}
     for old in sorted(_steps(directory))[:-KEEP_STEPS]:
         for layer in mine:

@@ -97,10 +97,13 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--peers", "ready peers to wait for before training (default 1)", type=int, default=1, job="peers",
               swarm_help="ready peers to wait for before training (default: the scenario's peers that start "
               "with the swarm)", swarm_default=None),
-    JobOption("--model", "'transformer' (built in) or package.module:function returning a list of layers; on a "
-              "joiner it names the user model this peer agrees to run", default="transformer", metavar="SPEC",
+    JobOption("--model", "'transformer' (built in), hf:PRESET or hf:DIR (a transformers causal LM: GPT-2, Llama, "
+              "Qwen2, Mistral; a preset config or a local directory with config.json and model.safetensors; nothing "
+              "is downloaded), or package.module:function returning a list of layers; on a joiner it names the user "
+              "model or model directory this peer agrees to run", default="transformer", metavar="SPEC",
               job="model", to=EVERY),
-    JobOption("--model-arg", "argument of the model (transformer: dim, depth, heads, mlp_ratio, vocab, seed); "
+    JobOption("--model-arg", "argument of the model (transformer: dim, depth, heads, mlp_ratio, vocab, seed; hf: any "
+              "config field, e.g. num_hidden_layers, and seed); "
               "repeatable", action="append", metavar="KEY=VALUE", job="model_args", value=parse_model_args),
     JobOption("--seq-len", type=int, default=32, job="seq_len"),
     JobOption("--micro-batch-size", type=int, default=4, job="micro_batch_size"),

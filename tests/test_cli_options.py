@@ -44,7 +44,7 @@ NON_DEFAULT = {
     "--schedule": "1f1b", "--plan": "gpipe-uniform", "--recv-timeout": "12.5", "--compression": "int8",
     "--stages": "2", "--checkpoint-every": "4", "--checkpoint-dir": "/tmp/ckpt", "--resume": "/tmp/ckpt-in",
     "--precision": "bf16", "--data": "stdlib", "--tokenizer": "/tmp/tok.json", "--data-cache": "/tmp/dc", "--dump-grads": "/tmp/grads",
-    "--dump-step": "3",
+    "--dump-step": "3", "--device": "cpu",
 }
 
 
@@ -117,3 +117,11 @@ def test_a_peer_turns_the_options_into_the_job_and_its_trainer_options():
     assert opts.job.optimizer == "sgd" and opts.job.steps == 3 and opts.job.num_micro_batches == 2
     assert opts.job.model_args["dim"] == 32 and opts.job.model_args["depth"] == 2
     assert opts.measure is False and opts.checkpoint_dir == "/tmp/c" and opts.allowed_models == ()
+
+
+def test_a_joiner_that_names_no_tokenizer_or_data_uses_the_paths_the_job_names():
+    from spantrain_p2p.peer_command.job_options import train_fields
+    from spantrain_p2p.peer_command.main import peer_parser
+
+    fields = train_fields(peer_parser().parse_args(["--join", "/ip4/127.0.0.1/tcp/1/p2p/QmX"]))
+    assert fields["tokenizer"] is None and not fields["data"]  # open_data falls back to the job's

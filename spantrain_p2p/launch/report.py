@@ -4,6 +4,7 @@ bytes, emulation fidelity, the ``--measure-only`` measurements, and a stage map 
 from __future__ import annotations
 
 import statistics
+from typing import Optional
 
 from .processes import PeerProcess, wait_until
 
@@ -40,7 +41,21 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
             "wall_s": round(wall, 3), "plan": last["plan"],
             "peers": [{"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
                        "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
-                       "error": r["error"]} for r in reports]}
+                       "device": (r.get("device") or {}).get("device"), **_work(r.get("work")),
+                       "error": r["error"]} for r in reports],
+            "mfu": _swarm_mfu(reports)}
+
+
+def _work(w: Optional[dict]) -> dict:
+    return {k: (w or {}).get(k) for k in ("tokens_per_s", "mfu", "peak_source")}
+
+
+def _swarm_mfu(reports: list[dict]) -> Optional[float]:
+    """The swarm's MFU: every peer's achieved model FLOP/s over the sum of their peaks."""
+    ws = [r.get("work") for r in reports]
+    if not ws or any(not w or w.get("achieved_flops_per_s") is None or not w.get("peak_flops_per_s") for w in ws):
+        return None
+    return round(sum(w["achieved_flops_per_s"] for w in ws) / sum(w["peak_flops_per_s"] for w in ws), 5)
 
 
 def epoch_figures(reports: list[dict], plans: dict[int, dict], samples_per_step: int) -> list[dict]:

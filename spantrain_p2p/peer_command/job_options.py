@@ -61,6 +61,7 @@ class JobOption:
     job: Optional[str] = None  # the JobSpec field it sets (on the peer that defines the job)
     train: Optional[str] = None  # the TrainOptions field it sets (on this peer)
     value: Callable[[Any], Any] = _same  # parsed value -> field value
+    train_value: Optional[Callable[[Any], Any]] = None  # parsed value -> TrainOptions value (default: value)
     to: str = FIRST  # which peers `spantrain swarm` passes it to: the job's first peer, or every peer
     swarm_help: Optional[str] = None  # its help in `spantrain swarm` where the launcher adds to it
     swarm_default: Any = _AS_PEER  # `spantrain swarm`'s default where it differs
@@ -119,7 +120,7 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               value=lambda v: v or "", to=EVERY),
     JobOption("--tokenizer", "'bytes' (default), a tokenizers tokenizer.json or a transformers tokenizer folder "
               "(`spantrain tokenizer` trains one)", metavar="PATH", job="tokenizer", train="tokenizer",
-              value=lambda v: v or "bytes", to=EVERY),
+              value=lambda v: v or "bytes", train_value=_same, to=EVERY),  # a joiner without it: the job's path
     JobOption("--data-cache", "where this peer keeps tokenized data shards (default: $SPANTRAIN_CACHE/data, else "
               "~/.cache/spantrain/data)", metavar="DIR", train="data_cache", to=EVERY),
     JobOption("--seed", "seed of the data order and the model init", type=int, default=0, job="seed"),
@@ -141,6 +142,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--resume", "start from the checkpoint directory DIR (written by --checkpoint-every): the swarm "
               "resumes at the latest step at which every layer survives, on the stage layout the planner picks now",
               metavar="DIR", train="resume_dir", to=EVERY),
+    JobOption("--device", "where this peer's layers, optimizer state and received tensors live: auto (the first "
+              "CUDA device when torch sees one, else the CPU), cpu, cuda or cuda:N", default="auto", metavar="DEV",
+              train="device", to=EVERY),
     JobOption("--no-measure", "skip device profiling and link probing", action="store_true", train="measure",
               value=lambda skip: not skip, to=EVERY),
     JobOption("--measure-only", "measure (profile and probe), then stop", action="store_true", train="measure_only",
@@ -165,7 +169,7 @@ def job_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 def train_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The ``TrainOptions`` keyword arguments (other than ``job`` and ``allowed_models``) the options give."""
-    return {o.train: o.value(getattr(args, o.dest)) for o in JOB_OPTIONS if o.train}
+    return {o.train: (o.train_value or o.value)(getattr(args, o.dest)) for o in JOB_OPTIONS if o.train}
 
 
 def peer_argv(values: dict[str, Any]) -> tuple[list[str], list[str]]:

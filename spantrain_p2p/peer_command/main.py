@@ -63,6 +63,9 @@ def train_options(a: argparse.Namespace):
     from ..train.job import BUILTIN, JobSpec
     from ..train.trainer import TrainOptions
 
+    from ..train.devices import resolve_device
+
+    resolve_device(a.device)  # a device this machine lacks stops the peer now, saying what there is
     allowed = (a.model,) if a.model != BUILTIN else ()
     job = None
     if a.steps is not None:

@@ -60,7 +60,9 @@ class StageExecutor:
         which also say when within the step's last weight-grad op each layer is done on the device
         (for ``run_step``'s ``on_layer_done``). ``compute_dtype`` (bfloat16 or float16): the forward
         runs under autocast to it, the weights stay float32 (so do their gradients and the
-        optimizer), and activations and their gradients leave the stage in it."""
+        optimizer), and activations and their gradients leave the stage in it. The stage computes
+        where its layers are (``--device``): batches and received tensors are moved there, and
+        what it sends is copied to host memory."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
@@ -72,7 +74,8 @@ class StageExecutor:
         self.layer_flops = layer_flops
         self.flops = {ph: sum(x.get(ph, 0.0) for x in layer_flops or ()) for ph in ("F", "B", "W")}
         self.compute_dtype = compute_dtype
-        self._device_type = next((p.device.type for p in self.params), "cpu")
+        self.torch_device = next((p.device for p in self.params), torch.device("cpu"))
+        self._device_type = self.torch_device.type
 
     def _autocast(self):
         if self.compute_dtype is None:
@@ -80,8 +83,13 @@ class StageExecutor:
         return torch.autocast(self._device_type, dtype=self.compute_dtype)
 
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
-        """A tensor leaving the stage: in the compute dtype, where the job has one."""
-        return t if self.compute_dtype is None else t.to(self.compute_dtype)
+        """A tensor leaving the stage: in the compute dtype, where the job has one, in host memory."""
+        t = t if self.compute_dtype is None else t.to(self.compute_dtype)
+        return t if t.device.type == "cpu" else t.to("cpu")
+
+    def _here(self, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """A tensor arriving at the stage (a batch, a received one), on the stage's device."""
+        return t if t is None or t.device == self.torch_device else t.to(self.torch_device, non_blocking=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -122,6 +130,7 @@ class StageExecutor:
     # through the stage, but a layer's weight gradients are final as soon as its turn is over.
     def _forward(self, step: int, mb: int, st: _Mb, done=None) -> Optional[float]:
         inputs, targets = self.batch(step, mb) if (self.is_first or self.is_last) else (None, None)
+        inputs, targets = self._here(inputs), self._here(targets)
         x = inputs if self.is_first else st.inp
         st.ins, st.outs = [], []
         n = len(self.layers)
@@ -210,9 +219,9 @@ class StageExecutor:
                 st = mbs.setdefault(a.mb, _Mb())
                 op = a.op
                 if op is sched.Op.RECV_F:
-                    st.inp = (await self.recv(ACT, step, a.mb)).requires_grad_(True)
+                    st.inp = self._here(await self.recv(ACT, step, a.mb)).requires_grad_(True)
                 elif op is sched.Op.RECV_B:
-                    st.grad_out = await self.recv(GRAD, step, a.mb)
+                    st.grad_out = self._here(await self.recv(GRAD, step, a.mb))
                 elif op is sched.Op.SEND_F:
                     sends.append(asyncio.create_task(self.send(ACT, step, a.mb, self._wire(st.out.detach()))))
                 elif op is sched.Op.SEND_B:

@@ -162,6 +162,6 @@ class CheckpointDir:
 def dump_grads(directory: str, layers, first: int, step: int, peer_id: str) -> None:
     """Saves the layers' gradients of ``step`` (keys ``"{layer}.{parameter name}"``)."""
     os.makedirs(directory, exist_ok=True)
-    grads = {f"{first + i}.{name}": p.grad.detach().clone() for i, layer in enumerate(layers)
+    grads = {f"{first + i}.{name}": p.grad.detach().to("cpu", copy=True) for i, layer in enumerate(layers)
              for name, p in layer.named_parameters() if p.grad is not None}
     torch.save(grads, os.path.join(directory, f"grads-step{step}-{peer_id}.pt"))

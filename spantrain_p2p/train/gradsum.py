@@ -8,6 +8,7 @@ import torch
 
 from ..pipeline.executor import StepFailed
 from ..pipeline.messages import GSUM
+from .devices import to_host
 
 BUCKET_BYTES = 4 << 20
 
@@ -59,8 +60,8 @@ class GradientSum:
         for k in self.by_layer.get(layer, ()):
             if self.local[k] is None:
                 ps = [self.params[i] for i, _ in self.buckets[k][1]]
-                self._start(k, torch.cat([p.grad.detach().reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-                                          for p in ps]))
+                self._start(k, to_host(torch.cat([p.grad.detach().reshape(-1) if p.grad is not None
+                                                  else torch.zeros(p.numel(), device=p.device) for p in ps])))
 
     async def finish(self, loss: Optional[tuple[float, int]] = None) -> Optional[tuple[float, int]]:
         """Sums the step's gradients (and, on the last stage, ``loss``: this replica's (sum, count)
@@ -81,7 +82,8 @@ class GradientSum:
             for (_, bucket), total in zip(self.buckets, summed):
                 offset = 0
                 for i, n in bucket:
-                    self.params[i].grad = total[offset:offset + n].view_as(self.params[i]).clone()
+                    p = self.params[i]
+                    p.grad = total[offset:offset + n].view_as(p).to(p.device, copy=True)
                     offset += n
             await asyncio.gather(*self.sends)
         except BaseException as e:

@@ -40,11 +40,13 @@ def reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None) -> t
     return losses, grads
 
 
-def transformers_reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None
-                               ) -> tuple[list[float], dict[str, torch.Tensor]]:
+def transformers_reference_run(job: JobSpec, steps: int, grads_at: Optional[int] = None, device: str = "cpu",
+                               step_times: Optional[list] = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """As ``reference_run`` for an ``hf:`` job, but the model is transformers' whole
     ``*ForCausalLM`` (``hf_model.full_model``) starting from the same weights: what single-process
-    training with transformers computes. Gradients are keyed as the swarm's (``"<layer>.<param>"``)."""
+    training with plain PyTorch and transformers computes, on ``device``. Gradients are keyed as
+    the swarm's (``"<layer>.<param>"``); ``step_times`` gets each step's seconds (device synced)."""
+    import time
     import torch.nn.functional as F
 
     from .hf_model import full_model
@@ -52,25 +54,31 @@ def transformers_reference_run(job: JobSpec, steps: int, grads_at: Optional[int]
     batch = open_data(job).batch
     handle = ModelHandle(job)
     layers = handle.build(0, handle.num_layers)
-    lm = full_model(handle.hf, layers)
+    lm = full_model(handle.hf, layers).to(device)
     lm.train()
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     named = dict(lm.named_parameters())
     keys = {f"{i}.{n}": layer.hf_name(n) for i, layer in enumerate(layers) for n, _ in layer.named_parameters()}
     opt = make_optimizer(job, lm.parameters())
     losses, grads = [], {}
     M = job.num_micro_batches
     for step in range(steps):
-        total = 0.0
+        t0 = time.perf_counter()
+        total = torch.zeros((), device=dev)
         for mb in range(M):
-            x, y = batch(step, mb)
-            with (torch.autocast("cpu", dtype=torch.bfloat16) if job.precision == "bf16" else contextlib.nullcontext()):
+            x, y = (t.to(dev) for t in batch(step, mb))
+            with (torch.autocast(dev.type, dtype=torch.bfloat16) if job.precision == "bf16" else contextlib.nullcontext()):
                 logits = lm(input_ids=x).logits
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
             (loss / M).backward()
-            total += float(loss.detach())
-        losses.append(total / M)
+            total += loss.detach()
         if step == grads_at:
-            grads = {k: named[hf].grad.detach().clone() for k, hf in keys.items() if named[hf].grad is not None}
+            grads = {k: named[hf].grad.detach().cpu().clone() for k, hf in keys.items() if named[hf].grad is not None}
         opt.step()
         opt.zero_grad(set_to_none=True)
+        losses.append(float(total) / M)  # one device sync per step
+        sync()
+        if step_times is not None:
+            step_times.append(time.perf_counter() - t0)
     return losses, grads

@@ -6,6 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
+from .devices import describe
+
 
 def status(t) -> dict:
     """The trainer's part of ``/status``."""
@@ -44,7 +46,36 @@ def report(t) -> dict:
             "deadlines": tr.deadline_report() if job else {},
             "deadline_extensions": tr.deadline_extensions,
             "data_fetched": list(t.data_share.fetched),
+            "device": describe(t.torch_device),
+            "work": work_figures(t.work, t.peak, statistics.median(durations) if durations else None),
             "error": t.error, "refused": t.refused}
+
+
+def stage_work(job, first: int, last: int, actions) -> dict:
+    """What this peer computes per step: tokens through its layers and their model FLOPs (forward
+    and both backward halves, from the planner's profile of the model; None for a user model)."""
+    from ..pipeline.schedule import Op
+    from .planning import model_profile
+
+    samples = sum(a.op is Op.F for a in actions) * job.micro_batch_size
+    prof = model_profile(job)
+    flops = None if prof is None else samples * sum(x.fwd_flops + x.bwd_input_flops + x.bwd_weight_flops
+                                                    for x in prof.layers[first:last])
+    return {"tokens_per_step": samples * job.seq_len, "model_flops_per_step": flops}
+
+
+def work_figures(work: Optional[dict], peak: Optional[tuple[float, str]], step_s: Optional[float]) -> Optional[dict]:
+    """tokens/s, achieved model FLOP/s and MFU (achieved over the device's peak) of a peer."""
+    if not work or not step_s:
+        return None
+    out = {"tokens_per_s": round(work["tokens_per_step"] / step_s, 1), "model_flops_per_step": work["model_flops_per_step"],
+           "achieved_flops_per_s": None, "peak_flops_per_s": peak[0] if peak else None,
+           "peak_source": peak[1] if peak else None, "mfu": None}
+    if work["model_flops_per_step"] is not None:
+        out["achieved_flops_per_s"] = work["model_flops_per_step"] / step_s
+        if peak and peak[0] > 0:
+            out["mfu"] = round(out["achieved_flops_per_s"] / peak[0], 5)
+    return out
 
 
 def train_device_stats(dev, base) -> Optional[dict]:

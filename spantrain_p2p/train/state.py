@@ -23,14 +23,19 @@ MAX_ENTRIES = 4096
 
 def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer]) -> LayerState:
     """A copy of the layer's state now (parameters, buffers, optimizer state of its parameters)."""
-    out: LayerState = [(f"p:{n}", p.detach().clone()) for n, p in layer.named_parameters()]
-    out += [(f"b:{n}", b.detach().clone()) for n, b in layer.named_buffers()]
+    out: LayerState = [(f"p:{n}", _host_copy(p)) for n, p in layer.named_parameters()]
+    out += [(f"b:{n}", _host_copy(b)) for n, b in layer.named_buffers()]
     if opt is not None:
         for n, p in layer.named_parameters():
             for key, v in sorted(opt.state.get(p, {}).items()):
                 t = v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
-                out.append((f"o:{n}:{key}", t.detach().clone().float()))
+                out.append((f"o:{n}:{key}", _host_copy(t).float()))
     return out
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in host memory (states leave the device: snapshots, layer copies, checkpoints)."""
+    return t.detach().to("cpu", copy=True)
 
 
 def apply(layer: nn.Module, opt: Optional[torch.optim.Optimizer], state: LayerState) -> None:
@@ -47,7 +52,9 @@ def apply(layer: nn.Module, opt: Optional[torch.optim.Optimizer], state: LayerSt
         return
     for n, p in params.items():
         prefix = f"o:{n}:"
-        st = {k[len(prefix):]: v.clone() for k, v in d.items() if k.startswith(prefix)}
+        # the moments live with the parameter; a scalar (Adam's step count) stays on the host, as torch keeps it
+        st = {k[len(prefix):]: v.to(p.device, copy=True) if v.dim() else v.clone()
+              for k, v in d.items() if k.startswith(prefix)}
         if st:
             opt.state[p] = st
 

@@ -29,6 +29,7 @@ from .checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
 from .data_share import MANIFEST, SHARD, DataShare
 from .dataset import open_data, with_data
+from .devices import peak_flops, resolve_device
 from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
@@ -54,6 +55,7 @@ class TrainOptions:
     data: Optional[str] = None  # this peer's copy of the job's data set (default: the path the job names)
     tokenizer: Optional[str] = None  # likewise, its tokenizer
     data_cache: Optional[str] = None  # where it keeps tokenized shards (default: corpus.default_cache_dir())
+    device: str = "auto"  # where this peer's layers run (train.devices.resolve_device)
     measure: bool = True  # profile the device and probe links before saying ready
     measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
     profile_cache_dir: Optional[str] = None
@@ -95,7 +97,10 @@ class Trainer:
         self.refused: Optional[str] = None
         self.crashed = False  # the trainer died of an unexpected error (the peer then leaves)
         self.finished = asyncio.Event()
-        self.device_base = None  # the device's counters when training began
+        self.device_base = None  # the (virtual) device's counters when training began
+        self.torch_device = resolve_device(options.device)  # where the layers live
+        self.work: Optional[dict] = None  # this peer's tokens and model FLOPs per step (report.stage_work)
+        self.peak: Optional[tuple[float, str]] = None  # its device's peak FLOP/s, and where the figure comes from
         self.data = None  # dataset.RunData: the job's batches on this peer
         self._train_task: Optional[asyncio.Task] = None
         log_bad = BadRecordLog("DHT entry", log)  # an invalid DHT entry is said once, whoever reads it
@@ -243,7 +248,7 @@ class Trainer:
         first, last = smap.stages[k].layers
         n, M = smap.num_stages, job.num_micro_batches
         shapes = self.handle.boundary_shapes()
-        layers = self.handle.build(first, last)
+        layers = [layer.to(self.torch_device) for layer in self.handle.build(first, last)]
         prev = smap.stages[k - 1] if k > 0 else None
         nxt = smap.stages[k + 1] if k < n - 1 else None
         self.transport.route({ACT: nxt.assign(M) if nxt else [], GRAD: prev.assign(M) if prev else []})
@@ -265,8 +270,9 @@ class Trainer:
         if self.peer.device is not None:
             await self.data_share.ensure(0, [0])
             ids, tgt = self.data.batch(0, 0)
-            sample = ids if k == 0 else torch.randn(shapes[first])
-            layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt if k == n - 1 else None)
+            sample = (ids if k == 0 else torch.randn(shapes[first])).to(self.torch_device)
+            tgt = tgt.to(self.torch_device) if k == n - 1 else None
+            layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt)
         executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self.data.batch,
                                  recv=self.transport.recv, send=self.transport.send, device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
@@ -276,12 +282,16 @@ class Trainer:
         schedule = smap.schedule or sched.resolve_schedule(job.schedule)
         actions = peer_actions(assignments, schedule).get((k, me), [])  # this peer's micro-batches, in order
         self.transport.open(expect)
+        self.work = run_report.stage_work(job, first, last, actions)
         return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None)
 
     async def _train(self) -> None:
         st = await self._setup_stage()
         if self.device_base is None and self.peer.device is not None:
             self.device_base = self.peer.device.stats()
+        if self.peak is None:  # for MFU: an emulated peer's is its virtual device's
+            self.peak = (self.peer.device.flops_per_s, "virtual device") if self.peer.device is not None else \
+                await asyncio.to_thread(peak_flops, self.torch_device, COMPUTE_DTYPES.get(self.job.precision, torch.float32))
         await self.peer.set_state("training", epoch=self.smap.epoch)
         try:
             for step in range(self.smap.start_step, self.job.steps):

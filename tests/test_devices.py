@@ -1,0 +1,76 @@
+"""--device: where a peer's layers live. Without CUDA only the CPU can be named (a CUDA device
+fails at once, saying what there is); with CUDA a stage on the GPU computes what it computes on
+the CPU, and everything it sends or saves is in host memory."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from spantrain_p2p.train import state as layer_state
+from spantrain_p2p.train.devices import resolve_device, to_host
+
+CUDA = torch.cuda.is_available()
+
+
+def test_device_names_resolve_or_fail_saying_what_this_machine_has():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == (torch.device("cuda", 0) if CUDA else torch.device("cpu"))
+    with pytest.raises(ValueError, match="want auto, cpu, cuda or cuda:N"):
+        resolve_device("gpu0")
+    with pytest.raises(ValueError, match="no CUDA device" if not CUDA else "CUDA device"):
+        resolve_device("cuda:99")
+
+
+@pytest.mark.skipif(CUDA, reason="checks the refusal on a machine without CUDA")
+def test_a_peer_told_to_use_a_gpu_it_does_not_have_stops_at_once():
+    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "peer", "--device", "cuda", "--steps", "5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no CUDA device that torch can use" in r.stderr, r.stderr[-800:]
+
+
+def test_a_layer_state_keeps_adam_s_step_count_on_the_host_and_the_moments_with_the_parameter():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(layer.parameters())
+    layer(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    state = layer_state.capture(layer, opt)
+    assert all(t.device.type == "cpu" for _, t in state)
+    fresh = torch.nn.Linear(3, 2)
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    layer_state.apply(fresh, fresh_opt, state)
+    st = fresh_opt.state[fresh.weight]
+    assert st["step"].device.type == "cpu" and st["exp_avg"].device == fresh.weight.device
+    assert torch.equal(st["exp_avg"], opt.state[layer.weight]["exp_avg"])
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_a_stage_on_the_gpu_computes_what_it_computes_on_the_cpu_and_sends_host_tensors():
+    import asyncio
+
+    from spantrain_p2p.pipeline import schedule as sched
+    from spantrain_p2p.pipeline.executor import StageExecutor
+    from spantrain_p2p.train.job import JobSpec, ModelHandle
+
+    job = JobSpec(seq_len=16)
+    handle = ModelHandle(job)
+    ids = torch.randint(0, 256, (4, 17), generator=torch.Generator().manual_seed(0))
+
+    def run(device):
+        layers = [layer.to(device) for layer in handle.build(0, handle.num_layers)]
+        sent = []
+
+        async def send(*args):
+            sent.append(args[-1])
+
+        ex = StageExecutor(layers, True, True, 1, batch=lambda s, m: (ids[:, :-1], ids[:, 1:]), recv=None, send=send)
+        actions = [sched.Action(sched.Op.F, 0), sched.Action(sched.Op.BW, 0)]
+        result = asyncio.run(ex.run_step(0, actions))
+        ex.close()
+        return result.losses, [to_host(p.grad) for p in ex.params]
+
+    cpu_losses, cpu_grads = run("cpu")
+    gpu_losses, gpu_grads = run("cuda")
+    assert abs(cpu_losses[0] - gpu_losses[0]) <= 1e-4 * cpu_losses[0]
+    assert max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12)) for a, b in zip(cpu_grads, gpu_grads)) <= 1e-3

@@ -155,7 +155,7 @@ def test_four_peers_train_a_transformers_model_like_single_process_transformers(
     steps, grads_dir, ckpt = 30, str(tmp_path / "grads"), str(tmp_path / "ckpt")
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
                         "--model", model, "--data", data, "--tokenizer", tok, "--seq-len", "16",
-                        "--steps", str(steps), "--stages", "2", "--plan", "even", "--dump-grads", grads_dir,
+                        "--steps", str(steps), "--stages", "2", "--plan", "even", "--no-measure", "--dump-grads", grads_dir,
                         "--checkpoint-every", str(steps), "--checkpoint-dir", ckpt,
                         "--json", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

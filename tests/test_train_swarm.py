@@ -72,7 +72,7 @@ def test_replicated_stages_average_gradients_and_train_like_one_process(tmp_path
     steps, grads_dir = 20, str(tmp_path / "grads")
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
                         "--steps", str(steps), "--stages", "2", "--micro-batches", "6", "--dump-grads", grads_dir,
-                        "--plan", "even",
+                        "--plan", "even", "--no-measure",
                         "--json", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Creates .venv with everything the project needs, once; later calls return at once.
 # torch is pinned to 2.13.0 first: on this machine kind that is a CPU build already on disk,
-# where an unpinned torch would pull a multi-GB CUDA build.
+# where an unpinned torch would pull a multi-GB CUDA build. On a machine whose python3 already has
+# a CUDA build of torch that sees a GPU, .venv uses that one (system site packages) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stamp=".venv/.spantrain-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then exit 0; fi
 echo "setting up .venv (once; about a minute)…" >&2
-python3 -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
+if python3 -c "import sys, torch; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "using the CUDA build of torch that is here ($(python3 -c 'import torch; print(torch.__version__)'))" >&2
+  python3 -m venv --system-site-packages .venv
+else
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
+fi
 .venv/bin/pip install -q --disable-pip-version-check -e ".[test]"
 rm -f .venv/.spantrain-setup-*
 touch "$stamp"

@@ -140,8 +140,15 @@ def cpu_device_key() -> str:
             f"{torch.get_num_threads()}threads:torch{torch.__version__}")
 
 
-def usable_memory_bytes() -> int:
-    """Memory this process could still use: MemAvailable from /proc/meminfo, else physical memory."""
+GPU_RESERVE = 0.10  # of a GPU's memory kept back from the planner (allocator slack, CUDA context growth)
+
+
+def usable_memory_bytes(torch_device: Optional[torch.device] = None) -> int:
+    """Memory this process could still use: on a GPU its free memory less a reserve
+    (``GPU_RESERVE`` of the total); else MemAvailable from /proc/meminfo, else physical memory."""
+    if torch_device is not None and torch_device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(torch_device)
+        return max(0, int(free - GPU_RESERVE * total))
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -217,6 +224,7 @@ def profile_layers(
     targets: Optional[torch.Tensor] = None,
     timer: Callable[[], float] = time.perf_counter,
     report: Optional[dict] = None,
+    torch_device: Optional[torch.device] = None,
 ) -> DeviceProfile:
     """Measures F, B and W seconds per layer at ``input_shape = (micro_batch, seq_len)``.
 
@@ -226,6 +234,8 @@ def profile_layers(
     first layer's input and the loss head's targets (default: zeros, a valid token id for any vocab).
     ``timer`` is injectable for tests. ``report``, if given, receives ``late_layers``: the layers
     whose every repetition was late on the virtual device (their times are the host's load).
+    ``torch_device``: where the layers are (``--device``); on a GPU every reading of the timer
+    waits for the device first, and the memory is the device's.
     Blocking and CPU-bound: call it through ``asyncio.to_thread``.
     """
     if not layers or not all(isinstance(m, nn.Module) for m in layers):
@@ -237,6 +247,9 @@ def profile_layers(
         raise ValueError("need warmup >= 0, reps >= 1, max_retries >= 0")
     fingerprint = fingerprint or model_fingerprint(layers)
     device_key = device.key if device is not None else cpu_device_key()
+    if torch_device is not None and torch_device.type == "cuda":
+        device_key = f"{torch_device}:{torch.cuda.get_device_name(torch_device)}:torch{torch.__version__}"
+        timer = _synced(timer, torch_device)
     cache = ProfileCache(cache_dir) if cache_dir else None
     if cache is not None:
         hit = cache.get(fingerprint, shape, device_key)
@@ -247,6 +260,8 @@ def profile_layers(
     flop_cache = flop_cache if flop_cache is not None else FlopCache()
     ids = inputs if inputs is not None else torch.zeros(shape, dtype=torch.long)
     tgt = targets if targets is not None else torch.zeros(shape, dtype=torch.long)
+    if torch_device is not None:
+        ids, tgt = ids.to(torch_device), tgt.to(torch_device)
     fwd, bwd_in, bwd_w, total_flops, late_layers = [], [], [], 0.0, []
     was_training = [m.training for m in layers]
     t_start = time.perf_counter()
@@ -275,7 +290,8 @@ def profile_layers(
     if report is not None:
         report["late_layers"] = late_layers
     total_s = sum(fwd) + sum(bwd_in) + sum(bwd_w)
-    mem = device.memory_bytes if device is not None and device.memory_bytes is not None else usable_memory_bytes()
+    mem = device.memory_bytes if device is not None and device.memory_bytes is not None else \
+        usable_memory_bytes(torch_device)
     profile = DeviceProfile(fwd, bwd_in, bwd_w, min(mem, MAX_MEMORY_BYTES), total_flops / total_s / 1e12)
     log.info("profiled %d layers at shape %s on %s in %.1f s: %.3f ms per micro-batch (F+B+W), %.4g TFLOP/s",
              len(layers), shape, device_key, time.perf_counter() - t_start, total_s * 1e3, profile.effective_tflops)
@@ -285,6 +301,14 @@ def profile_layers(
         except OSError as e:
             log.warning("cannot write the profile cache in %s: %s", cache.directory, e)
     return profile
+
+
+def _synced(timer: Callable[[], float], torch_device: torch.device) -> Callable[[], float]:
+    """``timer`` read once the GPU has done what was queued (its kernels run asynchronously)."""
+    def read() -> float:
+        torch.cuda.synchronize(torch_device)
+        return timer()
+    return read
 
 
 def _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max_op_s, timer):

@@ -33,6 +33,7 @@ class Measuring:
 
     def __init__(self, peer, log_bad: Callable[[object, str], None], profile_cache_dir: Optional[str] = None):
         self.peer, self.log_bad, self.profile_cache_dir = peer, log_bad, profile_cache_dir
+        self.torch_device = None  # where the layers run (--device; the trainer sets it): the profile runs there
         self.job = None
         self.profile = None  # profile.profiler.DeviceProfile of this peer
         self.probes: dict[str, Any] = {}  # peer id -> net.prober.LinkMeasurement
@@ -76,7 +77,7 @@ class Measuring:
         while len(self.peer.live_members()) < job.peers:
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.0)
-        layers = handle.build(0, handle.num_layers)
+        layers = [layer.to(self.torch_device) for layer in handle.build(0, handle.num_layers)]
         inputs, targets = batch(0, 0)
 
         async def profile(cache_dir):
@@ -85,7 +86,7 @@ class Measuring:
             self.profile = await asyncio.to_thread(
                 profile_layers, layers, (job.micro_batch_size, job.seq_len), device=dev, cache_dir=cache_dir,
                 fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}", inputs=inputs, targets=targets,
-                report=report)
+                report=report, torch_device=self.torch_device)
             if before is None:
                 return [], 0.0
             after = dev.stats()

@@ -105,6 +105,7 @@ class Trainer:
         self._train_task: Optional[asyncio.Task] = None
         log_bad = BadRecordLog("DHT entry", log)  # an invalid DHT entry is said once, whoever reads it
         self.measuring = Measuring(peer, log_bad, options.profile_cache_dir)
+        self.measuring.torch_device = self.torch_device
         self.records = RunRecords(peer, log_bad, options.poll_s)
         self.transport = PipelineTransport(peer, self.measuring.probes, self.measuring.passive, lambda: self.step)
         self.recovery = Recovery(peer, self.measuring.rtt_ms, self.events.append)

@@ -28,11 +28,12 @@ def test_plan_a_scenario_as_json(capsys):
         assert set(st) >= {"peers", "layers", "microbatch_share"}
         assert sum(st["microbatch_share"].values()) == pytest.approx(1.0, abs=1e-4)
     assert planner["stages"][0]["layers"][0] == 0 and planner["stages"][-1]["layers"][1] == d["model"]["layers"]
-    assert set(d["baselines"]) == {"gpipe-uniform", "1f1b-uniform", "greedy"}
+    assert set(d["baselines"]) == {"gpipe-uniform", "1f1b-uniform", "greedy", "best-region"}
     for b in d["baselines"].values():
         assert "samples_per_s" in b and "step_s" in b
-    best = max(b["samples_per_s"] for b in d["baselines"].values())
+    best = max(b["samples_per_s"] for k, b in d["baselines"].items() if k != "best-region")
     assert planner["samples_per_s"] >= 1.5 * best  # simulated, not predicted
+    assert planner["samples_per_s"] >= 1.2 * d["baselines"]["best-region"]["samples_per_s"]  # it spans regions
 
 
 def test_plan_a_synthetic_swarm(capsys):

@@ -39,7 +39,8 @@ def _speedup(name: str) -> float:
     snap = Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))
     opts = PlannerOptions(global_batch=256)
     mine = plan(snap, GPT13, opts).plan
-    best_baseline = max(p.samples_per_s for p in baselines(snap, GPT13, opts).values())
+    # the pipeline baselines (systems that place every peer); best-region has its own test (test_best_region)
+    best_baseline = max(p.samples_per_s for k, p in baselines(snap, GPT13, opts).items() if k != "best-region")
     return mine.samples_per_s / best_baseline
 
 

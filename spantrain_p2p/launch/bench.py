@@ -1,5 +1,6 @@
-"""``spantrain bench``: the planner's plan and the baselines on the same scenario, back to back, with
-the ratios of their samples/s."""
+"""``spantrain bench``: the planner's plan and the baselines (best-region: the planner inside the best
+single region; gpipe- and 1f1b-uniform) on the same scenario, back to back, with the ratios of their
+samples/s."""
 from __future__ import annotations
 
 import copy
@@ -12,10 +13,10 @@ from .swarm import run_swarm
 def bench_command(args) -> int:
     """The planner's plan and the baselines on the same scenario, one after the other."""
     runs, code = {}, 0
-    for kind in ("planner", "gpipe-uniform", "1f1b-uniform"):
+    for kind in ("planner", "best-region", "gpipe-uniform", "1f1b-uniform"):
         a = copy.copy(args)
         a.plan, a.json, a.measure_only, a.chaos, a.duration = kind, True, False, [], None
-        if kind != "planner":
+        if kind.endswith("-uniform"):  # best-region: the planner's own choice of schedule, inside one region
             a.schedule = "gpipe" if kind == "gpipe-uniform" else "1f1b"
         print(f"bench: {kind}", file=sys.stderr, flush=True)
         rc, summary = run_swarm(a)

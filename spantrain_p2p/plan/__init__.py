@@ -15,10 +15,10 @@ Pure functions over plain frozen data: no network, no torch.
                   ModelProfile.from_model_config(default_planning_model()))
     result.plan.to_dict()
 """
-from .baselines import PLAN_KINDS, baselines, greedy_baseline, uniform_baseline
+from .baselines import PLAN_KINDS, greedy_baseline, uniform_baseline
 from .cost import Estimate, estimate
 from .model import ModelConfig
-from .planner import plan
+from .planner import baselines, plan
 from .search import PlannerOptions, PlanResult
 from .types import (COMPRESSIONS, LayerProfile, Link, ModelProfile, Network, PeerInfo, Plan, Snapshot, Stage,
                     compression_ratio, default_planning_model)

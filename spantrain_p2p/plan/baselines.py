@@ -5,7 +5,10 @@ job may ask for.
 per stage, no compression (a Megatron/DeepSpeed pipeline). ``greedy``: Petals-style, each peer in
 join order takes the next span of uncovered layers, sized by its share of the swarm's speed and
 capped by its memory; once all layers are covered, a peer joins the stage with the fewest
-servers per unit of work.
+servers per unit of work. ``best-region``: the planner's own plan inside the one network group
+(region) where it is fastest, every slower link left out: what an operator does by hand with the
+best site (its peers only; the other regions idle). That one runs the planner, so it lives in
+``planner.py``, with ``baseline(kind)`` and ``baselines()``, which name them all.
 """
 from __future__ import annotations
 
@@ -17,9 +20,11 @@ from .layout import LinkTable
 from .search import PlannerOptions, Search
 from .types import ModelProfile, Plan, Snapshot, Stage
 
+BEST_REGION = "best-region"
+
 # What a job's ``plan`` may be (``--plan``): the planner's search, the even split every peer
 # computes alike (``stagemap.placeholder_map``), or one of ``baselines()``.
-PLAN_KINDS = ("planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy")
+PLAN_KINDS = ("planner", "even", "gpipe-uniform", "1f1b-uniform", "greedy", "best-region")
 
 
 def _search(snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOptions],
@@ -111,14 +116,3 @@ def greedy_baseline(snapshot: Snapshot, profile: ModelProfile, options: Optional
         return Plan(stages, schedule, b, m, ("none",) * (len(stages) - 1))
 
     return _best_b(ctx, make, "greedy")
-
-
-def baselines(snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOptions] = None,
-              links: Optional[LinkTable] = None) -> dict[str, Plan]:
-    opts = options or PlannerOptions()
-    links = links or LinkTable(snapshot, group(snapshot, opts.grouping).group_of())
-    return {
-        "gpipe-uniform": uniform_baseline(snapshot, profile, "gpipe", opts, links),
-        "1f1b-uniform": uniform_baseline(snapshot, profile, "1f1b", opts, links),
-        "greedy": greedy_baseline(snapshot, profile, opts, links),
-    }

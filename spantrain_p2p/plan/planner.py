@@ -38,7 +38,8 @@ Baselines (``baselines``) in the same cost model: ``gpipe-uniform`` / ``1f1b-uni
 over the peers in join order, one peer per stage, no compression: a Megatron/DeepSpeed
 pipeline) and ``greedy`` (Petals-style: each peer in join order takes the next span of
 uncovered layers, sized by its share of the swarm's speed and capped by its memory; once all
-layers are covered, a peer joins the stage with the fewest servers per unit of work).
+layers are covered, a peer joins the stage with the fewest servers per unit of work) and
+``best-region`` (this planner inside the single fastest network group, the slow links left out).
 
 Every step reads one ``search.Search`` (the snapshot, model profile, links, grouping, options).
 """
@@ -46,11 +47,12 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from ..swarm.grouping import group
 from . import dp
-from .baselines import baselines, greedy_baseline, uniform_baseline  # noqa: F401  (the plan API)
+from .baselines import BEST_REGION, greedy_baseline, uniform_baseline
 from .candidates import Segment, compositions, segments, units
 from .exhaustive import exhaustive as exhaustive_search
 from .layout import LinkTable
@@ -173,3 +175,54 @@ def plan_largest(snapshot: Snapshot, configs: Sequence, options: Optional[Planne
         except ValueError as e:
             errors.append(str(e))
     raise ValueError(f"no feasible plan for any model tried: {errors[-1] if errors else ''}")
+
+
+# ---- the baselines that need the planner itself, and all of them by name ------------------------------
+def best_region_baseline(snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOptions] = None,
+                         links: Optional[LinkTable] = None) -> Plan:
+    """The planner's plan inside each network group alone, the fastest of them (evaluated among the
+    whole swarm's links, like every plan). Where no group can hold the model: the largest group's
+    1F1B pipeline, which the cost model finds infeasible (``step_s`` infinite)."""
+    opts = options or PlannerOptions()
+    grouping = group(snapshot, opts.grouping)
+    ctx = Search(snapshot, profile, links or LinkTable(snapshot, grouping.group_of()), opts)
+    best = None
+    for g in grouping.groups:
+        members = set(g.peers)
+        region = Snapshot(tuple(p for p in snapshot.peers if p.id in members), snapshot.network)
+        try:
+            cand = ctx.evaluate(plan(region, profile, opts).plan)
+        except ValueError:  # nothing fits in this group
+            continue
+        if best is None or cand.step_s < best.step_s:
+            best = cand
+    if best is None:
+        largest = max(grouping.groups, key=lambda g: (len(g.peers), g.peers))
+        members = set(largest.peers)
+        region = Snapshot(tuple(p for p in snapshot.peers if p.id in members), snapshot.network)
+        best = ctx.evaluate(uniform_baseline(region, profile, "1f1b", opts))
+    return replace(best, name=BEST_REGION)
+
+
+def baseline(kind: str, snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOptions] = None,
+             links: Optional[LinkTable] = None) -> Plan:
+    """The one baseline ``kind`` (a key of ``baselines()``)."""
+    if kind in ("gpipe-uniform", "1f1b-uniform"):
+        return uniform_baseline(snapshot, profile, kind.removesuffix("-uniform"), options, links)
+    if kind == "greedy":
+        return greedy_baseline(snapshot, profile, options, links)
+    if kind == BEST_REGION:
+        return best_region_baseline(snapshot, profile, options, links)
+    raise ValueError(f"no baseline {kind!r}")
+
+
+def baselines(snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOptions] = None,
+              links: Optional[LinkTable] = None) -> dict[str, Plan]:
+    opts = options or PlannerOptions()
+    links = links or LinkTable(snapshot, group(snapshot, opts.grouping).group_of())
+    return {
+        "gpipe-uniform": uniform_baseline(snapshot, profile, "gpipe", opts, links),
+        "1f1b-uniform": uniform_baseline(snapshot, profile, "1f1b", opts, links),
+        "greedy": greedy_baseline(snapshot, profile, opts, links),
+        BEST_REGION: best_region_baseline(snapshot, profile, opts, links),
+    }

@@ -55,7 +55,7 @@ def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan
     opts = pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
                              schedules=schedules, compressions=comp)
     try:
-        plan = pl.plan(snap, prof, opts).plan if kind == "planner" else pl.baselines(snap, prof, opts)[kind]
+        plan = pl.plan(snap, prof, opts).plan if kind == "planner" else pl.baseline(kind, snap, prof, opts)
     except ValueError as e:
         raise NoPlan(f"{e}; {_memory_facts(prof, snap)}") from None
     if not math.isfinite(plan.step_s):

@@ -25,7 +25,7 @@ def bench_command(args) -> int:
             runs[kind] = {"error": f"exit code {rc}"}
             continue
         keep = ("samples_per_s", "tokens_per_s", "step_s", "predicted_step_s", "bound_samples_per_s", "bottleneck",
-                "compute_utilization", "wire_bytes_per_step", "fidelity", "plan")
+                "aggregate_bound_samples_per_s", "aggregate_utilization", "mfu", "compute_utilization", "wire_bytes_per_step", "fidelity", "plan")
         runs[kind] = {k: summary.get(k) for k in keep}
     base = runs.get("planner", {}).get("samples_per_s")
     ratios = {f"planner/{k}": round(base / v["samples_per_s"], 3) for k, v in runs.items()

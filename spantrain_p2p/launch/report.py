@@ -51,9 +51,10 @@ def _work(w: Optional[dict]) -> dict:
 
 
 def _swarm_mfu(reports: list[dict]) -> Optional[float]:
-    """The swarm's MFU: every peer's achieved model FLOP/s over the sum of their peaks."""
-    ws = [r.get("work") for r in reports]
-    if not ws or any(not w or w.get("achieved_flops_per_s") is None or not w.get("peak_flops_per_s") for w in ws):
+    """The swarm's MFU: the training peers' achieved model FLOP/s over the sum of their peaks (peers
+    the plan left idle count in ``aggregate_utilization`` instead)."""
+    ws = [r.get("work") for r in reports if r.get("work")]
+    if not ws or any(w.get("achieved_flops_per_s") is None or not w.get("peak_flops_per_s") for w in ws):
         return None
     return round(sum(w["achieved_flops_per_s"] for w in ws) / sum(w["peak_flops_per_s"] for w in ws), 5)
 
@@ -102,6 +103,16 @@ def describe_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
+def aggregate_bound(reports: list[dict]) -> Optional[float]:
+    """The aggregate-compute bound: samples/s if every peer's device, used by the plan or not, ran
+    the model's FLOPs at its full speed (the physical limit). None unless every peer says both."""
+    peaks = [r.get("device_peak_flops_per_s") for r in reports]
+    per_sample = next((r["model_flops_per_sample"] for r in reports if r.get("model_flops_per_sample")), None)
+    if not reports or per_sample is None or any(not p for p in peaks):
+        return None
+    return round(sum(peaks) / per_sample, 3)
+
+
 def figures(summary: dict, reports: list[dict], scenario=None) -> dict:
     """DESIGN.md section 5 figures from the peers' reports: prediction and bound, utilization,
     wire bytes per step (by link class when the scenario is known), emulation fidelity."""
@@ -118,6 +129,9 @@ def figures(summary: dict, reports: list[dict], scenario=None) -> dict:
         out["fidelity"] = round(1 - sum(d["overruns"] for d in devs) / padded, 4) if padded else None
     else:
         out["compute_utilization"], out["fidelity"] = None, None
+    out["aggregate_bound_samples_per_s"] = agg = aggregate_bound(reports)
+    sps = summary.get("samples_per_s")
+    out["aggregate_utilization"] = round(sps / agg, 4) if agg and sps else None
     per_step: dict[int, int] = {}
     by_class: dict[str, list[int]] = {}
     for r in reports:

@@ -47,8 +47,18 @@ def report(t) -> dict:
             "deadline_extensions": tr.deadline_extensions,
             "data_fetched": list(t.data_share.fetched),
             "device": describe(t.torch_device),
+            "model_flops_per_sample": model_flops_per_sample(job) if job else None,
+            "device_peak_flops_per_s": t.peak[0] if t.peak else t.peer.device.flops_per_s if t.peer.device else None,
             "work": work_figures(t.work, t.peak, statistics.median(durations) if durations else None),
             "error": t.error, "refused": t.refused}
+
+
+def model_flops_per_sample(job) -> Optional[float]:
+    """F + B + W FLOPs of one sample through the whole model (the planner's count; None: a user model)."""
+    from .planning import model_profile
+
+    prof = model_profile(job)
+    return None if prof is None else sum(x.fwd_flops + x.bwd_input_flops + x.bwd_weight_flops for x in prof.layers)
 
 
 def stage_work(job, first: int, last: int, actions) -> dict:

@@ -61,12 +61,18 @@ from .search import PlannerOptions, PlanResult, Search  # noqa: F401  (the plan 
 from .types import ModelProfile, Plan, Snapshot, Stage
 
 
+REGIONS_MAX_PEERS = 200  # up to this many peers the planner also plans each network group alone
+
+
 def plan(snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOptions] = None,
-         exhaustive: bool = False, evaluated: Optional[list] = None) -> PlanResult:
+         exhaustive: bool = False, evaluated: Optional[list] = None, regions: bool = True) -> PlanResult:
     """The planner's best plan for ``snapshot`` (with its cost-model prediction).
 
     ``exhaustive``: try every ordered stage partition instead (small instances only).
     ``evaluated``: a list that receives ``(proxy cost, plan)`` for every candidate evaluated.
+    ``regions``: with several network groups (and at most ``REGIONS_MAX_PEERS`` peers), also plan
+    each group alone and keep the best: the search over the whole swarm can miss a plan that
+    leaves the slow links out (best-region found one 15 % faster on volunteers-real with GPT-2 XL).
     """
     opts = options or PlannerOptions()
     t0 = time.perf_counter()
@@ -99,6 +105,10 @@ def plan(snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOpt
             best = found
     best = ctx.relax_compression(best)
     t_local = time.perf_counter() - t_local
+    if regions and len(grouping.groups) > 1 and len(snapshot.peers) <= REGIONS_MAX_PEERS:
+        alone = _best_single_region(ctx, grouping, opts)
+        if alone is not None and alone.step_s < best.step_s:
+            best = replace(alone, name=best.name)
     return PlanResult(best, grouping, time.perf_counter() - t0, n_eval + n_split + n_local,
                       {"grouping_s": t_group, "dp_s": t_dp, "evaluate_s": t_eval, "local_search_s": t_local,
                        "segments": len(segs), "orders": len(variants)})
@@ -186,22 +196,29 @@ def best_region_baseline(snapshot: Snapshot, profile: ModelProfile, options: Opt
     opts = options or PlannerOptions()
     grouping = group(snapshot, opts.grouping)
     ctx = Search(snapshot, profile, links or LinkTable(snapshot, grouping.group_of()), opts)
-    best = None
-    for g in grouping.groups:
-        members = set(g.peers)
-        region = Snapshot(tuple(p for p in snapshot.peers if p.id in members), snapshot.network)
-        try:
-            cand = ctx.evaluate(plan(region, profile, opts).plan)
-        except ValueError:  # nothing fits in this group
-            continue
-        if best is None or cand.step_s < best.step_s:
-            best = cand
+    best = _best_single_region(ctx, grouping, opts)
     if best is None:
         largest = max(grouping.groups, key=lambda g: (len(g.peers), g.peers))
         members = set(largest.peers)
         region = Snapshot(tuple(p for p in snapshot.peers if p.id in members), snapshot.network)
         best = ctx.evaluate(uniform_baseline(region, profile, "1f1b", opts))
     return replace(best, name=BEST_REGION)
+
+
+def _best_single_region(ctx: Search, grouping, opts: PlannerOptions) -> Optional[Plan]:
+    """The planner's plan of each network group alone, the fastest in ``ctx`` (the whole swarm's
+    links); None if no group can hold the model."""
+    best = None
+    for g in grouping.groups:
+        members = set(g.peers)
+        region = Snapshot(tuple(p for p in ctx.snapshot.peers if p.id in members), ctx.snapshot.network)
+        try:
+            cand = ctx.evaluate(plan(region, ctx.profile, opts, regions=False).plan)
+        except ValueError:  # nothing fits in this group
+            continue
+        if best is None or cand.step_s < best.step_s:
+            best = cand
+    return best
 
 
 def baseline(kind: str, snapshot: Snapshot, profile: ModelProfile, options: Optional[PlannerOptions] = None,

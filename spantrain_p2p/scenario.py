@@ -30,6 +30,7 @@ class DeviceClass:
     tflops: float
     memory_gb: float
     gpus: int = 1
+    gpu: str = ""  # the catalogue's GPU (``gpus.CATALOGUE``) that gave tflops and memory_gb, if any
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,33 @@ def _num(d: dict, key: str, where: str, lo: float = 0.0, default: Any = None, po
     return float(v)
 
 
+def _device(k: str, v: Any, w: str) -> DeviceClass:
+    """A device class: ``tflops`` and ``memory_gb`` as given, or from ``gpu = "NAME"`` (the
+    catalogue, ``gpus``) times ``gpus``, at ``efficiency`` (default 1: the data sheet's peak)."""
+    if not isinstance(v, dict):
+        raise ScenarioError(f"{w} must be a table")
+    gpus = _num(v, "gpus", w, default=1)
+    if gpus != int(gpus):
+        raise ScenarioError(f"{w}.gpus must be a whole number, not {gpus!r}")
+    if "gpu" not in v:
+        return DeviceClass(k, _num(v, "tflops", w), _num(v, "memory_gb", w), int(gpus))
+    from .gpus import gpu
+
+    name = v["gpu"]
+    if not isinstance(name, str):
+        raise ScenarioError(f"{w}.gpu must be a GPU name, not {name!r}")
+    try:
+        g = gpu(name)
+    except KeyError as e:
+        raise ScenarioError(f"{w}.gpu: {e.args[0]}") from None
+    if "tflops" in v:
+        raise ScenarioError(f"{w}: give gpu or tflops, not both (gpu sets tflops from the catalogue)")
+    eff = _num(v, "efficiency", w, default=1.0)
+    if eff > 1:
+        raise ScenarioError(f"{w}.efficiency is the fraction of the peak reached, at most 1, not {eff!r}")
+    return DeviceClass(k, g.tflops * gpus * eff, _num(v, "memory_gb", w, default=g.memory_gb * gpus), int(gpus), name)
+
+
 def _table(d: dict, key: str, where: str) -> dict:
     v = d.get(key, {})
     if not isinstance(v, dict):
@@ -112,7 +140,7 @@ def parse(data: dict, path: str = "") -> Scenario:
     devices = {}
     for k, v in _table(data, "device_classes", where).items():
         w = f"device_classes.{k}"
-        devices[k] = DeviceClass(k, _num(v, "tflops", w), _num(v, "memory_gb", w), int(_num(v, "gpus", w, default=1)))
+        devices[k] = _device(k, v, w)
     if not links or not devices:
         raise ScenarioError(f"{where}: needs at least one [link_classes.X] and one [device_classes.X]")
     default_link = data.get("default_link", "")

@@ -44,6 +44,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                      help="plan a scenario at the speed its emulated peers run here (tflops x compute_scale); "
                      "default: the devices' own speed, the units the profiler reports")
     mod = p.add_argument_group("model (default: the largest GPT of 1.3B / 350M / 125M that fits)")
+    mod.add_argument("--workload", metavar="NAME", help="a transformers model to plan: hf:PRESET (gpt2 … gpt2-xl, "
+                     "llama-7b, …) or hf:DIR (its config.json); planned at --seq-len in bf16")
     mod.add_argument("--model-dim", type=int, metavar="D")
     mod.add_argument("--model-depth", type=int, metavar="L", help="transformer blocks")
     mod.add_argument("--model-heads", type=int, metavar="H")
@@ -119,6 +121,21 @@ def _model_configs(args: argparse.Namespace) -> list[Any]:
                                    vocab=args.vocab)]
 
 
+def _workload(args: argparse.Namespace) -> tuple[Any, dict]:
+    """(the planner's profile of ``--workload``, what the output says of it). Weights and
+    activations in bf16 (2 bytes), the optimizer in fp32, as a GPU run would train it."""
+    from ..train.hf_model import HFModel, is_hf
+    from ..train.hf_profile import hf_model_profile
+
+    if not is_hf(args.workload):
+        raise ValueError(f"--workload {args.workload!r}: name a transformers model, hf:PRESET or hf:DIR")
+    hf = HFModel(args.workload, {}, 0, args.seq_len)
+    profile = hf_model_profile(hf, args.seq_len, wire_dtype_bytes=2)
+    params = int(sum(x.param_bytes for x in profile.layers) / 4)
+    return profile, {"workload": args.workload, "name": profile.name, "params": params, "layers": profile.num_layers,
+                     "seq_len": args.seq_len, "model_type": hf.model_type}
+
+
 def _fmt(x: Optional[float], unit: str = "", digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
@@ -130,7 +147,7 @@ def run_plan(args: argparse.Namespace) -> dict:
     from ..sim import simulate
     from ..plan.model import num_params
     from ..plan.layout import LinkTable
-    from ..plan.planner import PlannerOptions, baselines, plan_largest
+    from ..plan.planner import PlannerOptions, baselines, plan, plan_largest
     from ..plan.types import compression_ratio
 
     snapshot, source = _snapshot(args)
@@ -145,7 +162,12 @@ def run_plan(args: argparse.Namespace) -> dict:
         compression_ratio(c)
     opts = PlannerOptions(global_batch=g, micro_batch_sizes=sizes, schedules=_csv(args.schedules, "schedules"),
                           compressions=comps)
-    cfg, profile, result = plan_largest(snapshot, _model_configs(args), opts)
+    if args.workload:
+        profile, model = _workload(args)
+        result = plan(snapshot, profile, opts)
+    else:
+        cfg, profile, result = plan_largest(snapshot, _model_configs(args), opts)
+        model = {**cfg.to_dict(), "params": num_params(cfg), "layers": profile.num_layers, "name": profile.name}
     links = LinkTable(snapshot, result.grouping.group_of())
     jitter = not args.no_jitter
 
@@ -162,7 +184,7 @@ def run_plan(args: argparse.Namespace) -> dict:
         "plan_seconds": round(result.seconds, 4),
         "source": source,
         "peers": len(snapshot.peers),
-        "model": {**cfg.to_dict(), "params": num_params(cfg), "layers": profile.num_layers, "name": profile.name},
+        "model": model,
         "global_batch": g,
         "grouping": {"digest": result.grouping.digest(), "groups": len(result.grouping.groups),
                      "sizes": [len(x.peers) for x in result.grouping.groups]},
@@ -170,6 +192,14 @@ def run_plan(args: argparse.Namespace) -> dict:
         "baselines": {},
     }
     out["planner"]["peers_used"] = len(best.peers())
+    if args.workload:
+        out["workload"] = model
+    # the aggregate-compute bound: every peer's FLOP/s on the model, used or not (the physical limit)
+    per_sample = sum(x.fwd_flops + x.bwd_input_flops + x.bwd_weight_flops for x in profile.layers)
+    agg = sum(p.flops for p in snapshot.peers) / per_sample
+    out["aggregate_bound_samples_per_s"] = round(agg, 4)
+    if out["planner"].get("samples_per_s"):
+        out["planner"]["of_aggregate_bound"] = round(out["planner"]["samples_per_s"] / agg, 4)
     if not args.no_baselines:
         for name, bp in baselines(snapshot, profile, opts, links).items():
             bp = simulated(bp)

@@ -121,6 +121,22 @@ def _device(k: str, v: Any, w: str) -> DeviceClass:
     return DeviceClass(k, g.tflops * gpus * eff, _num(v, "memory_gb", w, default=g.memory_gb * gpus), int(gpus), name)
 
 
+EMULABLE_TFLOPS = 1.0  # fastest virtual device a CPU core can pad to (it must compute faster than it)
+
+
+def emulation_warning(s: Scenario) -> Optional[str]:
+    """Why a live run of ``s`` on this machine's CPU would be unfaithful, or None: a virtual device
+    faster than a CPU core computes (``tflops x compute_scale`` over ``EMULABLE_TFLOPS``): real-unit
+    scenarios are for ``spantrain plan`` until the live world can be slowed to match (issue 15)."""
+    fastest = max((d.tflops * s.compute_scale, d.name) for d in s.device_classes.values())
+    if fastest[0] <= EMULABLE_TFLOPS:
+        return None
+    return (f"scenario {s.name!r}: device class {fastest[1]!r} runs at {fastest[0]:g} TFLOP/s virtual, faster than "
+            f"a CPU can compute ({EMULABLE_TFLOPS:g}): its peers cannot keep the virtual pace, so step times and "
+            f"fidelity will be wrong. Plan it offline with `spantrain plan --scenario ... --workload ...`, or lower "
+            f"compute_scale")
+
+
 def _table(d: dict, key: str, where: str) -> dict:
     v = d.get(key, {})
     if not isinstance(v, dict):

@@ -57,3 +57,11 @@ def test_on_realistic_worlds_the_planner_is_never_behind_a_baseline(capsys, name
         d = _plan(capsys, name, workload)
         best = max(v["samples_per_s"] for v in d["baselines"].values())
         assert d["planner"]["samples_per_s"] >= best * (1 - 1e-6), (name, workload, d["baselines"])
+
+
+def test_a_live_run_of_a_real_unit_world_is_warned_about_and_the_emulated_ones_are_not():
+    for name in ("cee-3region", "lan-4", "edge-volunteers", "trace-drop"):
+        assert scenario.emulation_warning(scenario.load(f"peers/{name}.toml")) is None, name
+    for name in REAL:
+        w = scenario.emulation_warning(scenario.load(f"peers/{name}.toml"))
+        assert w is not None and "spantrain plan" in w and "TFLOP/s virtual" in w, name

@@ -70,6 +70,8 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
     os.makedirs(run_dir, exist_ok=True)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     say(f"launching {len(s.peers)} peers of scenario {s.name!r} (logs in {run_dir})")
+    if (warning := sc.emulation_warning(s)) is not None:
+        print(f"spantrain swarm: warning: {warning}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     procs: list[PeerProcess] = []
     stopping = []

@@ -43,7 +43,7 @@ NON_DEFAULT = {
     "--micro-batch-size": "2", "--micro-batches": "5", "--lr": "0.0025", "--optimizer": "sgd", "--seed": "11",
     "--schedule": "1f1b", "--plan": "gpipe-uniform", "--recv-timeout": "12.5", "--compression": "int8",
     "--stages": "2", "--checkpoint-every": "4", "--checkpoint-dir": "/tmp/ckpt", "--resume": "/tmp/ckpt-in",
-    "--precision": "bf16", "--data": "stdlib", "--tokenizer": "/tmp/tok.json", "--data-cache": "/tmp/dc", "--dump-grads": "/tmp/grads",
+    "--precision": "fp16", "--loss-scale": "1024", "--data": "stdlib", "--tokenizer": "/tmp/tok.json", "--data-cache": "/tmp/dc", "--dump-grads": "/tmp/grads",
     "--dump-step": "3", "--device": "cpu",
 }
 

@@ -43,7 +43,15 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
                        "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
                        "device": (r.get("device") or {}).get("device"), **_work(r.get("work")),
                        "error": r["error"]} for r in reports],
-            "mfu": _swarm_mfu(reports)}
+            "mfu": _swarm_mfu(reports), **_loss_scale(staged)}
+
+
+def _loss_scale(staged: list[dict]) -> dict:
+    """fp16: the scale the run ended with, and the steps every peer skipped (they overflowed)."""
+    scales = [r["loss_scale"] for r in staged if r.get("loss_scale") is not None]
+    if not scales:
+        return {}
+    return {"loss_scale": min(scales), "skipped_steps": sorted({s for r in staged for s in r.get("skipped_steps", ())})}
 
 
 def _work(w: Optional[dict]) -> dict:

@@ -18,7 +18,7 @@ from ..plan import PLAN_KINDS
 # as train.job.OPTIMIZERS (tests/test_cli_options.py ties them): importing train.job here would load
 # torch for every `spantrain --help`
 OPTIMIZERS = ("adam", "sgd")
-PRECISIONS = ("fp32", "bf16")  # as train.job.PRECISIONS (tied by the same test)
+PRECISIONS = ("fp32", "bf16", "fp16")  # as train.job.PRECISIONS (tied by the same test)
 FIRST, EVERY = "first", "every"  # which peers of a launched swarm get an option
 
 
@@ -111,9 +111,12 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--micro-batches", "micro-batches per step", type=int, default=4, job="num_micro_batches"),
     JobOption("--lr", type=float, default=1e-3, job="lr"),
     JobOption("--optimizer", default="adam", choices=OPTIMIZERS, job="optimizer"),
-    JobOption("--precision", "compute dtype: fp32, or bf16 (autocast; weights, their gradients and the optimizer "
-              "state stay fp32; activations and their gradients cross the wire as bf16) (default fp32)",
+    JobOption("--precision", "compute dtype: fp32, bf16 or fp16 (autocast; weights, their gradients and the "
+              "optimizer state stay fp32; activations and their gradients cross the wire in 2 bytes; fp16 scales "
+              "the loss dynamically and skips a step that overflows on every peer) (default fp32)",
               default="fp32", choices=PRECISIONS, job="precision"),
+    JobOption("--loss-scale", "fp16: the dynamic loss scale's initial value (halved on each overflow, doubled "
+              "after 2000 clean steps) (default 65536)", type=float, default=65536.0, job="loss_scale"),
     JobOption("--data", "the data set: a text file, a folder of them, .jsonl (a 'text' field), .parquet (a 'text' "
               "column) or 'stdlib' (this Python's standard library); default: a generated corpus. Every peer "
               "checks its copy against the swarm's fingerprint", metavar="PATH", job="data", train="data",

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from . import schedule as sched
+from .loss_scale import sanitized, scaled
 from .messages import ACT, GRAD
 
 Recv = Callable[[str, int, int], Awaitable[torch.Tensor]]
@@ -62,7 +63,9 @@ class StageExecutor:
         runs under autocast to it, the weights stay float32 (so do their gradients and the
         optimizer), and activations and their gradients leave the stage in it. The stage computes
         where its layers are (``--device``): batches and received tensors are moved there, and
-        what it sends is copied to host memory."""
+        what it sends is copied to host memory. ``loss_scale`` (fp16, set before each step): the
+        last stage scales its loss by it; a tensor that overflowed leaves as zeros and sets
+        ``overflowed`` (``pipeline.loss_scale``: the step is then skipped everywhere)."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
@@ -76,6 +79,8 @@ class StageExecutor:
         self.compute_dtype = compute_dtype
         self.torch_device = next((p.device for p in self.params), torch.device("cpu"))
         self._device_type = self.torch_device.type
+        self.loss_scale: Optional[float] = None
+        self.overflowed = False  # this step sent a tensor that overflowed (fp16)
 
     def _autocast(self):
         if self.compute_dtype is None:
@@ -85,6 +90,9 @@ class StageExecutor:
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor leaving the stage: in the compute dtype, where the job has one, in host memory."""
         t = t if self.compute_dtype is None else t.to(self.compute_dtype)
+        if self.loss_scale is not None:
+            t, bad = sanitized(t)
+            self.overflowed |= bad
         return t if t.device.type == "cpu" else t.to("cpu")
 
     def _here(self, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -142,7 +150,8 @@ class StageExecutor:
                 st.ins.append(x)
                 if self.is_last and i == n - 1:
                     loss = layer(x, targets)
-                    x = loss / self.num_microbatches  # micro-batch gradients sum to the global-batch mean
+                    # micro-batch gradients sum to the global-batch mean (times the loss scale)
+                    x = scaled(loss / self.num_microbatches, self.loss_scale)
                 else:
                     x = layer(x)
                 st.outs.append(x)
@@ -211,6 +220,7 @@ class StageExecutor:
         mbs: dict[int, _Mb] = {}
         sends: list[asyncio.Task] = []
         result = StepResult()
+        self.overflowed = False
         loop = asyncio.get_running_loop()
         t_compute = 0.0
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)

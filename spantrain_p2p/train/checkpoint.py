@@ -2,7 +2,7 @@
 
 ``DIR/step-00000020/layer-0003.safetensors`` holds layer 3's state after 20 steps: its parameters
 and buffers and the optimizer's state of its parameters, named as ``train.state`` names them
-(``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``), with the job's model fingerprint, the
+(``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``, ``s:<run scalar>``), with the job's model fingerprint, the
 optimizer, the layer and the step in the file's metadata. Every peer writes the layers it runs
 (atomically: a temporary file, then a rename) and keeps the newest two steps of them; peers of one
 swarm may share the directory or each keep their own. ``DIR/job.json`` is the job that trained
@@ -28,7 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .state import LayerState
+from .state import LayerState, is_layer_entry
 
 log = logging.getLogger("spantrain.train")
 
@@ -152,7 +152,7 @@ class CheckpointDir:
             return None
         with safe_open(path, framework="pt") as f:
             state = [(name, f.get_tensor(name)) for name in sorted(f.keys())]
-        got = {n: tuple(t.shape) for n, t in state if not n.startswith("o:")}
+        got = {n: tuple(t.shape) for n, t in state if is_layer_entry(n)}
         if got != expected or any(not torch.isfinite(t).all() for _, t in state if t.is_floating_point()):
             self._skip(path, "its tensors do not match the layer's shapes, or hold NaN/inf")
             return None

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ..pipeline.executor import StepFailed
+from ..pipeline.loss_scale import sanitized
 from ..pipeline.messages import GSUM
 from .devices import to_host
 
@@ -40,12 +41,16 @@ class GradientSum:
     are final (``layer_done``, during the step's last backward op; ``run_step`` tells every layer
     by its end), so the transfers overlap the backward of the layers below; ``finish`` adds every
     replica's part up in peer-id order (every replica ends with bit-identical gradients) and sets
-    them. ``transport`` sends and receives the parts (``send_to``, ``receive``)."""
+    them. ``transport`` sends and receives the parts (``send_to``, ``receive``). With
+    ``sanitize`` (fp16), a part that overflowed is sent as zeros and sets ``overflowed`` (the wire
+    takes no inf; the step is skipped everywhere)."""
 
     def __init__(self, transport, me: str, step: int, params: list[torch.nn.Parameter],
-                 buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str]):
+                 buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str], sanitize: bool = False):
         self.transport, self.me, self.step, self.params, self.buckets, self.others = \
             transport, me, step, params, buckets, others
+        self.sanitize = sanitize
+        self.overflowed = False
         self.local: list[Optional[torch.Tensor]] = [None] * len(buckets)
         self.by_layer: dict[int, list[int]] = {}
         for k, (layer, _) in enumerate(buckets):
@@ -53,6 +58,9 @@ class GradientSum:
         self.sends: list[asyncio.Task] = []
 
     def _start(self, k: int, t: torch.Tensor) -> None:
+        if self.sanitize:
+            t, bad = sanitized(t)
+            self.overflowed |= bad
         self.local[k] = t
         self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, t)) for dst in self.others]
 

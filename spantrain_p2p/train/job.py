@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .. import PROTOCOL_VERSION, __version__
+from ..pipeline.loss_scale import check_init
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
 from ..plan.baselines import PLAN_KINDS
 from . import model as model_lib
@@ -28,7 +29,7 @@ BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
 PLANS = PLAN_KINDS
 OPTIMIZERS = ("adam", "sgd")
-PRECISIONS = ("fp32", "bf16")  # compute dtype; weights and optimizer state stay fp32 (fp16 needs loss scaling: not yet)
+PRECISIONS = ("fp32", "bf16", "fp16")  # compute dtype; weights and optimizer state stay fp32 (fp16: loss scaling)
 
 
 def is_hf_preset(model: str) -> bool:
@@ -72,6 +73,7 @@ class JobSpec:
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
     recv_timeout_s: float = 60.0
     precision: str = "fp32"
+    loss_scale: float = 65536.0  # fp16: the dynamic loss scale's initial value (pipeline.loss_scale)
     data: str = ""  # the data set the starting peer named ("": the generated corpus); a joiner may have its own copy
     tokenizer: str = "bytes"  # likewise, the tokenizer it named
     data_fingerprint: str = ""  # what every peer's copy of the data set must hash to
@@ -112,6 +114,7 @@ class JobSpec:
                 raise ValueError(f"compression {self.compression!r}: {e}") from None
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
+        object.__setattr__(self, "loss_scale", check_init(self.loss_scale))
         for name in ("version", "job_id", "fingerprint", "data_fingerprint", "tokenizer_fingerprint"):
             v = getattr(self, name)
             if not isinstance(v, str) or len(v) > 128:

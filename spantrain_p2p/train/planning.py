@@ -36,7 +36,7 @@ def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
     if is_hf(job.model):
         from .hf_profile import hf_model_profile
 
-        return hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=2 if job.precision == "bf16" else 4)
+        return hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=4 if job.precision == "fp32" else 2)
     if job.model != BUILTIN:
         return None
     return pt.ModelProfile.from_model_config(ModelHandle(job)._config())

@@ -64,11 +64,11 @@ class Recovery:
 
     # ---- after each step --------------------------------------------------------------------------
     def snapshot(self, smap: StageMap, stage: int, layers, opt, first: int, step: int,
-                 loss_rows: list) -> list[tuple[int, LayerState]]:
-        """Keeps the state after ``step`` completed steps, and sends a copy to the buddy peer
-        (with ``loss_rows``, this peer's recent [step, loss sum, count, epoch]). Returns the
-        (layer, state) pairs."""
-        states = [(first + i, layer_state.capture(layer, opt)) for i, layer in enumerate(layers)]
+                 loss_rows: list, run: LayerState = ()) -> list[tuple[int, LayerState]]:
+        """Keeps the state after ``step`` completed steps (with ``run``'s scalars of the whole run
+        in every layer's), and sends a copy to the buddy peer (with ``loss_rows``, this peer's
+        recent [step, loss sum, count, epoch]). Returns the (layer, state) pairs."""
+        states = [(first + i, layer_state.capture(layer, opt, run)) for i, layer in enumerate(layers)]
         for i, st in states:
             self.store.put(i, step, st)
         buddy = choose_buddy(smap, stage, self.peer.peer_id, self.rtt_ms)
@@ -92,10 +92,12 @@ class Recovery:
             log.info("copy of step %d to buddy %s failed: %s", step, self.peer.name_of(buddy), e)
 
     # ---- taking over layers -----------------------------------------------------------------------
-    async def load(self, layers, opt, first: int, step: int) -> None:
+    async def load(self, layers, opt, first: int, step: int) -> dict:
         """Puts the layers in their state after ``step`` steps: fresh at step 0, else from this peer's
-        own snapshot or checkpoint directory, a live replica or a buddy's copy (nearest first)."""
+        own snapshot or checkpoint directory, a live replica or a buddy's copy (nearest first).
+        Returns the run's scalars the states carried (``s:`` entries; empty for fresh layers)."""
         invs = None
+        run: dict = {}
         for i, layer in enumerate(layers):
             idx = first + i
             st = self._held(idx, step)
@@ -108,7 +110,9 @@ class Recovery:
                 st = await self._fetch_layer(idx, step, invs)
                 self.on_event({"kind": "fetched", "layer": idx, "step": step, "t": time.time()})
             layer_state.apply(layer, opt, st)
+            run = run or layer_state.run_entries(st)
             self.store.put(idx, step, st)
+        return run
 
     async def inventories(self) -> dict[str, dict[int, list[int]]]:
         """What every other live peer holds: peer id -> layer -> steps."""

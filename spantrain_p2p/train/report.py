@@ -50,6 +50,7 @@ def report(t) -> dict:
             "model_flops_per_sample": model_flops_per_sample(job) if job else None,
             "device_peak_flops_per_s": t.peak[0] if t.peak else t.peer.device.flops_per_s if t.peer.device else None,
             "work": work_figures(t.work, t.peak, statistics.median(durations) if durations else None),
+            "loss_scale": t.loss_scale, "skipped_steps": list(t.skipped),
             "error": t.error, "refused": t.refused}
 
 

@@ -1,7 +1,8 @@
 """Training state of single layers: snapshot, wire form, and loading into a stage.
 
 A layer's state is its parameters and buffers plus the optimizer's state of its parameters,
-as ``(name, tensor)`` pairs: ``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``. Peers keep
+as ``(name, tensor)`` pairs: ``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``, and scalars of the
+whole run that must survive with it (``s:<name>``: fp16's loss scale). Peers keep
 snapshots of the last few steps of their own layers and hold copies of a buddy's, so that when
 a peer dies, the layers it ran can be rebuilt elsewhere at a step every survivor can also return
 to: the interrupted step is redone, none is lost and none applied twice.
@@ -21,8 +22,9 @@ LayerState = list[tuple[str, torch.Tensor]]
 MAX_ENTRIES = 4096
 
 
-def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer]) -> LayerState:
-    """A copy of the layer's state now (parameters, buffers, optimizer state of its parameters)."""
+def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerState = ()) -> LayerState:
+    """A copy of the layer's state now (parameters, buffers, optimizer state of its parameters),
+    with ``run``'s ``s:`` entries (scalars of the whole run)."""
     out: LayerState = [(f"p:{n}", _host_copy(p)) for n, p in layer.named_parameters()]
     out += [(f"b:{n}", _host_copy(b)) for n, b in layer.named_buffers()]
     if opt is not None:
@@ -30,7 +32,18 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer]) -> LayerStat
             for key, v in sorted(opt.state.get(p, {}).items()):
                 t = v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
                 out.append((f"o:{n}:{key}", _host_copy(t).float()))
+    out += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
     return out
+
+
+def run_entries(state: LayerState) -> dict[str, torch.Tensor]:
+    """The ``s:`` entries of a layer's state (scalars of the whole run)."""
+    return {n: t for n, t in state if n.startswith("s:")}
+
+
+def is_layer_entry(name: str) -> bool:
+    """A parameter or buffer entry (what a layer's shapes are checked against)."""
+    return name[:2] in ("p:", "b:")
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -75,7 +88,7 @@ def decode(header: dict, buffers: list[memoryview], expected: Optional[dict[str,
         raise FrameError("layer state has too many or too few entries")
     out = []
     for n, shape, buf in zip(names, shapes, buffers):
-        if not isinstance(n, str) or len(n) > 256 or n[:2] not in ("p:", "b:", "o:"):
+        if not isinstance(n, str) or len(n) > 256 or n[:2] not in ("p:", "b:", "o:", "s:"):
             raise FrameError(f"bad layer state entry name {str(n)[:40]!r}")
         if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(x, int) and x >= 0 for x in shape):
             raise FrameError(f"bad shape for {n}")
@@ -86,7 +99,7 @@ def decode(header: dict, buffers: list[memoryview], expected: Optional[dict[str,
             raise FrameError(f"{n} holds NaN or infinite values")
         out.append((n, torch.from_numpy(arr)))
     if expected is not None:
-        got = {n: tuple(t.shape) for n, t in out if not n.startswith("o:")}
+        got = {n: tuple(t.shape) for n, t in out if is_layer_entry(n)}
         if got != expected:
             missing = sorted(set(expected) ^ set(got))[:3] or [k for k in expected if expected[k] != got.get(k)][:3]
             raise FrameError(f"layer state does not match the layer (e.g. {missing})")

@@ -20,7 +20,8 @@ import torch
 
 from ..pipeline import schedule as sched
 from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
-from ..pipeline.messages import ACT, GRAD, GSUM, Expect
+from ..pipeline.loss_scale import LossScale, nonfinite, unscale_
+from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
@@ -34,14 +35,15 @@ from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from .optim import make_optimizer
+from . import overflow
 from .run_records import MAP_POLL_S, RunRecords
 from .recovery import Recovery
 from .transport import PipelineTransport
 
 log = logging.getLogger("spantrain.train")
 
-COMPUTE_DTYPES = {"bf16": torch.bfloat16}  # --precision -> autocast dtype (fp32: none)
-WIRE_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # --precision -> autocast dtype (fp32: none)
+WIRE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class _Stage:
     buckets: list
     replicas: tuple[str, ...]
     is_last: bool
+    scale: Optional[LossScale] = None  # fp16's loss scale (the same on every peer)
 
 
 class Trainer:
@@ -102,6 +105,8 @@ class Trainer:
         self.work: Optional[dict] = None  # this peer's tokens and model FLOPs per step (report.stage_work)
         self.peak: Optional[tuple[float, str]] = None  # its device's peak FLOP/s, and where the figure comes from
         self.data = None  # dataset.RunData: the job's batches on this peer
+        self.skipped: list[int] = []  # fp16: steps every peer skipped (their gradients overflowed)
+        self.loss_scale: Optional[float] = None  # fp16: the scale the next step runs with
         self._train_task: Optional[asyncio.Task] = None
         log_bad = BadRecordLog("DHT entry", log)  # an invalid DHT entry is said once, whoever reads it
         self.measuring = Measuring(peer, log_bad, options.profile_cache_dir)
@@ -114,7 +119,7 @@ class Trainer:
         peer.before_serving(self._install)
 
     def _install(self, peer) -> None:
-        for kind in (ACT, GRAD, GSUM):
+        for kind in (ACT, GRAD, GSUM, AMP):
             peer.dataplane.register(kind, self.transport.on_tensor)
         peer.dataplane.register("ckpt", self.recovery.on_ckpt)
         peer.dataplane.register("fetch", self.recovery.on_fetch)
@@ -278,13 +283,21 @@ class Trainer:
                                  recv=self.transport.recv, send=self.transport.send, device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
         opt = make_optimizer(job, executor.params)
-        await self.recovery.load(layers, opt, first, smap.start_step)
+        run = await self.recovery.load(layers, opt, first, smap.start_step)
+        scale = None
+        if job.precision == "fp16":
+            expect[AMP] = overflow.expect(job.job_id, smap, me)
+            scale = LossScale(job.loss_scale)
+            if not scale.load(run) and smap.start_step > 0:
+                log.warning("the layer states of step %d carry no loss scale: starting again from %g",
+                            smap.start_step, job.loss_scale)
+            self.loss_scale = scale.scale
         assignments = [st.assign(M) for st in smap.stages]
         schedule = smap.schedule or sched.resolve_schedule(job.schedule)
         actions = peer_actions(assignments, schedule).get((k, me), [])  # this peer's micro-batches, in order
         self.transport.open(expect)
         self.work = run_report.stage_work(job, first, last, actions)
-        return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None)
+        return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None, scale)
 
     async def _train(self) -> None:
         st = await self._setup_stage()
@@ -311,7 +324,9 @@ class Trainer:
         t0 = time.time()
         gsum = None
         if len(st.replicas) > 1:
-            gsum = GradientSum(self.transport, me, step, st.params, st.buckets, [p for p in st.replicas if p != me])
+            gsum = GradientSum(self.transport, me, step, st.params, st.buckets, [p for p in st.replicas if p != me],
+                               sanitize=st.scale is not None)
+        st.executor.loss_scale = st.scale.scale if st.scale is not None else None
         try:
             result = await st.executor.run_step(step, st.actions, gsum.layer_done if gsum else None)
         except BaseException:
@@ -324,10 +339,23 @@ class Trainer:
             total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
             if total is not None:
                 loss_sum, loss_count = total
+        skip = False
+        if st.scale is not None:  # fp16: every peer skips the step if any overflowed, or none does
+            found = st.executor.overflowed or gsum is not None and gsum.overflowed or \
+                nonfinite(p.grad for p in st.params)
+            skip = await overflow.agree(self.transport, smap, me, step, found)
+            if skip:
+                self.skipped.append(step)
+                log.info("step %d: gradients overflowed at loss scale %g: skipped on every peer", step, st.scale.scale)
+            else:
+                unscale_(st.params, st.scale.scale)
+            st.scale.update(skip)
+            self.loss_scale = st.scale.scale
         t_sum = time.time()
         if self.opts.dump_grads_dir and step == self.opts.dump_step:
             dump_grads(self.opts.dump_grads_dir, st.layers, st.first, step, me)
-        st.opt.step()
+        if not skip:
+            st.opt.step()
         st.opt.zero_grad(set_to_none=True)
         self.transport.drop_before(step + 1)
         t1 = time.time()
@@ -342,7 +370,8 @@ class Trainer:
         self.step = step + 1
         self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
         states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
-                                        [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())])
+                                        [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())],
+                                        st.scale.state() if st.scale is not None else ())
         if loss_count or log.isEnabledFor(logging.DEBUG):
             t2 = time.time()
             parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient "

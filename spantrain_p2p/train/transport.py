@@ -21,7 +21,7 @@ from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError
 from ..pipeline.deadlines import Deadlines
 from ..pipeline.executor import StepFailed
-from ..pipeline.messages import ACT, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
+from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap
 from .liveness import is_alive
 
@@ -75,6 +75,9 @@ class PipelineTransport:
     def open(self, expect: dict[str, Expect]) -> None:
         """The stage is set up: take the messages it expects from now on."""
         self._expect = expect
+        # room for a step and the next from every sender (fp16's collector hears every peer)
+        senders = max((len(e.src) * e.num_microbatches for e in expect.values()), default=0)
+        self.inbox.max_pending = max(64, 2 * senders + 16)
 
     def drop_before(self, step: int) -> None:
         self.inbox.drop_before(step)
@@ -89,7 +92,7 @@ class PipelineTransport:
 
     # ---- receiving --------------------------------------------------------------------------------
     async def on_tensor(self, header: dict, buffers) -> None:
-        """The data plane's handler of ACT, GRAD and GSUM messages."""
+        """The data plane's handler of ACT, GRAD, GSUM and AMP messages."""
         kind, epoch = header.get("kind"), header.get("epoch")
         if self.smap is None or (isinstance(epoch, int) and epoch > self.smap.epoch):
             raise Retry("this peer has no stage map for that epoch yet")
@@ -102,7 +105,7 @@ class PipelineTransport:
             raise FrameError(f"this peer's stage does not take {kind!r} messages")
         step = self.current_step()
         step, mb, t = decode_tensor(header, buffers, expect, (step, step + 1))
-        self.inbox.put((f"{kind}/{header['src']}" if kind == GSUM else kind, step, mb), t)
+        self.inbox.put((f"{kind}/{header['src']}" if kind in (GSUM, AMP) else kind, step, mb), t)
         return None
 
     async def recv(self, kind: str, step: int, mb: int) -> torch.Tensor:
@@ -144,7 +147,7 @@ class PipelineTransport:
 
     def codec_for(self, kind: str, dst: str, raw_bytes: int) -> str:
         c = self.job.compression
-        if kind == GSUM or c == "none":
+        if kind in (GSUM, AMP) or c == "none":
             return "none"
         if c != "adaptive":
             return c
@@ -160,7 +163,8 @@ class PipelineTransport:
         lossy_grad = kind == GRAD and codec.startswith("topk")
         header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t, codec,
                                      self._feedback if lossy_grad else None, (dst, mb))
-        self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
+        if kind != AMP:  # one flag a step: no codec to speak of
+            self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
         nbytes = sum(b.nbytes for b in bufs) + 256  # + header, about
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.job.recv_timeout_s
@@ -182,7 +186,7 @@ class PipelineTransport:
                 if step > self.smap.start_step:
                     # a send waits for its reply: a whole round trip of it is not the bytes' time
                     self.passive.observe(dst, nbytes, elapsed, latency_s=rtt)
-                    if kind != GSUM:
+                    if kind not in (GSUM, AMP):
                         self._policy.observe(dst, nbytes, max(0.0, elapsed - rtt / 2))  # to delivery
                 return
             except RemoteError as e:

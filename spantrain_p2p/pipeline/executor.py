@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from . import schedule as sched
+from .hostcopy import HostCopier
 from .loss_scale import sanitized, scaled
 from .messages import ACT, GRAD
 
@@ -63,7 +64,7 @@ class StageExecutor:
         runs under autocast to it, the weights stay float32 (so do their gradients and the
         optimizer), and activations and their gradients leave the stage in it. The stage computes
         where its layers are (``--device``): batches and received tensors are moved there, and
-        what it sends is copied to host memory. ``loss_scale`` (fp16, set before each step): the
+        what it sends is copied to host memory on a side stream (``hostcopy``). ``loss_scale`` (fp16, set before each step): the
         last stage scales its loss by it; a tensor that overflowed leaves as zeros and sets
         ``overflowed`` (``pipeline.loss_scale``: the step is then skipped everywhere)."""
         self.layers = nn.ModuleList(layers)
@@ -79,6 +80,7 @@ class StageExecutor:
         self.compute_dtype = compute_dtype
         self.torch_device = next((p.device for p in self.params), torch.device("cpu"))
         self._device_type = self.torch_device.type
+        self._copier = HostCopier(self.torch_device)
         self.loss_scale: Optional[float] = None
         self.overflowed = False  # this step sent a tensor that overflowed (fp16)
 
@@ -87,13 +89,19 @@ class StageExecutor:
             return contextlib.nullcontext()
         return torch.autocast(self._device_type, dtype=self.compute_dtype)
 
-    def _wire(self, t: torch.Tensor) -> torch.Tensor:
-        """A tensor leaving the stage: in the compute dtype, where the job has one, in host memory."""
-        t = t if self.compute_dtype is None else t.to(self.compute_dtype)
-        if self.loss_scale is not None:
-            t, bad = sanitized(t)
-            self.overflowed |= bad
-        return t if t.device.type == "cpu" else t.to("cpu")
+    def _send(self, kind: str, step: int, mb: int, t: torch.Tensor) -> asyncio.Task:
+        """Sends a tensor leaving the stage: in the compute dtype, where the job has one, copied to
+        host memory while the device computes on (``hostcopy``), as zeros if it overflowed (fp16)."""
+        t = t.detach() if self.compute_dtype is None else t.detach().to(self.compute_dtype)
+        host, done = self._copier.start(t)
+
+        async def send():
+            out = await self._copier.wait(host, done)
+            if self.loss_scale is not None:
+                out, bad = sanitized(out)
+                self.overflowed |= bad
+            await self.send(kind, step, mb, out)
+        return asyncio.create_task(send())
 
     def _here(self, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """A tensor arriving at the stage (a batch, a received one), on the stage's device."""
@@ -233,9 +241,9 @@ class StageExecutor:
                 elif op is sched.Op.RECV_B:
                     st.grad_out = self._here(await self.recv(GRAD, step, a.mb))
                 elif op is sched.Op.SEND_F:
-                    sends.append(asyncio.create_task(self.send(ACT, step, a.mb, self._wire(st.out.detach()))))
+                    sends.append(self._send(ACT, step, a.mb, st.out))
                 elif op is sched.Op.SEND_B:
-                    sends.append(asyncio.create_task(self.send(GRAD, step, a.mb, self._wire(st.grad_in.detach()))))
+                    sends.append(self._send(GRAD, step, a.mb, st.grad_in))
                     st.grad_in = None
                 else:
                     t0 = loop.time()

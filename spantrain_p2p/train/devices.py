@@ -35,11 +35,6 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def to_host(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in host memory (itself when it is there already)."""
-    return t if t.device.type == "cpu" else t.to("cpu")
-
-
 def describe(device: torch.device) -> dict:
     """What a peer reports of its device: its name, and its memory when it is a GPU."""
     if device.type != "cuda":

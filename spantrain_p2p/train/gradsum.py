@@ -7,9 +7,9 @@ from typing import Optional
 import torch
 
 from ..pipeline.executor import StepFailed
+from ..pipeline.hostcopy import HostCopier
 from ..pipeline.loss_scale import sanitized
 from ..pipeline.messages import GSUM
-from .devices import to_host
 
 BUCKET_BYTES = 4 << 20
 
@@ -51,25 +51,34 @@ class GradientSum:
             transport, me, step, params, buckets, others
         self.sanitize = sanitize
         self.overflowed = False
-        self.local: list[Optional[torch.Tensor]] = [None] * len(buckets)
+        self._copier = HostCopier(params[0].device if params else torch.device("cpu"))
+        self.local: list[Optional[asyncio.Future]] = [None] * len(buckets)  # each bucket's part, in host memory
         self.by_layer: dict[int, list[int]] = {}
         for k, (layer, _) in enumerate(buckets):
             self.by_layer.setdefault(layer, []).append(k)
         self.sends: list[asyncio.Task] = []
 
     def _start(self, k: int, t: torch.Tensor) -> None:
-        if self.sanitize:
-            t, bad = sanitized(t)
-            self.overflowed |= bad
-        self.local[k] = t
-        self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, t)) for dst in self.others]
+        """Copies bucket ``k`` to host memory (on a CUDA device, while the backward goes on) and
+        sends it to the other replicas."""
+        host, done = self._copier.start(t)
+
+        async def ready() -> torch.Tensor:
+            part = await self._copier.wait(host, done)
+            if self.sanitize:
+                part, bad = sanitized(part)
+                self.overflowed |= bad
+            self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part))
+                           for dst in self.others]
+            return part
+        self.local[k] = asyncio.ensure_future(ready())
 
     def layer_done(self, layer: int) -> None:
         for k in self.by_layer.get(layer, ()):
             if self.local[k] is None:
                 ps = [self.params[i] for i, _ in self.buckets[k][1]]
-                self._start(k, to_host(torch.cat([p.grad.detach().reshape(-1) if p.grad is not None
-                                                  else torch.zeros(p.numel(), device=p.device) for p in ps])))
+                self._start(k, torch.cat([p.grad.detach().reshape(-1) if p.grad is not None
+                                          else torch.zeros(p.numel(), device=p.device) for p in ps]))
 
     async def finish(self, loss: Optional[tuple[float, int]] = None) -> Optional[tuple[float, int]]:
         """Sums the step's gradients (and, on the last stage, ``loss``: this replica's (sum, count)
@@ -79,7 +88,8 @@ class GradientSum:
                 self.local.append(None)
                 self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
             summed = []
-            for k, mine in enumerate(self.local):
+            for k, part in enumerate(self.local):
+                mine = await part
                 parts = {self.me: mine}
                 for src in self.others:
                     parts[src] = await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
@@ -106,6 +116,10 @@ class GradientSum:
         return None
 
     async def cancel(self) -> None:
-        for t in self.sends:
+        pending = [f for f in self.local if f is not None] + self.sends
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for t in self.sends:  # sends a part started while it was being cancelled
             t.cancel()
         await asyncio.gather(*self.sends, return_exceptions=True)

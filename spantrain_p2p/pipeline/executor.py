@@ -104,8 +104,14 @@ class StageExecutor:
         return asyncio.create_task(send())
 
     def _here(self, t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """A tensor arriving at the stage (a batch, a received one), on the stage's device."""
-        return t if t is None or t.device == self.torch_device else t.to(self.torch_device, non_blocking=True)
+        """A tensor arriving at the stage (a batch, a received one), on the stage's device (to a
+        CUDA device through pinned memory: a copy from pageable memory would wait for the kernels
+        queued before it, and block the event loop that long)."""
+        if t is None or t.device == self.torch_device:
+            return t
+        if self._device_type == "cuda" and t.device.type == "cpu":
+            t = t.pin_memory()
+        return t.to(self.torch_device, non_blocking=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

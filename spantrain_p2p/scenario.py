@@ -62,6 +62,15 @@ class Scenario:
     default_link: str = ""
     path: str = ""
     extra: dict = field(default_factory=dict)
+    # K: the emulated world runs K times slower than the real one it stands for (device speed / K,
+    # bandwidth / K, delays and trace times x K); K < 1 runs it faster. Reported figures are
+    # converted back to real time (``launch.report.to_real_time``).
+    time_dilation: float = 1.0
+
+    @property
+    def device_scale(self) -> float:
+        """A virtual device's real speed over its configured one: ``compute_scale / time_dilation``."""
+        return self.compute_scale / self.time_dilation
 
     def peer(self, name: str) -> ScenarioPeer:
         for p in self.peers:
@@ -128,7 +137,7 @@ def emulation_warning(s: Scenario) -> Optional[str]:
     """Why a live run of ``s`` on this machine's CPU would be unfaithful, or None: a virtual device
     faster than a CPU core computes (``tflops x compute_scale`` over ``EMULABLE_TFLOPS``): real-unit
     scenarios are for ``spantrain plan`` until the live world can be slowed to match (issue 15)."""
-    fastest = max((d.tflops * s.compute_scale, d.name) for d in s.device_classes.values())
+    fastest = max((d.tflops * s.device_scale, d.name) for d in s.device_classes.values())
     if fastest[0] <= EMULABLE_TFLOPS:
         return None
     return (f"scenario {s.name!r}: device class {fastest[1]!r} runs at {fastest[0]:g} TFLOP/s virtual, faster than "
@@ -209,6 +218,7 @@ def parse(data: dict, path: str = "") -> Scenario:
     return Scenario(
         name=name, description=str(data.get("description", "")),
         compute_scale=_num(data, "compute_scale", where, default=1.0),
+        time_dilation=_num(data, "time_dilation", where, default=1.0),
         link_classes=links, device_classes=devices, regions=regions, region_links=tuple(rlinks),
         peers=tuple(peers), default_link=default_link, path=path,
     )

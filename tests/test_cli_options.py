@@ -44,7 +44,7 @@ NON_DEFAULT = {
     "--schedule": "1f1b", "--plan": "gpipe-uniform", "--recv-timeout": "12.5", "--compression": "int8",
     "--stages": "2", "--checkpoint-every": "4", "--checkpoint-dir": "/tmp/ckpt", "--resume": "/tmp/ckpt-in",
     "--precision": "fp16", "--loss-scale": "1024", "--data": "stdlib", "--tokenizer": "/tmp/tok.json", "--data-cache": "/tmp/dc", "--dump-grads": "/tmp/grads",
-    "--dump-step": "3", "--device": "cpu",
+    "--dump-step": "3", "--device": "cpu", "--workload": "hf:gpt2", "--workload-seq-len": "512",
 }
 
 

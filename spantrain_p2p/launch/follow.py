@@ -184,7 +184,8 @@ def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_pee
             reports.append(p.status(path="/report"))
         except OSError:
             continue
-    summary = summarize(reports, args.micro_batches * args.micro_batch_size, args.seq_len)
+    seq = args.workload_seq_len if getattr(args, "workload", None) else args.seq_len  # a workload's tokens
+    summary = summarize(reports, args.micro_batches * args.micro_batch_size, seq)
     summary["losses"] = follower.loss_curve()
     epochs = sorted(follower.plans)
     moves = 0

@@ -17,6 +17,7 @@ from ..peer_command.job_options import peer_argv
 from .chaos import parse as parse_chaos
 from .follow import train_and_report
 from .processes import PeerProcess, new_run_dir, wait_until
+from . import real_time
 from .report import measure_and_report
 
 
@@ -110,14 +111,15 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
         say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm "
             f"{procs[0].status()['swarm']}")
         if args.measure_only:
-            summary = measure_and_report(procs, s, say)
+            summary = real_time.measurements(measure_and_report(procs, s, say), s.time_dilation)
         elif training:
-            summary = train_and_report(procs, args, say, chaos, launch_peer, s)
+            summary = real_time.run_summary(train_and_report(procs, args, say, chaos, launch_peer, s), s.time_dilation)
             summary["scenario"] = s.name
             summary["run_dir"] = run_dir
             if summary["losses"]:
                 say(f"trained {summary['steps']} steps: loss {summary['losses'][0]:.4f} -> {summary['losses'][-1]:.4f}, "
-                    f"{summary['samples_per_s']:.1f} samples/s, median step {summary['step_s']:.3f}s")
+                    f"{summary['samples_per_s']:.4g} samples/s, median step {summary['step_s']:.4g}s" +
+                    (f" (real time: the emulation ran {s.time_dilation:g}x slower)" if s.time_dilation != 1 else ""))
         elif args.duration is None:
             say("Ctrl-C stops the swarm")
             while all(p.alive() for p in procs):

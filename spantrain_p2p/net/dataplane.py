@@ -407,7 +407,7 @@ class DataPlaneClient:
 
     async def send(
         self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
-        link=None, compensate: bool = True,
+        link=None, compensate: bool = True, charge: float = 1.0,
     ) -> tuple[dict, list[memoryview]] | None:
         """Sends one frame; the reply frame, or None if the peer had nothing to say. A refusal raises
         ``RemoteError``; a peer that cannot be reached or breaks the connection, ``OSError``.
@@ -417,6 +417,7 @@ class DataPlaneClient:
         the whole exchange, emulated time included. ``compensate=False`` keeps the real loopback
         transport's own round trip on top of the emulated one (the emulator leaves it out by default):
         for a caller that takes off a baseline of its own, like the prober's paired pings.
+        ``charge``: emulated bytes per real byte on ``link`` (``emulator.EmulatedLink.paced``).
         """
         addr = self._address(url)
         name = kind.encode("ascii")
@@ -424,7 +425,7 @@ class DataPlaneClient:
             raise ValueError(f"message kind must be 1-{MAX_KIND_BYTES} ASCII bytes, not {kind!r}")
         chunks = framing.encode(header, buffers)
         size = framing.frame_size(chunks)
-        ex = link.exchange(compensate) if link is not None else None
+        ex = link.exchange(compensate, charge) if link is not None else None
 
         async def exchange():
             async with self._slots:

@@ -130,10 +130,11 @@ class EmulatedLink:
         self.emulator = emulator
         self.dst = dst
         self.link_class = link
-        self.trace = tuple(trace)
-        self.base_rate = link.mbps * BYTES_PER_MBIT
-        self.rtt_s = link.rtt_ms / 1e3
-        self.jitter_s = link.jitter_ms / 1e3
+        k = emulator.scenario.time_dilation  # a K times slower world: bandwidth / K, delays and traces x K
+        self.trace = tuple((t * k, f) for t, f in trace)
+        self.base_rate = link.mbps * BYTES_PER_MBIT / k
+        self.rtt_s = link.rtt_ms / 1e3 * k
+        self.jitter_s = link.jitter_ms / 1e3 * k
         self.factor = 1.0  # run-time factor (set_factor); 0 = partitioned
         self.stats = LinkStats()
         self._rng = random.Random(f"{emulator.seed}:{emulator.self_name}->{dst}")
@@ -157,37 +158,41 @@ class EmulatedLink:
         return max(0.0, self.rtt_s / 2 + j)
 
     async def paced(
-        self, chunks: Iterable[Union[bytes, memoryview]], sent_at: Optional[float] = None
+        self, chunks: Iterable[Union[bytes, memoryview]], sent_at: Optional[float] = None, charge: float = 1.0
     ) -> AsyncIterator[Union[bytes, memoryview]]:
         """The chunks of one message, re-sliced and released at the emulated pace: use it as the
         HTTP body. The last slice comes out after the one-way delay. ``sent_at``: when the caller
         handed the message over (default: the first iteration); the time the client stack took to
-        get to the body counts as time on the link (at most ``MAX_CATCHUP_S``)."""
+        get to the body counts as time on the link (at most ``MAX_CATCHUP_S``). ``charge``: the
+        link carries this many emulated bytes per real one (a proxy model's tensor standing for a
+        workload's, ``--workload``)."""
+        if not (math.isfinite(charge) and charge > 0):
+            raise ValueError(f"charge must be a positive number, not {charge!r}")
         views = [memoryview(c).cast("B") for c in chunks]
         total = sum(v.nbytes for v in views)
         self.stats.messages += 1
-        self.stats.bytes_sent += total
+        self.stats.bytes_sent += int(total * charge)
         pieces: list[memoryview] = []
         head = self.emulator.clock() - sent_at if sent_at is not None else 0.0
         engine = _Transfer(self, outgoing=True, head_start_s=head)
         for v in views:
             pos = 0
             while pos < v.nbytes:
-                n = min(v.nbytes - pos, engine.slice_bytes())
+                n = min(v.nbytes - pos, max(1, int(engine.slice_bytes() / charge)))
                 pieces.append(v[pos : pos + n])
                 pos += n
         if not pieces:
             await engine.finish()
             return
         for i, p in enumerate(pieces):
-            await engine.send(p.nbytes)
+            await engine.send(p.nbytes * charge)
             if i == len(pieces) - 1:
                 await engine.finish()  # the last byte arrives one propagation delay after it left
             yield p
 
-    def exchange(self, compensate: bool = True) -> "Exchange":
-        """A request/reply through this link: see ``Exchange``."""
-        return Exchange(self, compensate)
+    def exchange(self, compensate: bool = True, charge: float = 1.0) -> "Exchange":
+        """A request/reply through this link: see ``Exchange`` (``charge``: see ``paced``)."""
+        return Exchange(self, compensate, charge)
 
     async def transmit(self, nbytes: int) -> None:
         """Sleeps as long as sending ``nbytes`` on this link takes (serialization, then the delay)."""
@@ -206,8 +211,9 @@ class EmulatedLink:
 class Exchange:
     """One request and its reply through an emulated link (see the module docstring)."""
 
-    def __init__(self, link: EmulatedLink, compensate: bool = True):
+    def __init__(self, link: EmulatedLink, compensate: bool = True, charge: float = 1.0):
         self.link = link
+        self.charge = charge
         # False: the real loopback time is left out of neither trip (the client's work before the
         # body and the reply's transport both come on top of the emulated delays)
         self.compensate = compensate
@@ -218,7 +224,8 @@ class Exchange:
 
     async def body(self, chunks: Iterable[Union[bytes, memoryview]]) -> AsyncIterator[Union[bytes, memoryview]]:
         """The request body, paced (``EmulatedLink.paced``)."""
-        async for piece in self.link.paced(chunks, sent_at=self._created if self.compensate else None):
+        async for piece in self.link.paced(chunks, sent_at=self._created if self.compensate else None,
+                                           charge=self.charge):
             yield piece
         self._released = self.link.emulator.clock()
 
@@ -323,7 +330,7 @@ class LinkEmulator:
         self.t0 = clock() if t0 is None else t0  # traces count from here
         self.spin_s = spin_s
         self._sleep_fn = sleep
-        self.uplink_rate = (self.me.uplink_mbps or 0.0) * BYTES_PER_MBIT
+        self.uplink_rate = (self.me.uplink_mbps or 0.0) * BYTES_PER_MBIT / scenario.time_dilation
         self.uplink: Optional[TokenBucket] = TokenBucket(self.uplink_rate) if self.uplink_rate > 0 else None
         self._links: dict[str, EmulatedLink] = {}
         self._tails: deque[float] = deque(maxlen=32)

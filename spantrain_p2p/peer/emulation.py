@@ -22,7 +22,7 @@ def start_emulation(spec: str, t0: Optional[float]):
     s = sc.load(path)
     dev = s.device_of(name)
     emulator = LinkEmulator(s, name, t0=t0)
-    device = VirtualDevice(dev.tflops, s.compute_scale, memory_bytes=int(dev.memory_gb * 2**30))
+    device = VirtualDevice(dev.tflops, s.device_scale, memory_bytes=int(dev.memory_gb * 2**30))
     log.info("emulating %s of %s: %s, links shaped from this peer", name, s.name, device)
     return emulator, device
 

@@ -107,6 +107,14 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               "config field, e.g. num_hidden_layers, and seed); "
               "repeatable", action="append", metavar="KEY=VALUE", job="model_args", value=parse_model_args),
     JobOption("--seq-len", type=int, default=32, job="seq_len"),
+    JobOption("--workload", "emulate training this transformers model (hf:PRESET such as hf:gpt2-xl or "
+              "hf:llama-7b, or hf:DIR with its config.json) while computing the small --model as its proxy: every "
+              "op is padded to the workload's FLOPs, every message charged the workload's bytes, and the planner "
+              "plans the workload's memory; the built-in proxy gets its layer count; on a joiner it names the "
+              "model directory this peer agrees to read", metavar="SPEC", job="workload",
+              value=lambda v: v or "", to=EVERY),
+    JobOption("--workload-seq-len", "the workload's sequence length (default 1024)", type=int, default=1024,
+              job="workload_seq_len"),
     JobOption("--micro-batch-size", type=int, default=4, job="micro_batch_size"),
     JobOption("--micro-batches", "micro-batches per step", type=int, default=4, job="num_micro_batches"),
     JobOption("--lr", type=float, default=1e-3, job="lr"),

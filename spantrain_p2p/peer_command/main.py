@@ -66,7 +66,7 @@ def train_options(a: argparse.Namespace):
     from ..train.devices import resolve_device
 
     resolve_device(a.device)  # a device this machine lacks stops the peer now, saying what there is
-    allowed = (a.model,) if a.model != BUILTIN else ()
+    allowed = ((a.model,) if a.model != BUILTIN else ()) + ((a.workload,) if getattr(a, "workload", "") else ())
     job = None
     if a.steps is not None:
         if a.join and a.join != ["auto"]:

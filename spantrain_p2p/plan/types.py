@@ -249,11 +249,13 @@ class Snapshot:
 
         FLOP/s = tflops * 1e12, the device's own speed in the scenario's units, as the profiler
         reports it (``spantrain swarm --measure-only``: "tflops" is the virtual device's speed
-        divided by its scale); ``emulated=True`` multiplies by ``compute_scale``, the speed an
-        emulated peer really runs at on this machine. Mbit/s -> bytes/s (capped by the sender's
+        divided by its scale); ``emulated=True`` gives the world an emulated swarm of it really
+        runs in on this machine: speeds times ``compute_scale / time_dilation``, bandwidths over
+        ``time_dilation``, delays times it. Mbit/s -> bytes/s (capped by the sender's
         ``uplink_mbps``); ms -> s; memory GB -> bytes (GiB, as the peers count it).
         """
-        scale = sc.compute_scale if emulated else 1.0
+        k = sc.time_dilation if emulated else 1.0
+        scale = sc.compute_scale / k if emulated else 1.0
         peers = []
         for p in sc.peers:
             dev = sc.device_classes[p.device]
@@ -265,7 +267,7 @@ class Snapshot:
                     continue
                 lc, _trace = sc.link_between(a.name, b.name)
                 mbps = lc.mbps if a.uplink_mbps is None else min(lc.mbps, a.uplink_mbps)
-                links[(a.name, b.name)] = Link(lc.rtt_ms / 1e3, _mbps(mbps), lc.jitter_ms / 1e3)
+                links[(a.name, b.name)] = Link(lc.rtt_ms / 1e3 * k, _mbps(mbps / k), lc.jitter_ms / 1e3 * k)
         return cls(tuple(peers), Network(links))
 
     @classmethod

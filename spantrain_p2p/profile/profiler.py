@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..net.framing import strict_from_dict
-from .virtual import FlopCache, VirtualDevice, grad_output, layer_inputs
+from .virtual import FlopCache, PhaseFlops, VirtualDevice, grad_output, layer_inputs
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +225,7 @@ def profile_layers(
     timer: Callable[[], float] = time.perf_counter,
     report: Optional[dict] = None,
     torch_device: Optional[torch.device] = None,
+    layer_flops: Optional[Sequence[dict]] = None,
 ) -> DeviceProfile:
     """Measures F, B and W seconds per layer at ``input_shape = (micro_batch, seq_len)``.
 
@@ -235,7 +236,9 @@ def profile_layers(
     ``timer`` is injectable for tests. ``report``, if given, receives ``late_layers``: the layers
     whose every repetition was late on the virtual device (their times are the host's load).
     ``torch_device``: where the layers are (``--device``); on a GPU every reading of the timer
-    waits for the device first, and the memory is the device's.
+    waits for the device first, and the memory is the device's. ``layer_flops`` (per layer, F, B
+    and W): what the virtual device pads each op to, instead of the layers' own FLOPs (a proxy
+    standing for a workload's layers, ``train.workload``).
     Blocking and CPU-bound: call it through ``asyncio.to_thread``.
     """
     if not layers or not all(isinstance(m, nn.Module) for m in layers):
@@ -272,7 +275,7 @@ def profile_layers(
         for i, layer in enumerate(layers):
             last = i == len(layers) - 1
             args = (x, tgt) if last else (x,)
-            flops = flop_cache.phase_flops(layer, args)
+            flops = PhaseFlops(**layer_flops[i]) if layer_flops is not None else flop_cache.phase_flops(layer, args)
             total_flops += flops.total
             (f, b, w), kept_any = _measure_layer(i, layer, args, flops, device, warmup, reps, max_retries, max_op_s,
                                                  timer)

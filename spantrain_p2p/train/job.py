@@ -74,6 +74,8 @@ class JobSpec:
     recv_timeout_s: float = 60.0
     precision: str = "fp32"
     loss_scale: float = 65536.0  # fp16: the dynamic loss scale's initial value (pipeline.loss_scale)
+    workload: str = ""  # hf:PRESET|hf:DIR: the model the emulated world trains (train.workload); "" none
+    workload_seq_len: int = 1024  # the workload's sequence length
     data: str = ""  # the data set the starting peer named ("": the generated corpus); a joiner may have its own copy
     tokenizer: str = "bytes"  # likewise, the tokenizer it named
     data_fingerprint: str = ""  # what every peer's copy of the data set must hash to
@@ -86,7 +88,7 @@ class JobSpec:
     def __post_init__(self) -> None:
         ints = {"seq_len": (1, 1 << 16), "micro_batch_size": (1, 4096), "num_micro_batches": (1, 4096),
                 "steps": (0, 10**8), "seed": (0, 2**32 - 1), "peers": (1, 100_000), "protocol": (0, 2**31),
-                "stages": (0, 100_000), "checkpoint_every": (0, 10**8)}
+                "stages": (0, 100_000), "checkpoint_every": (0, 10**8), "workload_seq_len": (1, 1 << 20)}
         for name, (lo, hi) in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -115,6 +117,9 @@ class JobSpec:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
         object.__setattr__(self, "loss_scale", check_init(self.loss_scale))
+        if not isinstance(self.workload, str) or len(self.workload) > 4096 or \
+                (self.workload and not self.workload.startswith("hf:")):
+            raise ValueError(f"workload {str(self.workload)[:60]!r}: name a transformers model, hf:PRESET or hf:DIR")
         for name in ("version", "job_id", "fingerprint", "data_fingerprint", "tokenizer_fingerprint"):
             v = getattr(self, name)
             if not isinstance(v, str) or len(v) > 128:
@@ -145,8 +150,19 @@ class JobSpec:
         return cls(**d)
 
     def finalized(self) -> "JobSpec":
-        """This job with a fresh id and the model fingerprint filled in (done by the peer that starts it)."""
+        """This job with a fresh id and the model fingerprint filled in (done by the peer that starts
+        it). With a workload, the built-in proxy gets the workload's depth unless it was given one;
+        a proxy of another layer count is refused."""
         job = replace(self, job_id=self.job_id or secrets.token_hex(8))
+        if job.workload:
+            from . import workload
+
+            n = workload.num_layers(job)
+            if job.model == BUILTIN and "depth" not in job.model_args:
+                job = replace(job, model_args={**job.model_args, "depth": n - 2})
+            if ModelHandle(job).num_layers != n:
+                raise ValueError(f"the proxy model {job.model!r} has {ModelHandle(job).num_layers} layers, the "
+                                 f"workload {job.workload!r} {n}: they must match layer for layer")
         return replace(job, fingerprint=ModelHandle(job).fingerprint())
 
 
@@ -226,6 +242,9 @@ def check_compatible(job: JobSpec, allowed_models: tuple[str, ...] = ()) -> Mode
     if job.protocol != PROTOCOL_VERSION:
         raise JobRefused(f"the swarm's job speaks protocol {job.protocol} (software {job.version}); this peer "
                          f"speaks {PROTOCOL_VERSION} (software {__version__}): upgrade or downgrade to match")
+    if job.workload and not is_hf_preset(job.workload) and job.workload not in allowed_models:
+        raise JobRefused(f"the swarm emulates workload {job.workload!r}, a model directory; this peer only reads "
+                         f"directories named with --workload")
     if job.model != BUILTIN and job.model not in allowed_models and not is_hf_preset(job.model):
         what = "model directory" if is_hf(job.model) else "user model"
         raise JobRefused(f"the swarm trains {what} {job.model!r}; this peer only runs models named with "

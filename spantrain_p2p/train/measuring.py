@@ -17,6 +17,7 @@ from ..net.ping import paired_rtt, ping_links
 from ..net.prober import LinkMeasurement, probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
+from . import workload
 from .decide import REPLAN_CHECK_S, ping_slots
 
 log = logging.getLogger("spantrain.train")
@@ -79,14 +80,17 @@ class Measuring:
         await asyncio.sleep(1.0)
         layers = [layer.to(self.torch_device) for layer in handle.build(0, handle.num_layers)]
         inputs, targets = batch(0, 0)
+        # --workload: the virtual device pads each op to the workload's FLOPs (it never reads the scenario)
+        wl_flops = workload.layer_flops(job, 0, handle.num_layers) if job.workload and self.peer.device else None
 
         async def profile(cache_dir):
             dev, report = self.peer.device, {}
             before = dev.stats() if dev is not None else None
             self.profile = await asyncio.to_thread(
                 profile_layers, layers, (job.micro_batch_size, job.seq_len), device=dev, cache_dir=cache_dir,
-                fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}", inputs=inputs, targets=targets,
-                report=report, torch_device=self.torch_device)
+                fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}" +
+                (f"-{job.workload}x{job.workload_seq_len}" if job.workload else ""), inputs=inputs, targets=targets,
+                report=report, torch_device=self.torch_device, layer_flops=wl_flops)
             if before is None:
                 return [], 0.0
             after = dev.stats()

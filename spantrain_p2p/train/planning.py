@@ -32,7 +32,12 @@ def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: 
 
 
 def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
-    """The job's model as the planner sees it (None for a user model: no FLOP model of it yet)."""
+    """The job's model as the planner sees it: its workload's, if it has one (``train.workload``);
+    None for a user model (no FLOP model of it yet)."""
+    if job.workload:
+        from . import workload
+
+        return workload.profile(job)
     if is_hf(job.model):
         from .hf_profile import hf_model_profile
 

@@ -72,7 +72,8 @@ def stage_work(job, first: int, last: int, actions) -> dict:
     prof = model_profile(job)
     flops = None if prof is None else samples * sum(x.fwd_flops + x.bwd_input_flops + x.bwd_weight_flops
                                                     for x in prof.layers[first:last])
-    return {"tokens_per_step": samples * job.seq_len, "model_flops_per_step": flops}
+    seq = job.workload_seq_len if job.workload else job.seq_len  # a workload's tokens, not its proxy's
+    return {"tokens_per_step": samples * seq, "model_flops_per_step": flops}
 
 
 def work_figures(work: Optional[dict], peak: Optional[tuple[float, str]], step_s: Optional[float]) -> Optional[dict]:

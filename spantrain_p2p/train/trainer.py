@@ -35,7 +35,7 @@ from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from .optim import make_optimizer
-from . import overflow
+from . import overflow, workload
 from .run_records import MAP_POLL_S, RunRecords
 from .recovery import Recovery
 from .transport import PipelineTransport
@@ -177,6 +177,8 @@ class Trainer:
         self.data_share.start(self.data)
         self.records.start(self.job, self.handle.num_layers)
         self.transport.start(self.job)
+        if self.job.workload:  # the emulated world trains the workload: its bytes on the links
+            self.transport.charges = await asyncio.to_thread(workload.charges, self.job, self.handle)
         resume = None
         if self.opts.resume_dir:
             try:
@@ -270,10 +272,13 @@ class Trainer:
         if len(replicas) > 1:
             buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers])
             sizes = [(sum(n for _, n in b),) for _, b in buckets] + ([(2,)] if nxt is None else [])
+            self.transport.bucket_layers = [first + layer for layer, _ in buckets]
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(replicas) - {me}, (),
                                   len(sizes), shapes_by_mb=tuple(sizes))
         layer_flops = None
-        if self.peer.device is not None:
+        if self.peer.device is not None and job.workload:  # pad to the workload's FLOPs
+            layer_flops = workload.layer_flops(job, first, last)
+        elif self.peer.device is not None:
             await self.data_share.ensure(0, [0])
             ids, tgt = self.data.batch(0, 0)
             sample = (ids if k == 0 else torch.randn(shapes[first])).to(self.torch_device)

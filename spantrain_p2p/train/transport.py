@@ -57,6 +57,10 @@ class PipelineTransport:
         self._deadlines = Deadlines()  # receive deadlines from the recent waits, per message kind
         self.deadline_extensions = 0  # waits past their deadline whose sender still answered
         self.mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
+        # --workload: emulated bytes per real byte (train.workload.Charges), and the model layer of
+        # each gradient-sum bucket of this stage (its parts are charged as that layer's parameters)
+        self.charges = None
+        self.bucket_layers: list[int] = []
 
     def start(self, job) -> None:
         self.job = job
@@ -158,14 +162,24 @@ class PipelineTransport:
             return "none"  # nothing known of the link or the stage's compute yet
         return codecs.spec(*self._policy.decide(dst, raw_bytes, self.mb_compute_s * NEGLIGIBLE_TRANSFER, kind))
 
+    def charge(self, kind: str, mb: int) -> float:
+        """Emulated bytes per real byte of this message (1 without a workload)."""
+        c = self.charges
+        if c is None or kind == AMP:
+            return 1.0
+        if kind == GSUM:
+            return c.params[self.bucket_layers[mb]] if mb < len(self.bucket_layers) else 1.0  # else: the loss
+        return c.activation
+
     async def send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
-        codec = self.codec_for(kind, dst, t.numel() * t.element_size())
+        charge = self.charge(kind, mb)
+        codec = self.codec_for(kind, dst, int(t.numel() * t.element_size() * charge))
         lossy_grad = kind == GRAD and codec.startswith("topk")
         header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t, codec,
                                      self._feedback if lossy_grad else None, (dst, mb))
         if kind != AMP:  # one flag a step: no codec to speak of
             self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
-        nbytes = sum(b.nbytes for b in bufs) + 256  # + header, about
+        nbytes = int((sum(b.nbytes for b in bufs) + 256) * charge)  # + header, about; in the workload's bytes
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.job.recv_timeout_s
         while True:
@@ -175,7 +189,7 @@ class PipelineTransport:
                 if url is None:
                     raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
                 await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()),
-                                            link=self.peer.link_to(dst))
+                                            link=self.peer.link_to(dst), charge=charge)
                 per = self.wire_bytes.setdefault(step, {})
                 per[dst] = per.get(dst, 0) + nbytes
                 elapsed = loop.time() - t0

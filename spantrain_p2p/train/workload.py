@@ -1,0 +1,93 @@
+"""Workloads (``--workload hf:PRESET|hf:DIR``): emulate training a real model without computing it.
+
+This machine cannot compute GPT-2 XL or Llama-7B for a swarm of peers, but the plan of a swarm
+depends only on the workload's shape: its FLOPs, activations, weights and memory per layer. So
+the live swarm trains a small *proxy* model (the job's ``--model``, by default the built-in
+transformer, given the workload's layer count), which keeps training real (losses, recovery,
+checkpoints), while the emulated world behaves as if it trained the workload:
+
+- each F, B and W op of proxy layer ``i`` is padded on the virtual device to the FLOPs of workload
+  layer ``i`` (``layer_flops``: the executor and the profiler pad to these);
+- the link emulator charges the workload's bytes for each message (``Charges``): an activation or
+  its gradient as many bytes as the workload's activation at the same boundary (at whatever codec
+  ratio the proxy's tensor got), a replica's gradient part as many as the workload's parameters
+  of that layer;
+- the planner plans the workload (``planning.model_profile``): its FLOPs, bytes and memory
+  (weights, gradients, optimizer state, activation stash) against the devices' memory.
+
+The profiler and prober keep measuring (they never read the scenario): they see the workload's
+times because the device and the links behave as they would under it. The workload trains in bf16
+on its GPUs (2-byte activations), whatever precision the proxy runs in.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+from ..plan import types as pt
+from .hf_model import HFModel, is_hf
+
+WORKLOAD_WIRE_BYTES = 2  # bf16 activations and their gradients, as a GPU run sends them
+# An op below this fraction of the workload's largest (the embedding's lookup: T x D "FLOPs") has
+# no time on a GPU worth padding to: it runs unpadded (the virtual device leaves zero-FLOP ops out of
+# fidelity), rather than overrunning a budget of microseconds with the proxy's CPU time.
+NEGLIGIBLE_OP = 1e-3
+
+
+def check_spec(spec: str) -> None:
+    if spec and not is_hf(spec):
+        raise ValueError(f"workload {spec!r}: name a transformers model, hf:PRESET (e.g. hf:gpt2-xl) or hf:DIR")
+
+
+@functools.lru_cache(maxsize=8)
+def _profile(spec: str, seq_len: int) -> pt.ModelProfile:
+    from .hf_profile import hf_model_profile
+
+    return hf_model_profile(HFModel(spec, {}, 0, seq_len), seq_len, wire_dtype_bytes=WORKLOAD_WIRE_BYTES)
+
+
+def profile(job) -> Optional[pt.ModelProfile]:
+    """The workload's profile (per sample of ``workload_seq_len`` tokens), or None without one."""
+    return _profile(job.workload, job.workload_seq_len) if job.workload else None
+
+
+def num_layers(job) -> int:
+    return profile(job).num_layers
+
+
+def layer_flops(job, first: int, last: int) -> list[dict[str, float]]:
+    """F, B and W FLOPs of one micro-batch through each workload layer ``first..last-1``."""
+    b = job.micro_batch_size
+    layers = profile(job).layers
+    floor = NEGLIGIBLE_OP * max(max(lp.fwd_flops, lp.bwd_input_flops, lp.bwd_weight_flops) for lp in layers)
+    return [{ph: (f * b if f >= floor else 0.0) for ph, f in
+             (("F", lp.fwd_flops), ("B", lp.bwd_input_flops), ("W", lp.bwd_weight_flops))}
+            for lp in layers[first:last]]
+
+
+@dataclass(frozen=True)
+class Charges:
+    """Emulated bytes per real byte of the proxy's messages: ``activation`` for activations and
+    their gradients (every boundary has the same shape, in both models), ``params[i]`` for
+    gradient parts (and layer copies) of layer ``i``."""
+
+    activation: float
+    params: tuple[float, ...]
+
+
+def charges(job, handle) -> Charges:
+    """How many bytes of the workload each byte the proxy (``handle``: its ``ModelHandle``) sends
+    stands for."""
+    wl = profile(job)
+    shapes = handle.boundary_shapes()
+    proxy_elems = 1
+    for d in shapes[1][1:]:  # one sample's activation at a block boundary
+        proxy_elems *= d
+    proxy_wire = 4 if job.precision == "fp32" else 2
+    act = wl.layers[0].activation_bytes_out / (proxy_elems * proxy_wire)
+    params = []
+    for layer, lp in zip(handle.meta_layers(), wl.layers):
+        proxy = 4 * sum(p.numel() for p in layer.parameters() if p.requires_grad)
+        params.append(lp.param_bytes / proxy if proxy else 1.0)
+    return Charges(act, tuple(params))

@@ -131,19 +131,28 @@ def _device(k: str, v: Any, w: str) -> DeviceClass:
 
 
 EMULABLE_TFLOPS = 1.0  # fastest virtual device a CPU core can pad to (it must compute faster than it)
+MIN_OP_S = 0.002  # shortest padded op a proxy (--workload) keeps up with among a swarm's peers here
 
 
-def emulation_warning(s: Scenario) -> Optional[str]:
-    """Why a live run of ``s`` on this machine's CPU would be unfaithful, or None: a virtual device
-    faster than a CPU core computes (``tflops x compute_scale`` over ``EMULABLE_TFLOPS``): real-unit
-    scenarios are for ``spantrain plan`` until the live world can be slowed to match (issue 15)."""
+def emulation_warning(s: Scenario, smallest_op_flops: Optional[float] = None) -> Optional[str]:
+    """Why a live run of ``s`` on this machine's CPU would be unfaithful, or None. Without a
+    workload: a virtual device faster than a CPU core computes (``tflops x device_scale`` over
+    ``EMULABLE_TFLOPS``). With one (``smallest_op_flops``: its smallest padded op of a micro-batch):
+    that op shorter than ``MIN_OP_S`` on the fastest device (the proxy's CPU time overruns it)."""
     fastest = max((d.tflops * s.device_scale, d.name) for d in s.device_classes.values())
+    if smallest_op_flops is not None:
+        op_s = smallest_op_flops / (fastest[0] * 1e12)
+        if op_s >= MIN_OP_S:
+            return None
+        return (f"scenario {s.name!r}: the workload's smallest op takes {op_s * 1e3:.2g} ms on device class "
+                f"{fastest[1]!r} in this emulation, under the {MIN_OP_S * 1e3:g} ms a proxy keeps up with here: "
+                f"fidelity will suffer. Raise time_dilation to about {s.time_dilation * MIN_OP_S / op_s:.2g}")
     if fastest[0] <= EMULABLE_TFLOPS:
         return None
     return (f"scenario {s.name!r}: device class {fastest[1]!r} runs at {fastest[0]:g} TFLOP/s virtual, faster than "
             f"a CPU can compute ({EMULABLE_TFLOPS:g}): its peers cannot keep the virtual pace, so step times and "
-            f"fidelity will be wrong. Plan it offline with `spantrain plan --scenario ... --workload ...`, or lower "
-            f"compute_scale")
+            f"fidelity will be wrong. Emulate a workload on it (--workload, with a time_dilation its ops keep up "
+            f"with), plan it offline (`spantrain plan --scenario ... --workload ...`), or raise time_dilation")
 
 
 def _table(d: dict, key: str, where: str) -> dict:

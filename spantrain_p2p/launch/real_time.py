@@ -10,7 +10,7 @@ RATES = ("samples_per_s", "tokens_per_s", "samples_per_s_wall", "bound_samples_p
          "aggregate_bound_samples_per_s", "predicted_samples_per_s")
 DURATIONS = ("step_s", "wall_s", "predicted_step_s", "step_s_median", "compute_s_median", "recovery_s",
              "replan_s", "formed_s", "t_s", "probe_seconds", "probe_seconds_per_peer")
-NESTED = ("peers", "epochs", "events", "plans", "runs")
+NESTED = ("peers", "epochs", "events", "plan", "plans", "runs")
 
 
 def _convert(d: dict, k: float) -> dict:

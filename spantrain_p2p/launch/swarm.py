@@ -56,6 +56,18 @@ def job_args(args, num_peers: int) -> tuple[list[str], list[str]]:
     return peer_argv({**vars(args), "peers": peers})
 
 
+def _smallest_workload_op(args) -> Optional[float]:
+    """The FLOPs of the workload's smallest padded op of a micro-batch (None without a workload)."""
+    if not getattr(args, "workload", None):
+        return None
+    from ..train import workload
+    from ..train.job import JobSpec
+
+    job = JobSpec(workload=args.workload, workload_seq_len=args.workload_seq_len,
+                  micro_batch_size=args.micro_batch_size)
+    return min(f for op in workload.layer_flops(job, 0, workload.num_layers(job)) for f in op.values() if f > 0)
+
+
 def swarm_command(args) -> int:
     code, summary = run_swarm(args)
     if summary is not None and args.json:
@@ -71,7 +83,7 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
     os.makedirs(run_dir, exist_ok=True)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     say(f"launching {len(s.peers)} peers of scenario {s.name!r} (logs in {run_dir})")
-    if (warning := sc.emulation_warning(s)) is not None:
+    if (warning := sc.emulation_warning(s, _smallest_workload_op(args))) is not None:
         print(f"spantrain swarm: warning: {warning}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     procs: list[PeerProcess] = []

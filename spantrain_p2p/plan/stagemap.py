@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..pipeline.schedule import SCHEDULE_NAMES
-from .types import Stage
+from .types import Stage, compression_ratio
 
 MAX_STAGES = 4096
 
@@ -28,6 +28,7 @@ class StageMap:
     predicted_step_s: float = 0.0  # the planner's cost-model prediction (0: none)
     bottleneck: str = ""
     error: str = ""  # set by a planner that cannot continue the run: peers stop with this message
+    compression: tuple[str, ...] = ()  # the plan's codec per hop (what its prediction assumed; () = none)
 
     @property
     def num_stages(self) -> int:
@@ -47,7 +48,8 @@ class StageMap:
                 "stages": [{"peers": list(s.peers), "layers": list(s.layers), "shares": list(s.shares)}
                            for s in self.stages],
                 "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
-                "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error}
+                "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error,
+                "compression": list(self.compression)}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
@@ -113,8 +115,17 @@ class StageMap:
         error = d.get("error", "")
         if not isinstance(error, str) or len(error) > 1000:
             raise ValueError("stage map error must be a short string")
+        comp = d.get("compression", [])
+        if not isinstance(comp, list) or len(comp) not in (0, len(stages) - 1) or \
+                not all(isinstance(c, str) and len(c) <= 32 for c in comp):
+            raise ValueError("stage map compression must be one codec name per hop")
+        try:
+            for c in comp:
+                compression_ratio(c)
+        except (ValueError, KeyError):
+            raise ValueError(f"stage map compression {comp[:3]!r}: unknown codec") from None
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
-                   float(pred), bottleneck, error)
+                   float(pred), bottleneck, error, tuple(comp))
 
 
 def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

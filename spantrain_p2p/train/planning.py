@@ -85,7 +85,7 @@ def to_stage_map(plan: pt.Plan, job: JobSpec, epoch: int, names: Mapping[str, st
     used = [p for s in plan.stages for p in s.peers]
     return StageMap(epoch, job.job_id, plan.stages, start_step, tuple((p, names.get(p, "")) for p in used),
                     schedule=plan.schedule, term=term, predicted_step_s=float(plan.step_s),
-                    bottleneck=plan.bottleneck)
+                    bottleneck=plan.bottleneck, compression=tuple(plan.compression))
 
 
 def current_cost(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> float:
@@ -98,6 +98,7 @@ def current_cost(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> float:
     if prof is None or any(p not in known for st in smap.stages for p in st.peers):
         return float("inf")
     stages = tuple(replace(st, shares=tuple(st.share_of().values())) for st in smap.stages)  # fractions
+    # at the codecs the map was planned with (without them, a compressed plan's hops look raw)
     plan = pt.Plan(stages, smap.schedule or resolve_schedule(job.schedule), job.micro_batch_size,
-                   job.num_micro_batches)
+                   job.num_micro_batches, compression=smap.compression)
     return float(estimate(plan, snap, prof).step_s)

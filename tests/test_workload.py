@@ -1,0 +1,100 @@
+"""Issue 15, live: a scenario's time dilation slows devices, links and traces by one factor and the
+run's figures come back in real time; a workload's proxy is padded to the workload's FLOPs and
+charged its bytes, and the planner plans the workload."""
+import dataclasses
+
+import pytest
+
+from spantrain_p2p.launch import real_time
+from spantrain_p2p.net.emulator import LinkEmulator
+from spantrain_p2p.plan import types as pt
+from spantrain_p2p.plan.stagemap import StageMap
+from spantrain_p2p.scenario import emulation_warning, parse
+from spantrain_p2p.train import planning, workload
+from spantrain_p2p.train.job import JobSpec, ModelHandle
+from tests.test_emulator import FakeClock
+
+SCENARIO = {
+    "name": "t", "time_dilation": 4.0,
+    "link_classes": {"wan": {"rtt_ms": 100, "mbps": 8}},
+    "device_classes": {"d": {"tflops": 10.0, "memory_gb": 24}},
+    "regions": {"x": {"link": "wan"}, "y": {"link": "wan"}},
+    "region_links": [{"regions": ["x", "y"], "link": "wan", "trace": [[0, 1.0], [10, 0.5]]}],
+    "peers": [{"name": "a", "region": "x", "device": "d"}, {"name": "b", "region": "y", "device": "d"}],
+}
+
+
+async def test_a_dilated_world_runs_k_times_slower_and_a_charge_makes_bytes_count_more():
+    sc = parse(SCENARIO)
+    assert sc.device_scale == pytest.approx(0.25)
+    clk = FakeClock()
+    emu = LinkEmulator(sc, "a", clk, sleep=clk.sleep, spin_s=0)
+    link = emu.link_for("b")
+    assert link.bandwidth(5.0) == pytest.approx(1e6 / 4)  # 8 Mbit/s / 4
+    assert link.bandwidth(30.0) == pytest.approx(1e6 / 4) and link.bandwidth(41.0) == pytest.approx(0.5e6 / 4)
+    await emu.transmit("b", 250_000)  # a second's worth at the dilated rate, then 4 x 50 ms
+    assert clk.t == pytest.approx(1.0 + 0.2)
+    t = clk.t
+    async for _ in link.paced([b"x" * 25_000], charge=10.0):  # 25 kB standing for 250 kB
+        pass
+    assert clk.t - t == pytest.approx(1.0 + 0.2)
+    snap = pt.Snapshot.from_scenario(sc, emulated=True)
+    assert (snap.network.link("a", "b").rtt_s, snap.network.link("a", "b").bandwidth) == pytest.approx((0.4, 0.25e6))
+    assert pt.Snapshot.from_scenario(sc).network.link("a", "b").rtt_s == pytest.approx(0.1)
+
+
+def test_figures_come_back_in_real_time_and_ratios_stay():
+    s = {"samples_per_s": 2.0, "tokens_per_s": 64.0, "step_s": 8.0, "fidelity": 0.97, "mfu": 0.4,
+         "epochs": [{"samples_per_s": 2.0, "predicted_samples_per_s": 2.2, "ratio": 0.91}],
+         "peers": [{"step_s_median": 8.0, "tokens_per_s": 32.0, "mfu": 0.4}], "events": [{"recovery_s": 12.0}]}
+    r = real_time.run_summary(s, 4.0)
+    assert (r["samples_per_s"], r["tokens_per_s"], r["step_s"]) == (8.0, 256.0, 2.0)
+    assert r["epochs"][0] == {"samples_per_s": 8.0, "predicted_samples_per_s": 8.8, "ratio": 0.91}
+    assert r["peers"][0] == {"step_s_median": 2.0, "tokens_per_s": 128.0, "mfu": 0.4}
+    assert r["events"][0]["recovery_s"] == 3.0 and r["fidelity"] == 0.97 and r["time_dilation"] == 4.0
+    m = real_time.measurements({"links": [{"rtt_ms": 400.0, "mbps": 2.0}], "devices": [], "probe_seconds": 8.0}, 4.0)
+    assert m["links"][0] == {"rtt_ms": 100.0, "mbps": 8.0} and m["probe_seconds"] == 2.0
+    assert real_time.run_summary(s, 1.0) is s
+
+
+def test_the_proxy_gets_the_workload_s_depth_flops_and_bytes_and_the_planner_plans_the_workload():
+    job = JobSpec(workload="hf:gpt2", workload_seq_len=1024, micro_batch_size=4).finalized()
+    handle = ModelHandle(job)
+    prof = planning.model_profile(job)
+    assert job.model_args["depth"] == 12 and handle.num_layers == prof.num_layers == 14
+    assert "hf:gpt2" in prof.name and prof.layers[1].activation_bytes_out == 1024 * 768 * 2
+    flops = workload.layer_flops(job, 0, 14)
+    assert flops[0] == {"F": 0.0, "B": 0.0, "W": 0.0}  # the embedding lookup: nothing worth padding
+    assert flops[1]["F"] == pytest.approx(4 * prof.layers[1].fwd_flops)
+    c = workload.charges(job, handle)
+    # one sample's activation: 1024 x 768 bf16 in the workload, 32 x 64 fp32 in the proxy
+    assert c.activation == pytest.approx(1024 * 768 * 2 / (32 * 64 * 4))
+    assert c.params[1] == pytest.approx(prof.layers[1].param_bytes / (4 * sum(
+        p.numel() for p in handle.meta_layers()[1].parameters())))
+    with pytest.raises(ValueError, match="must match layer for layer"):
+        JobSpec(workload="hf:gpt2", model_args={"depth": 3}).finalized()
+    with pytest.raises(ValueError, match="hf:PRESET or hf:DIR"):
+        JobSpec(workload="gpt2")
+
+
+def test_a_stage_map_keeps_its_plan_s_codecs_so_its_cost_is_not_taken_for_raw_hops():
+    stages = (pt.Stage(("a",), (0, 2)), pt.Stage(("b",), (2, 4)))
+    smap = StageMap(1, "j", stages, compression=("int8",))
+    back = StageMap.from_dict(smap.to_dict(), 4)
+    assert back.compression == ("int8",)
+    with pytest.raises(ValueError, match="compression"):
+        StageMap.from_dict({**smap.to_dict(), "compression": ["zip"]}, 4)
+    with pytest.raises(ValueError, match="compression"):
+        StageMap.from_dict({**smap.to_dict(), "compression": ["none", "none"]}, 4)
+
+
+def test_the_emulation_warning_counts_the_dilation():
+    fast = {**SCENARIO, "time_dilation": 1.0, "device_classes": {"d": {"tflops": 100.0, "memory_gb": 24}}}
+    assert emulation_warning(parse(fast)) is not None
+    assert emulation_warning(parse({**fast, "time_dilation": 200.0})) is None
+
+
+def test_with_a_workload_the_warning_looks_at_its_smallest_op():
+    sc = parse({**SCENARIO, "time_dilation": 1.0, "device_classes": {"d": {"tflops": 100.0, "memory_gb": 24}}})
+    assert "Raise time_dilation to about 4" in emulation_warning(sc, smallest_op_flops=50e9)  # 0.5 ms
+    assert emulation_warning(sc, smallest_op_flops=400e9) is None  # 4 ms

@@ -98,3 +98,15 @@ def test_with_a_workload_the_warning_looks_at_its_smallest_op():
     sc = parse({**SCENARIO, "time_dilation": 1.0, "device_classes": {"d": {"tflops": 100.0, "memory_gb": 24}}})
     assert "Raise time_dilation to about 4" in emulation_warning(sc, smallest_op_flops=50e9)  # 0.5 ms
     assert emulation_warning(sc, smallest_op_flops=400e9) is None  # 4 ms
+
+
+def test_a_message_may_take_a_few_predicted_steps_in_a_slow_world():
+    from spantrain_p2p.train.transport import STEPS_OF_PATIENCE, PipelineTransport
+
+    t = PipelineTransport(None, {}, None, lambda: 0)
+    t.start(JobSpec(recv_timeout_s=60.0))
+    stages = (pt.Stage(("a",), (0, 2)), pt.Stage(("b",), (2, 4)))
+    t.begin_epoch(StageMap(1, "j", stages, predicted_step_s=5.0), 0)
+    assert t.timeout_s() == 60.0
+    t.begin_epoch(StageMap(2, "j", stages, predicted_step_s=65.0), 0)  # a GPipe step over 25 Mbit/s links
+    assert t.timeout_s() == STEPS_OF_PATIENCE * 65.0

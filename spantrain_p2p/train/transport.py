@@ -33,6 +33,7 @@ log = logging.getLogger("spantrain.train")
 # a pipeline's steady state, but its fill and drain wait on every hop's transfer, and with about as
 # many micro-batches as stages (volunteer swarms) fill and drain are most of the step.
 NEGLIGIBLE_TRANSFER = 0.1
+STEPS_OF_PATIENCE = 3.0  # a message may take this many predicted steps before its step fails
 
 
 class PipelineTransport:
@@ -90,6 +91,14 @@ class PipelineTransport:
         """One step's compute time per micro-batch: adaptive compression weighs transfers against it."""
         self.mb_compute_s = per_mb_s if self.mb_compute_s is None else 0.7 * self.mb_compute_s + 0.3 * per_mb_s
 
+    def timeout_s(self) -> float:
+        """How long a live peer's message may take: the job's ``recv_timeout_s``, or a few of the
+        stage map's predicted steps where a step takes longer than that (a slow world: a message
+        of a step can be due a step's time after it began). A dead sender is found sooner: by
+        asking it (``liveness``) once the adaptive deadline passes."""
+        predicted = self.smap.predicted_step_s if self.smap is not None else 0.0
+        return max(self.job.recv_timeout_s, STEPS_OF_PATIENCE * predicted)
+
     def deadline_report(self) -> dict:
         return {k: {"typical_s": round(t, 4), "deadline_s": round(self._deadlines.deadline(k, self.job.recv_timeout_s), 3)}
                 for k in (ACT, GRAD, GSUM) if (t := self._deadlines.typical(k)) is not None}
@@ -121,10 +130,10 @@ class PipelineTransport:
     async def receive(self, key: tuple[str, int, int], kind: str, src: str) -> torch.Tensor:
         """The message ``key`` from ``src``. Past the adaptive deadline (a multiple of the recent
         waits for this kind), ask whether ``src`` still lives: one that does not answer fails the
-        step at once; a slow but live one is waited for, up to the job's ``recv_timeout_s``."""
+        step at once; a slow but live one is waited for, up to ``timeout_s``."""
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        cap = t0 + self.job.recv_timeout_s
+        cap = t0 + self.timeout_s()
         while True:
             wait = self._deadlines.deadline(kind, max(0.0, cap - loop.time()))
             try:
@@ -181,7 +190,7 @@ class PipelineTransport:
             self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
         nbytes = int((sum(b.nbytes for b in bufs) + 256) * charge)  # + header, about; in the workload's bytes
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.job.recv_timeout_s
+        deadline = loop.time() + self.timeout_s()
         while True:
             url = self.peer.data_url_of(dst)
             t0 = loop.time()  # this attempt's: refusals and waits before it say nothing of the link

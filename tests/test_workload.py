@@ -110,3 +110,20 @@ def test_a_message_may_take_a_few_predicted_steps_in_a_slow_world():
     assert t.timeout_s() == 60.0
     t.begin_epoch(StageMap(2, "j", stages, predicted_step_s=65.0), 0)  # a GPipe step over 25 Mbit/s links
     assert t.timeout_s() == STEPS_OF_PATIENCE * 65.0
+
+
+def test_a_live_swarm_charges_the_workload_s_bytes_and_counts_its_tokens(tmp_path):
+    """4 stages of a proxy (16 tokens) standing for hf:gpt2-tiny at 64 tokens: every activation and
+    gradient between stages is charged twice its bytes (64 x 64 bf16 per sample in the workload,
+    16 x 64 fp32 in the proxy), and tokens are the workload's."""
+    from tests._helpers import swarm_json
+
+    out = swarm_json(tmp_path, "--steps", "4", "--stages", "4", "--seq-len", "16", "--workload", "hf:gpt2-tiny",
+                     "--workload-seq-len", "64")
+    assert sum(s["layers"][1] - s["layers"][0] for s in out["plan"]["stages"]) == 5  # the workload's layer count
+    per_message = (4 * 16 * 64 * 4 + 256) * 2.0  # 4 samples a micro-batch, + the header, times the charge
+    expected = 3 * 4 * 2 * per_message  # 3 boundaries, 4 micro-batches, activation and gradient
+    print(f"\nworkload wire bytes per step: {out['wire_bytes_per_step']} (expected {expected:.0f}); "
+          f"{out['tokens_per_s']} tokens/s at {out['samples_per_s']} samples/s")
+    assert abs(out["wire_bytes_per_step"] / expected - 1) < 0.01
+    assert out["tokens_per_s"] == pytest.approx(out["samples_per_s"] * 64, rel=1e-3)

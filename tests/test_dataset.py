@@ -1,10 +1,7 @@
 """A swarm trains on a local data set with a locally trained tokenizer exactly like one process;
 a peer with another copy of the data or another tokenizer refuses, saying why; bf16 trains like
 fp32 with 2-byte activations on the wire."""
-import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -14,6 +11,7 @@ from spantrain_p2p.train.dataset import open_data, with_data
 from spantrain_p2p.train.job import JobRefused, JobSpec
 from spantrain_p2p.train.reference import reference_run
 from spantrain_p2p.train.tokenizer import train_bpe
+from tests._helpers import swarm_json
 
 TEXT = ("The planner places the stages where the links are fast. Activations cross the slow links, "
         "compressed as much as each link needs. Replicas sum their gradients inside a region. ")
@@ -64,18 +62,10 @@ def wait_done(procs, timeout):
     wait_until(all_done, timeout, interval=0.3)
 
 
-def _swarm(tmp_path, *args):
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--plan", "even", "--no-measure", "--json", "--run-dir", str(tmp_path), *args],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def test_four_peers_train_on_a_local_corpus_like_one_process(corpus, tmp_path):
     data, tok = corpus
     steps = 15
-    summary = _swarm(tmp_path, "--steps", str(steps), "--stages", "2", "--data", data, "--tokenizer", tok)
+    summary = swarm_json(tmp_path, "--steps", str(steps), "--stages", "2", "--data", data, "--tokenizer", tok)
     assert [len(s["peers"]) for s in summary["plan"]["stages"]] == [2, 2]
     ref, _ = reference_run(with_data(JobSpec(steps=steps), data, tok), steps)
     worst = max(abs(a - b) / b for a, b in zip(summary["losses"], ref))
@@ -87,7 +77,7 @@ def test_bf16_trains_within_two_percent_of_fp32_with_two_byte_activations(tmp_pa
     """The swarm in bf16 computes what one process computes in bf16 (20 steps, 4 stages, 2-byte values
     on the wire); that arithmetic, run 100 steps in one process, ends within 2 % of fp32."""
     steps, job = 20, JobSpec(steps=100)
-    summary = _swarm(tmp_path, "--steps", str(steps), "--stages", "4", "--precision", "bf16")
+    summary = swarm_json(tmp_path, "--steps", str(steps), "--stages", "4", "--precision", "bf16")
     fp32, _ = reference_run(job, 100)
     bf16_ref, _ = reference_run(replace(job, precision="bf16"), 100)
     gap = abs(sum(bf16_ref[-10:]) / sum(fp32[-10:]) - 1)

@@ -13,7 +13,8 @@ import torch
 from spantrain_p2p.train.hf_model import HFModel, full_model, resolve
 from spantrain_p2p.train.job import JobRefused, JobSpec, ModelHandle, check_compatible
 from spantrain_p2p.train.planning import model_profile
-from spantrain_p2p.train.reference import reference_run, transformers_reference_run
+from spantrain_p2p.train.reference import transformers_reference_run
+from tests._helpers import swarm_json
 
 TINY = ["gpt2-tiny", "llama-tiny", "qwen2-tiny", "mistral-tiny"]
 
@@ -153,13 +154,9 @@ def test_four_peers_train_a_transformers_model_like_single_process_transformers(
     model = "hf:gpt2-tiny" if which == "gpt2-tiny" else _pretrained_llama_dir(tmp_path / "llama",
                                                                               load_tokenizer(tok).vocab_size)
     steps, grads_dir, ckpt = 30, str(tmp_path / "grads"), str(tmp_path / "ckpt")
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--model", model, "--data", data, "--tokenizer", tok, "--seq-len", "16",
-                        "--steps", str(steps), "--stages", "2", "--plan", "even", "--no-measure", "--dump-grads", grads_dir,
-                        "--checkpoint-every", str(steps), "--checkpoint-dir", ckpt,
-                        "--json", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    summary = swarm_json(tmp_path, "--model", model, "--data", data, "--tokenizer", tok, "--seq-len", "16",
+                         "--steps", str(steps), "--stages", "2", "--dump-grads", grads_dir,
+                         "--checkpoint-every", str(steps), "--checkpoint-dir", ckpt)
     assert [len(s["peers"]) for s in summary["plan"]["stages"]] == [2, 2]
     job = with_data(JobSpec(model=model, seq_len=16, steps=steps), data, tok)
     ref_losses, ref_grads = transformers_reference_run(job, steps, grads_at=0)

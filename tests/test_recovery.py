@@ -1,14 +1,12 @@
 """Training through churn: a stage peer or the planner is SIGKILLed mid-run; nothing is lost."""
 import concurrent.futures
 import functools
-import json
-import subprocess
-import sys
 
 import pytest
 
 from spantrain_p2p.train.job import JobSpec
 from spantrain_p2p.train.reference import reference_run
+from tests._helpers import run_swarm_json
 
 STEPS = 60
 
@@ -27,11 +25,8 @@ def _reference_losses() -> concurrent.futures.Future:
 @pytest.mark.parametrize("victim", ["worker", "planner"])
 def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
     reference = _reference_losses()
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--steps", str(STEPS), "--chaos", f"kill:{victim}@step=20", "--json",
-                        "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", str(STEPS), "--chaos", f"kill:{victim}@step=20",
+                         "--run-dir", str(tmp_path))
     assert out["lost_steps"] == 0 and len(out["losses"]) == STEPS
     (event,) = out["events"]
     assert event["kind"] == "kill" and event["recovery_s"] <= 30, event
@@ -50,11 +45,8 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
 def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(tmp_path):
     steps = 300  # lan-4 runs ~10 steps a second: the joiners are measured and planned in before the end
     reference = _reference_losses()
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--steps", str(steps), "--chaos", "join:p2@step=5", "--chaos", "join:p3@step=5", "--json",
-                        "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=400)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", str(steps), "--chaos", "join:p2@step=5",
+                         "--chaos", "join:p3@step=5", "--run-dir", str(tmp_path))
     assert out["lost_steps"] == 0 and len(out["losses"]) == steps
     first, last = out["plans"][0], out["plans"][-1]
     used = {p for s in last["stages"] for p in s["peers"]}

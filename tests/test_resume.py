@@ -1,6 +1,5 @@
 """Checkpoints in safetensors, one file per layer and step, and a swarm resumed from one onto
 another stage layout that trains on exactly as if it had never stopped."""
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from spantrain_p2p.train.checkpoint import CheckpointDir, layer_path, write_laye
 from spantrain_p2p.launch import wait_until
 from spantrain_p2p.train.job import JobSpec
 from spantrain_p2p.train.reference import reference_run
+from tests._helpers import swarm_json
 
 
 def _layer_with_adam_state():
@@ -84,11 +84,7 @@ def test_replicas_of_a_stage_write_the_same_files_into_one_directory_at_once(tmp
 
 
 def _swarm(tmp_path, tag, *args):
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--plan", "even", "--no-measure", "--json", "--run-dir", str(tmp_path / tag), *args],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return swarm_json(tmp_path / tag, *args)
 
 
 def test_a_swarm_resumed_onto_another_stage_count_trains_on_as_if_it_never_stopped(tmp_path):

@@ -12,6 +12,7 @@ import torch
 from spantrain_p2p.launch import wait_until
 from spantrain_p2p.train.job import JobSpec
 from spantrain_p2p.train.reference import reference_run
+from tests._helpers import swarm_json
 
 USER = "spantrain_p2p.train.example_user_model:tiny_mlp"
 
@@ -70,12 +71,8 @@ def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_pa
 def test_replicated_stages_average_gradients_and_train_like_one_process(tmp_path):
     """lan-4 as 2 stages of 2 data-parallel replicas: same gradients and losses as one process."""
     steps, grads_dir = 20, str(tmp_path / "grads")
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--steps", str(steps), "--stages", "2", "--micro-batches", "6", "--dump-grads", grads_dir,
-                        "--plan", "even", "--no-measure",
-                        "--json", "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    summary = swarm_json(tmp_path, "--steps", str(steps), "--stages", "2", "--micro-batches", "6",
+                         "--dump-grads", grads_dir)
     stages = summary["plan"]["stages"]
     assert [len(s["peers"]) for s in stages] == [2, 2]
     job = JobSpec(steps=steps, num_micro_batches=6)

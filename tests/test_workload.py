@@ -1,7 +1,6 @@
 """Issue 15, live: a scenario's time dilation slows devices, links and traces by one factor and the
 run's figures come back in real time; a workload's proxy is padded to the workload's FLOPs and
 charged its bytes, and the planner plans the workload."""
-import dataclasses
 
 import pytest
 

@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import socket
 import statistics
 import time
@@ -59,6 +60,17 @@ async def test_probing_measures_bandwidth_and_rtt_within_10_percent(probe_server
     assert m.mbps == pytest.approx(LINKS[cls]["mbps"], rel=0.10), m
     assert m.seconds < 2.5, m
     assert LinkMeasurement.from_dict(m.to_dict()) == m
+
+
+async def test_a_long_link_that_answers_gets_round_trips_beyond_the_deadline(probe_server):
+    """The "slow" link (100 ms, 20 Mbit/s) in a world 4 times slower: 400 ms round trips. Four pings
+    and a bulk transfer take more than the 1.5 s deadline; the first answer stretches it."""
+    srv, client = probe_server
+    emu = LinkEmulator(dataclasses.replace(star_scenario(), time_dilation=4.0), "me")
+    m = await probe_link(client, srv.url, "peer-slow", emu, ping_count=3, deadline_s=1.5)
+    assert m.status == "ok", m
+    assert m.rtt_ms == pytest.approx(400, rel=0.15) and m.mbps == pytest.approx(5, rel=0.3), m
+    assert m.seconds > 1.5
 
 
 async def test_an_rtt_pinged_earlier_in_a_quiet_moment_is_used_instead_of_new_pings(probe_server):

@@ -7,7 +7,7 @@ Client side: ``probe_sender`` sends probe messages to one peer before a deadline
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 from . import framing
 
@@ -38,12 +38,13 @@ async def handle_probe(header: dict, buffers: list[memoryview]) -> tuple[dict, l
     raise framing.FrameError(f"probe op must be 'ping' or 'bulk', not {header['op']!r}")
 
 
-def probe_sender(client: "DataPlaneClient", url: str, link: Any, deadline: float, clock: Callable[[], float],
-                 compensate: bool = True) -> Callable[[dict, Sequence[Any]], Any]:
+def probe_sender(client: "DataPlaneClient", url: str, link: Any, deadline: Union[float, Callable[[], float]],
+                 clock: Callable[[], float], compensate: bool = True) -> Callable[[dict, Sequence[Any]], Any]:
     """A ``send(header, buffers)`` of probe messages to ``url`` (over the emulated ``link``, if any)
-    that gives up at ``deadline`` (on ``clock``); ``compensate`` as in ``DataPlaneClient.send``."""
+    that gives up at ``deadline`` (on ``clock``; a callable: read at each send, it may move);
+    ``compensate`` as in ``DataPlaneClient.send``."""
     async def send(header: dict, buffers: Sequence[Any]) -> Any:
-        left = deadline - clock()
+        left = (deadline() if callable(deadline) else deadline) - clock()
         if left <= 0:
             raise asyncio.TimeoutError()
         return await client.send(url, PROBE_KIND, {"v": PROBE_VERSION, **header}, buffers, timeout=left, link=link,

@@ -8,7 +8,10 @@
   ``bulk_bytes`` and grows until one transfer takes at least ``min_bulk_s`` (aiming at ``target_s``),
   so fast and slow links are both measured in well under a second or two;
 - everything runs under ``deadline_s``: a peer that fails, refuses or hangs gives a measurement with
-  status ``"unknown"`` (and the error) when the deadline fires, never a hang.
+  status ``"unknown"`` (and the error) when the deadline fires, never a hang. A peer that answers
+  over a slow, long link (a satellite hop, an emulated world slowed down) gets ``STRETCH_RTTS``
+  of its first round trip on top (at most ``MAX_STRETCH_S``): the pings and bulk transfers take
+  that many round trips.
 With ``emulator`` (a ``LinkEmulator``), traffic goes through the emulated link to ``dst``; pass None
 once the data-plane client shapes its own traffic. The prober never reads a scenario.
 
@@ -35,6 +38,8 @@ __all__ = ["LinkMeasurement", "MAX_MBPS", "MAX_RTT_MS", "probe_link"]
 
 MAX_RTT_MS = 600_000.0
 MAX_MBPS = 1e7
+STRETCH_RTTS = 20  # the pings (ping_count + 1) and a few bulk transfers, a round trip each at least
+MAX_STRETCH_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -118,9 +123,16 @@ async def probe_link(
                          "0 < min_bulk_s <= target_s")
     link = emulator.link_for(dst_name) if emulator is not None else None
     t0 = clock()
-    deadline = t0 + deadline_s
+    deadline = [t0 + deadline_s]  # moved once the first answer tells the round trip
     st = _Probe()
-    send = probe_sender(client, url, link, deadline, clock)
+    sender = probe_sender(client, url, link, lambda: deadline[0], clock)
+
+    async def send(header, buffers):
+        t = clock()
+        reply = await sender(header, buffers)
+        if deadline[0] == t0 + deadline_s:  # the first answer: room for the round trips to come
+            deadline[0] += min(MAX_STRETCH_S, STRETCH_RTTS * (clock() - t))
+        return reply
     pre = rtt_s is not None and math.isfinite(rtt_s) and 0 < rtt_s * 1e3 <= MAX_RTT_MS
 
     async def run() -> None:
@@ -164,7 +176,7 @@ async def probe_link(
                 # disagree by more than 15 % (three probers share 2 cores: one stall can halve a
                 # 0.2 s transfer at 1 Gbit/s)
                 times = [transfer]
-                while len(times) < 3 and clock() + 1.5 * dt < deadline:
+                while len(times) < 3 and clock() + 1.5 * dt < deadline[0]:
                     if len(times) == 2 and max(times) <= 1.15 * min(times):
                         break
                     t = clock()
@@ -178,20 +190,30 @@ async def probe_link(
             last = (size, transfer)
             grow = target_s / transfer if transfer > 1e-3 else 16.0
             nxt = int(min(cap, size * min(16.0, max(2.0, grow))))
-            if clock() + dt * nxt / size > deadline:  # the next one would not make it: keep this one
+            if clock() + dt * nxt / size > deadline[0]:  # the next one would not make it: keep this one
                 st.mbps, st.bulk_bytes = size * 8 / max(transfer, 1e-6) / 1e6, size
                 return
             size = nxt
 
     error = ""
+    task = asyncio.ensure_future(run())
     try:
-        await asyncio.wait_for(run(), max(0.0, deadline - clock()))
+        while not task.done():
+            left = deadline[0] - clock()
+            if left <= 0:
+                raise asyncio.TimeoutError()
+            await asyncio.wait({task}, timeout=left)  # the deadline may have moved meanwhile
+        task.result()
     except asyncio.TimeoutError:
-        error = f"no answer within the {deadline_s:g} s probe deadline"
+        error = f"no answer within the {deadline[0] - t0:.3g} s probe deadline"
     except asyncio.CancelledError:
         raise
     except Exception as e:  # a refused, broken or misbehaving peer: the link is unknown, nothing more
         error = f"{type(e).__name__}: {e}"[:500]
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     rtt_ms = robust_rtt(st.rtts) * 1e3 if st.rtts else None
     ok = not error and rtt_ms is not None and st.mbps is not None
     return LinkMeasurement(

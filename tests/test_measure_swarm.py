@@ -4,18 +4,13 @@ The accuracy figures of the issue come from scripts/measure_figures.sh (a benchm
 idle machine); this test checks that every link and device is measured and roughly right, with
 margins that hold on a loaded 2-core machine too.
 """
-import json
 import statistics
-import subprocess
-import sys
+
+from tests._helpers import run_swarm_json
 
 
 def test_measure_only_reports_every_link_and_device_of_cee_3region(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/cee-3region.toml",
-                        "--measure-only", "--json", "--run-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_swarm_json("--scenario", "peers/cee-3region.toml", "--measure-only", "--run-dir", str(tmp_path))
     names = ["cloud-1", "cloud-2", "edge-1", "edge-2", "end-1", "end-2", "end-3"]
     assert sorted((l["src"], l["dst"]) for l in out["links"]) == sorted((a, b) for a in names for b in names if a != b)
     assert all(l["status"] == "ok" for l in out["links"])

@@ -1,7 +1,6 @@
 """Training across real peer processes on loopback, checked against single-process training."""
 import asyncio
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import torch
 from spantrain_p2p.launch import wait_until
 from spantrain_p2p.train.job import JobSpec
 from spantrain_p2p.train.reference import reference_run
-from tests._helpers import swarm_json
+from tests._helpers import run_swarm_json, swarm_json
 
 USER = "spantrain_p2p.train.example_user_model:tiny_mlp"
 
@@ -87,11 +86,8 @@ def test_replicated_stages_average_gradients_and_train_like_one_process(tmp_path
 
 def test_a_user_model_trains_through_spantrain_swarm(tmp_path):
     steps = 20
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
-                        "--steps", str(steps), "--model", USER, "--no-measure", "--json", "--run-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    summary = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", str(steps), "--model", USER, "--no-measure",
+                             "--run-dir", str(tmp_path))
     assert summary["steps"] == steps and len(summary["losses"]) == steps
     assert summary["samples_per_s"] > 0 and summary["step_s"] > 0
     stages = summary["plan"]["stages"]

@@ -64,7 +64,7 @@ class Scenario:
     extra: dict = field(default_factory=dict)
     # K: the emulated world runs K times slower than the real one it stands for (device speed / K,
     # bandwidth / K, delays and trace times x K); K < 1 runs it faster. Reported figures are
-    # converted back to real time (``launch.report.to_real_time``).
+    # converted back to real time (``launch.real_time``).
     time_dilation: float = 1.0
 
     @property

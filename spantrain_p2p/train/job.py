@@ -22,6 +22,7 @@ from ..pipeline.loss_scale import check_init
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
 from ..plan.baselines import PLAN_KINDS
 from . import model as model_lib
+from .precision import PRECISIONS
 from .hf_model import PREFIX, is_hf
 from .hf_presets import PRESETS
 
@@ -29,7 +30,6 @@ BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
 PLANS = PLAN_KINDS
 OPTIMIZERS = ("adam", "sgd")
-PRECISIONS = ("fp32", "bf16", "fp16")  # compute dtype; weights and optimizer state stay fp32 (fp16: loss scaling)
 
 
 def is_hf_preset(model: str) -> bool:

@@ -14,6 +14,7 @@ from ..pipeline.schedule import AUTO, SCHEDULE_NAMES, resolve_schedule
 from ..plan import types as pt
 from ..plan.stagemap import StageMap
 from .job import BUILTIN, JobSpec, ModelHandle, is_hf
+from .precision import wire_dtype_bytes
 
 
 def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: list[str]) -> pt.Snapshot:
@@ -41,7 +42,7 @@ def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
     if is_hf(job.model):
         from .hf_profile import hf_model_profile
 
-        return hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=4 if job.precision == "fp32" else 2)
+        return hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=wire_dtype_bytes(job.precision))
     if job.model != BUILTIN:
         return None
     return pt.ModelProfile.from_model_config(ModelHandle(job)._config())

@@ -9,12 +9,11 @@ import torch
 from .dataset import open_data
 from .job import JobSpec, ModelHandle
 from .optim import make_optimizer
-
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from .precision import COMPUTE_DTYPES
 
 
 def _autocast(job: JobSpec, device_type: str):
-    dtype = AUTOCAST.get(job.precision)
+    dtype = COMPUTE_DTYPES.get(job.precision)
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
 
 

@@ -35,6 +35,7 @@ from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from .optim import make_optimizer
+from .precision import COMPUTE_DTYPES, WIRE_DTYPES
 from . import overflow, workload
 from .run_records import MAP_POLL_S, RunRecords
 from .recovery import Recovery
@@ -42,8 +43,6 @@ from .transport import PipelineTransport
 
 log = logging.getLogger("spantrain.train")
 
-COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # --precision -> autocast dtype (fp32: none)
-WIRE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,13 @@ on its GPUs (2-byte activations), whatever precision the proxy runs in.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 from ..plan import types as pt
-from .hf_model import HFModel, is_hf
+from .hf_model import HFModel
+from .precision import wire_dtype_bytes
 
 WORKLOAD_WIRE_BYTES = 2  # bf16 activations and their gradients, as a GPU run sends them
 # An op below this fraction of the workload's largest (the embedding's lookup: T x D "FLOPs") has
@@ -35,13 +37,10 @@ WORKLOAD_WIRE_BYTES = 2  # bf16 activations and their gradients, as a GPU run se
 NEGLIGIBLE_OP = 1e-3
 
 
-def check_spec(spec: str) -> None:
-    if spec and not is_hf(spec):
-        raise ValueError(f"workload {spec!r}: name a transformers model, hf:PRESET (e.g. hf:gpt2-xl) or hf:DIR")
-
-
 @functools.lru_cache(maxsize=8)
-def _profile(spec: str, seq_len: int) -> pt.ModelProfile:
+def profile_of(spec: str, seq_len: int) -> pt.ModelProfile:
+    """The planner's profile of the transformers model ``spec`` (hf:PRESET|hf:DIR) at ``seq_len``
+    tokens, as a GPU run trains it (bf16 activations; fp32 weights and Adam state)."""
     from .hf_profile import hf_model_profile
 
     return hf_model_profile(HFModel(spec, {}, 0, seq_len), seq_len, wire_dtype_bytes=WORKLOAD_WIRE_BYTES)
@@ -49,7 +48,7 @@ def _profile(spec: str, seq_len: int) -> pt.ModelProfile:
 
 def profile(job) -> Optional[pt.ModelProfile]:
     """The workload's profile (per sample of ``workload_seq_len`` tokens), or None without one."""
-    return _profile(job.workload, job.workload_seq_len) if job.workload else None
+    return profile_of(job.workload, job.workload_seq_len) if job.workload else None
 
 
 def num_layers(job) -> int:
@@ -80,12 +79,8 @@ def charges(job, handle) -> Charges:
     """How many bytes of the workload each byte the proxy (``handle``: its ``ModelHandle``) sends
     stands for."""
     wl = profile(job)
-    shapes = handle.boundary_shapes()
-    proxy_elems = 1
-    for d in shapes[1][1:]:  # one sample's activation at a block boundary
-        proxy_elems *= d
-    proxy_wire = 4 if job.precision == "fp32" else 2
-    act = wl.layers[0].activation_bytes_out / (proxy_elems * proxy_wire)
+    proxy_sample = math.prod(handle.boundary_shapes()[1][1:])  # one sample's activation at a block boundary
+    act = wl.layers[0].activation_bytes_out / (proxy_sample * wire_dtype_bytes(job.precision))
     params = []
     for layer, lp in zip(handle.meta_layers(), wl.layers):
         proxy = 4 * sum(p.numel() for p in layer.parameters() if p.requires_grad)

@@ -55,6 +55,11 @@ def main_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a checkpoint as a transformers directory (from_pretrained loads it)")
     add_export_arguments(ex)
     ex.add_argument("-v", "--verbose", action="count", default=0)
+    rp = sub.add_parser("report", help="draw a run's pictures (loss, tokens/s, a step's timeline, links) as PNGs")
+    rp.add_argument("run_dir", metavar="RUN_DIR", help="a folder `spantrain swarm --steps N` wrote (it says where)")
+    rp.add_argument("--out", default=None, help="where the pictures go (default: RUN_DIR/report)")
+    rp.add_argument("--step", type=int, default=None, help="the step whose timeline to draw (default: the newest kept)")
+    rp.add_argument("-v", "--verbose", action="count", default=0)
     return p
 
 
@@ -83,6 +88,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             from ..launch import swarm_command
 
             return swarm_command(args)
+        if args.cmd == "report":
+            from ..view.pictures import report
+
+            paths = report(args.run_dir, args.out, args.step)
+            for k, v in paths.items():
+                print(f"{k:>10}: {v or '(no data for it in this run)'}")
+            return 0
         if args.cmd == "export":
             from .export import export_command
 

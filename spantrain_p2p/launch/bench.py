@@ -6,8 +6,21 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from typing import Optional
 
 from .swarm import run_swarm
+
+
+def workload_facts(args) -> Optional[dict]:
+    """The bench's workload: its name, parameters, layers and tokens per sample (None: the job's model)."""
+    if not getattr(args, "workload", None):
+        return None
+    from ..train.workload import profile_of
+
+    prof = profile_of(args.workload, args.workload_seq_len)
+    return {"workload": args.workload, "name": prof.name, "params": int(prof.total_param_bytes() / 4),
+            "layers": prof.num_layers, "seq_len": args.workload_seq_len,
+            "flops_per_sample": prof.total_flops_per_sample()}
 
 
 def bench_command(args) -> int:
@@ -17,20 +30,27 @@ def bench_command(args) -> int:
         a = copy.copy(args)
         a.plan, a.json, a.measure_only, a.chaos, a.duration = kind, True, False, [], None
         if kind.endswith("-uniform"):  # best-region: the planner's own choice of schedule, inside one region
+            # what people run instead: a uniform split, one schedule, tensors as they are (the
+            # baseline is priced uncompressed: with the job's adaptive codecs its prediction would be off)
             a.schedule = "gpipe" if kind == "gpipe-uniform" else "1f1b"
+            a.compression = "none"
         print(f"bench: {kind}", file=sys.stderr, flush=True)
         rc, summary = run_swarm(a)
         if rc != 0 or summary is None:
             code = rc or 1
             runs[kind] = {"error": f"exit code {rc}"}
             continue
-        keep = ("samples_per_s", "tokens_per_s", "step_s", "predicted_step_s", "bound_samples_per_s", "bottleneck",
-                "aggregate_bound_samples_per_s", "aggregate_utilization", "mfu", "compute_utilization", "wire_bytes_per_step", "fidelity", "plan")
+        keep = ("samples_per_s", "tokens_per_s", "step_s", "predicted_step_s", "predicted_samples_per_s",
+                "configured_predicted_samples_per_s", "simulated_samples_per_s", "measured_over_predicted",
+                "measured_over_configured_predicted", "measured_over_simulated", "bound_samples_per_s", "bottleneck",
+                "aggregate_bound_samples_per_s", "aggregate_utilization", "mfu", "compute_utilization",
+                "wire_bytes_per_step", "fidelity", "plan", "codecs")
         runs[kind] = {k: summary.get(k) for k in keep}
     base = runs.get("planner", {}).get("samples_per_s")
     ratios = {f"planner/{k}": round(base / v["samples_per_s"], 3) for k, v in runs.items()
               if k != "planner" and base and v.get("samples_per_s")}
-    out = {"scenario": args.scenario, "steps": args.steps, "runs": runs, "ratios": ratios}
+    out = {"scenario": args.scenario, "steps": args.steps, "workload": workload_facts(args), "runs": runs,
+           "ratios": ratios}
     if not args.json:
         for k, v in runs.items():
             print(f"{k:>14}: {v.get('samples_per_s')} samples/s (bound {v.get('bound_samples_per_s')})")

@@ -3,11 +3,15 @@ their step or time, the losses gathered as the run goes, recovery and re-plan ti
 run summary (``train_and_report``)."""
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Optional
 
 from .chaos import set_link_factor
 from .processes import PeerProcess
+from .progress import ProgressDisplay
+from . import predict
 from .report import describe_plan, epoch_figures, figures, summarize
 
 
@@ -19,8 +23,10 @@ class RunFollower:
     epoch's values count (a redone step replaces the abandoned one).
     """
 
-    def __init__(self, procs: list["PeerProcess"], args, say, chaos: list, launch_peer=None):
+    def __init__(self, procs: list["PeerProcess"], args, say, chaos: list, launch_peer=None,
+                 time_dilation: float = 1.0):
         self.procs, self.args, self.say = procs, args, say
+        self.k = time_dilation  # the progress shows tokens/s in real time
         self.chaos = sorted(chaos, key=lambda c: (c.at_step if c.at_step is not None else -1, c.at_t or 0))
         self.launch_peer = launch_peer
         self.t0 = time.monotonic()
@@ -79,7 +85,8 @@ class RunFollower:
             if (c.at_step is not None and done < c.at_step) or (c.at_t is not None and now_train < c.at_t):
                 continue
             self.chaos.remove(c)
-            ev = {"kind": c.action, "target": c.target, "step": self.max_step, "t_s": round(now, 2)}
+            ev = {"kind": c.action, "target": c.target, "step": self.max_step, "t_s": round(now, 2),
+                  "t_unix": round(time.time(), 3)}
             if c.action == "kill":
                 name = c.target
                 planner = next((st["train"].get("planner") for _, st in sts if (st.get("train") or {}).get("planner")), None)
@@ -135,8 +142,15 @@ class RunFollower:
                 self.say(f"recovered from {ev['kind']} {ev['target']} in {ev['recovery_s']}s")
 
     def follow(self) -> dict:
-        total = self.args.steps
-        last_line, last_print = "", 0.0
+        display = ProgressDisplay(self.args.steps, self.say)
+        say, self.say = self.say, display.note  # plans and events print above a live bar
+        try:
+            return self._follow(display)
+        finally:
+            display.close()
+            self.say = say
+
+    def _follow(self, display: ProgressDisplay) -> dict:
         shown: set[int] = set()
         while True:
             sts, error = self.poll()
@@ -158,14 +172,12 @@ class RunFollower:
                 all(st["state"] != "recovering" for _, st in sts)
             curve = self.loss_curve()
             done = min((st["train"]["step"] for _, st in current), default=0)
-            elapsed = time.monotonic() - self.t0
-            line = f"step {done:>4}/{total}" + (f"  loss {curve[-1]:.4f}" if curve else "") + \
-                (f"  epoch {newest}" if newest > 1 else "")
-            if line != last_line and (time.monotonic() - last_print > 1.0 or finished):
-                rate = done / elapsed if elapsed > 0 else 0.0
-                eta = (total - done) / rate if rate else float("nan")
-                self.say(f"{line}  {rate:.2f} steps/s  ETA {eta:.0f}s")
-                last_line, last_print = line, time.monotonic()
+            if self.plans:
+                display.started()
+            # the swarm's tokens/s: the first stage's peers between them carry every sample
+            tps = [st["train"].get("tokens_per_s") for _, st in current if st["train"].get("stage") == 0]
+            display.update(done, curve[-1] if curve else None, sum(t for t in tps if t) * self.k or None, newest,
+                           finished)
             if finished:
                 return {"statuses": sts}
             # each poll asks every peer for its status: on a shared machine that is CPU the training
@@ -174,14 +186,24 @@ class RunFollower:
             time.sleep(0.3 if busy else 1.0)
 
 
+def keep(run_dir: str, folder: str, name: str, d: dict) -> None:
+    """Saves a peer's page in the run folder (``spantrain report`` draws from them)."""
+    os.makedirs(os.path.join(run_dir, folder), exist_ok=True)
+    with open(os.path.join(run_dir, folder, f"{name}.json"), "w") as f:
+        json.dump(d, f)
+
+
 def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_peer=None, scenario=None) -> dict:
     """Follows training until every stage of the newest epoch is done; returns the run summary."""
-    follower = RunFollower(procs, args, say, list(chaos), launch_peer)
+    follower = RunFollower(procs, args, say, list(chaos), launch_peer,
+                           scenario.time_dilation if scenario is not None else 1.0)
     follower.follow()
     reports = []
     for p in follower.live():
         try:
             reports.append(p.status(path="/report"))
+            keep(p.run_dir, "reports", p.name, reports[-1])
+            keep(p.run_dir, "measurements", p.name, p.status(path="/measurements"))
         except OSError:
             continue
     seq = args.workload_seq_len if getattr(args, "workload", None) else args.seq_len  # a workload's tokens
@@ -194,7 +216,11 @@ def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_pee
         new = {tuple(s["layers"]): sorted(s["peers"]) for s in follower.plans[b]["stages"]}
         moves += sum(1 for k, v in new.items() if old.get(k) != v)
     summary["samples_per_step"] = args.micro_batches * args.micro_batch_size
+    summary["seq_len"] = seq
     summary.update(figures(summary, reports, scenario))
+    summary.update(predict.configured(summary.get("plan"), next((r["job"] for r in reports if r.get("job")), None),
+                                      scenario))
+    summary.update(predict.rates(summary))
     summary["epochs"] = epoch_figures(reports, follower.plans, summary["samples_per_step"])
     summary.update({"replans": max(0, len(epochs) - 1), "stage_moves": moves,
                     "lost_steps": max(0, args.steps - len(summary["losses"])), "events": follower.events,

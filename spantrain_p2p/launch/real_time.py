@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 RATES = ("samples_per_s", "tokens_per_s", "samples_per_s_wall", "bound_samples_per_s",
-         "aggregate_bound_samples_per_s", "predicted_samples_per_s")
-DURATIONS = ("step_s", "wall_s", "predicted_step_s", "step_s_median", "compute_s_median", "recovery_s",
+         "aggregate_bound_samples_per_s", "predicted_samples_per_s", "configured_predicted_samples_per_s",
+         "simulated_samples_per_s")
+DURATIONS = ("step_s", "wall_s", "predicted_step_s", "configured_predicted_step_s", "simulated_step_s", "step_s_median", "compute_s_median", "recovery_s",
              "replan_s", "formed_s", "t_s", "probe_seconds", "probe_seconds_per_peer")
 NESTED = ("peers", "epochs", "events", "plan", "plans", "runs")
 

@@ -122,12 +122,16 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
             say(f"  {p.name:<10} {p.info['peer_id']:<48} {st['state']:<8} {p.info['data_url']}")
         say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm "
             f"{procs[0].status()['swarm']}")
+        say(f"dashboard (any peer's data plane serves it): {procs[0].info['data_url']}/")
         if args.measure_only:
             summary = real_time.measurements(measure_and_report(procs, s, say), s.time_dilation)
         elif training:
             summary = real_time.run_summary(train_and_report(procs, args, say, chaos, launch_peer, s), s.time_dilation)
             summary["scenario"] = s.name
             summary["run_dir"] = run_dir
+            with open(os.path.join(run_dir, "summary.json"), "w") as f:
+                json.dump(summary, f)
+            say(f"pictures of this run: spantrain report {run_dir}")
             if summary["losses"]:
                 say(f"trained {summary['steps']} steps: loss {summary['losses'][0]:.4f} -> {summary['losses'][-1]:.4f}, "
                     f"{summary['samples_per_s']:.4g} samples/s, median step {summary['step_s']:.4g}s" +

@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import struct
-from typing import Awaitable, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -70,6 +71,8 @@ class DataPlaneServer:
         self.max_message_bytes = max_message_bytes
         self._handlers: dict[str, Handler] = {}
         self._json_gets: dict[str, Callable[[], dict]] = {"/status": status}
+        self._gets: dict[str, Callable[[], tuple[bytes, str]]] = {}
+        self._async_json_gets: dict[str, Callable[[], Awaitable[dict]]] = {}
         self._runner: Optional[web.AppRunner] = None
         self._listener: Optional[asyncio.AbstractServer] = None
         self._framed: set["_FramedConnection"] = set()
@@ -83,6 +86,19 @@ class DataPlaneServer:
         """Serves ``GET path`` with the JSON ``fn()`` returns (before start)."""
         self._json_gets[path] = fn
 
+    def add_get(self, path: str, fn: Callable[[], tuple[bytes, str]]) -> None:
+        """Serves ``GET path`` with the body and content type ``fn()`` returns (before start)."""
+        self._gets[path] = fn
+
+    def add_async_json_get(self, path: str, fn: Callable[[], Awaitable[dict]]) -> None:
+        """Serves ``GET path`` with the JSON ``await fn()`` returns (non-finite numbers as null)."""
+        self._async_json_gets[path] = fn
+
+    def local_json(self, path: str) -> Optional[dict]:
+        """What ``GET path`` of this server answers, without a request (None: no such page)."""
+        fn = self._json_gets.get(path)
+        return fn() if fn is not None else None
+
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
@@ -91,6 +107,10 @@ class DataPlaneServer:
         app = web.Application(client_max_size=self.max_message_bytes)
         for path, fn in self._json_gets.items():
             app.router.add_get(path, self._json_handler(fn))
+        for path, raw in self._gets.items():
+            app.router.add_get(path, self._raw_handler(raw))
+        for path, afn in self._async_json_gets.items():
+            app.router.add_get(path, self._async_json_handler(afn))
         app.router.add_post("/msg/{kind}", self._post_msg)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -122,6 +142,21 @@ class DataPlaneServer:
     def _json_handler(fn: Callable[[], dict]):
         async def handle(request: web.Request) -> web.Response:
             return web.json_response(fn())
+
+        return handle
+
+    @staticmethod
+    def _async_json_handler(fn: Callable[[], Awaitable[dict]]):
+        async def handle(request: web.Request) -> web.Response:
+            return web.Response(body=json.dumps(_finite(await fn())).encode(), content_type="application/json")
+
+        return handle
+
+    @staticmethod
+    def _raw_handler(fn: Callable[[], tuple[bytes, str]]):
+        async def handle(request: web.Request) -> web.Response:
+            body, content_type = fn()
+            return web.Response(body=body, headers={"Content-Type": content_type})
 
         return handle
 
@@ -407,7 +442,7 @@ class DataPlaneClient:
 
     async def send(
         self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
-        link=None, compensate: bool = True, charge: float = 1.0,
+        link=None, compensate: bool = True, charge: float = 1.0, on_sent: Optional[Callable[[], None]] = None,
     ) -> tuple[dict, list[memoryview]] | None:
         """Sends one frame; the reply frame, or None if the peer had nothing to say. A refusal raises
         ``RemoteError``; a peer that cannot be reached or breaks the connection, ``OSError``.
@@ -418,6 +453,8 @@ class DataPlaneClient:
         transport's own round trip on top of the emulated one (the emulator leaves it out by default):
         for a caller that takes off a baseline of its own, like the prober's paired pings.
         ``charge``: emulated bytes per real byte on ``link`` (``emulator.EmulatedLink.paced``).
+        ``on_sent()``: called once the request's last byte has left (on an emulated link: passed its
+        bandwidth, before its delay), where a caller streaming messages in order may start the next.
         """
         addr = self._address(url)
         name = kind.encode("ascii")
@@ -425,7 +462,7 @@ class DataPlaneClient:
             raise ValueError(f"message kind must be 1-{MAX_KIND_BYTES} ASCII bytes, not {kind!r}")
         chunks = framing.encode(header, buffers)
         size = framing.frame_size(chunks)
-        ex = link.exchange(compensate, charge) if link is not None else None
+        ex = link.exchange(compensate, charge, on_sent) if link is not None else None
 
         async def exchange():
             async with self._slots:
@@ -463,6 +500,8 @@ class DataPlaneClient:
                                 head = b""
                                 sent += n
                                 await writer.drain()
+                    if ex is None and on_sent is not None:
+                        on_sent()
                     magic, status, length = ANSWER.unpack(await answer)
                     if magic != ANSWER_MAGIC:
                         raise ConnectionError(f"{url} does not answer like a data plane")
@@ -496,6 +535,17 @@ class DataPlaneClient:
         async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()
             return json.loads(await resp.text())
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with every NaN or infinity as None (JSON has neither; browsers refuse them)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytearray:

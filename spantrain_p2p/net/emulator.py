@@ -158,14 +158,16 @@ class EmulatedLink:
         return max(0.0, self.rtt_s / 2 + j)
 
     async def paced(
-        self, chunks: Iterable[Union[bytes, memoryview]], sent_at: Optional[float] = None, charge: float = 1.0
+        self, chunks: Iterable[Union[bytes, memoryview]], sent_at: Optional[float] = None, charge: float = 1.0,
+        on_serialized: Optional[Callable[[], None]] = None,
     ) -> AsyncIterator[Union[bytes, memoryview]]:
         """The chunks of one message, re-sliced and released at the emulated pace: use it as the
         HTTP body. The last slice comes out after the one-way delay. ``sent_at``: when the caller
         handed the message over (default: the first iteration); the time the client stack took to
         get to the body counts as time on the link (at most ``MAX_CATCHUP_S``). ``charge``: the
         link carries this many emulated bytes per real one (a proxy model's tensor standing for a
-        workload's, ``--workload``)."""
+        workload's, ``--workload``). ``on_serialized()`` is called once the last byte has left (before
+        its propagation delay): where a stream of messages may send its next one."""
         if not (math.isfinite(charge) and charge > 0):
             raise ValueError(f"charge must be a positive number, not {charge!r}")
         views = [memoryview(c).cast("B") for c in chunks]
@@ -182,17 +184,22 @@ class EmulatedLink:
                 pieces.append(v[pos : pos + n])
                 pos += n
         if not pieces:
+            if on_serialized is not None:
+                on_serialized()
             await engine.finish()
             return
         for i, p in enumerate(pieces):
             await engine.send(p.nbytes * charge)
             if i == len(pieces) - 1:
+                if on_serialized is not None:
+                    on_serialized()
                 await engine.finish()  # the last byte arrives one propagation delay after it left
             yield p
 
-    def exchange(self, compensate: bool = True, charge: float = 1.0) -> "Exchange":
-        """A request/reply through this link: see ``Exchange`` (``charge``: see ``paced``)."""
-        return Exchange(self, compensate, charge)
+    def exchange(self, compensate: bool = True, charge: float = 1.0,
+                 on_serialized: Optional[Callable[[], None]] = None) -> "Exchange":
+        """A request/reply through this link: see ``Exchange`` (``charge``, ``on_serialized``: see ``paced``)."""
+        return Exchange(self, compensate, charge, on_serialized)
 
     async def transmit(self, nbytes: int) -> None:
         """Sleeps as long as sending ``nbytes`` on this link takes (serialization, then the delay)."""
@@ -211,9 +218,11 @@ class EmulatedLink:
 class Exchange:
     """One request and its reply through an emulated link (see the module docstring)."""
 
-    def __init__(self, link: EmulatedLink, compensate: bool = True, charge: float = 1.0):
+    def __init__(self, link: EmulatedLink, compensate: bool = True, charge: float = 1.0,
+                 on_serialized: Optional[Callable[[], None]] = None):
         self.link = link
         self.charge = charge
+        self.on_serialized = on_serialized
         # False: the real loopback time is left out of neither trip (the client's work before the
         # body and the reply's transport both come on top of the emulated delays)
         self.compensate = compensate
@@ -225,7 +234,7 @@ class Exchange:
     async def body(self, chunks: Iterable[Union[bytes, memoryview]]) -> AsyncIterator[Union[bytes, memoryview]]:
         """The request body, paced (``EmulatedLink.paced``)."""
         async for piece in self.link.paced(chunks, sent_at=self._created if self.compensate else None,
-                                           charge=self.charge):
+                                           charge=self.charge, on_serialized=self.on_serialized):
             yield piece
         self._released = self.link.emulator.clock()
 

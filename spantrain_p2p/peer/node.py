@@ -23,6 +23,7 @@ from ..swarm.daemon import tie_daemons_to_this_process
 from ..swarm.identity import Identity
 from ..swarm.records import PeerRecord, seal
 from .config import PeerConfig, PeerError
+from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 
 log = logging.getLogger("spantrain.peer")
@@ -156,6 +157,8 @@ class Peer:
             "members": [{"peer_id": r.peer_id, "name": r.name, "state": r.state, "progress": dict(r.progress)}
                         for r in members],
             "member_count": len(members),
+            "device": (self.config.device or {}).get("kind") or (str(self.device) if self.device else None),
+            "region": self.emulator.me.region if self.emulator is not None else None,
             **{k: fn() for k, fn in self.status_extras.items()},
         }
 
@@ -190,6 +193,7 @@ class Peer:
             self.emulator, self.device = start_emulation(cfg.emulate, cfg.emulate_t0)
         self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes)
         self.dataplane.register(PROBE_KIND, handle_probe)
+        dashboard.install(self, self.dataplane)
         if self.emulator is not None:
             self.dataplane.register(CHAOS_KIND, chaos_handler(lambda: self.emulator))
         for hook in self._before_serving:
@@ -255,13 +259,8 @@ class Peer:
                  len(self.live_members()), self.address)
 
     async def close(self, graceful: bool = True) -> None:
-        """Leaves the swarm: tombstone (if graceful), tasks cancelled, servers and daemon stopped."""
-        if graceful and self._dht is not None and self.identity is not None and self.state != "left":
-            self.state = "left"
-            try:
-                await asyncio.wait_for(self._announce(), 5)
-            except Exception as e:
-                log.warning("could not write the tombstone: %s", e)
+        """Leaves the swarm: tasks cancelled (training stops first: it must not answer its own
+        departure), tombstone (if graceful), servers and daemon stopped."""
         # every part of a stop is bounded: a daemon that died first (or a task that ignores its
         # cancellation) must not leave a peer that never exits
         for t in self._tasks:
@@ -272,6 +271,12 @@ class Peer:
             log.warning("shutdown: tasks %s did not stop within %.0fs", [t.get_name() for t in self._tasks
                                                                          if not t.done()], SHUTDOWN_STEP_S)
         self._tasks.clear()
+        if graceful and self._dht is not None and self.identity is not None and self.state != "left":
+            self.state = "left"
+            try:
+                await asyncio.wait_for(self._announce(), 5)
+            except Exception as e:
+                log.warning("could not write the tombstone: %s", e)
         for step in (self._stop_advertiser, self.client.close, self._stop_dataplane, self._stop_dht, self._stop_p2p):
             try:
                 await asyncio.wait_for(step(), SHUTDOWN_STEP_S)

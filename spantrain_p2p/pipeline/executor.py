@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional
 
@@ -47,6 +48,9 @@ class _Mb:
 class StepResult:
     losses: list[float] = field(default_factory=list)  # per micro-batch, last stage only
     compute_s: float = 0.0
+    # what the peer did, in order: (action, micro-batch, unix start, unix end): F/B/W/BW its compute,
+    # RECV_F/RECV_B the wait for a tensor, SEND_F/SEND_B a send from its start to its delivery
+    timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
 
 
 LayerDone = Callable[[int], None]  # called with a layer's index once its step's weight gradients are final
@@ -238,19 +242,28 @@ class StageExecutor:
         loop = asyncio.get_running_loop()
         t_compute = 0.0
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
+        trace = result.timeline
+
+        def traced(task: asyncio.Task, name: str, mb: int) -> asyncio.Task:
+            start = time.time()
+            task.add_done_callback(lambda _: trace.append((name, mb, start, time.time())))
+            return task
         try:
             for j, a in enumerate(actions):
                 st = mbs.setdefault(a.mb, _Mb())
                 op = a.op
+                w0 = time.time()
                 if op is sched.Op.RECV_F:
                     st.inp = self._here(await self.recv(ACT, step, a.mb)).requires_grad_(True)
                 elif op is sched.Op.RECV_B:
                     st.grad_out = self._here(await self.recv(GRAD, step, a.mb))
                 elif op is sched.Op.SEND_F:
-                    sends.append(self._send(ACT, step, a.mb, st.out))
+                    sends.append(traced(self._send(ACT, step, a.mb, st.out), op.name, a.mb))
+                    continue
                 elif op is sched.Op.SEND_B:
-                    sends.append(self._send(GRAD, step, a.mb, st.grad_in))
+                    sends.append(traced(self._send(GRAD, step, a.mb, st.grad_in), op.name, a.mb))
                     st.grad_in = None
+                    continue
                 else:
                     t0 = loop.time()
                     tell = on_layer_done if j == last_bw else None
@@ -265,6 +278,7 @@ class StageExecutor:
                     elif op is sched.Op.BW:
                         await self._compute("BW", self._backward_full, st, on_layer_done=tell)
                     t_compute += loop.time() - t0
+                trace.append((op.name, a.mb, w0, time.time()))
             if last_bw < 0 and on_layer_done is not None:  # no micro-batch of its own: nothing to wait for
                 for i in reversed(range(len(self.layers))):
                     on_layer_done(i)

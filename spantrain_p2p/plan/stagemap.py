@@ -55,6 +55,7 @@ class StageMap:
         """The contract form of the run summary: peers by name, layer ranges."""
         return {"epoch": self.epoch, "term": self.term, "schedule": self.schedule,
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck,
+                "compression": list(self.compression),
                 "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers),
                             "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()}}
                            for s in self.stages]}

@@ -22,6 +22,8 @@ def status(t) -> dict:
             "recent_losses": [[st, a, n, e] for st, (a, n, e) in
                               sorted(t.loss_sums.items())[-30:] + sorted(t.recovery.held_losses.items())[-30:]],
             "plan": smap.summary() if smap else None, "events": t.events[-20:],
+            "recent_steps": [[st, round(e, 3), round(e - s, 4), ep] for st, s, e, ep in t.step_times[-60:]],
+            "tokens_per_s": tokens_per_s(t), "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
             "links_mbps": {t.peer.name_of(d): round(v, 2) for d in t.measuring.passive.destinations()
                            if (v := t.measuring.passive.estimate_mbps(d)) is not None}}
 
@@ -51,7 +53,26 @@ def report(t) -> dict:
             "device_peak_flops_per_s": t.peak[0] if t.peak else t.peer.device.flops_per_s if t.peer.device else None,
             "work": work_figures(t.work, t.peak, statistics.median(durations) if durations else None),
             "loss_scale": t.loss_scale, "skipped_steps": list(t.skipped),
+            "timelines": [t.timelines[k] for k in sorted(t.timelines)],
             "error": t.error, "refused": t.refused}
+
+
+def tokens_per_s(t) -> Optional[float]:
+    """Tokens through this peer's layers per second, over its last 20 steps (median)."""
+    durations = [e - s for _, s, e, _ in t.step_times[-20:]]
+    if not t.work or not durations:
+        return None
+    return round(t.work["tokens_per_step"] / statistics.median(durations), 3)
+
+
+def stage_seconds(t) -> tuple[Optional[float], Optional[float]]:
+    """(predicted, measured) compute seconds per step of this peer: its layers' model FLOPs over the
+    speed its profile measured (what the planner assumed of it), and the median it took."""
+    measured = statistics.median(t.compute_s[-20:]) if t.compute_s else None
+    prof = t.measuring.profile
+    flops = (t.work or {}).get("model_flops_per_step")
+    predicted = flops / (prof.effective_tflops * 1e12) if flops and prof and prof.effective_tflops else None
+    return predicted, measured
 
 
 def model_flops_per_sample(job) -> Optional[float]:

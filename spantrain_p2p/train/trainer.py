@@ -25,6 +25,7 @@ from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
+from ..view import metrics
 from . import report as run_report
 from .checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
@@ -42,6 +43,7 @@ from .recovery import Recovery
 from .transport import PipelineTransport
 
 log = logging.getLogger("spantrain.train")
+KEEP_TIMELINES = 4  # steps whose op-by-op timeline a peer keeps for /report (spantrain report draws one)
 
 
 
@@ -95,6 +97,8 @@ class Trainer:
         self.step_times: list[tuple[int, float, float, int]] = []  # (step, start unix, end unix, epoch)
         self.compute_s: list[float] = []
         self.events: list[dict] = []  # recoveries, for the run summary
+        self.timelines: dict[int, dict] = {}  # the last KEEP_TIMELINES steps: what this peer did when
+        self.epochs_adopted: list[int] = []  # the stage-map epochs this peer followed, in order
         self.error: Optional[str] = None
         self.refused: Optional[str] = None
         self.crashed = False  # the trainer died of an unexpected error (the peer then leaves)
@@ -128,6 +132,7 @@ class Trainer:
         peer.dataplane.add_json_get("/inventory", self.inventory)
         peer.dataplane.add_json_get("/report", self.report)
         peer.dataplane.add_json_get("/measurements", self.measuring.view)
+        peer.dataplane.add_get("/metrics", lambda: (metrics.metrics_text(self), metrics.CONTENT_TYPE))
         peer.status_extras["train"] = self.status
 
     # ---- what the outside sees ----------------------------------------------------------------------
@@ -211,6 +216,7 @@ class Trainer:
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)
+            self.epochs_adopted.append(smap.epoch)
             self.transport.begin_epoch(smap, self.stage)
             self.step = smap.start_step
             if self.stage is None:
@@ -222,7 +228,9 @@ class Trainer:
                 await self._train_task
                 return
             except (StepFailed, asyncio.CancelledError) as e:
-                if isinstance(e, asyncio.CancelledError) and not self._train_task.cancelled():
+                # a cancelled epoch is abandoned; this trainer being cancelled (its peer stops) is not
+                if isinstance(e, asyncio.CancelledError) and (
+                        asyncio.current_task().cancelling() or not self._train_task.cancelled()):
                     raise
                 why = str(e) or f"stage map epoch {smap.epoch} superseded"
                 log.warning("epoch %d abandoned at step %d: %s", smap.epoch, self.step, why)
@@ -364,6 +372,14 @@ class Trainer:
         self.transport.drop_before(step + 1)
         t1 = time.time()
         self.step_times.append((step, t0, t1, smap.epoch))
+        ops = [list(x) for x in result.timeline]
+        if gsum is not None or st.scale is not None:
+            ops.append(["SUM", -1, t_pipe, t_sum])  # the replicas' gradient sum (and fp16's vote)
+        ops.append(["OPT", -1, t_sum, t1])
+        self.timelines[step] = {"step": step, "epoch": smap.epoch, "stage": self.stage, "start": t0, "end": t1,
+                                "ops": ops}
+        for old in [k for k in self.timelines if k <= step - KEEP_TIMELINES]:
+            del self.timelines[old]
         self.compute_s.append(result.compute_s)
         if st.actions:
             self.transport.observe_compute(result.compute_s / max(1, sum(a.op is sched.Op.F for a in st.actions)))

@@ -51,6 +51,8 @@ class PipelineTransport:
         self._route: dict[str, list[str]] = {}  # kind -> destination peer of each micro-batch
         self.wire_bytes: dict[int, dict[str, int]] = {}  # step -> destination peer -> bytes sent
         self.codecs_used: dict[str, str] = {}  # "kind->destination name" -> last codec
+        self.wire_totals: dict[tuple[str, str, str], int] = {}  # (kind, destination, codec) -> bytes sent
+        self._streams: dict[str, asyncio.Lock] = {}  # destination -> its activations' and gradients' turn
         # activation gradients feed every earlier layer's update: no top-k for them (its error
         # feedback suits weight gradients, not these); 6-bit blocks (0.97) at most, like activations
         self._policy = AdaptivePolicy(fidelity_floors={"act": 0.95, "grad": 0.95})
@@ -191,16 +193,33 @@ class PipelineTransport:
         nbytes = int((sum(b.nbytes for b in bufs) + 256) * charge)  # + header, about; in the workload's bytes
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s()
+        # a micro-batch's tensors to one peer go as one stream, in order: the next leaves once the
+        # last byte of the one before has (as on one connection; concurrent ones would share the
+        # link and every one would arrive late, the first as late as the last)
+        stream = self._streams.setdefault(dst, asyncio.Lock()) if kind in (ACT, GRAD) else None
         while True:
             url = self.peer.data_url_of(dst)
+            held = [False]
+            if stream is not None:
+                await stream.acquire()
+                held[0] = True
+
+            def sent() -> None:
+                if held[0]:
+                    held[0] = False
+                    stream.release()
             t0 = loop.time()  # this attempt's: refusals and waits before it say nothing of the link
             try:
                 if url is None:
                     raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
-                await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()),
-                                            link=self.peer.link_to(dst), charge=charge)
+                try:
+                    await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()),
+                                                link=self.peer.link_to(dst), charge=charge, on_sent=sent)
+                finally:
+                    sent()
                 per = self.wire_bytes.setdefault(step, {})
                 per[dst] = per.get(dst, 0) + nbytes
+                self.wire_totals[(kind, dst, codec)] = self.wire_totals.get((kind, dst, codec), 0) + nbytes
                 elapsed = loop.time() - t0
                 probe = self.probes.get(dst)
                 rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0

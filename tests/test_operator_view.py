@@ -1,0 +1,153 @@
+"""The operator's view of a live swarm (issue 18): /metrics for Prometheus, /swarm and the dashboard
+page (in a real headless Chromium), a ZB-H1 step's timeline in /report, and a clean SIGTERM.
+
+One emulated lan-4 swarm trains for the whole module (an even 4-stage pipeline, ZB-H1); the SIGTERM
+test runs last, since it stops a peer."""
+import math
+import os
+import shutil
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from spantrain_p2p.launch import PeerProcess, wait_until
+
+SCENARIO = "peers/lan-4.toml"
+NAMES = ("p0", "p1", "p2", "p3")
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("view"))
+    name = f"view-{os.getpid()}"
+    common = ["--swarm", name, "--emulate-t0", str(time.monotonic())]
+    procs = [PeerProcess(n, ["--emulate", f"{SCENARIO}:{n}", *common], run_dir) for n in NAMES]
+    procs[0].args += ["--steps", "1000000", "--peers", "4", "--plan", "even", "--schedule", "zb-h1"]
+    try:
+        procs[0].start().wait_ready(60)
+        for p in procs[1:]:
+            p.args += ["--join", procs[0].info["address"]]
+            p.start()
+        for p in procs[1:]:
+            p.wait_ready(60)
+        wait_until(lambda: all((p.status().get("train") or {}).get("steps_done", 0) >= 3 for p in procs), 120,
+                   interval=0.5)
+        yield {p.name: p for p in procs}
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read()
+
+
+def test_metrics_parse_and_hold_every_figure_with_plausible_values(swarm):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    last = next(p for p in swarm.values() if p.status()["train"]["stage"] == 3)
+    wait_until(lambda: last.status()["train"]["loss"] is not None, 30)
+    text = get(last.info["data_url"] + "/metrics").decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+
+    def values(name, **labels):  # a counter's family is named without its samples' "_total"
+        fam = fams[name.removesuffix("_total")]
+        return [s.value for s in fam.samples
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+    assert values("spantrain_peers") == [4]
+    assert values("spantrain_step")[0] >= 3
+    loss = values("spantrain_loss")[0]
+    assert math.isfinite(loss) and 0 < loss < 20
+    assert values("spantrain_tokens_per_second")[0] > 0
+    pred, meas = values("spantrain_stage_seconds", kind="predicted"), values("spantrain_stage_seconds", kind="measured")
+    assert pred and meas and 0 < pred[0] < 10 and 0 < meas[0] < 10
+    assert len(values("spantrain_link_rtt_ms")) == 3 and all(v > 0 for v in values("spantrain_link_rtt_ms"))
+    assert len(values("spantrain_link_mbps", source="probe")) == 3
+    wait_until(lambda: "source=\"passive\"" in get(last.info["data_url"] + "/metrics").decode(), 30)
+    assert all(n in text for n in ("spantrain_wire_bytes_total{", "spantrain_replans_total{", "spantrain_recoveries_total{"))
+    wire = fams["spantrain_wire_bytes"].samples
+    assert any(s.labels["kind"] == "grad" and s.labels["dst"] in NAMES and s.labels["dst"] != last.name
+               and s.value > 0 for s in wire if s.name == "spantrain_wire_bytes_total"), wire
+    assert values("spantrain_replans_total") == [0] and values("spantrain_recoveries_total") == [0]
+    assert 0 < values("spantrain_fidelity")[0] <= 1
+
+
+def test_any_peer_serves_the_whole_swarm(swarm):
+    import json
+
+    for p in (swarm["p1"], swarm["p3"]):
+        d = json.loads(get(p.info["data_url"] + "/swarm"))
+        assert d["self"] == p.name and sorted(m["name"] for m in d["members"]) == list(NAMES)
+        assert all(m["reachable"] and m["train"]["plan"]["stages"] for m in d["members"])
+        assert all(len(m["links"]) == 3 for m in d["members"])
+
+
+def test_a_zb_h1_step_fills_the_pipeline_bubble_with_weight_gradients(swarm):
+    r = swarm["p0"].status(path="/report") if swarm["p0"].status()["train"]["stage"] == 0 else \
+        next(p.status(path="/report") for p in swarm.values() if p.status()["train"]["stage"] == 0)
+    tl = r["timelines"][-1]
+    ops = [op for op, *_ in tl["ops"] if op in ("F", "B", "W", "BW")]
+    assert "BW" not in ops and ops.count("W") == ops.count("B") == ops.count("F") > 0
+    # ZB-H1 defers weight gradients into the cool-down, where 1F1B waits: a W runs between two B's
+    first_b, last_b = ops.index("B"), len(ops) - 1 - ops[::-1].index("B")
+    assert "W" in ops[first_b:last_b], ops
+
+
+def _chromium():
+    for c in ("chromium", "chromium-browser"):
+        if shutil.which(c):
+            return shutil.which(c)
+    return None
+
+
+@pytest.mark.skipif(_chromium() is None or shutil.which("chromedriver") is None,
+                    reason="Chromium and chromedriver are not installed (scripts/setup-browser.sh installs them)")
+def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_moving_loss(swarm, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = _chromium()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,1100"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    try:
+        driver.get(swarm["p2"].info["data_url"] + "/")
+
+        def members():
+            rows = driver.find_elements(By.CSS_SELECTOR, "#members tr.member")
+            return sorted(r.find_element(By.TAG_NAME, "td").text for r in rows) or None
+        wait_until(lambda: members() == list(NAMES), 30, interval=0.5)
+        wait_until(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#stagemap g.stage")) == 4, 30, interval=0.5)
+        stage_text = driver.find_element(By.ID, "stagemap").text
+        assert all(n in stage_text for n in NAMES) and "layers" in stage_text
+        wait_until(lambda: driver.find_element(By.ID, "loss").text not in ("", "–"), 30, interval=0.5)
+        first = driver.find_element(By.ID, "loss").text
+        wait_until(lambda: driver.find_element(By.ID, "loss").text != first, 30, interval=0.5)
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#links rect.link")) == 16
+        assert driver.find_elements(By.CSS_SELECTOR, "#losschart polyline")
+        driver.save_screenshot(str(tmp_path / "dashboard.png"))
+    finally:
+        driver.quit()
+
+
+def test_sigterm_stops_a_training_peer_within_two_seconds_without_a_traceback(swarm):
+    p = swarm["p3"]
+    before = os.path.getsize(p.log_file)
+    t0 = time.monotonic()
+    p.signal(signal.SIGTERM)
+    wait_until(lambda: not p.alive(), 10, interval=0.05)
+    took = time.monotonic() - t0
+    with open(p.log_file, errors="replace") as f:
+        f.seek(before)
+        tail = f.read()
+    assert "Traceback" not in tail, tail
+    assert took <= 2.0, (took, tail)
+    print(f"\nSIGTERM of a training peer: exited in {took:.2f}s")

@@ -16,6 +16,7 @@ LAYERS: list[set[str]] = [
     {"plan"},
     {"sim"},
     {"train"},
+    {"view"},  # the operator's view: dashboard, /metrics, pictures of a run
     {"peer"},  # the Peer: life cycle, membership, data plane, emulation
     {"peer_command"},  # `spantrain-peer`
     {"launch"},  # local swarms of peer processes (the zygote among them)

@@ -1,6 +1,7 @@
 """Training through churn: a stage peer or the planner is SIGKILLed mid-run; nothing is lost."""
 import concurrent.futures
 import functools
+import os
 
 import pytest
 
@@ -40,6 +41,12 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
     assert worst <= 1e-3, worst
     print(f"\nkill:{victim} ({killed}) at step {event['step']}: recovered in {event['recovery_s']}s, "
           f"worst loss deviation {worst:.1e}, {out['replans']} re-plan(s)")
+    if victim == "worker":  # `spantrain report` draws this run: a kill and a re-plan
+        from spantrain_p2p.view.pictures import report
+
+        pics = report(str(tmp_path))
+        assert all(pics[k] and os.path.getsize(pics[k]) > 10_000 for k in ("loss", "throughput", "timeline", "links"))
+        assert "throughput.png" in open(pics["index"]).read()
 
 
 def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(tmp_path):

@@ -126,3 +126,20 @@ def test_a_live_swarm_charges_the_workload_s_bytes_and_counts_its_tokens(tmp_pat
           f"{out['tokens_per_s']} tokens/s at {out['samples_per_s']} samples/s")
     assert abs(out["wire_bytes_per_step"] / expected - 1) < 0.01
     assert out["tokens_per_s"] == pytest.approx(out["samples_per_s"] * 64, rel=1e-3)
+
+
+def test_a_codec_saves_against_the_workloads_bf16_not_the_proxys_fp32():
+    import torch
+
+    from spantrain_p2p.plan.types import wire_ratio
+    from spantrain_p2p.pipeline.messages import encode_tensor
+    from spantrain_p2p.train.transport import workload_codec_factor
+
+    assert wire_ratio("none", 2) == 1.0 and wire_ratio("fp16", 2) == 1.0
+    assert wire_ratio("int8", 2) == pytest.approx(0.5078, abs=1e-3) and wire_ratio("int8", 4) == pytest.approx(0.2539, abs=1e-3)
+    t = torch.randn(4, 32, 64)  # the proxy's fp32 activation
+    for codec, saves in (("none", 1.0), ("fp16", 1.0), ("int8", 0.5)):
+        _, bufs = encode_tensor("act", "j", 1, 0, 0, "p", t, codec)
+        sent = sum(b.nbytes for b in bufs)
+        # bytes the link is charged per byte the proxy sends, times what it sends, over the raw tensor
+        assert sent * workload_codec_factor(t, bufs) / (t.numel() * 4) == pytest.approx(saves, rel=0.02), codec

@@ -102,6 +102,8 @@ def describe_plan(plan: dict) -> str:
         head += f", predicted {plan['predicted_step_s']:.3f}s per step"
         if plan.get("bottleneck"):
             head += f" (bottleneck {plan['bottleneck']})"
+    if plan.get("reason"):
+        head += f"; {plan['reason']}"
     lines = [head + ":"]
     for i, st in enumerate(plan.get("stages", [])):
         a, b = st["layers"]

@@ -443,6 +443,7 @@ class DataPlaneClient:
     async def send(
         self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
         link=None, compensate: bool = True, charge: float = 1.0, on_sent: Optional[Callable[[], None]] = None,
+        reply_charge: float = 1.0,
     ) -> tuple[dict, list[memoryview]] | None:
         """Sends one frame; the reply frame, or None if the peer had nothing to say. A refusal raises
         ``RemoteError``; a peer that cannot be reached or breaks the connection, ``OSError``.
@@ -453,6 +454,7 @@ class DataPlaneClient:
         transport's own round trip on top of the emulated one (the emulator leaves it out by default):
         for a caller that takes off a baseline of its own, like the prober's paired pings.
         ``charge``: emulated bytes per real byte on ``link`` (``emulator.EmulatedLink.paced``).
+        ``reply_charge``: the same for the reply (a layer copy fetched on recovery).
         ``on_sent()``: called once the request's last byte has left (on an emulated link: passed its
         bandwidth, before its delay), where a caller streaming messages in order may start the next.
         """
@@ -526,7 +528,7 @@ class DataPlaneClient:
             else:
                 raise RemoteError(status, body[:500].decode("utf-8", "replace"))
             if ex:
-                await ex.reply_done(size_back)
+                await ex.reply_done(int(size_back * reply_charge))
             return reply
 
         return await asyncio.wait_for(exchange(), timeout)

@@ -121,6 +121,11 @@ async def run_peer(config, ready_file: Optional[str], train_options=None) -> int
         loop.add_signal_handler(sig, stop.set)
     peer = Peer(config)
     trainer = Trainer(peer, train_options) if train_options is not None else None
+    if trainer is not None:
+        from ..view import metrics
+
+        peer.before_serving(lambda p: p.dataplane.add_get(
+            "/metrics", lambda: (metrics.metrics_text(trainer), metrics.CONTENT_TYPE)))
     async with peer:
         if trainer is not None:
             peer.spawn(trainer.run(), "trainer")

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..pipeline.assignment import dealt_shares, stage_warmups
 from .layout import Layout, LinkTable, build_layout, held_bound
-from .types import ModelProfile, Plan, Snapshot, compression_ratio
+from .types import ModelProfile, Plan, Snapshot, wire_ratio
 
 INF = math.inf
 # A replica of a stage runs the backward of micro-batch y once it has run its *own* forwards up
@@ -173,7 +173,7 @@ class _HopTimes:
 def _hop_times(layout: Layout, compression: Sequence[str], comm_scale: float) -> _HopTimes:
     lat_f, lat_b, hop_busy_f, hop_busy_b, hop_worst = [], [], [], [], []
     for h, hl in enumerate(layout.hops):
-        nbytes = layout.stages[h].act_bytes * compression_ratio(compression[h])
+        nbytes = layout.stages[h].act_bytes * wire_ratio(compression[h], layout.wire_dtype_bytes)
         lat_f.append(comm_scale * (hl.half_rtt_f + nbytes * hl.inv_bw_f))
         lat_b.append(comm_scale * (hl.half_rtt_b + nbytes * hl.inv_bw_b))
         hop_busy_f.append(comm_scale * nbytes * hl.busy_coef_f)

@@ -21,7 +21,7 @@ import numpy as np
 from ..pipeline.assignment import microbatch_counts
 from .candidates import Segment, Units, group_link, group_orders
 from .search import INF, Search
-from .types import compression_ratio
+from .types import wire_ratio
 
 Chain = list[tuple[int, int, int]]  # (segment, first layer, last layer exclusive) per stage
 
@@ -77,7 +77,7 @@ class Tables:
             C[k] = np.where(feas, cost, INF)
             LAT[k] = np.where(valid, lc * b * FBW, INF)
         # hops
-        act = np.array([x.activation_bytes_out for x in lay]) * b * compression_ratio(ctx.strongest)
+        act = np.array([x.activation_bytes_out for x in lay]) * b * wire_ratio(ctx.strongest, profile.wire_dtype_bytes)
         gidx = np.array([sg.group for sg in segs])
         rtt = np.zeros((S, S))
         bw = np.ones((S, S))

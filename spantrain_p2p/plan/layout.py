@@ -133,6 +133,7 @@ class Layout:
     stages: tuple[StageWork, ...]
     hops: tuple[HopLinks, ...]
     allreduce_layers: tuple[Optional["RingLayers"], ...]  # per stage: its ring all-reduce by layer (None: one peer)
+    wire_dtype_bytes: int = 4  # the profile's: what a hop's codec saves against (types.wire_ratio)
 
     def matches(self, plan: Plan) -> bool:
         return (self.stages_key == plan.stages and self.micro_batch_size == plan.micro_batch_size
@@ -172,7 +173,7 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
             ar = cache[key] = ring_layers(st.peers, profile.layers[st.layers[0]:st.layers[1]],
                                           profile.grad_wire_bytes_per_param_byte, links)
         ars.append(ar)
-    return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars))
+    return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars), profile.wire_dtype_bytes)
 
 
 def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: ModelProfile,

@@ -29,6 +29,7 @@ class StageMap:
     bottleneck: str = ""
     error: str = ""  # set by a planner that cannot continue the run: peers stop with this message
     compression: tuple[str, ...] = ()  # the plan's codec per hop (what its prediction assumed; () = none)
+    reason: str = ""  # why the planner published it (first plan, a peer gone, a predicted gain), for people
 
     @property
     def num_stages(self) -> int:
@@ -49,13 +50,13 @@ class StageMap:
                            for s in self.stages],
                 "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error,
-                "compression": list(self.compression)}
+                "compression": list(self.compression), "reason": self.reason}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
         return {"epoch": self.epoch, "term": self.term, "schedule": self.schedule,
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck,
-                "compression": list(self.compression),
+                "compression": list(self.compression), "reason": self.reason,
                 "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers),
                             "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()}}
                            for s in self.stages]}
@@ -116,6 +117,9 @@ class StageMap:
         error = d.get("error", "")
         if not isinstance(error, str) or len(error) > 1000:
             raise ValueError("stage map error must be a short string")
+        reason = d.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > 300:
+            raise ValueError("stage map reason must be a short string")
         comp = d.get("compression", [])
         if not isinstance(comp, list) or len(comp) not in (0, len(stages) - 1) or \
                 not all(isinstance(c, str) and len(c) <= 32 for c in comp):
@@ -126,7 +130,7 @@ class StageMap:
         except (ValueError, KeyError):
             raise ValueError(f"stage map compression {comp[:3]!r}: unknown codec") from None
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
-                   float(pred), bottleneck, error, tuple(comp))
+                   float(pred), bottleneck, error, tuple(comp), reason)
 
 
 def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

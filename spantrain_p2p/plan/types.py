@@ -136,6 +136,8 @@ class ModelProfile:
     ``grad_bytes_per_param_byte``: gradient buffer per byte of weights (1.0: fp32 grads).
     ``optimizer_bytes_per_param_byte``: optimizer state per byte of weights (Adam: 2.0).
     ``grad_wire_bytes_per_param_byte``: bytes per weight byte in the gradient all-reduce.
+    ``wire_dtype_bytes``: the activations' own width on the wire; a codec saves against it
+    (``wire_ratio``: fp16 saves nothing on a bf16 activation, int8 half).
     """
 
     layers: tuple[LayerProfile, ...]
@@ -143,9 +145,12 @@ class ModelProfile:
     grad_bytes_per_param_byte: float = 1.0
     optimizer_bytes_per_param_byte: float = 2.0
     grad_wire_bytes_per_param_byte: float = 1.0
+    wire_dtype_bytes: int = 4  # bytes per activation element on the wire, uncompressed (bf16: 2)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+        if self.wire_dtype_bytes not in (1, 2, 4, 8):
+            raise ValueError(f"wire_dtype_bytes must be 1, 2, 4 or 8, not {self.wire_dtype_bytes!r}")
         if not self.layers:
             raise ValueError("a model profile needs at least one layer")
         if not all(isinstance(x, LayerProfile) for x in self.layers):
@@ -197,7 +202,7 @@ class ModelProfile:
                                    activation_bytes_out=0.0,
                                    stash_bytes=float(t * d * stash_dtype_bytes + t * v * 4)))
         label = name or f"transformer d={d} L={cfg.depth} T={t} V={v} ({num_params(cfg) / 1e9:.2f}B params)"
-        return cls(tuple(layers), name=label)
+        return cls(tuple(layers), name=label, wire_dtype_bytes=wire_dtype_bytes)
 
 
 def default_planning_model(dim: int = 2048, depth: int = 24, seq_len: int = 1024, vocab: int = 32000,
@@ -480,6 +485,12 @@ def compression_ratio(name: str) -> float:
         if 0.0 < r < 1.0:
             return min(1.0, 1.5 * r)
     raise ValueError(f"unknown compression {name!r}; known: none, fp16, int8, topk:R (0<R<1)")
+
+
+def wire_ratio(name: str, wire_dtype_bytes: int = 4) -> float:
+    """Wire bytes per uncompressed byte of an activation ``wire_dtype_bytes`` wide: a codec's bytes
+    are what ``compression_ratio`` says of fp32, and never more than the tensor as it is."""
+    return min(1.0, compression_ratio(name) * 4.0 / wire_dtype_bytes)
 
 
 def compression_rank(name: str) -> float:

@@ -33,7 +33,7 @@ from typing import Optional
 from ..pipeline.schedule import Op
 from ..pipeline.assignment import dealt_shares, peer_lists, stage_warmups
 from ..plan.layout import LinkTable, build_layout, overlapped_tail
-from ..plan.types import ModelProfile, Plan, Snapshot, compression_ratio
+from ..plan.types import ModelProfile, Plan, Snapshot, wire_ratio
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     p, sched = plan.num_stages, plan.schedule
     warm = stage_warmups(sched, [dealt_shares(list(st.share_of().values()), plan.num_micro_batches) for st in plan.stages],
                          plan.num_micro_batches)
-    hop_bytes = [sw.act_bytes * compression_ratio(plan.compression[s]) if s < p - 1 else 0.0
+    hop_bytes = [sw.act_bytes * wire_ratio(plan.compression[s], profile.wire_dtype_bytes) if s < p - 1 else 0.0
                  for s, sw in enumerate(prep.stages)]
     workers = []  # flat list of (stage, PeerWork)
     index: dict[tuple[int, int], int] = {}  # (stage, index in stage) -> worker

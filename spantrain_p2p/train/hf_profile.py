@@ -42,4 +42,5 @@ def hf_model_profile(hf, seq_len: int, wire_dtype_bytes: int = 4, stash_dtype_by
                                activation_bytes_out=0.0, stash_bytes=float(t * d * stash_dtype_bytes + t * v * 4)))
     n = sum(params) / 4
     return pt.ModelProfile(tuple(out), name=f"{hf.source.spec} ({c.model_type}, d={d}, L={c.num_hidden_layers}, "
-                                            f"T={t}, V={v}, {n / 1e6:.1f}M params)")
+                                            f"T={t}, V={v}, {n / 1e6:.1f}M params)",
+                           wire_dtype_bytes=wire_dtype_bytes)

@@ -84,9 +84,13 @@ def _memory_facts(prof: pt.ModelProfile, snap: pt.Snapshot) -> str:
 def to_stage_map(plan: pt.Plan, job: JobSpec, epoch: int, names: Mapping[str, str], term: int = 0,
                  start_step: int = 0) -> StageMap:
     used = [p for s in plan.stages for p in s.peers]
+    bottleneck = plan.bottleneck
+    for p in used:  # "link:ID->ID" as people read it: "link:eu-1->us-2"
+        if names.get(p):
+            bottleneck = bottleneck.replace(p, names[p])
     return StageMap(epoch, job.job_id, plan.stages, start_step, tuple((p, names.get(p, "")) for p in used),
                     schedule=plan.schedule, term=term, predicted_step_s=float(plan.step_s),
-                    bottleneck=plan.bottleneck, compression=tuple(plan.compression))
+                    bottleneck=bottleneck[:200], compression=tuple(plan.compression))
 
 
 def current_cost(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> float:

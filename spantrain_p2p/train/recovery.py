@@ -38,6 +38,7 @@ class Recovery:
         self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
         self._buddy_push: Optional[asyncio.Task] = None
         self._meta_layers = None
+        self.charges = None  # train.workload.Charges with a workload: a fetched layer is the workload's layer
 
     def start(self, job, handle, checkpoints: Optional[CheckpointDir] = None) -> None:
         """``checkpoints``: a checkpoint directory to take layer states from (``--resume``)."""
@@ -133,7 +134,8 @@ class Recovery:
             try:
                 reply = await self.peer.client.send(
                     self.peer.data_url_of(src), "fetch", {"job": self.job.job_id, "layer": layer, "step": step},
-                    timeout=self.job.recv_timeout_s, link=self.peer.link_to(src))
+                    timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
+                    reply_charge=self.charges.params[layer] if self.charges and layer < len(self.charges.params) else 1.0)
                 st = layer_state.decode(*reply, self._expected_layer_shapes(layer))
                 log.info("layer %d at step %d fetched from %s", layer, step, self.peer.name_of(src))
                 return st

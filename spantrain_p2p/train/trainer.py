@@ -25,7 +25,6 @@ from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
-from ..view import metrics
 from . import report as run_report
 from .checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
@@ -132,7 +131,6 @@ class Trainer:
         peer.dataplane.add_json_get("/inventory", self.inventory)
         peer.dataplane.add_json_get("/report", self.report)
         peer.dataplane.add_json_get("/measurements", self.measuring.view)
-        peer.dataplane.add_get("/metrics", lambda: (metrics.metrics_text(self), metrics.CONTENT_TYPE))
         peer.status_extras["train"] = self.status
 
     # ---- what the outside sees ----------------------------------------------------------------------
@@ -183,6 +181,7 @@ class Trainer:
         self.transport.start(self.job)
         if self.job.workload:  # the emulated world trains the workload: its bytes on the links
             self.transport.charges = await asyncio.to_thread(workload.charges, self.job, self.handle)
+            self.recovery.charges = self.transport.charges
         resume = None
         if self.opts.resume_dir:
             try:

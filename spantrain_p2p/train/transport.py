@@ -24,6 +24,7 @@ from ..pipeline.executor import StepFailed
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap
 from .liveness import is_alive
+from .workload import WORKLOAD_WIRE_BYTES
 
 log = logging.getLogger("spantrain.train")
 
@@ -34,6 +35,18 @@ log = logging.getLogger("spantrain.train")
 # many micro-batches as stages (volunteer swarms) fill and drain are most of the step.
 NEGLIGIBLE_TRANSFER = 0.1
 STEPS_OF_PATIENCE = 3.0  # a message may take this many predicted steps before its step fails
+
+
+def workload_codec_factor(t: torch.Tensor, bufs) -> float:
+    """What a codec saves on the workload's activation, per byte the proxy's encoding sent: the
+    workload's tensors are bf16 (``workload.WORKLOAD_WIRE_BYTES``), so a codec that halves the proxy's
+    fp32 (fp16) saves nothing there, and int8 half; a message never costs more than the tensor raw."""
+    raw = t.numel() * t.element_size()
+    enc = sum(b.nbytes for b in bufs)
+    if raw <= 0 or enc <= 0:
+        return 1.0
+    r = enc / raw
+    return min(1.0, r * t.element_size() / WORKLOAD_WIRE_BYTES) / r
 
 
 class PipelineTransport:
@@ -190,6 +203,8 @@ class PipelineTransport:
                                      self._feedback if lossy_grad else None, (dst, mb))
         if kind != AMP:  # one flag a step: no codec to speak of
             self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
+        if self.charges is not None and kind in (ACT, GRAD):
+            charge = self.charges.activation * workload_codec_factor(t, bufs)
         nbytes = int((sum(b.nbytes for b in bufs) + 256) * charge)  # + header, about; in the workload's bytes
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s()

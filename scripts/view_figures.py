@@ -5,7 +5,9 @@
    fetches every peer's /status and /measurements) and a scraper reading every peer's /metrics once
    a second (Prometheus scrapes every 15-60 s); alternated, samples/s of each;
 2. a screenshot of the dashboard of that cee-3region run (written to OUT/dashboard-cee-3region.png);
-3. `spantrain report` of a cee-3region run under ZB-H1 with a kill and a re-plan (OUT/report/).
+3. `spantrain report` of a cee-3region run under ZB-H1 with a kill (cloud-2, a stage peer; the
+   dashboard watched is cloud-1's) and its re-plan (OUT/kill-zbh1/report/), and of a 4-stage ZB-H1
+   pipeline on lan-4 (OUT/zbh1-lan4/report/timeline.png: W ops in the cool-down).
 
     .venv/bin/python scripts/view_figures.py [--out runs/view-figures] [--steps 60] [--rounds 2]
 """
@@ -24,6 +26,7 @@ import time
 import urllib.request
 
 SCENARIO = "peers/cee-3region.toml"
+SPANTRAIN = os.path.join(os.path.dirname(sys.executable), "spantrain")
 
 
 def swarm(out: str, name: str, steps: int, *extra: str, watch=None) -> dict:
@@ -31,7 +34,7 @@ def swarm(out: str, name: str, steps: int, *extra: str, watch=None) -> dict:
     the launcher prints the dashboard's address until the run ends. Its summary."""
     run_dir = os.path.join(out, name)
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "spantrain_p2p.cli.main", "swarm", "--scenario", SCENARIO, "--steps", str(steps),
+    cmd = [SPANTRAIN, "swarm", "--scenario", SCENARIO, "--steps", str(steps),
            "--run-dir", run_dir, "--json", *extra]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stop, thread = threading.Event(), None
@@ -71,7 +74,7 @@ def looking(screenshot: str | None):
         scrapes = 0
         try:
             driver.get(url + "/")
-            t_shot = time.monotonic() + 25
+            shot_due = screenshot is not None
             while not stop.is_set():
                 for f in sorted(os.listdir(run_dir)):  # a Prometheus scraping every peer
                     if f.endswith(".ready.json"):
@@ -81,10 +84,11 @@ def looking(screenshot: str | None):
                             scrapes += 1
                         except (OSError, ValueError):
                             pass
-                if screenshot and time.monotonic() > t_shot:
+                if shot_due and progressed(driver, 0.8):  # late in the run: curves, a re-plan, events
+                    time.sleep(1.5)
                     driver.save_screenshot(screenshot)
                     screenshot_taken.append(screenshot)
-                    t_shot = float("inf")
+                    shot_due = False
                 stop.wait(1.0)
         finally:
             driver.quit()
@@ -93,6 +97,17 @@ def looking(screenshot: str | None):
 
 
 screenshot_taken: list[str] = []
+
+
+def progressed(driver, fraction: float) -> bool:
+    """The page says the run is at least ``fraction`` done ("k / N" in its header)."""
+    from selenium.webdriver.common.by import By
+
+    try:
+        k, _, n = driver.find_element(By.ID, "step").text.partition(" / ")
+        return bool(n) and int(k) >= fraction * int(n)
+    except Exception:
+        return False
 
 
 def main() -> int:
@@ -106,17 +121,26 @@ def main() -> int:
     shot = os.path.abspath(os.path.join(a.out, "dashboard-cee-3region.png"))
     for r in range(a.rounds):
         for kind in ("alone", "watched"):
-            s = swarm(a.out, f"{kind}-{r}", a.steps, watch=looking(shot if r == 0 else None) if kind == "watched" else None)
+            s = swarm(a.out, f"{kind}-{r}", a.steps, watch=looking(None) if kind == "watched" else None)
             out[kind].append(s["samples_per_s"])
             print(f"{kind} round {r}: {s['samples_per_s']} samples/s", file=sys.stderr, flush=True)
-    alone, watched = statistics.mean(out["alone"]), statistics.mean(out["watched"])
-    out["cost"] = round(1 - watched / alone, 4)
+    if a.rounds:
+        alone, watched = statistics.mean(out["alone"]), statistics.mean(out["watched"])
+        out["cost"] = round(1 - watched / alone, 4)
+    # the screenshot: the kill run, watched, late enough to show the kill, the re-plan and the curves
+    s = swarm(a.out, "kill-zbh1", a.steps, "--schedule", "zb-h1", "--chaos", "kill:cloud-2@step=20", watch=looking(shot))
     out["screenshot"] = screenshot_taken[0] if screenshot_taken else None
-    s = swarm(a.out, "kill-zbh1", a.steps, "--schedule", "zb-h1", "--chaos", "kill:worker@step=20")
-    pics = subprocess.run([sys.executable, "-m", "spantrain_p2p.cli.main", "report", os.path.join(a.out, "kill-zbh1")],
+    pics = subprocess.run([SPANTRAIN, "report", os.path.join(a.out, "kill-zbh1")],
                           capture_output=True, text=True, check=True).stdout
     out["report"] = pics.strip().splitlines()
     out["kill_run"] = {"replans": s["replans"], "lost_steps": s["lost_steps"], "events": s["events"]}
+    # a ZB-H1 step of a 4-stage pipeline (lan-4, one peer per stage): its W ops in the cool-down
+    run_dir = os.path.join(a.out, "zbh1-lan4")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    subprocess.run([SPANTRAIN, "swarm", "--scenario", "peers/lan-4.toml", "--steps", "30", "--plan", "even",
+                    "--schedule", "zb-h1", "--run-dir", run_dir, "--json"], check=True, capture_output=True)
+    out["zbh1_timeline"] = subprocess.run([SPANTRAIN, "report", run_dir], capture_output=True, text=True,
+                                          check=True).stdout.split("timeline:")[1].split()[0]
     print(json.dumps(out))
     return 0
 

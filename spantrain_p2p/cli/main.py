@@ -46,7 +46,10 @@ def main_parser() -> argparse.ArgumentParser:
     pl.add_argument("-v", "--verbose", action="count", default=0)
 
     add_swarm_arguments(sub.add_parser("swarm", help="launch a local swarm of peer processes from a scenario file"))
-    add_swarm_arguments(sub.add_parser("bench", help="the planner's plan and the baselines, back to back, with ratios"))
+    be = sub.add_parser("bench", help="the planner's plan and the baselines, back to back, with ratios")
+    add_swarm_arguments(be)
+    be.add_argument("--runs", default=None, metavar="LIST",
+                    help="which runs, in order (default: planner,best-region,gpipe-uniform,1f1b-uniform)")
     from .tokenizer import add_tokenizer_arguments
 
     add_tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a local data set"))

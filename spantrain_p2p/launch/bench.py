@@ -11,6 +11,9 @@ from typing import Optional
 from .swarm import run_swarm
 
 
+RUNS = ("planner", "best-region", "gpipe-uniform", "1f1b-uniform")
+
+
 def workload_facts(args) -> Optional[dict]:
     """The bench's workload: its name, parameters, layers and tokens per sample (None: the job's model)."""
     if not getattr(args, "workload", None):
@@ -26,7 +29,13 @@ def workload_facts(args) -> Optional[dict]:
 def bench_command(args) -> int:
     """The planner's plan and the baselines on the same scenario, one after the other."""
     runs, code = {}, 0
-    for kind in ("planner", "best-region", "gpipe-uniform", "1f1b-uniform"):
+    kinds = [k.strip() for k in (getattr(args, "runs", None) or ",".join(RUNS)).split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in RUNS]
+    if unknown or not kinds:
+        print(f"spantrain bench: error: --runs takes some of {', '.join(RUNS)}, not {unknown or kinds}",
+              file=sys.stderr, flush=True)
+        return 2
+    for kind in kinds:
         a = copy.copy(args)
         a.plan, a.json, a.measure_only, a.chaos, a.duration = kind, True, False, [], None
         if kind.endswith("-uniform"):  # best-region: the planner's own choice of schedule, inside one region
@@ -36,6 +45,9 @@ def bench_command(args) -> int:
             a.compression = "none"
         print(f"bench: {kind}", file=sys.stderr, flush=True)
         rc, summary = run_swarm(a)
+        if rc == 130:  # Ctrl-C (or SIGTERM) stopped that swarm: the operator wants the bench stopped
+            print(f"bench: stopped during {kind}", file=sys.stderr, flush=True)
+            return rc
         if rc != 0 or summary is None:
             code = rc or 1
             runs[kind] = {"error": f"exit code {rc}"}

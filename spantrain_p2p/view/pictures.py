@@ -145,7 +145,7 @@ def timeline_picture(run: dict, out: str, step: Optional[int] = None) -> Optiona
     rows.sort()
     t0 = min(tl["start"] for _, _, tl in rows)
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(11, 0.7 + 0.55 * len(rows)))
+    fig, ax = plt.subplots(figsize=(11, 2.2 + 0.55 * len(rows)))
     used = set()
     for y, (stage, name, tl) in enumerate(rows):
         for op, mb, a, b in tl["ops"]:

@@ -143,3 +143,20 @@ def test_a_codec_saves_against_the_workloads_bf16_not_the_proxys_fp32():
         sent = sum(b.nbytes for b in bufs)
         # bytes the link is charged per byte the proxy sends, times what it sends, over the raw tensor
         assert sent * workload_codec_factor(t, bufs) / (t.numel() * 4) == pytest.approx(saves, rel=0.02), codec
+
+
+def test_a_late_message_of_an_abandoned_epoch_is_refused_not_summed_into_the_redone_step():
+    import asyncio
+
+    from spantrain_p2p.net.dataplane import Retry
+    from spantrain_p2p.net.framing import FrameError
+    from spantrain_p2p.train.transport import PipelineTransport
+
+    t = PipelineTransport(None, {}, None, lambda: 164)
+    t.start(JobSpec())
+    stages = (pt.Stage(("a", "b"), (0, 4)),)
+    t.begin_epoch(StageMap(2, "j", stages), 0)
+    with pytest.raises(FrameError, match="epoch 1 is over: this peer runs stage map epoch 2"):
+        asyncio.run(t.on_tensor({"kind": "gsum", "epoch": 1, "step": 164, "mb": 2, "src": "b"}, []))
+    with pytest.raises(Retry):  # a newer epoch than this peer's: the sender tries again
+        asyncio.run(t.on_tensor({"kind": "gsum", "epoch": 3, "step": 164, "mb": 2, "src": "b"}, []))

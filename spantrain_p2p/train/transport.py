@@ -124,6 +124,10 @@ class PipelineTransport:
         kind, epoch = header.get("kind"), header.get("epoch")
         if self.smap is None or (isinstance(epoch, int) and epoch > self.smap.epoch):
             raise Retry("this peer has no stage map for that epoch yet")
+        if not isinstance(epoch, int) or epoch < self.smap.epoch:
+            # a late message of an abandoned epoch: its step is redone under the new map, where the
+            # micro-batches, replicas and gradient parts differ (taken, it would be summed in)
+            raise FrameError(f"epoch {epoch!r} is over: this peer runs stage map epoch {self.smap.epoch}")
         if self.stage is None:
             raise FrameError("this peer has no stage in the current stage map")
         if not self._expect:

@@ -533,6 +533,19 @@ class DataPlaneClient:
 
         return await asyncio.wait_for(exchange(), timeout)
 
+    async def get_json(self, url: str, path: str, max_bytes: int, timeout: float) -> dict:
+        """``GET url+path`` as a JSON object, refused past ``max_bytes`` (a page from another peer is
+        untrusted: ValueError when too large or not an object)."""
+        async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            resp.raise_for_status()
+            body = await resp.content.read(max_bytes + 1)
+            if len(body) > max_bytes:
+                raise ValueError(f"{path} is larger than {max_bytes} bytes")
+            d = json.loads(body)
+            if not isinstance(d, dict):
+                raise ValueError(f"{path} is not a JSON object")
+            return d
+
     async def status(self, url: str, timeout: float = 5.0, path: str = "/status") -> dict:
         async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()

@@ -10,10 +10,9 @@ pages cost the swarm one round of fetches a second, not one per page.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-from typing import Any, Optional
+from typing import Optional
 
 MAX_PEERS = 64
 MAX_BODY = 1 << 20
@@ -57,18 +56,7 @@ class SwarmView:
         self._lock = asyncio.Lock()
 
     async def _get(self, url: str, path: str) -> dict:
-        session = self.peer.client._get_session()
-        import aiohttp
-
-        async with session.get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)) as resp:
-            resp.raise_for_status()
-            body = await resp.content.read(MAX_BODY + 1)
-            if len(body) > MAX_BODY:
-                raise ValueError(f"{path} is larger than {MAX_BODY} bytes")
-            d = json.loads(body)
-            if not isinstance(d, dict):
-                raise ValueError(f"{path} is not a JSON object")
-            return d
+        return await self.peer.client.get_json(url, path, MAX_BODY, FETCH_TIMEOUT_S)
 
     async def _fetch(self, record: dict) -> dict:
         if record["peer_id"] == self.peer.peer_id:  # this peer: no round trip to itself
@@ -108,6 +96,3 @@ def install(peer, dataplane) -> SwarmView:
     dataplane.add_async_json_get("/swarm", view.snapshot)
     return view
 
-
-def encode(d: Any) -> bytes:
-    return json.dumps(d, allow_nan=False, default=str).encode()

@@ -126,14 +126,12 @@ def _workload(args: argparse.Namespace) -> tuple[Any, dict]:
     activations in bf16 (2 bytes), the optimizer in fp32, as a GPU run would train it (the live
     swarm's ``--workload`` is profiled by the same function)."""
     from ..train.hf_model import HFModel, is_hf
-    from ..train.workload import profile_of
+    from ..train.workload import facts, profile_of
 
     if not is_hf(args.workload):
         raise ValueError(f"--workload {args.workload!r}: name a transformers model, hf:PRESET or hf:DIR")
-    profile = profile_of(args.workload, args.seq_len)
-    params = int(sum(x.param_bytes for x in profile.layers) / 4)
-    return profile, {"workload": args.workload, "name": profile.name, "params": params, "layers": profile.num_layers,
-                     "seq_len": args.seq_len, "model_type": HFModel(args.workload, {}, 0, args.seq_len).model_type}
+    return profile_of(args.workload, args.seq_len), {
+        **facts(args.workload, args.seq_len), "model_type": HFModel(args.workload, {}, 0, args.seq_len).model_type}
 
 
 def _fmt(x: Optional[float], unit: str = "", digits: int = 3) -> str:

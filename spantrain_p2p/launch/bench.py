@@ -18,12 +18,10 @@ def workload_facts(args) -> Optional[dict]:
     """The bench's workload: its name, parameters, layers and tokens per sample (None: the job's model)."""
     if not getattr(args, "workload", None):
         return None
-    from ..train.workload import profile_of
+    from ..train.workload import facts, profile_of
 
-    prof = profile_of(args.workload, args.workload_seq_len)
-    return {"workload": args.workload, "name": prof.name, "params": int(prof.total_param_bytes() / 4),
-            "layers": prof.num_layers, "seq_len": args.workload_seq_len,
-            "flops_per_sample": prof.total_flops_per_sample()}
+    return {**facts(args.workload, args.workload_seq_len),
+            "flops_per_sample": profile_of(args.workload, args.workload_seq_len).total_flops_per_sample()}
 
 
 def bench_command(args) -> int:

@@ -46,6 +46,13 @@ def profile_of(spec: str, seq_len: int) -> pt.ModelProfile:
     return hf_model_profile(HFModel(spec, {}, 0, seq_len), seq_len, wire_dtype_bytes=WORKLOAD_WIRE_BYTES)
 
 
+def facts(spec: str, seq_len: int) -> dict:
+    """What the operator's tools say of a workload: its name, parameters, layers and sequence length."""
+    prof = profile_of(spec, seq_len)
+    return {"workload": spec, "name": prof.name, "params": int(prof.total_param_bytes() / 4),
+            "layers": prof.num_layers, "seq_len": seq_len}
+
+
 def profile(job) -> Optional[pt.ModelProfile]:
     """The workload's profile (per sample of ``workload_seq_len`` tokens), or None without one."""
     return profile_of(job.workload, job.workload_seq_len) if job.workload else None

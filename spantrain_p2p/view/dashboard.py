@@ -10,6 +10,7 @@ pages cost the swarm one round of fetches a second, not one per page.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from typing import Optional
@@ -26,7 +27,9 @@ TRAIN_KEYS = ("stage", "num_stages", "epoch", "step", "steps_done", "steps_total
               "tokens_per_s", "stage_seconds")
 
 
+@functools.lru_cache(maxsize=1)
 def page() -> bytes:
+    """The page, read once (it ships in the package and does not change while the peer runs)."""
     with open(os.path.join(STATIC, "dashboard.html"), "rb") as f:
         return f.read()
 
@@ -55,22 +58,16 @@ class SwarmView:
         self._cached: Optional[tuple[float, dict]] = None
         self._lock = asyncio.Lock()
 
-    async def _get(self, url: str, path: str) -> dict:
-        return await self.peer.client.get_json(url, path, MAX_BODY, FETCH_TIMEOUT_S)
-
-    async def _fetch(self, record: dict) -> dict:
-        if record["peer_id"] == self.peer.peer_id:  # this peer: no round trip to itself
-            own = self.peer.status()
-            meas = self.peer.dataplane.local_json("/measurements")
-            return _member(own, meas, record)
+    async def _fetch(self, record: dict, own: dict) -> dict:
+        """A member's part of /swarm (``own``: this peer's /status, which it needs no round trip for)."""
+        if record["peer_id"] == self.peer.peer_id:
+            return _member(own, self.peer.dataplane.local_json("/measurements"), record)
         url = self.peer.data_url_of(record["peer_id"])
         if url is None:
             return _member(None, None, record, "no data-plane address")
-        try:
-            st, meas = await asyncio.gather(self._get(url, "/status"), self._get(url, "/measurements"),
-                                            return_exceptions=True)
-        except Exception as e:  # noqa: BLE001 - any failure of a member shows on the page
-            return _member(None, None, record, repr(e))
+        # any failure of a member shows on the page, as the member's error
+        st, meas = await asyncio.gather(*(self.peer.client.get_json(url, path, MAX_BODY, FETCH_TIMEOUT_S)
+                                          for path in ("/status", "/measurements")), return_exceptions=True)
         if isinstance(st, BaseException):
             return _member(None, None, record, f"{type(st).__name__}: {st}")
         return _member(st, None if isinstance(meas, BaseException) else meas, record)
@@ -81,8 +78,8 @@ class SwarmView:
             if self._cached is not None and now - self._cached[0] < TTL_S:
                 return self._cached[1]
             own = self.peer.status()
-            records = [m for m in own["members"]][:MAX_PEERS]
-            members = await asyncio.gather(*(self._fetch(r) for r in records))
+            records = own["members"][:MAX_PEERS]
+            members = await asyncio.gather(*(self._fetch(r, own) for r in records))
             d = {"t": time.time(), "swarm": own["swarm"], "self": own["name"] or own["peer_id"],
                  "member_count": own["member_count"], "shown": len(members), "members": list(members)}
             self._cached = (time.monotonic(), d)

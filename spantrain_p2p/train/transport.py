@@ -49,6 +49,24 @@ def workload_codec_factor(t: torch.Tensor, bufs) -> float:
     return min(1.0, r * t.element_size() / WORKLOAD_WIRE_BYTES) / r
 
 
+async def _take_turn(lock: asyncio.Lock) -> Callable[[], None]:
+    """Waits for ``lock``; returns what gives it back, once, whoever calls it first (the message's
+    last byte leaving, or the send ending without it)."""
+    await lock.acquire()
+    given_back = False
+
+    def give_back() -> None:
+        nonlocal given_back
+        if not given_back:
+            given_back = True
+            lock.release()
+    return give_back
+
+
+def _no_turn() -> None:
+    return None
+
+
 class PipelineTransport:
     """Moves one stage's tensors. ``probes`` (peer id -> the prober's link measurement) choose
     codecs and tell round trips; real transfers feed ``passive`` (the bandwidth estimator);
@@ -218,15 +236,7 @@ class PipelineTransport:
         stream = self._streams.setdefault(dst, asyncio.Lock()) if kind in (ACT, GRAD) else None
         while True:
             url = self.peer.data_url_of(dst)
-            held = [False]
-            if stream is not None:
-                await stream.acquire()
-                held[0] = True
-
-            def sent() -> None:
-                if held[0]:
-                    held[0] = False
-                    stream.release()
+            sent = await _take_turn(stream) if stream is not None else _no_turn
             t0 = loop.time()  # this attempt's: refusals and waits before it say nothing of the link
             try:
                 if url is None:

@@ -12,8 +12,9 @@ import math
 from typing import Any, Optional
 
 
-def plan_of(summary_plan: dict, job, default_schedule: str):
-    """The ``plan.types.Plan`` of a run summary's stage map (peers by scenario name)."""
+def plan_of(summary_plan: dict, job):
+    """The ``plan.types.Plan`` of a run summary's stage map (peers by scenario name; the job's
+    schedule where the map names none)."""
     from ..pipeline.schedule import resolve_schedule
     from ..plan import types as pt
 
@@ -24,7 +25,7 @@ def plan_of(summary_plan: dict, job, default_schedule: str):
         total = sum(vals) or 1.0
         stages.append(pt.Stage(tuple(st["peers"]), (st["layers"][0], st["layers"][1]), tuple(v / total for v in vals)))
     comp = tuple(summary_plan.get("compression") or ())
-    return pt.Plan(tuple(stages), summary_plan.get("schedule") or resolve_schedule(default_schedule),
+    return pt.Plan(tuple(stages), summary_plan.get("schedule") or resolve_schedule(job.schedule),
                    job.micro_batch_size, job.num_micro_batches, comp)
 
 
@@ -44,7 +45,7 @@ def configured(summary_plan: Optional[dict], job_dict: Optional[dict], scenario:
         prof = model_profile(job)
         if prof is None:
             return {}
-        plan = plan_of(summary_plan, job, job.schedule)
+        plan = plan_of(summary_plan, job)
         snap = Snapshot.from_scenario(scenario, emulated=True)
         est = estimate(plan, snap, prof).step_s
         sim = simulate(plan, snap, prof, seed=0).step_s

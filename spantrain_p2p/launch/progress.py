@@ -43,11 +43,10 @@ class ProgressDisplay:
 
     def __init__(self, total: int, say: Callable[[str], None], live: Optional[bool] = None):
         self.total, self.say = total, say
-        self.live = sys.stderr.isatty() if live is None else live
         self.t_train: Optional[float] = None
         self._last, self._last_print = "", 0.0
         self._bar = None
-        if self.live:
+        if sys.stderr.isatty() if live is None else live:
             from rich.progress import BarColumn, Progress, TextColumn
 
             self._bar = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.description}"),
@@ -64,7 +63,7 @@ class ProgressDisplay:
         seconds = time.monotonic() - self.t_train if self.t_train is not None else 0.0
         text = line(done, self.total, loss, tokens_per_s, epoch, seconds)
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, description=text.split("  ", 1)[-1] if "  " in text else text)
+            self._bar.update(self._task, completed=done, description=text.split("  ", 1)[-1])
             return
         key = text.rsplit("  ETA", 1)[0]
         if key != self._last and (time.monotonic() - self._last_print > 1.0 or finished):

@@ -97,7 +97,7 @@ class Trainer:
         self.compute_s: list[float] = []
         self.events: list[dict] = []  # recoveries, for the run summary
         self.timelines: dict[int, dict] = {}  # the last KEEP_TIMELINES steps: what this peer did when
-        self.epochs_adopted: list[int] = []  # the stage-map epochs this peer followed, in order
+        self.epochs_adopted: set[int] = set()  # the stage-map epochs this peer followed
         self.error: Optional[str] = None
         self.refused: Optional[str] = None
         self.crashed = False  # the trainer died of an unexpected error (the peer then leaves)
@@ -215,7 +215,7 @@ class Trainer:
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)
-            self.epochs_adopted.append(smap.epoch)
+            self.epochs_adopted.add(smap.epoch)
             self.transport.begin_epoch(smap, self.stage)
             self.step = smap.start_step
             if self.stage is None:

@@ -82,7 +82,7 @@ class TrainerCollector:
         for (kind, dst, codec), n in sorted(t.transport.wire_totals.items()):
             wire.add_metric([name, kind, peer.name_of(dst), codec], n)
         replans = CounterMetricFamily("spantrain_replans", "stage maps adopted after the first", labels=["peer"])
-        replans.add_metric([name], max(0, len(set(t.epochs_adopted)) - 1))
+        replans.add_metric([name], max(0, len(t.epochs_adopted) - 1))
         recoveries = CounterMetricFamily("spantrain_recoveries", "layers fetched to recover a stage", labels=["peer"])
         recoveries.add_metric([name], sum(1 for e in t.events if e.get("kind") == "fetched"))
         out += [stage, rtt, mbps, wire, replans, recoveries]

@@ -4,9 +4,8 @@ import aiohttp
 import pytest
 
 from spantrain_p2p.net import framing
-from spantrain_p2p.net.dataplane import (
-    ANSWER, REQUEST, REQUEST_MAGIC, DataPlaneClient, DataPlaneServer, RemoteError,
-)
+from spantrain_p2p.net.client import DataPlaneClient
+from spantrain_p2p.net.dataplane import ANSWER, REQUEST, REQUEST_MAGIC, DataPlaneServer, RemoteError
 
 
 @pytest.fixture

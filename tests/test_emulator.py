@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer
+from spantrain_p2p.net.client import DataPlaneClient
+from spantrain_p2p.net.dataplane import DataPlaneServer
 from spantrain_p2p.net.emulator import LinkEmulator, TokenBucket, trace_factor
 from spantrain_p2p.scenario import parse
 

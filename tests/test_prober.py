@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from spantrain_p2p.net.dataplane import DataPlaneClient, DataPlaneServer, RemoteError
+from spantrain_p2p.net.client import DataPlaneClient
+from spantrain_p2p.net.dataplane import DataPlaneServer, RemoteError
 from spantrain_p2p.net.emulator import LinkEmulator
 from spantrain_p2p.net.passive import PassiveEstimator, link_update
 from spantrain_p2p.net.ping import paired_rtt, ping_link, ping_links

@@ -22,7 +22,8 @@ import time
 import torch
 
 from ..pipeline.messages import ACT, Expect, decode_tensor, encode_tensor
-from ..net.dataplane import DataPlaneClient, DataPlaneServer, read_exactly
+from ..net.client import DataPlaneClient, read_exactly
+from ..net.dataplane import DataPlaneServer
 
 JOB = "bench"
 

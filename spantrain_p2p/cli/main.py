@@ -36,6 +36,7 @@ def main_parser() -> argparse.ArgumentParser:
     st.add_argument("--join", action="append", required=True, metavar="MADDR", help="multiaddr of any swarm peer")
     st.add_argument("--swarm", default="default")
     st.add_argument("--timeout", type=float, default=30.0)
+    st.add_argument("--swarm-key", metavar="PATH", help="the key file of a closed swarm")
     st.add_argument("--json", action="store_true", help="print one JSON object on the last line of stdout")
     st.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -58,12 +59,33 @@ def main_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a checkpoint as a transformers directory (from_pretrained loads it)")
     add_export_arguments(ex)
     ex.add_argument("-v", "--verbose", action="count", default=0)
+    kg = sub.add_parser("keygen", help="write a new swarm key: peers given it (--swarm-key) form a closed swarm")
+    kg.add_argument("path", metavar="PATH", help="where the key goes (created with mode 0600; never overwritten)")
+    kg.add_argument("-v", "--verbose", action="count", default=0)
     rp = sub.add_parser("report", help="draw a run's pictures (loss, tokens/s, a step's timeline, links) as PNGs")
     rp.add_argument("run_dir", metavar="RUN_DIR", help="a folder `spantrain swarm --steps N` wrote (it says where)")
     rp.add_argument("--out", default=None, help="where the pictures go (default: RUN_DIR/report)")
     rp.add_argument("--step", type=int, default=None, help="the step whose timeline to draw (default: the newest kept)")
     rp.add_argument("-v", "--verbose", action="count", default=0)
     return p
+
+
+def keygen_command(path: str) -> int:
+    from ..swarm.sealing import SwarmKey
+
+    try:
+        key = SwarmKey.write_new(path)
+    except FileExistsError:
+        print(f"spantrain keygen: error: {path} exists; a swarm key is never overwritten", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"spantrain keygen: error: {path}: {e.strerror}", file=sys.stderr)
+        return 1
+    print(f"wrote swarm key {path} (key id {key.key_id.hex()}); give it to every member out of band:\n"
+          f"  spantrain-peer --swarm-key {path} ...\n"
+          f"operator token for the dashboard and the pages of the swarm's peers (keep it as secret as the key):\n"
+          f"  {key.operator_token}")
+    return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -98,6 +120,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             for k, v in paths.items():
                 print(f"{k:>10}: {v or '(no data for it in this run)'}")
             return 0
+        if args.cmd == "keygen":
+            return keygen_command(args.path)
         if args.cmd == "export":
             from .export import export_command
 

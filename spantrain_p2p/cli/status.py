@@ -8,7 +8,7 @@ import sys
 from ..swarm import discovery, membership
 
 
-async def read_swarm_members(join: list[str], swarm: str, timeout: float) -> list:
+async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_key_path: str = "") -> list:
     """Live member records of a swarm, read through a short-lived DHT client (serves nothing)."""
     from hivemind.dht.node import DHTNode
     from hivemind.p2p import P2P
@@ -23,7 +23,13 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float) -> lis
         node = await asyncio.wait_for(
             DHTNode.create(p2p=p2p, initial_peers=join, client_mode=True, wait_timeout=3), timeout
         )
-        view = await membership.read_members(node, swarm, membership.BadRecordLog())
+        from ..swarm.guard import GuardedDHT
+        from ..swarm.sealing import SwarmKey
+
+        guard = GuardedDHT(node, SwarmKey.load(swarm_key_path) if swarm_key_path else None)
+        view = await membership.read_members(guard, swarm, membership.BadRecordLog())
+        if not view and guard.why_locked_out(swarm):
+            raise ValueError(guard.why_locked_out(swarm))
         return sorted((r for r in view.values() if r.alive), key=lambda r: r.peer_id)
     finally:
         if node is not None:
@@ -33,7 +39,7 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float) -> lis
 
 async def status_command(args) -> int:
     try:
-        members = await read_swarm_members(args.join, args.swarm, args.timeout)
+        members = await read_swarm_members(args.join, args.swarm, args.timeout, args.swarm_key or "")
     except asyncio.TimeoutError:
         print(f"spantrain status: error: no answer from {args.join} within {args.timeout:.0f}s", file=sys.stderr)
         return 1

@@ -75,7 +75,7 @@ def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) ->
     the error of each peer that did not take it (None where it did)."""
     import asyncio
 
-    from ..net.dataplane import DataPlaneClient
+    from ..net.client import DataPlaneClient
 
     async def send_all():
         client = DataPlaneClient()

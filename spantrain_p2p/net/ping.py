@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from .probe_messages import probe_sender
 
 if TYPE_CHECKING:
-    from .dataplane import DataPlaneClient
+    from .client import DataPlaneClient
     from .emulator import LinkEmulator
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 from . import framing
 
 if TYPE_CHECKING:
-    from .dataplane import DataPlaneClient
+    from .client import DataPlaneClient
 
 PROBE_KIND = "probe"
 PROBE_VERSION = 1

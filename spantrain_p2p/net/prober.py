@@ -31,7 +31,7 @@ from .ping import ping_once, ping_series, robust_rtt
 from .probe_messages import PROBE_VERSION, probe_sender
 
 if TYPE_CHECKING:
-    from .dataplane import DataPlaneClient
+    from .client import DataPlaneClient
     from .emulator import LinkEmulator
 
 __all__ = ["LinkMeasurement", "MAX_MBPS", "MAX_RTT_MS", "probe_link"]

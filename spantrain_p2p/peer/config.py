@@ -30,3 +30,7 @@ class PeerConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     emulate: str = ""  # "SCENARIO:PEER": shape outgoing links and pad compute like that scenario peer
     emulate_t0: Optional[float] = None  # CLOCK_MONOTONIC origin of the scenario's bandwidth traces
+    swarm_key_path: str = ""  # a closed swarm's key file ("": an open swarm)
+    allow: tuple[str, ...] = ()  # peer ids this peer takes part with (empty: anyone of the swarm)
+    encrypt: bool = False  # encrypt data-plane connections (either end asking is enough)
+    stall_timeout_s: float = 30.0  # a message that stops arriving this long closes its connection

@@ -16,10 +16,16 @@ import time
 from typing import Any, Optional
 
 from .. import PROTOCOL_VERSION, __version__
-from ..net.dataplane import DataPlaneClient, DataPlaneServer
+from ..net.client import DataPlaneClient
+from ..net.budget import Limits
+from ..net.dataplane import DataPlaneServer, Retry
+from ..net.handshake import Authenticator, HandshakeError
 from ..net.probe_messages import PROBE_KIND, handle_probe
 from ..swarm import discovery, membership
 from ..swarm.daemon import tie_daemons_to_this_process
+from ..swarm.guard import GuardedDHT
+from ..swarm.keys import members_key
+from ..swarm.sealing import SwarmKey
 from ..swarm.identity import Identity
 from ..swarm.records import PeerRecord, seal
 from .config import PeerConfig, PeerError
@@ -28,6 +34,12 @@ from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
+
+
+def _dht_now() -> float:
+    from hivemind.utils import get_dht_time
+
+    return get_dht_time()
 
 
 def local_device_summary() -> dict:
@@ -61,8 +73,10 @@ class Peer:
         self._last_url: dict[str, str] = {}  # peer id -> data-plane address of its latest live record
         self._on_bad = membership.BadRecordLog()
         self._view_changed = asyncio.Event()
-        self.status_extras: dict[str, Any] = {}
-        self._before_serving: list = []  # callables(peer) run once the data plane exists, before it serves  # name -> callable returning JSON, merged into /status
+        self.status_extras: dict[str, Any] = {}  # name -> callable returning JSON, merged into /status
+        self._before_serving: list = []  # callables(peer) run once the data plane exists, before it serves
+        self.swarm_key: Optional[SwarmKey] = None
+        self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
 
     # ---- public surface -------------------------------------------------------------------
     @property
@@ -180,6 +194,14 @@ class Peer:
 
         cfg = self.config
         identity_path, check_identity = self._prepare_identity()
+        if cfg.swarm_key_path:
+            try:
+                self.swarm_key = SwarmKey.load(cfg.swarm_key_path)
+            except (OSError, ValueError) as e:
+                raise PeerError(f"--swarm-key {cfg.swarm_key_path}: {getattr(e, 'strerror', None) or e}") from None
+        if cfg.allow:
+            self.allow = frozenset(cfg.allow) | {self.peer_id}
+        self.client.auth = Authenticator(self.identity, self.swarm_key, cfg.encrypt, admit=self._admit)
         join = list(cfg.join)
         auto = join == ["auto"]
         if auto:
@@ -191,7 +213,10 @@ class Peer:
 
         if cfg.emulate:
             self.emulator, self.device = start_emulation(cfg.emulate, cfg.emulate_t0)
-        self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes)
+        self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes,
+                                         auth=self.client.auth, limits=Limits(stall_timeout_s=cfg.stall_timeout_s))
+        self.dataplane.is_member = self.is_member
+        self.dataplane.policy = self._message_policy
         self.dataplane.register(PROBE_KIND, handle_probe)
         dashboard.install(self, self.dataplane)
         if self.emulator is not None:
@@ -222,7 +247,7 @@ class Peer:
         self.maddrs = [str(m) for m in await self._p2p.get_visible_maddrs()]
 
         try:
-            self._dht = await asyncio.wait_for(
+            node = await asyncio.wait_for(
                 DHTNode.create(p2p=self._p2p, initial_peers=join or None, ensure_bootstrap_success=bool(join),
                                wait_timeout=3, bootstrap_timeout=3),
                 cfg.join_timeout_s,
@@ -241,6 +266,9 @@ class Peer:
                 raise PeerError(f"could not join via {', '.join(join)}: {e}") from None
             raise
 
+        self._dht = GuardedDHT(node, self.swarm_key, self.allow)
+        if join:
+            await self._check_admission()
         if check_identity:
             await self._refuse_duplicate()
         await self._announce()
@@ -320,6 +348,49 @@ class Peer:
                 f"identity {self.config.identity_path} (peer id {self.peer_id}) is already used by a live peer of "
                 f"this swarm at {other.data_url}; stop that peer or use another --identity"
             )
+
+    def is_member(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is this peer or one whose live record it has seen (and no tombstone since)."""
+        rec = self._view.get(peer_id)
+        return peer_id == self.peer_id or (rec.alive if rec is not None else peer_id in self._last_url)
+
+    def _admit(self, peer_id: str) -> Optional[str]:
+        """Why a data-plane connection from ``peer_id`` is refused (None: it is not). The swarm key,
+        in a closed swarm, is checked by the handshake itself."""
+        if self.allow is not None and peer_id not in self.allow:
+            return f"peer {peer_id} is not on this swarm's allow-list"
+        return None
+
+    def _message_policy(self, kind: str, sender: str) -> Optional[str]:
+        """Probes (a joining peer measures before it is known) and chaos (the operator's launcher)
+        come from anyone the handshake admitted; every other kind from members only."""
+        if kind in (PROBE_KIND, CHAOS_KIND) or self.is_member(sender):
+            return None
+        raise Retry(f"{sender} is not a member of swarm {self.config.swarm!r} (or not yet seen by this peer)")
+
+    async def _check_admission(self) -> None:
+        """PeerError, at once, when this peer cannot take part in the swarm it joins: the swarm's
+        records are sealed with a key it lacks (or not sealed while it has one), or its members
+        refuse its connections (not on their allow-list)."""
+        found = await self._dht.get(members_key(self.config.swarm), latest=True)
+        view = membership.parse_members(found.value if found else None, _dht_now(), self._on_bad)
+        live = [r for r in view.values() if r.alive and r.peer_id != self.peer_id and r.data_url]
+        if not live:
+            reason = self._dht.why_locked_out(self.config.swarm)
+            if reason:
+                raise PeerError(reason)
+            return
+        refusals = []
+        for rec in live[:3]:
+            try:
+                await self.client.hello(rec.data_url, rec.peer_id)
+                return
+            except HandshakeError as e:
+                refusals.append(f"{membership.describe(rec, rec.peer_id)}: {e}")
+            except (OSError, asyncio.TimeoutError):
+                continue  # that member is gone; another may answer, or the heartbeat will tell
+        if refusals:
+            raise PeerError(f"swarm {self.config.swarm!r} refused this peer ({self.peer_id}): " + "; ".join(refusals))
 
     def _record(self) -> PeerRecord:
         from hivemind.utils import get_dht_time
@@ -403,6 +474,5 @@ class Peer:
     async def _stop_p2p(self) -> None:
         if self._p2p is not None:
             await self._p2p.shutdown()
-            self.emulator = None  # net.emulator.LinkEmulator when emulating a scenario peer
-        self.device = None  # profile.virtual.VirtualDevice when emulating
-        self._p2p = None
+            self._p2p = None
+        self.emulator = self.device = None

@@ -50,6 +50,11 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat", type=float, default=2.0, metavar="S",
                    help="seconds between heartbeats; a silent peer is dropped after 3 (default: %(default)s)")
     p.add_argument("--mdns", action="store_true", help="advertise this peer on the LAN through mDNS")
+    p.add_argument("--swarm-key", metavar="PATH",
+                   help="a closed swarm's key file (`spantrain keygen PATH`): only its holders join, read or send")
+    p.add_argument("--allow", action="append", default=[], metavar="PEER_ID|@FILE",
+                   help="take part only with these peer ids (repeatable; @FILE: one id per line)")
+    p.add_argument("--encrypt", action="store_true", help="encrypt this peer's data-plane connections")
     p.add_argument("--ready-file", metavar="PATH", help="write a JSON line here once joined (for launchers)")
     t = p.add_argument_group("training job (only on the peer that starts the swarm; joiners adopt it)")
     add_job_arguments(t)
@@ -106,9 +111,33 @@ def config_from_args(a: argparse.Namespace):
         discovery.parse_join(join)
     if a.heartbeat <= 0:
         raise ValueError("--heartbeat must be positive")
+    allow = allow_list(a.allow)
     return PeerConfig(join=join, swarm=a.swarm, listen=a.listen, host=a.host, data_port=a.data_port,
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
-                      emulate=a.emulate or "", emulate_t0=a.emulate_t0)
+                      emulate=a.emulate or "", emulate_t0=a.emulate_t0, swarm_key_path=a.swarm_key or "",
+                      allow=allow, encrypt=a.encrypt)
+
+
+def allow_list(items: list[str]) -> tuple[str, ...]:
+    """Peer ids from ``--allow`` values: ids, or ``@FILE`` with one id per line (# comments)."""
+    out: list[str] = []
+    for item in items:
+        if item.startswith("@"):
+            try:
+                with open(item[1:], encoding="utf-8") as f:
+                    lines = f.read(1 << 20).splitlines()
+            except OSError as e:
+                raise ValueError(f"--allow {item}: {e.strerror}") from None
+            out += [ln.split("#", 1)[0].strip() for ln in lines]
+        else:
+            out.append(item.strip())
+    ids = tuple(dict.fromkeys(i for i in out if i))
+    bad = [i for i in ids if not (20 <= len(i) <= 128 and i.isalnum())]
+    if bad:
+        raise ValueError(f"--allow: {bad[0]!r} is not a peer id")
+    if items and not ids:
+        raise ValueError("--allow lists no peer id")
+    return ids
 
 
 async def run_peer(config, ready_file: Optional[str], train_options=None) -> int:

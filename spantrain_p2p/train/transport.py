@@ -155,6 +155,11 @@ class PipelineTransport:
             raise FrameError(f"this peer's stage does not take {kind!r} messages")
         step = self.current_step()
         step, mb, t = decode_tensor(header, buffers, expect, (step, step + 1))
+        senders = self._route.get(GRAD if kind == ACT else ACT, []) if kind in (ACT, GRAD) else None
+        if senders is not None and (mb >= len(senders) or header["src"] != senders[mb]):
+            # ``src`` is the authenticated sender (the data plane checked it): a neighbour, but not
+            # the one this micro-batch comes from
+            raise FrameError(f"{kind} of micro-batch {mb} from {header['src'][:16]}…, which does not send it")
         self.inbox.put((f"{kind}/{header['src']}" if kind in (GSUM, AMP) else kind, step, mb), t)
         return None
 

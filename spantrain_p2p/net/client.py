@@ -1,0 +1,232 @@
+"""The data plane's client: every outgoing message and page of a peer (see ``dataplane`` for the wire).
+
+Messages go over framed TCP, on connections kept open per destination; each connection starts with
+the handshake (``handshake``) when the client has an ``Authenticator``, and is then bound to the
+peer at the other end. JSON pages go over one pooled HTTP session (with the operator token of a
+closed swarm).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Callable, Optional, Sequence
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from . import framing, handshake
+from .handshake import Authenticator
+from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, PIECE_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES, RemoteError
+
+
+class DataPlaneClient:
+    """All outgoing data-plane traffic of a peer: messages over framed TCP (connections kept open
+    per destination, at most ``max_connections`` at once), JSON pages over one pooled HTTP session."""
+
+    MAX_IDLE_PER_DESTINATION = 8
+
+    def __init__(self, max_message_bytes: int = framing.DEFAULT_MAX_MESSAGE_BYTES, max_connections: int = 64,
+                 auth: Optional[Authenticator] = None):
+        self.max_message_bytes = max_message_bytes
+        self.auth = auth
+        self._peer_of: dict[asyncio.StreamWriter, str] = {}  # the authenticated peer at each connection's end
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            key = self.auth.swarm_key if self.auth is not None else None
+            headers = {"Authorization": f"Bearer {key.operator_token}"} if key is not None else None
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64), headers=headers)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._idle.clear()
+        self._peer_of.clear()
+        writers, self._writers = self._writers, set()
+        for w in writers:
+            w.close()
+        for w in writers:
+            with contextlib.suppress(Exception):
+                await w.wait_closed()
+
+    @staticmethod
+    def _address(url: str) -> tuple[str, int]:
+        u = urlsplit(url)
+        if u.scheme != "http" or not u.hostname or u.port is None:
+            raise ValueError(f"not a data-plane address: {url!r} (want http://HOST:PORT)")
+        return u.hostname, u.port
+
+    async def _connection(self, addr: tuple[str, int], want: Optional[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """An open connection to ``addr`` (authenticated, and to peer ``want`` when given)."""
+        idle = self._idle.get(addr, [])
+        while idle:
+            reader, writer = idle.pop()
+            if not (reader.at_eof() or writer.is_closing()) and (want is None or self._peer_of.get(writer) == want):
+                return reader, writer
+            self._discard(writer)  # the other side closed it while it waited (or another peer lives there now)
+        reader, writer = await asyncio.open_connection(*addr, limit=1 << 20)
+        self._writers.add(writer)
+        if self.auth is not None:
+            try:
+                session = await asyncio.wait_for(self.auth.client(reader, writer, want), handshake.TIMEOUT_S)
+            except BaseException:
+                self._discard(writer)
+                raise
+            self._peer_of[writer] = session.peer_id
+        writer.transport.set_write_buffer_limits(0)  # drain() waits until the socket took it all
+        return reader, writer
+
+    async def hello(self, url: str, peer_id: Optional[str] = None, timeout: float = handshake.TIMEOUT_S) -> Optional[str]:
+        """Opens an authenticated connection to ``url`` (kept for later messages) and returns the
+        peer at its end (None without an ``Authenticator``); ``HandshakeError`` with the reason if
+        that peer refuses us or is not ``peer_id``."""
+        addr = self._address(url)
+        async with self._slots:
+            conn = await asyncio.wait_for(self._connection(addr, peer_id), timeout)
+            self._release(addr, conn)
+            return self._peer_of.get(conn[1])
+
+    def _discard(self, writer: asyncio.StreamWriter) -> None:
+        self._writers.discard(writer)
+        self._peer_of.pop(writer, None)
+        writer.close()
+
+    def _release(self, addr: tuple[str, int], conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        idle = self._idle.setdefault(addr, [])
+        if len(idle) < self.MAX_IDLE_PER_DESTINATION and conn[1] in self._writers:
+            idle.append(conn)
+        else:
+            self._discard(conn[1])
+
+    async def send(
+        self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
+        link=None, compensate: bool = True, charge: float = 1.0, on_sent: Optional[Callable[[], None]] = None,
+        reply_charge: float = 1.0, peer_id: Optional[str] = None,
+    ) -> tuple[dict, list[memoryview]] | None:
+        """Sends one frame; the reply frame, or None if the peer had nothing to say. A refusal raises
+        ``RemoteError``; a peer that cannot be reached or breaks the connection, ``OSError``.
+
+        ``link`` (an ``emulator.EmulatedLink``) shapes the exchange like a wide-area link: the body
+        leaves at the link's rate after its delay, the reply comes back likewise. ``timeout`` bounds
+        the whole exchange, emulated time included. ``compensate=False`` keeps the real loopback
+        transport's own round trip on top of the emulated one (the emulator leaves it out by default):
+        for a caller that takes off a baseline of its own, like the prober's paired pings.
+        ``charge``: emulated bytes per real byte on ``link`` (``emulator.EmulatedLink.paced``).
+        ``reply_charge``: the same for the reply (a layer copy fetched on recovery).
+        ``peer_id``: the peer meant to be at ``url``; the handshake fails (``HandshakeError``, a
+        ConnectionError) if another is.
+        ``on_sent()``: called once the request's last byte has left (on an emulated link: passed its
+        bandwidth, before its delay), where a caller streaming messages in order may start the next.
+        """
+        addr = self._address(url)
+        name = kind.encode("ascii")
+        if not 0 < len(name) <= MAX_KIND_BYTES:
+            raise ValueError(f"message kind must be 1-{MAX_KIND_BYTES} ASCII bytes, not {kind!r}")
+        chunks = framing.encode(header, buffers)
+        size = framing.frame_size(chunks)
+        ex = link.exchange(compensate, charge, on_sent) if link is not None else None
+
+        async def exchange():
+            async with self._slots:
+                conn = await self._connection(addr, peer_id)
+                reader, writer = conn
+                reusable = False
+                answer = asyncio.ensure_future(reader.readexactly(ANSWER.size))  # a refusal may come early
+                try:
+                    head = REQUEST.pack(REQUEST_MAGIC, len(name), size) + name
+                    sent = 0
+                    if ex is None and size <= SMALL_BYTES:  # one segment: the peer reads it in one go
+                        writer.write(b"".join([head, *chunks]))
+                        sent = size
+                        await writer.drain()
+                    elif ex is None:
+                        writer.write(head)
+                        for c in chunks:
+                            v = memoryview(c).cast("B")
+                            for i in range(0, v.nbytes, PIECE_BYTES):
+                                writer.write(v[i:i + PIECE_BYTES])
+                                await writer.drain()
+                            sent += v.nbytes
+                    else:  # the head goes with the first paced piece, as one segment when small
+                        async with contextlib.aclosing(ex.body(chunks)) as paced:
+                            async for c in paced:
+                                if answer.done():
+                                    break
+                                n = memoryview(c).nbytes
+                                if head and n <= SMALL_BYTES:
+                                    writer.write(b"".join([head, c]))
+                                else:
+                                    if head:
+                                        writer.write(head)
+                                    writer.write(c)
+                                head = b""
+                                sent += n
+                                await writer.drain()
+                    if ex is None and on_sent is not None:
+                        on_sent()
+                    magic, status, length = ANSWER.unpack(await answer)
+                    if magic != ANSWER_MAGIC:
+                        raise ConnectionError(f"{url} does not answer like a data plane")
+                    if ex:
+                        ex.reply_started()
+                    if length > self.max_message_bytes:
+                        raise RemoteError(413, f"reply of {length} bytes is over our limit")
+                    body = await read_exactly(reader, length)
+                    reusable = sent == size
+                except asyncio.IncompleteReadError:
+                    raise ConnectionResetError(f"{url} closed the connection before it answered") from None
+                finally:
+                    answer.cancel()
+                    if reusable:
+                        self._release(addr, conn)
+                    else:
+                        self._discard(writer)
+            if status == 204:
+                reply, size_back = None, 0
+            elif status == 200:
+                reply, size_back = framing.decode(body, self.max_message_bytes), len(body)
+            else:
+                raise RemoteError(status, body[:500].decode("utf-8", "replace"))
+            if ex:
+                await ex.reply_done(int(size_back * reply_charge))
+            return reply
+
+        return await asyncio.wait_for(exchange(), timeout)
+
+    async def get_json(self, url: str, path: str, max_bytes: int, timeout: float) -> dict:
+        """``GET url+path`` as a JSON object, refused past ``max_bytes`` (a page from another peer is
+        untrusted: ValueError when too large or not an object)."""
+        async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            resp.raise_for_status()
+            body = await resp.content.read(max_bytes + 1)
+            if len(body) > max_bytes:
+                raise ValueError(f"{path} is larger than {max_bytes} bytes")
+            d = json.loads(body)
+            if not isinstance(d, dict):
+                raise ValueError(f"{path} is not a JSON object")
+            return d
+
+    async def status(self, url: str, timeout: float = 5.0, path: str = "/status") -> dict:
+        async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            resp.raise_for_status()
+            return json.loads(await resp.text())
+
+
+async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytearray:
+    """``n`` bytes into one writable buffer (frames decoded from it give tensors their own memory)."""
+    body = bytearray(n)
+    view, got = memoryview(body), 0
+    while got < n:
+        chunk = await reader.read(min(n - got, 1 << 20))
+        if not chunk:
+            raise asyncio.IncompleteReadError(bytes(view[:got]), n)
+        view[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    return body

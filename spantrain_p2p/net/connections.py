@@ -1,0 +1,349 @@
+"""The data-plane server's side of one connection, from its first byte to its last.
+
+A connection's first four bytes say what it is: ``b"STH1"`` a handshake (``handshake``), after which
+the connection carries framed requests from the peer it authenticated; ``b"STQ1"`` framed requests
+without one (only on a server that has no ``Authenticator``: tests and the raw benchmark); anything
+else HTTP, handed to aiohttp. Everything is bounded (``budget``): connections still in their first
+bytes or handshake share a small pool and a deadline; a frame's bytes are reserved on announcement
+within the budget, and a frame of 1 MiB or more is received into an anonymous memory map, whose
+pages the kernel gives as the bytes arrive (a bytearray would be zeroed, so held, at once); a frame
+that stops arriving closes its connection after ``stall_timeout_s``.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+from typing import Any, Callable, Optional
+
+from . import handshake
+from .handshake import HandshakeError, Session
+from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, RECV_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES
+
+Server = Any  # a dataplane.DataPlaneServer (which imports this module)
+
+log = logging.getLogger("spantrain_p2p.net.dataplane")
+MAPPED_BYTES = 1 << 20  # frames from this size are received into a memory map
+
+
+def frame_buffer(n: int) -> bytearray | mmap.mmap:
+    """A writable buffer of ``n`` bytes whose memory is taken as it is written."""
+    return mmap.mmap(-1, n) if n >= MAPPED_BYTES else bytearray(n)
+
+
+def _answer_bytes(status: int, reason: str) -> bytes:
+    text = reason.encode("utf-8")[:4096]
+    return ANSWER.pack(ANSWER_MAGIC, status, len(text)) + text
+
+
+class FirstBytes(asyncio.BufferedProtocol):
+    """Reads a new connection's first four bytes, then hands it to the protocol they name."""
+
+    def __init__(self, server: Server, http: Callable[[], asyncio.Protocol]):
+        self.server, self.http = server, http
+        self.head, self.got = bytearray(4), 0
+        self.transport: Optional[asyncio.Transport] = None
+        self._counted = False
+        self._timer: Optional[asyncio.TimerHandle] = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        refused = self.server.budget.begin_handshake()
+        if refused:
+            log.warning("refused a data-plane connection: %s", refused)
+            transport.write(_answer_bytes(503, refused))
+            transport.close()
+            return
+        self._counted = True
+        self._timer = asyncio.get_running_loop().call_later(
+            self.server.budget.limits.handshake_timeout_s, self._too_slow)
+
+    def _too_slow(self) -> None:
+        log.warning("closed a data-plane connection that did not say what it is in time")
+        self.transport.close()
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.server.budget.end_handshake()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self.head)[self.got:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.got += nbytes
+        if self.got < len(self.head):
+            return
+        auth = self.server.auth
+        if self.head == handshake.MAGIC and auth is not None:
+            self._timer.cancel()  # the handshake keeps the pool's place and has its own deadline
+            proto = Handshaking(self.server, self.transport, bytes(self.head), self._counted)
+            self._counted = False
+            self.transport.set_protocol(proto)
+        elif self.head == REQUEST_MAGIC and auth is None:
+            self._uncount()
+            conn = FramedConnection(self.server, self.transport, None)
+            self.transport.set_protocol(conn)
+            conn.buffer_updated(conn.take(self.head))
+        elif self.head in (REQUEST_MAGIC, handshake.MAGIC):
+            self._uncount()
+            what = "authenticated connections only (handshake first)" if auth else "no handshake (it has no identity)"
+            self.transport.write(_answer_bytes(401, f"this peer takes messages on {what}"))
+            self.transport.close()
+        else:
+            self._uncount()
+            proto = self.http()
+            self.transport.set_protocol(proto)
+            proto.connection_made(self.transport)
+            proto.data_received(bytes(self.head))
+
+    def eof_received(self) -> None:
+        return None  # closes the transport
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._uncount()
+
+
+class Handshaking(asyncio.Protocol):
+    """The server's side of a handshake; on success the connection becomes a ``FramedConnection``
+    bound to the authenticated peer. Any failure answers ``{error}`` and closes."""
+
+    def __init__(self, server: Server, transport: asyncio.Transport, head: bytes, counted: bool):
+        self.server, self.transport = server, transport
+        self.buf = bytearray(head)
+        self.pending: Optional[handshake.Pending] = None
+        self._counted = counted
+        self._timer = asyncio.get_running_loop().call_later(server.budget.limits.handshake_timeout_s, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self._fail("the handshake took too long")
+
+    def _done(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.server.budget.end_handshake()
+        self._timer.cancel()
+
+    def _fail(self, reason: str) -> None:
+        log.warning("data-plane handshake failed: %s", reason)
+        self._done()
+        if not self.transport.is_closing():
+            self.transport.write(handshake.pack({"error": reason[:500]}))
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self.buf += data
+        try:
+            if len(self.buf) < handshake.PREFIX_BYTES:
+                return
+            n = handshake.message_length(bytes(self.buf[: handshake.PREFIX_BYTES]))
+            end = handshake.PREFIX_BYTES + n
+            if len(self.buf) < end:
+                return
+            message, self.buf = bytes(self.buf[:end]), self.buf[end:]
+            auth = self.server.auth
+            if self.pending is None:
+                answer, self.pending = auth.server_hello(message)
+                self.transport.write(answer)
+            else:
+                if self.buf:
+                    raise HandshakeError("data after the handshake's last message")
+                session = auth.server_finish(self.pending, handshake.unpack_map(message[handshake.PREFIX_BYTES:]))
+                self._accept(session)
+                return
+        except HandshakeError as e:
+            self._fail(str(e))
+            return
+        except Exception as e:  # a bug must not leave a half-open connection behind
+            log.exception("handshake failed")
+            self._fail(f"{type(e).__name__}")
+            return
+        if self.buf:
+            self.data_received(b"")
+
+    def _accept(self, session: Session) -> None:
+        self._done()
+        refused = self.server.budget.connect(session.peer_id)
+        if refused:
+            self._fail(refused)
+            return
+        self.transport.write(handshake.pack({"ok": True}))
+        conn = FramedConnection(self.server, self.transport, session)
+        self.transport.set_protocol(conn)
+
+    def eof_received(self) -> None:
+        return None
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._done()
+
+
+class FramedConnection(asyncio.BufferedProtocol):
+    """One client's connection to the framed-TCP server (see ``wire``): reads the request's fixed
+    part, its kind, then its frame straight into a buffer of the announced size; runs the handler
+    with reading paused (a request at a time), answers, and waits for the next. A kind or size
+    refused up front (or over the budget) is answered at once and its body dropped; a connection
+    that breaks the protocol is answered 400 and closed; one whose frame stalls is closed."""
+
+    def __init__(self, server: Server, transport: asyncio.Transport, session: Optional[Session]):
+        self.server, self.transport, self.session = server, transport, session
+        self.sender = session.peer_id if session is not None else None
+        self._reserved, self._member = 0, True
+        self._loop = asyncio.get_running_loop()
+        self._progress = self._loop.time()
+        self._stall: Optional[asyncio.TimerHandle] = None
+        server._framed.add(self)
+        self._expect_request()
+
+    def _expect_request(self) -> None:
+        self._stage = "request"
+        self._buf = bytearray(REQUEST.size)
+        self._want = memoryview(self._buf)
+        self._drop = 0  # body bytes of a refused message still to come
+
+    def take(self, data: bytes | bytearray) -> int:
+        """Copies bytes read before this protocol took over into its buffer; returns their count."""
+        self._want[: len(data)] = data
+        return len(data)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._drop:
+            return memoryview(self.server._scratch)[: min(self._drop, RECV_BYTES)]
+        return self._want[:RECV_BYTES]
+
+    # ---- stalls ---------------------------------------------------------------------------
+    def _mid_frame(self) -> bool:
+        return self._stage in ("kind", "body") or bool(self._drop) or (
+            self._stage == "request" and self._want.nbytes < REQUEST.size)
+
+    def _watch(self) -> None:
+        self._progress = self._loop.time()
+        if self._stall is None:
+            self._stall = self._loop.call_later(self.server.budget.limits.stall_timeout_s, self._check_stall)
+
+    def _check_stall(self) -> None:
+        self._stall = None
+        if self.transport.is_closing() or not self._mid_frame():
+            return
+        left = self._progress + self.server.budget.limits.stall_timeout_s - self._loop.time()
+        if left > 0:
+            self._stall = self._loop.call_later(left, self._check_stall)
+            return
+        log.warning("closed a data-plane connection from %s: its message stalled for %.0fs",
+                    self.sender or "an unauthenticated client", self.server.budget.limits.stall_timeout_s)
+        self.transport.abort()
+
+    # ---- requests -------------------------------------------------------------------------
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._stage == "closing":
+            return
+        self._watch()
+        if self._drop:
+            self._drop -= nbytes
+            if not self._drop:
+                self._expect_request()
+            return
+        if self._stage == "busy":  # the client sent more before its answer: not this protocol
+            self._fail("a second request arrived before the first was answered")
+            return
+        self._want = self._want[nbytes:]
+        if self._want.nbytes:
+            return
+        if self._stage == "request":
+            magic, kind_len, length = REQUEST.unpack(self._buf)
+            if magic != REQUEST_MAGIC or not 0 < kind_len <= MAX_KIND_BYTES:
+                self._fail("not a data-plane request (bad magic or kind length)")
+                return
+            self._length = length
+            self._stage, self._buf = "kind", bytearray(kind_len)
+            self._want = memoryview(self._buf)
+        elif self._stage == "kind":
+            try:
+                self._kind = self._buf.decode("ascii")
+            except UnicodeDecodeError:
+                self._fail("message kind is not ASCII")
+                return
+            refused = self.server._refusal(self._kind, self._length) or self._reserve(self._length)
+            if refused is not None:
+                self._answer(*refused)
+                self._drop = self._length
+                if not self._drop:
+                    self._expect_request()
+                return
+            self._stage, self._buf = "body", frame_buffer(self._length)
+            self._want = memoryview(self._buf)
+            if not self._length:
+                self._run()
+        else:
+            self._run()
+
+    def _reserve(self, length: int) -> Optional[tuple[int, str]]:
+        if self.sender is None:
+            return None
+        member = self.server.is_member(self.sender)
+        refused = self.server.budget.reserve(self.sender, length, member)
+        if refused:
+            return 503, refused
+        self._reserved, self._member = length, member
+        return None
+
+    def _unreserve(self) -> None:
+        if self._reserved:
+            self.server.budget.release(self.sender, self._reserved, self._member)
+            self._reserved = 0
+
+    def _run(self) -> None:
+        self._stage = "busy"
+        self.transport.pause_reading()
+        task = self._loop.create_task(self._handle(self._kind, self._buf))
+        self.server._tasks.add(task)
+        task.add_done_callback(self.server._tasks.discard)
+
+    async def _handle(self, kind: str, body) -> None:
+        try:
+            status, out = await self.server._dispatch(kind, body, self.sender)
+        finally:
+            self._unreserve()
+        if self.transport.is_closing():
+            return
+        if isinstance(out, str):
+            self._answer(status, out)
+        else:
+            size = sum(memoryview(c).nbytes for c in out)
+            head = ANSWER.pack(ANSWER_MAGIC, status, size)
+            if size <= SMALL_BYTES:
+                self.transport.write(b"".join([head, *out]))
+            else:
+                self.transport.write(head)
+                for c in out:
+                    self.transport.write(c)
+        self._expect_request()
+        self.transport.resume_reading()
+
+    def _answer(self, status: int, reason: str) -> None:
+        self.transport.write(_answer_bytes(status, reason))
+
+    def _fail(self, reason: str) -> None:
+        """Answers 400 and ends our side; what the client still sends is dropped until it closes
+        (closing with unread bytes would reset the connection, and the answer could be lost)."""
+        log.warning("data-plane connection closed: %s", reason)
+        self._answer(400, reason)
+        self._stage, self._drop = "closing", 1 << 62
+        self.transport.write_eof()
+        self.transport.resume_reading()
+
+    def eof_received(self) -> None:
+        return None  # closes the transport
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.server._framed.discard(self)
+        if self._stall is not None:
+            self._stall.cancel()
+        if self._stage != "busy":
+            self._unreserve()  # a frame that never came whole (a running handler releases its own)
+        if self.sender is not None:
+            self.server.budget.disconnect(self.sender)

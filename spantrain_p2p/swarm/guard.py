@@ -1,0 +1,104 @@
+"""The swarm's door on the DHT: every value a peer stores or reads goes through a ``GuardedDHT``.
+
+The DHT itself is open (anyone who reaches one node can store anything under any key), so the
+guard decides what a peer believes:
+- in a closed swarm (a ``SwarmKey``), values are sealed on the way in and opened on the way out;
+  a value that does not open is dropped, and logged once;
+- with an allow-list, a value signed by a peer id not on it is dropped too (every value of a
+  swarm is a signed payload, see ``records.sign_payload``): roles, stage maps, job records and
+  measurements are taken from members only.
+``refused`` counts what was dropped, by reason, so a joining peer can say why it sees no swarm.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Optional
+
+from hivemind.utils import ValueWithExpiration
+
+from .identity import peer_id_from_public_der
+from .membership import BadRecordLog
+from .sealing import SealError, SwarmKey, is_sealed, sealed_key_id
+
+
+def signer_of(value: Any) -> Optional[str]:
+    """The peer id a signed payload claims (checked against its signature later), else None."""
+    if isinstance(value, dict) and isinstance(value.get("key"), bytes) and len(value["key"]) <= 2048:
+        try:
+            return peer_id_from_public_der(value["key"])
+        except Exception:
+            return None
+    return None
+
+
+class GuardedDHT:
+    """``store`` and ``get`` of hivemind's ``DHTNode`` (the subset a swarm uses), with sealing and
+    the allow-list applied; ``node`` is the node underneath."""
+
+    def __init__(self, node, key: Optional[SwarmKey] = None, allow: Optional[frozenset[str]] = None):
+        self.node, self.key, self.allow = node, key, allow
+        self.refused: Counter[str] = Counter()
+        self.other_key_ids: set[str] = set()
+        self._log = BadRecordLog("DHT value")
+
+    async def store(self, key: str, value: Any, expiration_time: float, subkey: Any = None, **kwargs) -> bool:
+        if self.key is not None:
+            value = self.key.seal(value, key, subkey, expiration_time)
+        return bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs))
+
+    async def get(self, key: str, latest: bool = False, **kwargs) -> Optional[ValueWithExpiration]:
+        found = await self.node.get(key, latest=latest, **kwargs)
+        if found is None:
+            return None
+        if isinstance(found.value, dict):
+            kept = {}
+            for subkey, item in found.value.items():
+                value = self._admit(key, subkey, getattr(item, "value", None), getattr(item, "expiration_time", 0.0))
+                if value is not None:
+                    kept[subkey] = ValueWithExpiration(value, item.expiration_time)
+            return ValueWithExpiration(kept, found.expiration_time)
+        value = self._admit(key, None, found.value, found.expiration_time)
+        return None if value is None else ValueWithExpiration(value, found.expiration_time)
+
+    def _admit(self, key: str, subkey: Any, value: Any, expiration: float) -> Any:
+        where = f"{key.rsplit('/', 1)[-1]}/{str(subkey)[:16]}"
+        if self.key is None:
+            if is_sealed(value):
+                return self._refuse("sealed-no-key", where, "sealed with a swarm key (this peer has none)")
+        else:
+            try:
+                value = self.key.open(value, key, subkey, expiration)
+            except SealError as e:
+                if e.kind == "other-key":
+                    self.other_key_ids.add(sealed_key_id(value).hex())
+                return self._refuse(e.kind, where, str(e))
+        if self.allow is not None:
+            signer = signer_of(value)
+            if signer not in self.allow:
+                return self._refuse("not-allowed", where, f"signed by {signer}, who is not on the allow-list")
+        return value
+
+    def _refuse(self, kind: str, where: str, reason: str) -> None:
+        self.refused[kind] += 1
+        self._log(where, reason)
+        return None
+
+    def why_locked_out(self, swarm: str) -> Optional[str]:
+        """Why this peer cannot take part in ``swarm``, from what it was refused (None: nothing
+        says so). Called once a first read found no member it could accept."""
+        if self.refused["sealed-no-key"]:
+            return (f"swarm {swarm!r} is closed: its records are sealed with a swarm key; start this peer "
+                    f"with --swarm-key PATH (the key file its members use)")
+        if self.refused["other-key"]:
+            ours = self.key.key_id.hex() if self.key is not None else "-"
+            return (f"swarm {swarm!r} is sealed with another swarm key (key id {', '.join(sorted(self.other_key_ids))}; "
+                    f"this peer's --swarm-key has id {ours})")
+        if self.refused["unsealed"]:
+            return (f"swarm {swarm!r} is open (its records are not sealed), but this peer was given --swarm-key: "
+                    f"start it without, or join a closed swarm")
+        if self.refused["forged"]:
+            return f"swarm {swarm!r}: its records do not open with this peer's swarm key"
+        return None
+
+    async def shutdown(self) -> None:
+        await self.node.shutdown()

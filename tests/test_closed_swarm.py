@@ -166,3 +166,25 @@ async def test_only_key_holders_on_the_allow_list_join_a_closed_swarm(tmp_path):
             await asyncio.sleep(1.0)  # several polls: nobody else ever shows up
             assert sorted(r.name for r in await a.members()) == ["a", "b"]
             assert sorted(r.name for r in await b.members()) == ["a", "b"]
+
+
+async def test_an_encrypted_connection_carries_big_frames_unchanged():
+    async def echo_back(header, buffers):
+        return {"n": len(buffers[0])}, [bytes(buffers[0])]
+
+    key = SwarmKey.generate()
+    a, b = Identity.generate(), Identity.generate()
+    srv = DataPlaneServer("127.0.0.1", 0, lambda: {}, auth=Authenticator(a, key, encrypt=True))
+    srv.register("echo", echo_back)
+    await srv.start()
+    client = DataPlaneClient(auth=Authenticator(b, key))  # the server asks for encryption: enough
+    try:
+        payload = os.urandom(3 << 20) + b"tail" * 1000
+        for _ in range(2):  # the second goes on the same connection (record numbers go on)
+            header, bufs = await client.send(srv.url, "echo", {"x": 1}, [payload], peer_id=a.peer_id)
+            assert header["n"] == len(payload) and bytes(bufs[0]) == payload
+        (conn,) = [w for w in client._writers]
+        assert type(conn).__name__ == "SecureWriter"
+    finally:
+        await client.close()
+        await srv.stop()

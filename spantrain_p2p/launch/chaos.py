@@ -76,9 +76,12 @@ def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) ->
     import asyncio
 
     from ..net.client import DataPlaneClient
+    from ..net.handshake import Authenticator
+    from ..swarm.identity import Identity
 
     async def send_all():
-        client = DataPlaneClient()
+        # peers take messages on authenticated connections only: the launcher has an identity of its own
+        client = DataPlaneClient(auth=Authenticator(Identity.generate()))
         try:
             header = {"regions": list(regions), "factor": factor}
             return await asyncio.gather(*(client.send(u, CHAOS_KIND, header, timeout=5) for u in urls),

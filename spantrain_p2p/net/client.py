@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from . import framing, handshake
+from . import framing, handshake, secure
 from .handshake import Authenticator
 from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, PIECE_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES, RemoteError
 
@@ -79,6 +79,10 @@ class DataPlaneClient:
             except BaseException:
                 self._discard(writer)
                 raise
+            if session.encrypted:
+                self._writers.discard(writer)
+                reader, writer = secure.SecureReader(reader, session.recv_key), secure.SecureWriter(writer, session.send_key)
+                self._writers.add(writer)
             self._peer_of[writer] = session.peer_id
         writer.transport.set_write_buffer_limits(0)  # drain() waits until the socket took it all
         return reader, writer

@@ -16,7 +16,7 @@ import logging
 import mmap
 from typing import Any, Callable, Optional
 
-from . import handshake
+from . import handshake, secure
 from .handshake import HandshakeError, Session
 from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, RECV_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES
 
@@ -172,8 +172,12 @@ class Handshaking(asyncio.Protocol):
             self._fail(refused)
             return
         self.transport.write(handshake.pack({"ok": True}))
-        conn = FramedConnection(self.server, self.transport, session)
-        self.transport.set_protocol(conn)
+        if session.encrypted:
+            outer = secure.SecureProtocol(self.transport, session.recv_key)
+            outer.inner = FramedConnection(self.server, secure.SecureTransport(self.transport, session.send_key), session)
+            self.transport.set_protocol(outer)
+        else:
+            self.transport.set_protocol(FramedConnection(self.server, self.transport, session))
 
     def eof_received(self) -> None:
         return None

@@ -55,6 +55,8 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow", action="append", default=[], metavar="PEER_ID|@FILE",
                    help="take part only with these peer ids (repeatable; @FILE: one id per line)")
     p.add_argument("--encrypt", action="store_true", help="encrypt this peer's data-plane connections")
+    p.add_argument("--stall-timeout", type=float, default=30.0, metavar="S",
+                   help="close a data-plane connection whose message stops arriving for S seconds (default: 30)")
     p.add_argument("--ready-file", metavar="PATH", help="write a JSON line here once joined (for launchers)")
     t = p.add_argument_group("training job (only on the peer that starts the swarm; joiners adopt it)")
     add_job_arguments(t)
@@ -112,10 +114,12 @@ def config_from_args(a: argparse.Namespace):
     if a.heartbeat <= 0:
         raise ValueError("--heartbeat must be positive")
     allow = allow_list(a.allow)
+    if a.stall_timeout <= 0:
+        raise ValueError("--stall-timeout must be positive")
     return PeerConfig(join=join, swarm=a.swarm, listen=a.listen, host=a.host, data_port=a.data_port,
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
                       emulate=a.emulate or "", emulate_t0=a.emulate_t0, swarm_key_path=a.swarm_key or "",
-                      allow=allow, encrypt=a.encrypt)
+                      allow=allow, encrypt=a.encrypt, stall_timeout_s=a.stall_timeout)
 
 
 def allow_list(items: list[str]) -> tuple[str, ...]:

@@ -31,7 +31,7 @@ from spantrain_p2p.net import framing, handshake
 from spantrain_p2p.net.client import DataPlaneClient
 from spantrain_p2p.net.dataplane import RemoteError
 from spantrain_p2p.net.handshake import Authenticator, HandshakeError
-from spantrain_p2p.net.wire import REQUEST, REQUEST_MAGIC
+from spantrain_p2p.net.wire import ANSWER, REQUEST, REQUEST_MAGIC
 from spantrain_p2p.peer import Peer, PeerConfig
 from spantrain_p2p.pipeline.messages import encode_tensor
 from spantrain_p2p.swarm import keys
@@ -114,8 +114,7 @@ async def send_raw_frame(client: DataPlaneClient, url: str, peer_id: str, kind: 
         name = kind.encode()
         writer.write(REQUEST.pack(REQUEST_MAGIC, len(name), len(body)) + name + body)
         await writer.drain()
-        head = await asyncio.wait_for(reader.readexactly(18), 10)
-        _, status, n = struct.unpack(">4sHQ", head)
+        _, status, n = ANSWER.unpack(await asyncio.wait_for(reader.readexactly(ANSWER.size), 10))
         await asyncio.wait_for(reader.readexactly(min(n, 1 << 20)), 10)
         return str(status)
     finally:

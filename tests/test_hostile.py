@@ -84,12 +84,16 @@ def test_fuzzed_messages_leave_a_training_swarm_unharmed(peers):
     """Thousands of hostile messages from a member of the swarm (and outsiders): no peer crashes,
     every /status answers, no step is lost and the losses equal single-process training."""
     n = int(os.environ.get("SPANTRAIN_FUZZ_MESSAGES", "1500"))
-    swarm, steps = f"fuzz-{os.getpid()}", 120
+    swarm, steps = f"fuzz-{os.getpid()}", max(200, n // 5)  # training outlasts the fuzzing (~250 messages/s here)
     a, b = _training_pair(peers, swarm, steps)
     st = a.status()["train"]
     targets = [{"peer_id": p.info["peer_id"], "data_url": p.info["data_url"]} for p in (a, b)]
+    t0 = time.monotonic()
     got = asyncio.run(fuzz_harness.fuzz(targets, a.info["address"], swarm, n, seed=7, job=st["job"],
                                         epoch=st["epoch"], step=st["step"]))
+    st_after = a.status()["train"]
+    print(f"\n{n} fuzzed messages in {time.monotonic() - t0:.1f}s while steps {st['step']}..{st_after['step']} "
+          f"trained (epoch {st['epoch']} -> {st_after['epoch']}); outcomes: {dict(sorted(got.items()))}")
     assert sum(got.values()) == n
     assert not any(k.endswith(":ACCEPTED") for k in got), got  # no outsider's message is taken
     for p in (a, b):
@@ -135,6 +139,8 @@ def test_connections_that_announce_huge_frames_and_stall_cost_little_and_are_clo
         return peak, status, closed_after
 
     peak, status, closed_after = asyncio.run(attack())
+    print(f"\nRSS {before_rss:.0f} MB before, {peak:.0f} MB with 100 stalled 256 MiB announcements; all closed "
+          f"{min(closed_after):.1f}-{max(closed_after):.1f}s after the last was sent (stall timeout {stall_s:.0f}s)")
     assert status["state"] == "training"
     assert peak - before_rss < 300, (before_rss, peak)
     assert max(closed_after) < stall_s + 5, max(closed_after)

@@ -63,21 +63,28 @@ def _rss_mb(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
-def _training_pair(peers, swarm: str, steps: int, *extra: str):
-    a = peers("a", "--swarm", swarm, "--steps", str(steps), "--peers", "2", "--plan", "even", *extra)
+def _training_pair(peers, swarm: str, steps: int, *extra: str, tag: str = ""):
+    a = peers(f"{tag}a", "--swarm", swarm, "--steps", str(steps), "--peers", "2", "--plan", "even", *extra)
     a.wait_ready(60)
-    b = peers("b", "--swarm", swarm, "--join", a.info["address"], *extra)
+    b = peers(f"{tag}b", "--swarm", swarm, "--join", a.info["address"], *extra)
     b.wait_ready(60)
     wait_until(lambda: all(p.status()["state"] == "training" for p in (a, b)), 60, interval=0.1)
     return a, b
 
 
-def _losses_match_one_process(procs, steps: int) -> None:
+def _losses(procs) -> list[float]:
     last = max((p.status(path="/report") for p in procs), key=lambda r: r["stage"])
-    losses = [l for _, l in last["losses"]]
+    return [l for _, l in last["losses"]]
+
+
+def _losses_match_one_process(procs, steps: int) -> None:
+    losses = _losses(procs)
     ref, _ = reference_run(JobSpec(steps=steps), steps)
     assert len(losses) == steps  # no step lost
     assert max(abs(x - y) / abs(y) for x, y in zip(losses, ref)) <= 1e-4
+
+
+REFERENCE_STEPS = 800  # past ~900 steps a pipeline's summation order drifts from one process's (chaos)
 
 
 def test_fuzzed_messages_leave_a_training_swarm_unharmed(peers):
@@ -99,8 +106,19 @@ def test_fuzzed_messages_leave_a_training_swarm_unharmed(peers):
     for p in (a, b):
         assert p.alive(), p.log_tail()
         assert p.status()["state"] in ("training", "done")
-    wait_done([a, b], 180)
-    _losses_match_one_process([a, b], steps)
+    wait_done([a, b], 60 + steps / 5)
+    if steps <= REFERENCE_STEPS:
+        _losses_match_one_process([a, b], steps)
+        return
+    fuzzed = _losses([a, b])  # a long run (scripts/fuzz.sh): the same run without the fuzzer, loss for loss
+    for p in (a, b):
+        p.stop()
+    c, d = _training_pair(peers, swarm + "-clean", steps, tag="clean-")
+    wait_done([c, d], 60 + steps / 5)
+    clean = _losses([c, d])
+    print(f"{steps} steps: fuzzed and clean runs' losses equal at {sum(x == y for x, y in zip(fuzzed, clean))} "
+          f"of {len(clean)} steps")
+    assert len(fuzzed) == steps and fuzzed == clean
 
 
 def test_connections_that_announce_huge_frames_and_stall_cost_little_and_are_closed(peers):

@@ -5,16 +5,18 @@ the connection carries framed requests from the peer it authenticated; ``b"STQ1"
 without one (only on a server that has no ``Authenticator``: tests and the raw benchmark); anything
 else HTTP, handed to aiohttp. Everything is bounded (``budget``): connections still in their first
 bytes or handshake share a small pool and a deadline; a frame's bytes are reserved on announcement
-within the budget, and a frame of 1 MiB or more is received into an anonymous memory map, whose
-pages the kernel gives as the bytes arrive (a bytearray would be zeroed, so held, at once); a frame
-that stops arriving closes its connection after ``stall_timeout_s``.
+within the budget, and a frame of 1 MiB or more is received into uninitialised memory (``numpy.empty``:
+malloc without the zeroing a bytearray does, so the kernel gives fresh pages only as the bytes are
+written, and a freed buffer's pages serve the next frame without faulting again); a frame that stops
+arriving closes its connection after ``stall_timeout_s``.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import mmap
 from typing import Any, Callable, Optional
+
+import numpy
 
 from . import handshake, secure
 from .handshake import HandshakeError, Session
@@ -23,12 +25,12 @@ from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, RECV_BYTES, REQUEST, REQ
 Server = Any  # a dataplane.DataPlaneServer (which imports this module)
 
 log = logging.getLogger("spantrain_p2p.net.dataplane")
-MAPPED_BYTES = 1 << 20  # frames from this size are received into a memory map
+LAZY_BYTES = 1 << 20  # frames from this size are received into memory that is not zeroed first
 
 
-def frame_buffer(n: int) -> bytearray | mmap.mmap:
+def frame_buffer(n: int) -> bytearray | numpy.ndarray:
     """A writable buffer of ``n`` bytes whose memory is taken as it is written."""
-    return mmap.mmap(-1, n) if n >= MAPPED_BYTES else bytearray(n)
+    return numpy.empty(n, numpy.uint8) if n >= LAZY_BYTES else bytearray(n)
 
 
 def _answer_bytes(status: int, reason: str) -> bytes:

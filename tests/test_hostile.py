@@ -87,12 +87,14 @@ def _losses_match_one_process(procs, steps: int) -> None:
 REFERENCE_STEPS = 800  # past ~900 steps a pipeline's summation order drifts from one process's (chaos)
 
 
-def test_fuzzed_messages_leave_a_training_swarm_unharmed(peers):
-    """Thousands of hostile messages from a member of the swarm (and outsiders): no peer crashes,
-    every /status answers, no step is lost and the losses equal single-process training."""
-    n = int(os.environ.get("SPANTRAIN_FUZZ_MESSAGES", "1500"))
-    swarm, steps = f"fuzz-{os.getpid()}", max(200, n // 5)  # training outlasts the fuzzing (~250 messages/s here)
-    a, b = _training_pair(peers, swarm, steps)
+def test_a_training_swarm_survives_fuzzed_messages_and_stalled_connections(peers):
+    """Thousands of hostile messages from a member of the swarm (and outsiders), then 100 connections
+    that each announce a 256 MiB frame, send 1 KiB and stall: no peer crashes, every /status answers,
+    the peer's memory grows by far less than 300 MB, the stalled connections are closed after the
+    stall timeout, no step is lost and the losses equal single-process training."""
+    n = int(os.environ.get("SPANTRAIN_FUZZ_MESSAGES", "1000"))
+    swarm, steps, stall_s = f"fuzz-{os.getpid()}", max(300, n // 5), 4.0  # training outlasts both attacks
+    a, b = _training_pair(peers, swarm, steps, "--stall-timeout", str(stall_s))
     st = a.status()["train"]
     targets = [{"peer_id": p.info["peer_id"], "data_url": p.info["data_url"]} for p in (a, b)]
     t0 = time.monotonic()
@@ -106,31 +108,26 @@ def test_fuzzed_messages_leave_a_training_swarm_unharmed(peers):
     for p in (a, b):
         assert p.alive(), p.log_tail()
         assert p.status()["state"] in ("training", "done")
+    _stall_attack(a, stall_s)
     wait_done([a, b], 60 + steps / 5)
     if steps <= REFERENCE_STEPS:
         _losses_match_one_process([a, b], steps)
         return
-    fuzzed = _losses([a, b])  # a long run (scripts/fuzz.sh): the same run without the fuzzer, loss for loss
+    fuzzed = _losses([a, b])  # a long run (scripts/fuzz.sh): the same run without the attacks, loss for loss
     for p in (a, b):
         p.stop()
     c, d = _training_pair(peers, swarm + "-clean", steps, tag="clean-")
     wait_done([c, d], 60 + steps / 5)
     clean = _losses([c, d])
-    print(f"{steps} steps: fuzzed and clean runs' losses equal at {sum(x == y for x, y in zip(fuzzed, clean))} "
+    print(f"{steps} steps: attacked and clean runs' losses equal at {sum(x == y for x, y in zip(fuzzed, clean))} "
           f"of {len(clean)} steps")
     assert len(fuzzed) == steps and fuzzed == clean
 
 
-def test_connections_that_announce_huge_frames_and_stall_cost_little_and_are_closed(peers):
-    """100 connections each announce a 256 MiB frame, send 1 KiB and stall: the peer's memory grows by
-    far less than 300 MB, it keeps training and serving, and it closes them after its stall timeout."""
-    swarm, steps, stall_s = f"stall-{os.getpid()}", 200, 4.0
-    a, b = _training_pair(peers, swarm, steps, "--stall-timeout", str(stall_s))
-    target = a
+def _stall_attack(target, stall_s: float) -> None:
     host, port = target.info["data_url"].removeprefix("http://").split(":")
     idents = [Identity.generate() for _ in range(4)]
     before_rss = _rss_mb(target.proc.pid)
-    before_step = target.status()["train"]["steps_done"]
 
     async def attack():
         conns = []
@@ -156,12 +153,13 @@ def test_connections_that_announce_huge_frames_and_stall_cost_little_and_are_clo
             w.close()
         return peak, status, closed_after
 
+    before_step = target.status()["train"]["steps_done"]
     peak, status, closed_after = asyncio.run(attack())
-    print(f"\nRSS {before_rss:.0f} MB before, {peak:.0f} MB with 100 stalled 256 MiB announcements; all closed "
-          f"{min(closed_after):.1f}-{max(closed_after):.1f}s after the last was sent (stall timeout {stall_s:.0f}s)")
+    after_step = target.status()["train"]["steps_done"]
+    print(f"RSS {before_rss:.0f} MB before, {peak:.0f} MB with 100 stalled 256 MiB announcements; all closed "
+          f"{min(closed_after):.1f}-{max(closed_after):.1f}s after the last was sent (stall timeout {stall_s:.0f}s); "
+          f"steps {before_step}..{after_step} trained meanwhile")
     assert status["state"] == "training"
     assert peak - before_rss < 300, (before_rss, peak)
     assert max(closed_after) < stall_s + 5, max(closed_after)
-    wait_until(lambda: target.status()["train"]["steps_done"] >= before_step + 10, 60)  # training goes on
-    wait_done([a, b], 240)
-    _losses_match_one_process([a, b], steps)
+    assert after_step > before_step  # training went on

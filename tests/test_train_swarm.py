@@ -147,7 +147,7 @@ def test_a_forged_activation_is_refused_and_training_is_unaffected(peers):
     from spantrain_p2p.pipeline.messages import encode_tensor
     from spantrain_p2p.swarm.identity import Identity
 
-    swarm, steps = f"forged-{os.getpid()}", 40
+    swarm, steps = f"forged-{os.getpid()}", 25
     a = peers("a", "--swarm", swarm, "--steps", str(steps), "--peers", "2", "--plan", "even")
     a.wait_ready(60)
     b = peers("b", "--swarm", swarm, "--join", a.info["address"])

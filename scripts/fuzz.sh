@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
 SPANTRAIN_FUZZ_MESSAGES="${1:-10000}" exec .venv/bin/python -m pytest -q -p no:cacheprovider -s \
-  "tests/test_hostile.py::test_a_training_swarm_survives_fuzzed_messages_and_stalled_connections"
+  "tests/test_hostile.py::test_a_training_swarm_survives_forgery_fuzzing_and_stalled_connections"

@@ -5,12 +5,13 @@ import os
 import random
 import time
 
-import msgpack
 import pytest
 import torch
 
 from spantrain_p2p.launch import wait_until
 from spantrain_p2p.net import framing, handshake
+from spantrain_p2p.net.client import DataPlaneClient
+from spantrain_p2p.net.dataplane import RemoteError
 from spantrain_p2p.net.handshake import Authenticator, HandshakeError
 from spantrain_p2p.net.wire import REQUEST, REQUEST_MAGIC
 from spantrain_p2p.pipeline.messages import Expect, decode_tensor, encode_tensor
@@ -22,7 +23,7 @@ from spantrain_p2p.train.reference import reference_run
 from tests import fuzz_harness
 from tests.test_train_swarm import wait_done
 
-N_PURE = 3000
+N_PURE = 2000
 
 
 def test_parsers_of_untrusted_bytes_fail_only_with_their_own_errors():
@@ -87,14 +88,16 @@ def _losses_match_one_process(procs, steps: int) -> None:
 REFERENCE_STEPS = 800  # past ~900 steps a pipeline's summation order drifts from one process's (chaos)
 
 
-def test_a_training_swarm_survives_fuzzed_messages_and_stalled_connections(peers):
-    """Thousands of hostile messages from a member of the swarm (and outsiders), then 100 connections
-    that each announce a 256 MiB frame, send 1 KiB and stall: no peer crashes, every /status answers,
-    the peer's memory grows by far less than 300 MB, the stalled connections are closed after the
-    stall timeout, no step is lost and the losses equal single-process training."""
-    n = int(os.environ.get("SPANTRAIN_FUZZ_MESSAGES", "1000"))
-    swarm, steps, stall_s = f"fuzz-{os.getpid()}", max(300, n // 5), 4.0  # training outlasts both attacks
+def test_a_training_swarm_survives_forgery_fuzzing_and_stalled_connections(peers):
+    """One training swarm, three attacks: a forged activation (right in every field but its sender);
+    hostile messages from a member of the swarm (and outsiders); 100 connections that each announce a
+    256 MiB frame, send 1 KiB and stall. Each forgery is refused with its reason, no peer crashes,
+    every /status answers, the peer's memory grows by far less than 300 MB, the stalled connections
+    are closed after the stall timeout, no step is lost and the losses equal single-process training."""
+    n = int(os.environ.get("SPANTRAIN_FUZZ_MESSAGES", "600"))
+    swarm, steps, stall_s = f"fuzz-{os.getpid()}", max(250, n // 5), 4.0  # training outlasts the attacks
     a, b = _training_pair(peers, swarm, steps, "--stall-timeout", str(stall_s))
+    _forge_an_activation(a, b)
     st = a.status()["train"]
     targets = [{"peer_id": p.info["peer_id"], "data_url": p.info["data_url"]} for p in (a, b)]
     t0 = time.monotonic()
@@ -122,6 +125,40 @@ def test_a_training_swarm_survives_fuzzed_messages_and_stalled_connections(peers
     print(f"{steps} steps: attacked and clean runs' losses equal at {sum(x == y for x, y in zip(fuzzed, clean))} "
           f"of {len(clean)} steps")
     assert len(fuzzed) == steps and fuzzed == clean
+
+
+def _forge_an_activation(a, b) -> None:
+    """An activation for stage 1 right in every field (job, epoch, step, shape, dtype, the sender it
+    claims) but sent by someone else: without a handshake, over HTTP, or authenticated as another peer."""
+    import urllib.error
+    import urllib.request
+
+    stage1 = next(p for p in (a, b) if p.status()["train"]["stage"] == 1)
+    stage0 = a if stage1 is b else b
+    st = stage1.status()["train"]
+    spec = JobSpec()
+    shape = (spec.micro_batch_size, spec.seq_len, 64)  # the built-in model's activation
+    header, bufs = encode_tensor("act", st["job"], st["epoch"], st["step"] + 1, 0, stage0.info["peer_id"],
+                                 torch.full(shape, 1e3))
+    url = stage1.info["data_url"]
+
+    async def attempts():
+        refusals = []
+        for client in (DataPlaneClient(), DataPlaneClient(auth=Authenticator(Identity.generate()))):
+            with pytest.raises(RemoteError) as e:
+                await client.send(url, "act", header, bufs, timeout=10)
+            refusals.append((e.value.status, e.value.reason))
+            await client.close()
+        return refusals
+
+    (unauth, reason_u), (stranger, reason_s) = asyncio.run(attempts())
+    assert unauth == 401 and "authenticated connections only" in reason_u, reason_u
+    assert stranger == 403 and "authenticated as" in reason_s, reason_s
+    body = b"".join(bytes(c) for c in framing.encode(header, bufs))
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(f"{url}/msg/act", data=body, method="POST"), timeout=10)
+    assert e.value.code in (404, 405)  # a peer takes no message over plain HTTP
+    print(f"\nforged activation refused: {unauth} ({reason_u}); {stranger} ({reason_s}); HTTP {e.value.code}")
 
 
 def _stall_attack(target, stall_s: float) -> None:

@@ -76,6 +76,7 @@ class Peer:
         self.status_extras: dict[str, Any] = {}  # name -> callable returning JSON, merged into /status
         self._before_serving: list = []  # callables(peer) run once the data plane exists, before it serves
         self.swarm_key: Optional[SwarmKey] = None
+        self.member_checks: list = []  # callables(peer_id) -> bool: more ways to know a member (the stage map)
         self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
 
     # ---- public surface -------------------------------------------------------------------
@@ -352,7 +353,9 @@ class Peer:
     def is_member(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is this peer or one whose live record it has seen (and no tombstone since)."""
         rec = self._view.get(peer_id)
-        return peer_id == self.peer_id or (rec.alive if rec is not None else peer_id in self._last_url)
+        if peer_id == self.peer_id or (rec.alive if rec is not None else peer_id in self._last_url):
+            return True
+        return any(check(peer_id) for check in self.member_checks)
 
     def _admit(self, peer_id: str) -> Optional[str]:
         """Why a data-plane connection from ``peer_id`` is refused (None: it is not). The swarm key,

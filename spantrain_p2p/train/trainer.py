@@ -132,6 +132,8 @@ class Trainer:
         peer.dataplane.add_json_get("/report", self.report)
         peer.dataplane.add_json_get("/measurements", self.measuring.view)
         peer.status_extras["train"] = self.status
+        # a peer of the current stage map is a member, even before this peer's next look at the DHT
+        peer.member_checks.append(lambda pid: self.smap is not None and self.smap.stage_of(pid) is not None)
 
     # ---- what the outside sees ----------------------------------------------------------------------
     def status(self) -> dict:

@@ -183,7 +183,7 @@ async def fuzz(targets: list[dict], join: str, swarm: str, n: int, seed: int = 0
     rng = random.Random(seed)
     out: Counter = Counter()
     async with Peer(PeerConfig(swarm=swarm, join=(join,), name="fuzzer", heartbeat_s=0.5, poll_s=0.5)) as me:
-        await asyncio.sleep(2.0)  # every target has seen our record: we are a member
+        await asyncio.sleep(1.5)  # every target has seen our record (they look each second): we are a member
         stranger = DataPlaneClient(auth=Authenticator(Identity.generate()))
         bare = DataPlaneClient()
         session = aiohttp.ClientSession()

@@ -24,7 +24,6 @@ import struct
 from collections import Counter
 
 import aiohttp
-import msgpack
 import torch
 
 from spantrain_p2p.net import framing, handshake

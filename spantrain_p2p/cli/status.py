@@ -28,8 +28,9 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_
 
         guard = GuardedDHT(node, SwarmKey.load(swarm_key_path) if swarm_key_path else None)
         view = await membership.read_members(guard, swarm, membership.BadRecordLog())
-        if not view and guard.why_locked_out(swarm):
-            raise ValueError(guard.why_locked_out(swarm))
+        locked_out = guard.why_locked_out(swarm) if not view else None
+        if locked_out:
+            raise ValueError(locked_out)
         return sorted((r for r in view.values() if r.alive), key=lambda r: r.peer_id)
     finally:
         if node is not None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import numpy
 
-from . import handshake, secure
+from . import framing, handshake, secure
 from .handshake import HandshakeError, Session
 from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, RECV_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES
 
@@ -176,7 +176,7 @@ class Handshaking(asyncio.Protocol):
         self.transport.write(handshake.pack({"ok": True}))
         if session.encrypted:
             outer = secure.SecureProtocol(self.transport, session.recv_key)
-            outer.inner = FramedConnection(self.server, secure.SecureTransport(self.transport, session.send_key), session)
+            outer.inner = FramedConnection(self.server, secure.SecureWriter(self.transport, session.send_key), session)
             self.transport.set_protocol(outer)
         else:
             self.transport.set_protocol(FramedConnection(self.server, self.transport, session))
@@ -319,7 +319,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         if isinstance(out, str):
             self._answer(status, out)
         else:
-            size = sum(memoryview(c).nbytes for c in out)
+            size = framing.frame_size(out)
             head = ANSWER.pack(ANSWER_MAGIC, status, size)
             if size <= SMALL_BYTES:
                 self.transport.write(b"".join([head, *out]))

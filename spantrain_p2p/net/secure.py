@@ -60,22 +60,22 @@ class Opener:
         return out
 
 
-# ---- the server's side: a protocol and a transport around the framed connection -----------------
-class SecureTransport:
-    """What the framed connection writes to: encrypts, then hands the records to the real transport."""
+class SecureWriter:
+    """Encrypts what is written and hands the records on; everything else goes to what it wraps.
+    Wraps the server's transport (under the framed connection) and the client's StreamWriter."""
 
-    def __init__(self, transport: asyncio.Transport, key: bytes):
-        self._t, self._sealer = transport, Sealer(key)
+    def __init__(self, inner, key: bytes):
+        self._inner, self._sealer = inner, Sealer(key)
 
     def write(self, data) -> None:
         for rec in self._sealer.seal(data):
-            self._t.write(rec)
+            self._inner.write(rec)
 
-    def write_eof(self) -> None:
-        self._t.write_eof()
+    def __getattr__(self, name):  # close, abort, is_closing, pause/resume_reading, drain, transport, ...
+        return getattr(self._inner, name)
 
-    def __getattr__(self, name):  # close, abort, is_closing, pause_reading, resume_reading, ...
-        return getattr(self._t, name)
+
+# ---- the server's side: a protocol around the framed connection ----------------------------------
 
 
 class SecureProtocol(asyncio.Protocol):
@@ -113,7 +113,7 @@ class SecureProtocol(asyncio.Protocol):
         self.inner.connection_lost(exc)
 
 
-# ---- the client's side: a reader and a writer around asyncio's streams ----------------------------
+# ---- the client's side: a reader around asyncio's stream (and a SecureWriter) ---------------------
 class SecureReader:
     def __init__(self, reader: asyncio.StreamReader, key: bytes):
         self._r, self._opener = reader, Opener(key)
@@ -146,14 +146,3 @@ class SecureReader:
     def at_eof(self) -> bool:
         return (self._eof or self._r.at_eof()) and not self._buf
 
-
-class SecureWriter:
-    def __init__(self, writer: asyncio.StreamWriter, key: bytes):
-        self._w, self._sealer = writer, Sealer(key)
-
-    def write(self, data) -> None:
-        for rec in self._sealer.seal(data):
-            self._w.write(rec)
-
-    def __getattr__(self, name):  # drain, close, is_closing, wait_closed, transport, ...
-        return getattr(self._w, name)

@@ -24,7 +24,6 @@ from ..net.probe_messages import PROBE_KIND, handle_probe
 from ..swarm import discovery, membership
 from ..swarm.daemon import tie_daemons_to_this_process
 from ..swarm.guard import GuardedDHT
-from ..swarm.keys import members_key
 from ..swarm.sealing import SwarmKey
 from ..swarm.identity import Identity
 from ..swarm.records import PeerRecord, seal
@@ -34,12 +33,6 @@ from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
-
-
-def _dht_now() -> float:
-    from hivemind.utils import get_dht_time
-
-    return get_dht_time()
 
 
 def local_device_summary() -> dict:
@@ -375,8 +368,7 @@ class Peer:
         """PeerError, at once, when this peer cannot take part in the swarm it joins: the swarm's
         records are sealed with a key it lacks (or not sealed while it has one), or its members
         refuse its connections (not on their allow-list)."""
-        found = await self._dht.get(members_key(self.config.swarm), latest=True)
-        view = membership.parse_members(found.value if found else None, _dht_now(), self._on_bad)
+        view = await membership.read_members(self._dht, self.config.swarm, self._on_bad)
         live = [r for r in view.values() if r.alive and r.peer_id != self.peer_id and r.data_url]
         if not live:
             reason = self._dht.why_locked_out(self.config.swarm)

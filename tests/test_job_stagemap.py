@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from spantrain_p2p import PROTOCOL_VERSION
@@ -103,3 +105,28 @@ def test_a_re_plan_with_the_same_stages_peers_shares_and_schedule_is_no_move():
     assert not _same_layout(a, StageMap(2, "j", (Stage(("p", "q"), (0, 4), (0.5, 0.5)), Stage(("r",), (4, 6), (1.0,))),
                                         schedule="zb-h1"))
     assert not _same_layout(a, StageMap(2, "j", a.stages, schedule="1f1b"))
+
+
+def test_a_map_with_islands_round_trips_and_each_island_covers_every_layer():
+    from spantrain_p2p.plan.stagemap import Island, StageMap
+    from spantrain_p2p.plan.types import Stage
+
+    stages = (Stage(("a1",), (0, 2)), Stage(("a2",), (2, 4)), Stage(("b1", "b2"), (0, 4)))
+    smap = StageMap(3, "job", stages, islands=(Island(2, 5, "1f1b", ("int8",), 0.1), Island(1, 2, "gpipe", (), 0.3)),
+                    exchange_codec="topk:0.1", sync_reason="islands: asked for")
+    back = StageMap.from_dict(json.loads(json.dumps(smap.to_dict())), 4)
+    assert back == smap
+    assert [back.island_of(p) for p in ("a1", "a2", "b2", "zz")] == [0, 0, 1, None]
+    one = back.island_map(1)
+    assert one.stages == stages[2:] and one.schedule == "gpipe" and one.predicted_step_s == 0.3 and not one.islands
+    assert back.island_map(0).compression == ("int8",)
+    d = smap.to_dict()
+    for bad, match in ((dict(d, islands=d["islands"][:1]), "2 to"),
+                       (dict(d, islands=[dict(d["islands"][0], stages=1, compression=[]), dict(d["islands"][1], stages=2)]),
+                        "cover layers"),
+                       (dict(d, islands=[d["islands"][0], dict(d["islands"][1], steps_per_round=0)]), "steps_per_round"),
+                       (dict(d, exchange_codec=""), "exchange_codec")):
+        with pytest.raises(ValueError, match=match):
+            StageMap.from_dict(bad, 4)
+    plain = StageMap(1, "job", stages[:2])
+    assert plain.island_of("a1") is None and "islands" not in plain.to_dict()

@@ -45,14 +45,37 @@ def configured(summary_plan: Optional[dict], job_dict: Optional[dict], scenario:
         prof = model_profile(job)
         if prof is None:
             return {}
-        plan = plan_of(summary_plan, job)
         snap = Snapshot.from_scenario(scenario, emulated=True)
+        if summary_plan.get("islands"):
+            return {"configured_predicted_step_s": _islands_step_s(summary_plan, job, snap, prof),
+                    "simulated_step_s": None}
+        plan = plan_of(summary_plan, job)
         est = estimate(plan, snap, prof).step_s
         sim = simulate(plan, snap, prof, seed=0).step_s
     except (ValueError, KeyError, TypeError) as e:  # a plan the offline tools cannot price: say why
         return {"prediction_error": f"{type(e).__name__}: {e}"}
     return {"configured_predicted_step_s": round(est, 6) if math.isfinite(est) else None,
             "simulated_step_s": round(sim, 6) if math.isfinite(sim) else None}
+
+
+def _islands_step_s(summary_plan: dict, job, snap, prof) -> Optional[float]:
+    """A map with islands on the configured world: each island's plan in the cost model, the
+    exchange of its codec, the round at the map's steps per round; seconds per step of data."""
+    from ..plan import islands as isl
+    from ..plan.cost import estimate
+    from ..plan.layout import LinkTable
+
+    plans, step_s, first = [], [], 0
+    for x in summary_plan["islands"]:
+        sub = {**summary_plan, "stages": summary_plan["stages"][first:first + x["stages"]],
+               "schedule": x.get("schedule") or summary_plan.get("schedule"), "compression": x.get("compression")}
+        first += x["stages"]
+        plans.append(plan_of(sub, job))
+        step_s.append(estimate(plans[-1], snap, prof).step_s)
+    ex_s, _ = isl.exchange_cost(plans, prof, LinkTable(snap), summary_plan["exchange_codec"])
+    steps = [x["steps_per_round"] for x in summary_plan["islands"]]
+    period = isl.round_period(steps, step_s, ex_s)
+    return round(period / sum(steps), 6) if math.isfinite(period) else None
 
 
 def rates(summary: dict) -> dict:

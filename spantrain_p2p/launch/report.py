@@ -14,6 +14,8 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     staged = [r for r in reports if r.get("stage") is not None]
     if not staged:
         return {"steps": 0, "losses": [], "samples_per_s": 0.0, "tokens_per_s": 0.0, "step_s": None, "plan": None}
+    if any(r.get("island") is not None for r in staged):
+        return islands_summary(reports, samples_per_step, seq_len)
     last_stage = max(r["stage"] for r in staged)
     sums: dict[int, tuple[float, int]] = {}  # each replica of the last stage reports the whole step's loss
     for r in staged:
@@ -43,6 +45,76 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
                        "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
                        "device": (r.get("device") or {}).get("device"), **_work(r.get("work")),
                        "error": r["error"]} for r in reports],
+            "mfu": _swarm_mfu(reports), **_loss_scale(staged)}
+
+
+def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
+    """The run summary of a map with islands: losses by data step (each island's last stage reports
+    its own steps' losses), samples/s over the time every island was training (from the moment the
+    slowest island finished its first step to the last step's end), and the exchange's figures."""
+    staged = [r for r in reports if r.get("stage") is not None and r.get("island") is not None]
+    by_island: dict[int, list[dict]] = {}
+    for r in staged:
+        by_island.setdefault(r["island"], []).append(r)
+    sums: dict[int, tuple[float, int]] = {}
+    ends: dict[int, float] = {}
+    first_end: dict[int, float] = {}
+    for k, rs in by_island.items():
+        last = max(r["stage"] for r in rs)
+        for r in rs:
+            if r["stage"] == last:
+                for step, total, count, _epoch in r["loss_sums"]:
+                    if count > sums.get(step, (0.0, 0))[1]:
+                        sums[step] = (total, count)
+            for step, _t0, t1, *_ in r["step_times"]:
+                ends[step] = max(ends.get(step, 0.0), t1)
+        mine = [t1 for r in rs for _s, _t0, t1, *_ in r["step_times"]]
+        if mine:
+            first_end[k] = min(mine)
+    steps = sorted(ends)
+    t_a = max(first_end.values()) if first_end else 0.0
+    t_b = max(ends.values()) if ends else 0.0
+    done = sum(1 for t in ends.values() if t_a < t <= t_b)
+    sps = done * samples_per_step / (t_b - t_a) if t_b > t_a and done else 0.0
+    starts = [t0 for r in staged for _s, t0, *_ in r["step_times"]]
+    wall = t_b - min(starts) if starts else 0.0
+    rounds = [row for r in staged for row in (r.get("islands") or {}).get("rounds", [])]
+    n_rounds = max((row["round"] for row in rounds), default=-1) + 1
+    # the exchange of round r is hidden where it was done before the end of round r + 1: the time
+    # the peers waited for it there against the time its sending took. Not counted: the last
+    # round's (nothing overlaps it: the run ends) and the one merged at the end of the last round,
+    # which may be a short one (the job's steps left)
+    waits = [row["wait_s"] for row in rounds if row["round"] < n_rounds - 2]
+    exch = [row["send_s"] for r in staged for row in (r.get("islands") or {}).get("sends", [])
+            if row["round"] < n_rounds - 2]
+    sent = sum((r.get("islands") or {}).get("bytes_sent", 0) for r in staged)
+    tokens = len(steps) * samples_per_step * seq_len
+    hidden = None
+    if exch and sum(exch) > 0:
+        hidden = round(max(0.0, 1.0 - (sum(waits) / len(waits)) / (sum(exch) / len(exch))), 4)
+    islands = [{"island": k, "peers": sorted(r["name"] for r in rs),
+                "steps": len({s for r in rs for s, *_ in r["step_times"]}),
+                "step_s_median": statistics.median([x for r in rs if (x := r.get("step_s_median"))] or [0.0])}
+               for k, rs in sorted(by_island.items())]
+    first = staged[0]
+    return {"steps": len(steps), "losses": [sums[s][0] / sums[s][1] for s in sorted(sums)],
+            "samples_per_s": round(sps, 3), "tokens_per_s": round(sps * seq_len, 1),
+            "step_s": round(samples_per_step / sps, 5) if sps else None,
+            "samples_per_s_wall": round(len(steps) * samples_per_step / wall, 3) if wall > 0 else 0.0,
+            "wall_s": round(wall, 3), "plan": first.get("full_plan") or first["plan"],
+            "sync": "islands",
+            "islands": {"islands": islands, "rounds": n_rounds,
+                        "codec": (first.get("islands") or {}).get("codec"),
+                        "exchange_bytes": sent, "exchange_bytes_per_round": round(sent / n_rounds) if n_rounds else None,
+                        "exchange_bytes_per_token": round(sent / tokens, 3) if tokens else None,
+                        "send_s_median": round(statistics.median(exch), 4) if exch else None,
+                        "wait_s_median": round(statistics.median(waits), 4) if waits else None,
+                        "hidden": hidden,
+                        "left_out": sorted({tuple(x) for r in staged for x in (r.get("islands") or {}).get("left_out", [])})},
+            "peers": [{"name": r["name"], "island": r.get("island"), "stage": r["stage"], "layers": r["layers"],
+                       "steps_done": r["steps_done"], "step_s_median": r["step_s_median"],
+                       "compute_s_median": r["compute_s_median"], "device": (r.get("device") or {}).get("device"),
+                       **_work(r.get("work")), "error": r["error"]} for r in reports],
             "mfu": _swarm_mfu(reports), **_loss_scale(staged)}
 
 

@@ -139,6 +139,14 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               choices=(AUTO, *SCHEDULE_NAMES), job="schedule"),
     JobOption("--plan", "who places the layers (default: the planner, from the measurements)", default="planner",
               choices=PLAN_KINDS, job="plan"),
+    JobOption("--sync", "how regions train together: global (one step-synchronous plan), islands (each network "
+              "group trains its own plan on its own data and the islands exchange compressed pseudo-gradients once a "
+              "round, DiLoCo-style), islands:H (H steps a round on the fastest island), or auto (the planner "
+              "predicts both and picks the faster) (default global)", default="global", metavar="MODE", job="sync"),
+    JobOption("--outer-lr", "islands: the outer optimizer's Nesterov learning rate (default 0.7)", type=float,
+              default=0.7, job="outer_lr"),
+    JobOption("--outer-momentum", "islands: the outer optimizer's momentum (default 0.9)", type=float, default=0.9,
+              job="outer_momentum"),
     JobOption("--recv-timeout", "upper bound of every activation/gradient receive; below it the deadline follows "
               "the recent waits (default %(default)s)", type=float, default=60.0, metavar="S", job="recv_timeout_s",
               to=EVERY),

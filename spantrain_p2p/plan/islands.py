@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from .layout import LinkTable
-from .types import ModelProfile, Plan, Snapshot
+from .types import ModelProfile, Plan, Snapshot, Stage
 
 SYNC_MODES = ("global", "islands", "auto")  # and "islands:H": at most H steps per round on the fastest island
 # pseudo-gradient codecs, least lossy first (error feedback keeps what each drops for the next round)
@@ -72,10 +72,10 @@ def exchange_ratio(codec: str) -> float:
     raise ValueError(f"unknown exchange codec {codec!r}; e.g. {', '.join(EXCHANGE_CODECS)}")
 
 
-def layer_owners(plan: Plan, num_layers: int) -> list[tuple[str, ...]]:
-    """For each layer, the peers of ``plan`` that hold it (the replicas of its stage)."""
+def layer_owners(stages: Sequence[Stage], num_layers: int) -> list[tuple[str, ...]]:
+    """For each layer, the peers of ``stages`` (one pipeline) that hold it (its stage's replicas)."""
     owners: list[tuple[str, ...]] = [()] * num_layers
-    for st in plan.stages:
+    for st in stages:
         for layer in range(*st.layers):
             owners[layer] = tuple(st.peers)
     return owners
@@ -85,7 +85,7 @@ def exchange_routes(islands: Sequence[Plan], num_layers: int) -> list[tuple[str,
     """Every message of one round's exchange: (sender, receiver, sending island, layer). An island's
     first replica of each stage sends each of its layers to every peer of the other islands that
     holds that layer (its replicas compute the same pseudo-gradient; every replica needs the others')."""
-    owners = [layer_owners(p, num_layers) for p in islands]
+    owners = [layer_owners(p.stages, num_layers) for p in islands]
     routes = []
     for i, own in enumerate(owners):
         for layer in range(num_layers):
@@ -99,20 +99,20 @@ def exchange_routes(islands: Sequence[Plan], num_layers: int) -> list[tuple[str,
 def exchange_cost(islands: Sequence[Plan], profile: ModelProfile, links: LinkTable,
                   codec: str) -> tuple[float, float]:
     """(seconds, bytes) of one round's exchange: every message of ``exchange_routes`` at the codec's
-    size; a peer sends its messages one after another and takes its own in one after another, so
-    the exchange lasts as long as the busiest peer's sending or receiving (plus one link's delay)."""
+    size; a peer sends its messages one after another, each taken when its reply is back (its
+    bytes' time plus a round trip), and takes its own in one after another, so the exchange
+    lasts as long as the busiest peer's sending or receiving."""
     ratio = exchange_ratio(codec)
     busy: dict[tuple[str, str], float] = {}
-    total, delay = 0.0, 0.0
+    total = 0.0
     for src, dst, _i, layer in exchange_routes(islands, profile.num_layers):
         nbytes = profile.layers[layer].param_bytes * ratio
         link = links.get(src, dst)
         t = nbytes / link.bandwidth
-        busy[("out", src)] = busy.get(("out", src), 0.0) + t
+        busy[("out", src)] = busy.get(("out", src), 0.0) + t + link.rtt_s
         busy[("in", dst)] = busy.get(("in", dst), 0.0) + t
         total += nbytes
-        delay = max(delay, link.rtt_s)
-    return (max(busy.values(), default=0.0) + delay, total)
+    return (max(busy.values(), default=0.0), total)
 
 
 def round_lengths(step_s: Sequence[float], exchange_s: float, max_steps: int = MAX_STEPS_PER_ROUND,

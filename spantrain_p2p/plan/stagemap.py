@@ -14,6 +14,23 @@ from ..pipeline.schedule import SCHEDULE_NAMES
 from .types import Stage, compression_ratio
 
 MAX_STAGES = 4096
+MAX_ISLANDS = 64
+
+
+@dataclass(frozen=True)
+class Island:
+    """One island of a map with islands (``--sync islands``): the next ``stages`` of the map's
+    stages form its own pipeline over all layers; it takes ``steps_per_round`` steps a round."""
+
+    stages: int
+    steps_per_round: int
+    schedule: str = ""
+    compression: tuple[str, ...] = ()
+    predicted_step_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"stages": self.stages, "steps_per_round": self.steps_per_round, "schedule": self.schedule,
+                "compression": list(self.compression), "predicted_step_s": self.predicted_step_s}
 
 
 @dataclass(frozen=True)
@@ -30,10 +47,40 @@ class StageMap:
     error: str = ""  # set by a planner that cannot continue the run: peers stop with this message
     compression: tuple[str, ...] = ()  # the plan's codec per hop (what its prediction assumed; () = none)
     reason: str = ""  # why the planner published it (first plan, a peer gone, a predicted gain), for people
+    # with islands: ``stages`` is every island's pipeline one after the other (``island_map``)
+    islands: tuple[Island, ...] = ()
+    exchange_codec: str = ""  # the islands' pseudo-gradient codec
+    sync_reason: str = ""  # why global or islands (--sync auto), for people
 
     @property
     def num_stages(self) -> int:
         return len(self.stages)
+
+    def island_of(self, peer_id: str) -> Optional[int]:
+        """The island ``peer_id`` trains in (None: not in the map, or a map without islands)."""
+        k = self.stage_of(peer_id)
+        if k is None or not self.islands:
+            return None
+        for i, (first, last) in enumerate(self.island_ranges()):
+            if first <= k < last:
+                return i
+        return None
+
+    def island_ranges(self) -> list[tuple[int, int]]:
+        out, first = [], 0
+        for isl in self.islands:
+            out.append((first, first + isl.stages))
+            first += isl.stages
+        return out
+
+    def island_map(self, i: int) -> "StageMap":
+        """Island ``i``'s own pipeline as a stage map of the same epoch (what its peers run)."""
+        first, last = self.island_ranges()[i]
+        isl = self.islands[i]
+        peers = {p for st in self.stages[first:last] for p in st.peers}
+        return StageMap(self.epoch, self.job_id, self.stages[first:last], self.start_step,
+                        tuple(x for x in self.names if x[0] in peers), isl.schedule or self.schedule, self.term,
+                        isl.predicted_step_s, self.bottleneck, self.error, isl.compression, self.reason)
 
     def stage_of(self, peer_id: str) -> Optional[int]:
         for i, s in enumerate(self.stages):
@@ -50,7 +97,9 @@ class StageMap:
                            for s in self.stages],
                 "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error,
-                "compression": list(self.compression), "reason": self.reason}
+                "compression": list(self.compression), "reason": self.reason,
+                **({"islands": [x.to_dict() for x in self.islands], "exchange_codec": self.exchange_codec}
+                   if self.islands else {}), **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
@@ -59,7 +108,12 @@ class StageMap:
                 "compression": list(self.compression), "reason": self.reason,
                 "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers),
                             "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()}}
-                           for s in self.stages]}
+                           for s in self.stages],
+                **({"islands": [{**x.to_dict(), "peers": sorted(self.name_of(p) for st in self.stages[a:b]
+                                                                   for p in st.peers)}
+                                for x, (a, b) in zip(self.islands, self.island_ranges())],
+                    "exchange_codec": self.exchange_codec} if self.islands else {}),
+                **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
 
     @classmethod
     def from_dict(cls, d: Any, num_layers: int) -> "StageMap":
@@ -76,8 +130,16 @@ class StageMap:
         raw = d.get("stages")
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_STAGES:
             raise ValueError("stage map needs 1 to 4096 stages")
+        islands = _islands_from(d.get("islands", []), len(raw))
+        starts = {0}
+        for a, _b in StageMap(0, "", (), islands=islands).island_ranges():
+            starts.add(a)
         stages, expect, seen = [], 0, set()
         for i, s in enumerate(raw):
+            if i in starts and i > 0:
+                if expect != num_layers:
+                    raise ValueError(f"an island's stages cover layers [0, {expect}) of a {num_layers}-layer model")
+                expect = 0
             if not isinstance(s, dict):
                 raise ValueError(f"stage {i} must be a map")
             peers, layers = s.get("peers"), s.get("layers")
@@ -120,17 +182,50 @@ class StageMap:
         reason = d.get("reason", "")
         if not isinstance(reason, str) or len(reason) > 300:
             raise ValueError("stage map reason must be a short string")
-        comp = d.get("compression", [])
-        if not isinstance(comp, list) or len(comp) not in (0, len(stages) - 1) or \
-                not all(isinstance(c, str) and len(c) <= 32 for c in comp):
-            raise ValueError("stage map compression must be one codec name per hop")
-        try:
-            for c in comp:
-                compression_ratio(c)
-        except (ValueError, KeyError):
-            raise ValueError(f"stage map compression {comp[:3]!r}: unknown codec") from None
+        comp = _codecs_from(d.get("compression", []), len(stages) - 1, "stage map compression")
+        codec, why = d.get("exchange_codec", ""), d.get("sync_reason", "")
+        if not isinstance(codec, str) or len(codec) > 32 or bool(codec) != bool(islands):
+            raise ValueError("stage map exchange_codec must name a codec where the map has islands, only there")
+        if not isinstance(why, str) or len(why) > 300:
+            raise ValueError("stage map sync_reason must be a short string")
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
-                   float(pred), bottleneck, error, tuple(comp), reason)
+                   float(pred), bottleneck, error, comp, reason, islands, codec, why)
+
+
+def _codecs_from(comp: Any, hops: int, what: str) -> tuple[str, ...]:
+    if not isinstance(comp, list) or len(comp) not in (0, hops) or \
+            not all(isinstance(c, str) and len(c) <= 32 for c in comp):
+        raise ValueError(f"{what} must be one codec name per hop")
+    try:
+        for c in comp:
+            compression_ratio(c)
+    except (ValueError, KeyError):
+        raise ValueError(f"{what} {comp[:3]!r}: unknown codec") from None
+    return tuple(comp)
+
+
+def _islands_from(raw: Any, num_stages: int) -> tuple[Island, ...]:
+    """A map's islands from untrusted data: each a run of its stages, together all of them."""
+    if not isinstance(raw, list) or len(raw) == 1 or len(raw) > MAX_ISLANDS:
+        raise ValueError(f"stage map islands must be a list of 2 to {MAX_ISLANDS} (or none)")
+    out = []
+    for i, x in enumerate(raw):
+        if not isinstance(x, dict):
+            raise ValueError(f"island {i} must be a map")
+        n, h, sched, pred = x.get("stages"), x.get("steps_per_round"), x.get("schedule", ""), x.get("predicted_step_s", 0.0)
+        if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= num_stages):
+            raise ValueError(f"island {i}: stages must be a count of the map's stages")
+        if not (isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= 100_000):
+            raise ValueError(f"island {i}: steps_per_round must be 1 to 100000")
+        if sched not in ("", *SCHEDULE_NAMES):
+            raise ValueError(f"island {i}: schedule {str(sched)[:20]!r} is unknown")
+        if isinstance(pred, bool) or not isinstance(pred, (int, float)) or not 0 <= pred < 1e9 or pred != pred:
+            raise ValueError(f"island {i}: predicted_step_s must be a non-negative number")
+        comp = _codecs_from(x.get("compression", []), n - 1, f"island {i} compression")
+        out.append(Island(n, h, sched, comp, float(pred)))
+    if out and sum(x.stages for x in out) != num_stages:
+        raise ValueError("stage map islands must share out all of its stages")
+    return tuple(out)
 
 
 def even_split(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
+from ..plan.islands import IslandsPlan
 from ..plan.stagemap import StageMap, placeholder_map
 from ..swarm import grouping, measure
 from ..swarm.election import Election
@@ -140,8 +141,8 @@ class Coordinator:
         if now - self._last_gain_check < REPLAN_CHECK_S or planning.model_profile(self.job) is None:
             return False
         self._last_gain_check = now
-        if self.job.plan != "planner" or not self.measure_links:
-            return False
+        if self.job.plan != "planner" or not self.measure_links or current.islands:
+            return False  # (a map with islands is re-planned when a peer goes, not for a predicted gain yet)
         ids, profiles, links = await self._measured_snapshot()
         if not ids:
             return False
@@ -207,12 +208,12 @@ class Coordinator:
         # the first map too starts where the layers' states are: step 0 in a new run, a
         # checkpoint's step in a resumed one (--resume)
         start, error = await self._resume_point(current)
-        plan = None
+        plan, why = None, ""
         if measured and not error:
             snap = planning.snapshot(profiles, links, ids)
             t0 = time.perf_counter()
             try:
-                plan = await asyncio.to_thread(planning.make_plan, job, snap, job.plan)
+                plan, why = await asyncio.to_thread(planning.make_sync_plan, job, snap, job.plan)
             except planning.NoPlan as e:
                 error = f"no plan can run this job on the {len(ids)} live peers: {e}"
         if error:
@@ -220,8 +221,12 @@ class Coordinator:
             await self.records.publish_map(replace(base, epoch=epoch, term=term, error=error))
             log.error("run stopped: %s", error)
             return
-        if plan is not None:
-            smap = planning.to_stage_map(plan, job, epoch, names, term, start)
+        if isinstance(plan, IslandsPlan):
+            smap = planning.islands_stage_map(plan, job, epoch, names, term, start, why)
+            log.info("planned %d islands for %d peers in %.2fs: %s; %s", len(plan.islands), len(ids),
+                     time.perf_counter() - t0, smap.bottleneck, why)
+        elif plan is not None:
+            smap = replace(planning.to_stage_map(plan, job, epoch, names, term, start), sync_reason=why[:300])
             if improve and current is not None and same_layout(smap, current):
                 log.info("re-plan gives the same stages, peers and schedule: nothing to move")
                 return

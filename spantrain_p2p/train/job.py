@@ -68,6 +68,9 @@ class JobSpec:
     schedule: str = "gpipe"
     compression: str = "none"  # none | fp16 | int8 | int:BITS | topk:R | adaptive (per link, see compress.adaptive)
     plan: str = "planner"  # who places the layers: the planner, an even split, or a baseline
+    sync: str = "global"  # global | islands | islands:H | auto (plan.islands)
+    outer_lr: float = 0.7  # islands: the outer optimizer's Nesterov learning rate and momentum (train.outer)
+    outer_momentum: float = 0.9
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -93,7 +96,7 @@ class JobSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"job field {name!r} must be an int in [{lo}, {hi}], not {v!r}")
-        for name, (lo, hi) in {"lr": (0.0, 10.0), "recv_timeout_s": (0.1, 3600.0)}.items():
+        for name, (lo, hi) in {"lr": (0.0, 10.0), "recv_timeout_s": (0.1, 3600.0), "outer_lr": (0.0, 10.0)}.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo < v <= hi:
                 raise ValueError(f"job field {name!r} must be a number in ({lo}, {hi}], not {v!r}")
@@ -114,6 +117,12 @@ class JobSpec:
                 codecs.parse_spec(self.compression)
             except (ValueError, TypeError) as e:
                 raise ValueError(f"compression {self.compression!r}: {e}") from None
+        from ..plan.islands import parse_sync
+
+        parse_sync(self.sync)
+        m = self.outer_momentum
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
+            raise ValueError(f"job field 'outer_momentum' must be a number in [0, 1), not {m!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
         object.__setattr__(self, "loss_scale", check_init(self.loss_scale))

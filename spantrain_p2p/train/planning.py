@@ -53,13 +53,7 @@ def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan
     step is addressed by micro-batch, so the loss curve does not depend on the plan)."""
     from ..plan import planner as pl
 
-    prof = model_profile(job)
-    if prof is None:
-        raise ValueError("the planner needs a FLOP model of the job's model")
-    schedules = SCHEDULE_NAMES if job.schedule == AUTO else (job.schedule,)
-    comp = pt.COMPRESSIONS if job.compression == "adaptive" else ("none",)
-    opts = pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
-                             schedules=schedules, compressions=comp)
+    prof, opts = _planner_inputs(job)
     try:
         plan = pl.plan(snap, prof, opts).plan if kind == "planner" else pl.baseline(kind, snap, prof, opts)
     except ValueError as e:
@@ -67,6 +61,74 @@ def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan
     if not math.isfinite(plan.step_s):
         raise NoPlan(f"the {kind} plan cannot run: {plan.bottleneck}; {_memory_facts(prof, snap)}")
     return plan
+
+
+def _planner_inputs(job: JobSpec):
+    from ..plan import planner as pl
+
+    prof = model_profile(job)
+    if prof is None:
+        raise ValueError("the planner needs a FLOP model of the job's model")
+    schedules = SCHEDULE_NAMES if job.schedule == AUTO else (job.schedule,)
+    comp = pt.COMPRESSIONS if job.compression == "adaptive" else ("none",)
+    return prof, pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
+                                   schedules=schedules, compressions=comp)
+
+
+def make_islands(job: JobSpec, snap: pt.Snapshot):
+    """The job's islands plan (``plan.islands.IslandsPlan``) on ``snap``, or None where fewer than
+    two islands can form."""
+    from ..plan import islands
+    from ..plan import planner as pl
+    from ..plan.layout import LinkTable
+    from ..swarm.grouping import group
+
+    prof, opts = _planner_inputs(job)
+    grouping = group(snap, opts.grouping)
+    _mode, h = islands.parse_sync(job.sync)
+    return islands.plan_islands(snap, prof, [g.peers for g in grouping.groups], LinkTable(snap, grouping.group_of()),
+                                lambda region: pl.plan(region, prof, opts, regions=False).plan, fixed_steps=h)
+
+
+def make_sync_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner"):
+    """(the plan to run: a ``Plan`` or an ``IslandsPlan``, why) for the job's ``--sync``: the global
+    plan of ``kind``, islands, or (auto) the one predicted faster."""
+    from ..plan import islands
+
+    mode, _h = islands.parse_sync(job.sync)
+    if mode == "global" or kind != "planner":
+        return make_plan(job, snap, kind), ""
+    try:
+        glob = make_plan(job, snap, kind)
+    except NoPlan:
+        if mode == "auto":
+            raise
+        glob = None
+    isl = make_islands(job, snap)
+    try:
+        choice, why = islands.choose(glob, isl, mode)
+    except ValueError as e:
+        raise NoPlan(str(e)) from None
+    return (isl if choice == "islands" else glob), why
+
+
+def islands_stage_map(ip, job: JobSpec, epoch: int, names: Mapping[str, str], term: int = 0, start_step: int = 0,
+                      why: str = "") -> StageMap:
+    """The stage map of an ``IslandsPlan``: every island's stages in turn, each island's schedule,
+    codecs, steps per round and predicted step. Its ``predicted_step_s`` is the round's time per
+    step of data (all islands' steps together), so samples/s read from it as from a global map's."""
+    from ..plan.stagemap import Island
+
+    maps = [to_stage_map(p, job, epoch, names, term, start_step) for p in ip.islands]
+    isl = tuple(Island(m.num_stages, h, m.schedule, m.compression, m.predicted_step_s)
+                for m, h in zip(maps, ip.steps_per_round))
+    f = ip.figures()
+    bottleneck = (f"islands: round {f['round_s']:.3g}s, exchange {f['exchange_s']:.3g}s "
+                  f"({f['hidden']:.0%} hidden), {ip.codec}")
+    return StageMap(epoch, job.job_id, tuple(st for m in maps for st in m.stages), start_step,
+                    tuple(x for m in maps for x in m.names), schedule=maps[0].schedule, term=term,
+                    predicted_step_s=float(ip.round_s / sum(ip.steps_per_round)), bottleneck=bottleneck[:200], islands=isl,
+                    exchange_codec=ip.codec, sync_reason=why[:300])
 
 
 class NoPlan(ValueError):

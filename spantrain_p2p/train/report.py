@@ -25,7 +25,8 @@ def status(t) -> dict:
             "recent_steps": [[st, round(e, 3), round(e - s, 4), ep] for st, s, e, ep in t.step_times[-60:]],
             "tokens_per_s": tokens_per_s(t), "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
             "links_mbps": {t.peer.name_of(d): round(v, 2) for d in t.measuring.passive.destinations()
-                           if (v := t.measuring.passive.estimate_mbps(d)) is not None}}
+                           if (v := t.measuring.passive.estimate_mbps(d)) is not None},
+            **({"island": t.island, "round": t.outer.round} if t.island is not None else {})}
 
 
 def report(t) -> dict:
@@ -54,7 +55,9 @@ def report(t) -> dict:
             "work": work_figures(t.work, t.peak, statistics.median(durations) if durations else None),
             "loss_scale": t.loss_scale, "skipped_steps": list(t.skipped),
             "timelines": [t.timelines[k] for k in sorted(t.timelines)],
-            "error": t.error, "refused": t.refused}
+            "error": t.error, "refused": t.refused,
+            **({"island": t.island, "islands": t.outer.report(),
+                "full_plan": t.full_map.summary()} if t.island is not None else {})}
 
 
 def tokens_per_s(t) -> Optional[float]:

@@ -23,6 +23,7 @@ from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
 from ..pipeline.loss_scale import LossScale, nonfinite, unscale_
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
+from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
 from . import report as run_report
@@ -35,6 +36,7 @@ from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from .optim import make_optimizer
+from .outer_sync import OUTER, OuterSync
 from .precision import COMPUTE_DTYPES, WIRE_DTYPES
 from . import overflow, workload
 from .run_records import MAP_POLL_S, RunRecords
@@ -87,7 +89,9 @@ class Trainer:
         self.opts = options
         self.job: Optional[JobSpec] = None
         self.handle: Optional[ModelHandle] = None
-        self.smap: Optional[StageMap] = None
+        self.smap: Optional[StageMap] = None  # the map this peer runs (its island's, where the map has islands)
+        self.full_map: Optional[StageMap] = None  # the map as published
+        self.island: Optional[int] = None
         self.stage: Optional[int] = None
         self.step = 0  # the step being run (or next to run)
         self.steps_done = 0
@@ -118,6 +122,8 @@ class Trainer:
         self.recovery = Recovery(peer, self.measuring.rtt_ms, self.events.append)
         self.data_share = DataShare(peer)
         self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
+        self.outer = OuterSync(peer, self.events.append)  # islands: the exchange between them
+        self._data_of: dict[int, int] = {}  # islands: this round's local step -> data step
         peer.before_serving(self._install)
 
     def _install(self, peer) -> None:
@@ -126,6 +132,7 @@ class Trainer:
         peer.dataplane.register("ckpt", self.recovery.on_ckpt)
         peer.dataplane.register("fetch", self.recovery.on_fetch)
         peer.dataplane.register("mapnews", self.records.on_news)
+        peer.dataplane.register(OUTER, self.outer.on_outer)
         peer.dataplane.register(MANIFEST, self.data_share.on_manifest)
         peer.dataplane.register(SHARD, self.data_share.on_shard)
         peer.dataplane.add_json_get("/inventory", self.inventory)
@@ -133,7 +140,7 @@ class Trainer:
         peer.dataplane.add_json_get("/measurements", self.measuring.view)
         peer.status_extras["train"] = self.status
         # a peer of the current stage map is a member, even before this peer's next look at the DHT
-        peer.member_checks.append(lambda pid: self.smap is not None and self.smap.stage_of(pid) is not None)
+        peer.member_checks.append(lambda pid: self.full_map is not None and self.full_map.stage_of(pid) is not None)
 
     # ---- what the outside sees ----------------------------------------------------------------------
     def status(self) -> dict:
@@ -183,7 +190,7 @@ class Trainer:
         self.transport.start(self.job)
         if self.job.workload:  # the emulated world trains the workload: its bytes on the links
             self.transport.charges = await asyncio.to_thread(workload.charges, self.job, self.handle)
-            self.recovery.charges = self.transport.charges
+            self.recovery.charges = self.outer.charges = self.transport.charges
         resume = None
         if self.opts.resume_dir:
             try:
@@ -216,6 +223,9 @@ class Trainer:
                 lambda: f"{len(ready_peers(self.peer))} of {self.job.peers} peers ready")
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
+            self.full_map, self.island = smap, smap.island_of(self.peer.peer_id)
+            if self.island is not None:  # islands: this peer runs its island's pipeline
+                smap = smap.island_map(self.island)
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)
             self.epochs_adopted.add(smap.epoch)
             self.transport.begin_epoch(smap, self.stage)
@@ -292,7 +302,7 @@ class Trainer:
             sample = (ids if k == 0 else torch.randn(shapes[first])).to(self.torch_device)
             tgt = tgt.to(self.torch_device) if k == n - 1 else None
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt)
-        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self.data.batch,
+        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch,
                                  recv=self.transport.recv, send=self.transport.send, device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
         opt = make_optimizer(job, executor.params)
@@ -321,19 +331,48 @@ class Trainer:
                 await asyncio.to_thread(peak_flops, self.torch_device, COMPUTE_DTYPES.get(self.job.precision, torch.float32))
         await self.peer.set_state("training", epoch=self.smap.epoch)
         try:
-            for step in range(self.smap.start_step, self.job.steps):
-                await self._run_step(st, step)
+            if self.island is not None:
+                await self._train_rounds(st)
+            else:
+                for step in range(self.smap.start_step, self.job.steps):
+                    await self._run_step(st, step)
         finally:
             st.executor.close()
         await self.peer.set_state("done")
         log.info("training done: %d steps", self.steps_done)
 
-    async def _run_step(self, st: _Stage, step: int) -> None:
-        """One step: the pipeline, the replicas' gradient sum, the optimizer, the snapshot."""
+    def _batch(self, step: int, mb: int):
+        """The executor's data: the step's own, or with islands the data step this local step trains on."""
+        return self.data.batch(self._data_of.get(step, step), mb)
+
+    async def _train_rounds(self, st: _Stage) -> None:
+        """Islands: this island's rounds, each its steps on its own data steps, then the exchange
+        (``outer_sync``): the previous round's contributions merged, this round's sent."""
+        full, k, job = self.full_map, self.island, self.job
+        H = [x.steps_per_round for x in full.islands]
+        layers = {st.first + i: [p for p in layer.parameters() if p.requires_grad] for i, layer in enumerate(st.layers)}
+        self.outer.begin(job, full, k, layers, self.handle.num_layers)
+        step = self.smap.start_step
+        rounds = list(data_steps(H, k, job.steps))
+        for r, dsteps in rounds:
+            for ds in dsteps:
+                self._data_of = {step: ds}
+                await self._run_step(st, step, ds)
+                step += 1
+            fig = await self.outer.round_end(r, len(dsteps) * job.samples_per_step * job.seq_len,
+                                             last=r == rounds[-1][0])
+            log.info("island %d round %d: %d steps, waited %.3fs for round %d's exchange", k, r, len(dsteps),
+                     fig["wait_s"], r - 1)
+
+    async def _run_step(self, st: _Stage, step: int, data_step: Optional[int] = None) -> None:
+        """One step: the pipeline, the replicas' gradient sum, the optimizer, the snapshot. With
+        islands, ``step`` counts this island's steps and ``data_step`` is the data it trains on
+        (losses and step times are reported by data step: the order of the tokens seen)."""
         job, smap, me = self.job, self.smap, self.peer.peer_id
         self.step = step
+        ds = step if data_step is None else data_step
         if self.stage == 0 or st.is_last:  # the stages that read data: their shards are here first
-            await self.data_share.ensure(step, [a.mb for a in st.actions if a.op is sched.Op.F])
+            await self.data_share.ensure(ds, [a.mb for a in st.actions if a.op is sched.Op.F])
         t0 = time.time()
         gsum = None
         if len(st.replicas) > 1:
@@ -372,7 +411,7 @@ class Trainer:
         st.opt.zero_grad(set_to_none=True)
         self.transport.drop_before(step + 1)
         t1 = time.time()
-        self.step_times.append((step, t0, t1, smap.epoch))
+        self.step_times.append((ds, t0, t1, smap.epoch))
         ops = [list(x) for x in result.timeline]
         if gsum is not None or st.scale is not None:
             ops.append(["SUM", -1, t_pipe, t_sum])  # the replicas' gradient sum (and fp16's vote)
@@ -386,8 +425,8 @@ class Trainer:
             self.transport.observe_compute(result.compute_s / max(1, sum(a.op is sched.Op.F for a in st.actions)))
         self.steps_done += 1
         if loss_count:
-            self.loss_sums[step] = (loss_sum, loss_count, smap.epoch)
-            self.losses[step] = loss_sum / loss_count
+            self.loss_sums[ds] = (loss_sum, loss_count, smap.epoch)
+            self.losses[ds] = loss_sum / loss_count
         self.step = step + 1
         self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
         states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
@@ -398,7 +437,7 @@ class Trainer:
             parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient "
                      f"sum {t_sum - t_pipe:.3f}, optimizer {t1 - t_sum:.3f}, snapshot {t2 - t1:.3f}")
             if loss_count:
-                log.info("step %d: loss %.4f (%s)", step, self.losses[step], parts)
+                log.info("step %d: loss %.4f (%s)", ds, self.losses[ds], parts)
             else:
                 log.debug("step %d (%s)", step, parts)
         if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:

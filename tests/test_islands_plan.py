@@ -53,10 +53,15 @@ def test_islands_train_on_disjoint_data_that_together_covers_the_job_in_order():
     assert len({len(r) for r in rounds}) == 1  # every island runs the same rounds
     for r in range(len(rounds[0])):
         for i in range(3):
-            assert rounds[i][r][0] == r
-            seen.extend(rounds[i][r][1])
+            assert rounds[i][r][:2] == (r, 10 * r)
+            seen.extend(rounds[i][r][2])
     assert seen == list(range(total))
-    assert list(islands.data_steps(H, 1, total, start_round=3)) == rounds[1][3:]
+    # resumed at round 3 (data step 30) under the same rounds: the same data from there on
+    assert list(islands.data_steps(H, 1, total, start_round=3, first_data_step=30)) == rounds[1][3:]
+    # ... or under other rounds (a re-plan): round 7 starts where round 3 did
+    again = [list(islands.data_steps((4, 4), i, total, start_round=7, first_data_step=30)) for i in range(2)]
+    assert again[0][0] == (7, 30, [30, 31, 32, 33]) and again[1][0] == (7, 30, [34, 35, 36, 37])
+    assert sorted(s for i in range(2) for _r, _b, steps in again[i] for s in steps) == list(range(30, total))
 
 
 def _plan(peers_by_stage, layers, step_s):

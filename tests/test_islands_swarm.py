@@ -42,3 +42,27 @@ def test_islands_train_on_their_own_data_and_end_with_the_same_weights(tmp_path)
     merged = {row["round"] for r in reports for row in r["islands"]["rounds"]}
     assert merged == set(range(isl["rounds"]))  # each round merged once on every peer
     assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5
+
+
+def test_a_peer_killed_mid_round_costs_its_islands_the_round_and_the_run_finishes(tmp_path):
+    """a2 dies: the planner re-plans the islands without it, every island resumes from the outer
+    state of the latest round every layer still has (fetched from the other island where a peer
+    lacks it), the rounds after it are redone, none is merged twice in an epoch."""
+    steps = 40
+    s = run_swarm_json("--scenario", "peers/two-sites.toml", "--steps", str(steps), "--sync", "islands",
+                       "--chaos", "kill:a2@step=6", "--run-dir", str(tmp_path))
+    kill = [e for e in s["events"] if e["kind"] == "kill"]
+    assert kill and kill[0]["recovery_s"] is not None, s["events"]
+    assert s["steps"] == steps and len(s["losses"]) == steps and s["lost_steps"] == 0
+    assert s["plans"][-1]["islands"] and "a2" not in str(s["plans"][-1]["stages"])
+    reports = [r for r in _reports(tmp_path) if r.get("islands")]
+    final = s["plans"][-1]["epoch"]
+    survivors = [r for r in reports if r["name"] in ("a1", "b1")]
+    assert len(survivors) == 2
+    assert survivors[0]["islands"]["digests"] == survivors[1]["islands"]["digests"]
+    for r in survivors:
+        merged = [(row["epoch"], row["round"]) for row in r["islands"]["rounds"]]
+        assert len(merged) == len(set(merged)), merged  # no round merged twice in an epoch
+        last = sorted(rnd for ep, rnd in merged if ep == final)
+        assert last == list(range(last[0], last[0] + len(last)))  # the final epoch's rounds, in order
+    assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5

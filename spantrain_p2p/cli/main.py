@@ -50,7 +50,7 @@ def main_parser() -> argparse.ArgumentParser:
     be = sub.add_parser("bench", help="the planner's plan and the baselines, back to back, with ratios")
     add_swarm_arguments(be)
     be.add_argument("--runs", default=None, metavar="LIST",
-                    help="which runs, in order (default: planner,best-region,gpipe-uniform,1f1b-uniform)")
+                    help="which runs, in order (default: planner,islands,best-region,gpipe-uniform,1f1b-uniform; planner is the step-synchronous plan, islands the --sync islands one)")
     from .tokenizer import add_tokenizer_arguments
 
     add_tokenizer_arguments(sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on a local data set"))

@@ -1,6 +1,7 @@
-"""``spantrain bench``: the planner's plan and the baselines (best-region: the planner inside the best
-single region; gpipe- and 1f1b-uniform) on the same scenario, back to back, with the ratios of their
-samples/s."""
+"""``spantrain bench``: the planner's plan (step-synchronous: ``--sync global``), islands (``--sync
+islands``: each region trains its own plan and they meet once a round) and the baselines
+(best-region: the planner inside the best single region; gpipe- and 1f1b-uniform) on the same
+scenario, back to back, with the ratios of their samples/s."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +12,7 @@ from typing import Optional
 from .swarm import run_swarm
 
 
-RUNS = ("planner", "best-region", "gpipe-uniform", "1f1b-uniform")
+RUNS = ("planner", "islands", "best-region", "gpipe-uniform", "1f1b-uniform")
 
 
 def workload_facts(args) -> Optional[dict]:
@@ -36,6 +37,9 @@ def bench_command(args) -> int:
     for kind in kinds:
         a = copy.copy(args)
         a.plan, a.json, a.measure_only, a.chaos, a.duration = kind, True, False, [], None
+        a.sync = "global"
+        if kind == "islands":  # the planner's islands (the round length it picks, or the job's islands:H)
+            a.plan, a.sync = "planner", args.sync if args.sync.startswith("islands") else "islands"
         if kind.endswith("-uniform"):  # best-region: the planner's own choice of schedule, inside one region
             # what people run instead: a uniform split, one schedule, tensors as they are (the
             # baseline is priced uncompressed: with the job's adaptive codecs its prediction would be off)
@@ -54,11 +58,15 @@ def bench_command(args) -> int:
                 "configured_predicted_samples_per_s", "simulated_samples_per_s", "measured_over_predicted",
                 "measured_over_configured_predicted", "measured_over_simulated", "bound_samples_per_s", "bottleneck",
                 "aggregate_bound_samples_per_s", "aggregate_utilization", "mfu", "compute_utilization",
-                "wire_bytes_per_step", "fidelity", "plan", "codecs")
+                "wire_bytes_per_step", "wire_bytes_per_step_by_link_class", "fidelity", "plan", "codecs", "islands")
         runs[kind] = {k: summary.get(k) for k in keep}
-    base = runs.get("planner", {}).get("samples_per_s")
-    ratios = {f"planner/{k}": round(base / v["samples_per_s"], 3) for k, v in runs.items()
-              if k != "planner" and base and v.get("samples_per_s")}
+    ratios = {}
+    for mine in ("planner", "islands"):
+        base = runs.get(mine, {}).get("samples_per_s")
+        ratios.update({f"{mine}/{k}": round(base / v["samples_per_s"], 3) for k, v in runs.items()
+                       if k not in ("planner", "islands") and base and v.get("samples_per_s")})
+    if runs.get("planner", {}).get("samples_per_s") and runs.get("islands", {}).get("samples_per_s"):
+        ratios["islands/planner"] = round(runs["islands"]["samples_per_s"] / runs["planner"]["samples_per_s"], 3)
     out = {"scenario": args.scenario, "steps": args.steps, "workload": workload_facts(args), "runs": runs,
            "ratios": ratios}
     if not args.json:

@@ -172,6 +172,8 @@ class RunFollower:
                 all(st["state"] != "recovering" for _, st in sts)
             curve = self.loss_curve()
             done = min((st["train"]["step"] for _, st in current), default=0)
+            if any(st["train"].get("island") is not None for _, st in current):
+                done = len(curve)  # islands: each counts its own steps; the data steps trained so far
             if self.plans:
                 display.started()
             # the swarm's tokens/s: the first stage's peers between them carry every sample

@@ -227,11 +227,27 @@ def figures(summary: dict, reports: list[dict], scenario=None) -> dict:
                         cls = "unknown"
                     by_class.setdefault(cls, []).append(nbytes)
     steps = max(1, len(per_step))
+    if scenario is not None:  # everything that crossed from one region to another: activations, gradient
+        # sums, the islands' exchange (the figure --sync islands is to cut)
+        tokens = (summary.get("steps") or 0) * gb * (summary.get("seq_len") or 0)
+        crossed = _cross_region_bytes(reports, scenario)
+        out["cross_region_bytes"] = crossed
+        out["cross_region_bytes_per_token"] = round(crossed / tokens, 3) if tokens else None
     out["wire_bytes_per_step"] = int(statistics.median(per_step.values())) if per_step else 0
     out["wire_bytes_per_step_by_link_class"] = {k: int(sum(v) / steps) for k, v in sorted(by_class.items())}
     # the codec each peer last used per kind and destination ("act->vol-03": "int:6")
     out["codecs"] = {f"{r['name']}:{k}": c for r in reports for k, c in sorted((r.get("codecs") or {}).items())}
     return out
+
+
+def _cross_region_bytes(reports: list[dict], scenario) -> int:
+    region = {p.name: p.region for p in scenario.peers}
+    total = 0
+    for r in reports:
+        sent = [per for _step, per in r.get("wire_bytes", [])] + [(r.get("islands") or {}).get("bytes_to", {})]
+        for per in sent:
+            total += sum(n for dst, n in per.items() if region.get(dst) != region.get(r["name"]))
+    return total
 
 
 def measurement_summary(scenario, measurements: list[dict]) -> dict:

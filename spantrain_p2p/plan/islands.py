@@ -228,6 +228,9 @@ def plan_islands(snapshot: Snapshot, profile: ModelProfile, groups: Sequence[Seq
     of the fastest island, or within ``fixed_steps`` where the job sets them (the most compressed
     where none does)."""
     plans, left, notes = candidate_islands(snapshot, groups, plan_group)
+    if len(plans) < 2 and len(snapshot.peers) > 1:  # one group (a few peers left after failures, a
+        # grouping that joins them): the finest islands are the peers that hold the model alone
+        plans, left, notes = candidate_islands(snapshot, [[p.id] for p in snapshot.peers], plan_group)
     if len(plans) < 2:
         return None
     samples = plans[0].micro_batch_size * plans[0].num_micro_batches
@@ -246,19 +249,23 @@ def plan_islands(snapshot: Snapshot, profile: ModelProfile, groups: Sequence[Seq
     return best
 
 
-def data_steps(steps_per_round: Sequence[int], island: int, total_steps: int, start_round: int = 0):
-    """Which data steps island ``island`` trains on, round by round: yields (round, [data steps]).
+def data_steps(steps_per_round: Sequence[int], island: int, total_steps: int, start_round: int = 0,
+               first_data_step: int = 0):
+    """Which data steps island ``island`` trains on, round by round: yields (round, the round's first
+    data step, [this island's data steps]).
 
-    Round ``r`` covers data steps ``r * sum(H)`` onwards, each island its own contiguous run of
-    ``H[i]`` of them (the first island the first run), so no two islands train on the same samples
-    and all of them together go through the job's data in order. Every island runs the same number
-    of rounds (the last one may give an island fewer steps, or none), until ``total_steps``."""
+    Round ``start_round`` begins at ``first_data_step`` and each round covers the next ``sum(H)`` data
+    steps, each island its own contiguous run of ``H[i]`` of them (the first island the first run),
+    so no two islands train on the same samples and all of them together go through the job's data
+    in order. Every island runs the same rounds (the last may give an island fewer steps, or none),
+    until ``total_steps``."""
     per_round = sum(steps_per_round)
     offset = sum(steps_per_round[:island])
-    rounds = -(-total_steps // per_round)
-    for r in range(start_round, rounds):
-        first = r * per_round + offset
-        yield r, list(range(first, min(first + steps_per_round[island], total_steps)))
+    rounds = -(-max(0, total_steps - first_data_step) // per_round)
+    for n in range(rounds):
+        base = first_data_step + n * per_round
+        first = base + offset
+        yield start_round + n, base, list(range(first, min(first + steps_per_round[island], total_steps)))
 
 
 def choose(global_plan: Optional[Plan], islands: Optional[IslandsPlan], mode: str) -> tuple[str, str]:

@@ -51,6 +51,9 @@ class StageMap:
     islands: tuple[Island, ...] = ()
     exchange_codec: str = ""  # the islands' pseudo-gradient codec
     sync_reason: str = ""  # why global or islands (--sync auto), for people
+    # with islands, ``start_step`` is the round the islands start at (from the outer state of that
+    # round, ``train.outer_sync``) and this the first data step of that round
+    start_data_step: int = 0
 
     @property
     def num_stages(self) -> int:
@@ -80,7 +83,8 @@ class StageMap:
         peers = {p for st in self.stages[first:last] for p in st.peers}
         return StageMap(self.epoch, self.job_id, self.stages[first:last], self.start_step,
                         tuple(x for x in self.names if x[0] in peers), isl.schedule or self.schedule, self.term,
-                        isl.predicted_step_s, self.bottleneck, self.error, isl.compression, self.reason)
+                        isl.predicted_step_s, self.bottleneck, self.error, isl.compression, self.reason,
+                        start_data_step=self.start_data_step)
 
     def stage_of(self, peer_id: str) -> Optional[int]:
         for i, s in enumerate(self.stages):
@@ -98,8 +102,8 @@ class StageMap:
                 "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error,
                 "compression": list(self.compression), "reason": self.reason,
-                **({"islands": [x.to_dict() for x in self.islands], "exchange_codec": self.exchange_codec}
-                   if self.islands else {}), **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
+                **({"islands": [x.to_dict() for x in self.islands], "exchange_codec": self.exchange_codec,
+                    "start_data_step": self.start_data_step} if self.islands else {}), **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
@@ -188,8 +192,11 @@ class StageMap:
             raise ValueError("stage map exchange_codec must name a codec where the map has islands, only there")
         if not isinstance(why, str) or len(why) > 300:
             raise ValueError("stage map sync_reason must be a short string")
+        sds = d.get("start_data_step", 0)
+        if not (isinstance(sds, int) and not isinstance(sds, bool) and 0 <= sds < 2**62):
+            raise ValueError("stage map start_data_step must be a non-negative int")
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
-                   float(pred), bottleneck, error, comp, reason, islands, codec, why)
+                   float(pred), bottleneck, error, comp, reason, islands, codec, why, sds)
 
 
 def _codecs_from(comp: Any, hops: int, what: str) -> tuple[str, ...]:

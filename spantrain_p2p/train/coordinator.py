@@ -45,6 +45,7 @@ class Coordinator:
         self.job = self.handle = None
         self.has_map = lambda: False
         self.election: Optional[Election] = None
+        self.outer = None  # the trainer's outer_sync.OuterSync: where a map with islands resumes from
         self.groups_digest: Optional[str] = None
         self.groups: list[list[str]] = []
         self.replans = 0
@@ -181,10 +182,21 @@ class Coordinator:
             log.info("%s: no fresh record, but it answers: its heartbeat is late, not a failure", current.name_of(p))
         return False
 
-    async def _resume_point(self, current: Optional[StageMap]) -> tuple[Optional[int], str]:
-        """(step to redo from, error): the latest step whose state of every layer survives."""
+    async def _resume_point(self, current: Optional[StageMap]) -> tuple[Optional[int], int, str]:
+        """(step to redo from, its data step, error): the latest step whose state of every layer
+        survives. With islands: the latest round whose outer state of every layer survives (in any
+        island: each holds every layer), and the data step that round began at."""
+        stages = [tuple(st.layers) for st in current.stages] if current else []
+        if current is not None and current.islands:
+            pages = await self.recovery.inventory_pages()
+            invs = [x for p in pages.values() if (x := self.outer.parse_inventory(p))]
+            invs.append(self.outer.parse_inventory({"outer": self.outer.inventory()}))
+            version, error = resume_point([x["layers"] for x in invs if x], self.handle.num_layers, stages)
+            data = next((x["data_steps"][version] for x in invs if x and version in x["data_steps"]), 0)
+            return version, data, error
         invs = [*(await self.recovery.inventories()).values(), self.recovery.inventory()]
-        return resume_point(invs, self.handle.num_layers, [tuple(st.layers) for st in current.stages] if current else [])
+        step, error = resume_point(invs, self.handle.num_layers, stages)
+        return step, step or 0, error
 
     async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False, reason: str = "") -> None:
         """Plans from the live swarm and publishes the stage map as the next epoch. ``improve``: the
@@ -207,11 +219,15 @@ class Coordinator:
         term = self.election.leader.term
         # the first map too starts where the layers' states are: step 0 in a new run, a
         # checkpoint's step in a resumed one (--resume)
-        start, error = await self._resume_point(current)
+        start, start_data, error = await self._resume_point(current)
         plan, why = None, ""
         if measured and not error:
             snap = planning.snapshot(profiles, links, ids)
             t0 = time.perf_counter()
+            if current is not None:  # a re-plan keeps the run's way of syncing (a map with islands
+                # resumes from their outer state, a global one from layer states)
+                job = replace(job, sync=(job.sync if job.sync.startswith("islands") else "islands")
+                              if current.islands else "global")
             try:
                 plan, why = await asyncio.to_thread(planning.make_sync_plan, job, snap, job.plan)
             except planning.NoPlan as e:
@@ -222,7 +238,8 @@ class Coordinator:
             log.error("run stopped: %s", error)
             return
         if isinstance(plan, IslandsPlan):
-            smap = planning.islands_stage_map(plan, job, epoch, names, term, start, why)
+            smap = replace(planning.islands_stage_map(plan, job, epoch, names, term, start, why),
+                           start_data_step=start_data)
             log.info("planned %d islands for %d peers in %.2fs: %s; %s", len(plan.islands), len(ids),
                      time.perf_counter() - t0, smap.bottleneck, why)
         elif plan is not None:

@@ -115,5 +115,16 @@ class OuterLayers:
             self.base[i] = self.anchor[i].clone()
 
     def state(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """(anchor, momentum) per layer: what an island that comes back takes before it contributes."""
+        """(anchor, momentum) per layer: what a peer that takes these layers over starts from."""
         return {i: (self.anchor[i].numpy().copy(), self.momentum[i].numpy().copy()) for i in self.anchor}
+
+    def load(self, layer: int, anchor: torch.Tensor, momentum: torch.Tensor) -> None:
+        """Starts ``layer`` from a saved outer state: weights, anchor and base at ``anchor``."""
+        if anchor.shape != self.anchor[layer].shape or momentum.shape != anchor.shape:
+            raise ValueError(f"outer state of layer {layer} has {anchor.numel()} values, the layer "
+                             f"{self.anchor[layer].numel()}")
+        self.anchor[layer] = anchor.clone()
+        self.base[layer] = anchor.clone()
+        self.momentum[layer] = momentum.clone()
+        unflat_(self.params[layer], anchor)
+        self.feedback.clear(layer)

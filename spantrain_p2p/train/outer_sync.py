@@ -22,16 +22,22 @@ import logging
 import time
 from typing import Callable, Optional
 
+import numpy as np
+import torch
+
 from ..compress import codecs
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError, check_fields
 from ..plan.islands import layer_owners
+from ..pipeline.executor import StepFailed
 from ..plan.stagemap import StageMap
 from .outer import Contribution, OuterLayers
 
 log = logging.getLogger("spantrain.train")
 
 OUTER = "outer"
+OUTER_FETCH = "outer_fetch"
+KEEP_VERSIONS = 3  # outer states kept per layer (a re-plan resumes at one every layer still has)
 ROUNDS_AHEAD = 2  # contributions taken this many rounds past the one being merged (a fast island's)
 MAX_TOKENS = 1 << 50
 
@@ -60,21 +66,83 @@ class OuterSync:
         self._arrival: dict[tuple[int, int], float] = {}  # (round, island) -> when its last layer came
         self._sending: Optional[asyncio.Task] = None
         self._round_ended: dict[int, float] = {}
+        self._first_round = 0
+        self._round_base: dict[int, int] = {}  # round -> its first data step
         self.rounds: list[dict] = []  # figures of each merged round, for the report
         self.bytes_sent = 0
+        self.bytes_to: dict[str, int] = {}  # by destination
         self.sends: list[dict] = []  # each round's sending: seconds from the round's end to the last byte
         self.left_out: list[tuple[int, int]] = []  # (round, island) merged without it
+        # outer states by version v (the state round v starts from): layer -> (anchor, momentum), and
+        # the first data step of round v; what a new epoch resumes from (``decide.resume_point``)
+        self.versions: dict[int, tuple[int, dict[int, tuple[np.ndarray, np.ndarray]]]] = {}
 
     # ---- set-up -----------------------------------------------------------------------------------
     def begin(self, job, smap: StageMap, island: int, layers: dict[int, list], num_layers: int,
-              start_round: int = 0) -> None:
+              start_round: int = 0, state: Optional[dict] = None) -> None:
         """Takes part in ``smap``'s islands as a peer of ``island`` holding ``layers`` (index -> its
-        parameters) of the model's ``num_layers``, from round ``start_round``."""
+        parameters) of the model's ``num_layers``, from round ``start_round``: from the layers as
+        they are (round 0), else from ``state`` (layer -> (anchor, momentum), ``load``)."""
+        if self._sending is not None and not self._sending.done():
+            self._sending.cancel()  # the last epoch's contributions: its rounds are redone
         self.job, self.smap, self.island = job, smap, island
         self._owners = _owners(smap, num_layers)
         self.outer = OuterLayers(layers, smap.exchange_codec, job.outer_lr, job.outer_momentum)
-        self.round = start_round
-        self._got = {k: v for k, v in self._got.items() if k[0] >= start_round - 1}
+        for layer, (anchor, momentum) in (state or {}).items():
+            self.outer.load(layer, anchor, momentum)
+        self.round = self._first_round = start_round
+        self._got, self._arrival, self._round_ended = {}, {}, {}
+        self._round_base = {start_round: smap.start_data_step}
+        self._keep(start_round, smap.start_data_step)
+
+    def _keep(self, version: int, data_step: int) -> None:
+        self.versions[version] = (data_step, self.outer.state())
+        for v in sorted(self.versions)[:-KEEP_VERSIONS]:
+            del self.versions[v]
+
+    def inventory(self) -> dict:
+        """What a new epoch can resume from here: layer -> versions, and each version's data step."""
+        inv: dict[int, list[int]] = {}
+        for v, (_d, states) in self.versions.items():
+            for layer in states:
+                inv.setdefault(layer, []).append(v)
+        return {"layers": {str(k): sorted(v) for k, v in inv.items()},
+                "data_steps": {str(v): d for v, (d, _s) in self.versions.items()}}
+
+    async def on_fetch(self, header: dict, buffers):
+        """Another peer takes a layer over at a version: its anchor and momentum (float32)."""
+        check_fields(header, {"job": str, "layer": int, "version": int})
+        held = self.versions.get(header["version"])
+        if self.job is None or header["job"] != self.job.job_id or held is None or header["layer"] not in held[1]:
+            raise FrameError(f"this peer holds no outer state of layer {header['layer']} at version {header['version']}")
+        anchor, momentum = held[1][header["layer"]]
+        return {"data_step": held[0], "n": int(anchor.size)}, [memoryview(anchor.view(np.uint8)),
+                                                                memoryview(momentum.view(np.uint8))]
+
+    async def fetch(self, layer: int, version: int, holders: list[str], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s outer state at ``version`` from the first of ``holders`` that gives it
+        (this peer's own first)."""
+        held = self.versions.get(version)
+        if held is not None and layer in held[1]:
+            a, m = held[1][layer]
+            return torch.from_numpy(a.copy()), torch.from_numpy(m.copy())
+        for src in holders:
+            try:
+                reply = await self.peer.client.send(
+                    self.peer.data_url_of(src), OUTER_FETCH, {"job": self.job.job_id, "layer": layer, "version": version},
+                    timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
+                    reply_charge=self.charges.params[layer] if self.charges and layer < len(self.charges.params) else 1.0)
+                _h, bufs = reply
+                if len(bufs) != 2 or any(memoryview(b).nbytes != 4 * size for b in bufs):
+                    raise FrameError(f"outer state of layer {layer} is not 2 x {size} float32")
+                a, m = (torch.from_numpy(np.frombuffer(bytes(b), dtype="<f4").copy()) for b in bufs)
+                if not (torch.isfinite(a).all() and torch.isfinite(m).all()):
+                    raise FrameError(f"outer state of layer {layer} is not finite")
+                log.info("outer state of layer %d at round %d fetched from %s", layer, version, self.peer.name_of(src))
+                return a, m
+            except Exception as e:
+                log.warning("fetching the outer state of layer %d from %s failed: %s", layer, self.peer.name_of(src), e)
+        raise StepFailed(f"no live peer could give the outer state of layer {layer} at round {version}")
 
     def _sends(self) -> list[tuple[int, str]]:
         """(layer, destination) of this peer's messages each round: none unless it is its stage's first replica."""
@@ -89,16 +157,20 @@ class OuterSync:
         return out
 
     # ---- a round's end ----------------------------------------------------------------------------
-    async def round_end(self, r: int, tokens: int, last: bool = False) -> dict:
+    async def round_end(self, r: int, tokens: int, next_data_step: int, last: bool = False) -> dict:
         """Ends round ``r`` after ``tokens`` tokens: merges round ``r - 1``, replays, sends round ``r``'s
-        contributions. ``last``: also waits for round ``r``'s and merges them (the run's end: every
-        island then holds the anchor). Returns the round's figures."""
+        contributions. ``next_data_step``: where round ``r + 1`` begins in the data. ``last``: also
+        waits for round ``r``'s and merges them (the run's end: every island then holds the anchor).
+        Returns the round's figures."""
         t0 = time.time()
         self._round_ended[r] = t0
         prog = self.outer.progress()
         wait = 0.0
-        if r > 0:
+        if r > self._first_round:
             wait = await self._merge(r - 1)
+            # the anchor every island holds now is round r's start: a re-plan can resume there (r
+            # is retrained from it), at the data step round r began with
+            self._keep(r, self._round_base[r])
         self.outer.replay(prog)
         encoded = self.outer.encode(prog)
         own = {layer: Contribution(tokens, dec) for layer, (_m, _b, dec) in encoded.items()}
@@ -108,6 +180,7 @@ class OuterSync:
             await self._sending  # (merging r - 1 waited for everyone's, so the previous sends are done)
         self._sending = asyncio.create_task(self._send(r, tokens, encoded))
         self.round = r + 1
+        self._round_base[r + 1] = next_data_step
         fig = {"round": r, "tokens": tokens, "wait_s": round(wait, 4), "t": t0}
         if last:
             fig["final_wait_s"] = round(await self._merge(r), 4)
@@ -143,7 +216,7 @@ class OuterSync:
         arrivals = [t for (rr, i), t in self._arrival.items() if rr == r]
         ended = self._round_ended.get(r)
         exchange_s = max(arrivals) - ended if arrivals and ended else None
-        self.rounds.append({"round": r, "wait_s": round(waited, 4), "islands": n - len(silent),
+        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "islands": n - len(silent),
                             "exchange_s": round(exchange_s, 4) if exchange_s is not None else None,
                             "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0})
         for key in [k for k in self._got if k[0] <= r]:
@@ -172,6 +245,7 @@ class OuterSync:
                                                 link=self.peer.link_to(dst), charge=charge, peer_id=dst)
                     nbytes = sum(memoryview(b).nbytes for b in bufs)
                     self.bytes_sent += nbytes
+                    self.bytes_to[dst] = self.bytes_to.get(dst, 0) + nbytes
                     sent += nbytes
                     break
                 except RemoteError as e:
@@ -224,9 +298,25 @@ class OuterSync:
         self._arrived.set()
         return None
 
+    @staticmethod
+    def parse_inventory(page) -> Optional[dict]:
+        """Another peer's ``inventory()`` from its ``/inventory`` page (untrusted): {"layers": layer ->
+        versions, "data_steps": version -> data step}, or None where it has none or it is malformed."""
+        try:
+            raw = page["outer"]
+            layers = {int(k): [int(x) for x in v][:KEEP_VERSIONS * 4] for k, v in list(raw["layers"].items())[:4096]}
+            steps = {int(k): int(v) for k, v in list(raw["data_steps"].items())[:KEEP_VERSIONS * 4]}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        if any(x < 0 for v in layers.values() for x in v) or any(v < 0 for v in steps.values()):
+            return None
+        return {"layers": layers, "data_steps": steps}
+
     def report(self) -> dict:
         return {"island": self.island, "round": self.round, "codec": self.smap.exchange_codec if self.smap else None,
-                "bytes_sent": self.bytes_sent, "rounds": self.rounds[-50:], "sends": self.sends[-50:],
+                "bytes_sent": self.bytes_sent,
+                "bytes_to": {self.smap.name_of(d): n for d, n in self.bytes_to.items()} if self.smap else {},
+                "rounds": self.rounds[-50:], "sends": self.sends[-50:],
                 "left_out": [list(x) for x in self.left_out],
                 "digests": {str(i): hashlib.sha256(a.numpy().tobytes()).hexdigest()[:16]
                             for i, a in self.outer.anchor.items()} if self.outer else {}}

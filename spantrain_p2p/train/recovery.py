@@ -118,12 +118,21 @@ class Recovery:
     async def inventories(self) -> dict[str, dict[int, list[int]]]:
         """What every other live peer holds: peer id -> layer -> steps."""
         out = {}
+        for pid, got in (await self.inventory_pages()).items():
+            try:
+                out[pid] = {int(k): [int(x) for x in v][:16] for k, v in list(got["inventory"].items())[:4096]}
+            except Exception as e:  # a malformed page: that peer holds nothing we can use
+                log.info("bad inventory from %s: %s", self.peer.name_of(pid), e)
+        return out
+
+    async def inventory_pages(self) -> dict[str, dict]:
+        """Every other live peer's ``/inventory`` page, as it sent it (untrusted): peer id -> page."""
+        out = {}
         for r in self.peer.live_members():
             if r.peer_id == self.peer.peer_id or not r.data_url:
                 continue
             try:
-                got = await self.peer.client.status(r.data_url, timeout=3.0, path="/inventory")
-                out[r.peer_id] = {int(k): [int(x) for x in v][:16] for k, v in list(got["inventory"].items())[:4096]}
+                out[r.peer_id] = await self.peer.client.status(r.data_url, timeout=3.0, path="/inventory")
             except Exception as e:  # an unreachable peer holds nothing we can use
                 log.info("no inventory from %s: %s", self.peer.name_of(r.peer_id), e)
         return out

@@ -21,7 +21,7 @@ def status(t) -> dict:
             **t.coordinator.status(),
             "recent_losses": [[st, a, n, e] for st, (a, n, e) in
                               sorted(t.loss_sums.items())[-30:] + sorted(t.recovery.held_losses.items())[-30:]],
-            "plan": smap.summary() if smap else None, "events": t.events[-20:],
+            "plan": (t.full_map or smap).summary() if smap else None, "events": t.events[-20:],
             "recent_steps": [[st, round(e, 3), round(e - s, 4), ep] for st, s, e, ep in t.step_times[-60:]],
             "tokens_per_s": tokens_per_s(t), "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
             "links_mbps": {t.peer.name_of(d): round(v, 2) for d in t.measuring.passive.destinations()

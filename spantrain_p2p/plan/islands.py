@@ -130,7 +130,7 @@ def round_lengths(step_s: Sequence[float], exchange_s: float, max_steps: int = M
     else:
         window = min(max(exchange_s * margin, MIN_ROUND_S), max_steps * fastest)
     window = max(window, max(step_s))
-    steps = tuple(max(1, int(window / s + 1e-9)) for s in step_s)
+    steps = tuple(max(1, int(window / s + 1e-3)) for s in step_s)  # (a step 0.1 % over the window fits)
     return steps, max(h * s for h, s in zip(steps, step_s))
 
 

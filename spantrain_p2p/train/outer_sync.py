@@ -11,8 +11,9 @@ What arrives is checked before anything is kept: the job, the epoch, a round thi
 merge (no further ahead), a layer this peer holds, the island's sender for that layer (the
 connection's authenticated peer), the codec, and the shape from this peer's own layers. A
 contribution is kept once per (round, island, layer): a repeat is ignored, so none is applied
-twice. An island silent past the job's receive timeout is left out of the round (the others'
-tokens weigh the average) and named in the run's events.
+twice. An island silent past the job's receive timeout fails the epoch (merging without it on one
+side and with it on another would split the anchors for good): the next map resumes every island
+from the latest round they all hold.
 """
 from __future__ import annotations
 
@@ -72,7 +73,6 @@ class OuterSync:
         self.bytes_sent = 0
         self.bytes_to: dict[str, int] = {}  # by destination
         self.sends: list[dict] = []  # each round's sending: seconds from the round's end to the last byte
-        self.left_out: list[tuple[int, int]] = []  # (round, island) merged without it
         # outer states by version v (the state round v starts from): layer -> (anchor, momentum), and
         # the first data step of round v; what a new epoch resumes from (``decide.resume_point``)
         self.versions: dict[int, tuple[int, dict[int, tuple[np.ndarray, np.ndarray]]]] = {}
@@ -205,18 +205,20 @@ class OuterSync:
             except asyncio.TimeoutError:
                 pass
         waited = time.time() - t0
-        silent = sorted({i for i, _ in missing})
-        for i in silent:
-            self.left_out.append((r, i))
-            log.warning("round %d: island %d sent nothing within %.0fs: merged without it", r, i, waited)
-            self.on_event({"kind": "island_left_out", "round": r, "island": i, "t": time.time()})
+        if missing:
+            # merging without an island here while it (or another) merges with it would leave the
+            # islands on different anchors for good: the epoch fails instead, and the planner's next
+            # map resumes every island from the latest round they all hold (``begin``)
+            silent = sorted({i for i, _ in missing})
+            self.on_event({"kind": "island_silent", "round": r, "islands": silent, "t": time.time()})
+            raise StepFailed(f"round {r}: island(s) {silent} sent no contribution within {waited:.0f}s")
         contribs = {layer: [self._got[(r, i, layer)] for i in range(n) if (r, i, layer) in self._got]
                     for layer in layers}
         self.outer.merge(contribs)
         arrivals = [t for (rr, i), t in self._arrival.items() if rr == r]
         ended = self._round_ended.get(r)
         exchange_s = max(arrivals) - ended if arrivals and ended else None
-        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "islands": n - len(silent),
+        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4),
                             "exchange_s": round(exchange_s, 4) if exchange_s is not None else None,
                             "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0})
         for key in [k for k in self._got if k[0] <= r]:
@@ -317,6 +319,5 @@ class OuterSync:
                 "bytes_sent": self.bytes_sent,
                 "bytes_to": {self.smap.name_of(d): n for d, n in self.bytes_to.items()} if self.smap else {},
                 "rounds": self.rounds[-50:], "sends": self.sends[-50:],
-                "left_out": [list(x) for x in self.left_out],
                 "digests": {str(i): hashlib.sha256(a.numpy().tobytes()).hexdigest()[:16]
                             for i, a in self.outer.anchor.items()} if self.outer else {}}

@@ -11,7 +11,7 @@ What arrives is checked before anything is kept: the job, the epoch, a round thi
 merge (no further ahead), a layer this peer holds, the island's sender for that layer (the
 connection's authenticated peer), the codec, and the shape from this peer's own layers. A
 contribution is kept once per (round, island, layer): a repeat is ignored, so none is applied
-twice. An island silent past the job's receive timeout fails the epoch (merging without it on one
+twice. An island silent past the job's receive timeout (plus two rounds) fails the epoch (merging without it on one
 side and with it on another would split the anchors for good): the next map resumes every island
 from the latest round they all hold.
 """
@@ -189,12 +189,15 @@ class OuterSync:
         return fig
 
     async def _merge(self, r: int) -> float:
-        """Waits for every island's contributions of round ``r`` (up to the job's receive timeout,
-        then goes on without the silent ones) and merges them. Returns the seconds waited."""
+        """Waits for every island's contributions of round ``r`` (up to the job's receive timeout
+        plus two predicted rounds; then the epoch fails) and merges them. Returns the seconds waited."""
         t0 = time.time()
         layers = sorted(self.outer.params)
         n = len(self.smap.islands)
-        deadline = t0 + self.job.recv_timeout_s
+        # the others' round may end up to a round later than this island's (an island whose last
+        # round has few steps or none waits for theirs): a round's time on top of the receive timeout
+        round_s = self.smap.predicted_step_s * sum(x.steps_per_round for x in self.smap.islands)
+        deadline = t0 + self.job.recv_timeout_s + 2 * round_s
         while True:
             missing = [(i, layer) for i in range(n) for layer in layers if (r, i, layer) not in self._got]
             if not missing or time.time() >= deadline:

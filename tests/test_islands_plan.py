@@ -129,3 +129,30 @@ def test_a_group_that_cannot_hold_the_model_is_left_out():
     ip = islands.plan_islands(snap, prof, [g.peers for g in grouping.groups], links, plan_group)
     assert ip is not None and {"cloud-1", "cloud-2"} <= set(ip.left_out)
     assert any("left out" in n for n in ip.notes)
+
+
+def test_the_summary_of_a_run_with_islands_counts_data_steps_waits_and_sending():
+    from spantrain_p2p.launch.report import islands_summary
+
+    def peer(name, island, stage, steps, t0, dt, rounds, sends):
+        return {"name": name, "island": island, "stage": stage, "layers": [0, 2], "steps_done": len(steps),
+                "step_s_median": dt, "compute_s_median": dt, "error": None, "plan": {}, "full_plan": {"epoch": 1},
+                "loss_sums": [[s, 2.0 * 4, 4, 1] for s in steps],
+                "step_times": [[s, t0 + i * dt, t0 + (i + 1) * dt, 1] for i, s in enumerate(steps)],
+                "islands": {"codec": "int8", "bytes_sent": 1000 * len(sends), "rounds": rounds, "sends": sends}}
+
+    # 4 rounds of 3 + 1 data steps: island 0 takes 0-2, 4-6, ..., island 1 takes 3, 7, ...
+    a = [s for r in range(4) for s in range(4 * r, 4 * r + 3)]
+    b = [4 * r + 3 for r in range(4)]
+    rounds = [{"round": r, "epoch": 1, "wait_s": w} for r, w in enumerate((0.0, 0.5, 3.0, 9.0))]
+    sends = [{"round": r, "send_s": 2.0, "bytes": 1000} for r in range(4)]
+    s = islands_summary([peer("a", 0, 0, a, 100.0, 1.0, rounds, sends), peer("b", 1, 0, b, 100.0, 3.0, rounds, sends)],
+                        samples_per_step=4, seq_len=10)
+    assert s["sync"] == "islands" and s["steps"] == 16 and s["losses"] == [2.0] * 16
+    isl = s["islands"]
+    assert isl["rounds"] == 4 and isl["exchange_bytes"] == 8000
+    assert isl["exchange_bytes_per_token"] == 8000 / (16 * 4 * 10)
+    # steady rounds only (0 and 1: the last round and the one merged at its end are left out)
+    assert isl["wait_s_median"] == 0.25 and isl["hidden"] == round(1 - 0.25 / 2.0, 4)
+    # samples/s from the moment both islands finished a step to the last step's end
+    assert s["samples_per_s"] == round(12 * 4 / (112.0 - 103.0), 3)  # 9 of a's steps and 3 of b's end after 103

@@ -7,6 +7,7 @@ fires them.
     kill:worker@step=K        the same for a peer of the stage map that is not the planner
     join:PEER@step=K          hold a scenario peer back from the launch; start it at step K
     degrade:A-B:F@t=S         S seconds into training (from the first stage map), links between regions A and B carry F x bandwidth
+                              (F = 0: cut; what is under way waits until they are restored)
     restore:A-B@t=S           back to the scenario's bandwidth
 """
 from __future__ import annotations
@@ -62,8 +63,8 @@ def parse(spec: str, peers: list[str], regions: list[str]) -> Chaos:
     if not sep or a not in regions or b not in regions or a == b:
         raise ValueError(f"--chaos {spec!r}: {target!r} must be REGION-REGION (regions: {', '.join(regions)})")
     if action == "degrade":
-        if factor is None or float(factor) <= 0:
-            raise ValueError(f"--chaos {spec!r}: degrade needs a positive factor (degrade:A-B:0.1@t=20)")
+        if factor is None or not 0 <= float(factor) <= 1e6:
+            raise ValueError(f"--chaos {spec!r}: degrade needs a factor (degrade:A-B:0.1@t=20; 0 cuts the links)")
         return Chaos(action, target, at_t=float(value), factor=float(factor))
     if factor is not None:
         raise ValueError(f"--chaos {spec!r}: restore takes no factor")

@@ -156,3 +156,24 @@ def test_the_summary_of_a_run_with_islands_counts_data_steps_waits_and_sending()
     assert isl["wait_s_median"] == 0.25 and isl["hidden"] == round(1 - 0.25 / 2.0, 4)
     # samples/s from the moment both islands finished a step to the last step's end
     assert s["samples_per_s"] == round(12 * 4 / (112.0 - 103.0), 3)  # 9 of a's steps and 3 of b's end after 103
+
+
+def test_sync_auto_on_the_shipped_realistic_scenarios():
+    """Predicted: islands on the CEE testbed (the edge servers each hold GPT-2 alone) and across the
+    continents (each region holds Llama-7B); volunteers' consumer GPUs hold Llama-7B in no group
+    alone, so their run stays one global plan."""
+    from spantrain_p2p.train import planning
+    from spantrain_p2p.train.job import JobSpec
+
+    picks = {}
+    for name, wl, b, m in (("cee-testbed-real", "hf:gpt2", 4, 4), ("volunteers-real", "hf:llama-7b", 1, 16),
+                           ("continents-real", "hf:llama-7b", 1, 16)):
+        snap = Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))
+        job = JobSpec(workload=wl, micro_batch_size=b, num_micro_batches=m, sync="auto", compression="adaptive",
+                      schedule="auto")
+        chosen, why = planning.make_sync_plan(job, snap)
+        picks[name] = "islands" if isinstance(chosen, islands.IslandsPlan) else "global"
+        assert why.startswith(picks[name])
+        if picks[name] == "islands":
+            assert chosen.hidden == 1.0 and chosen.samples_per_s > planning.make_plan(job, snap).samples_per_s
+    assert picks == {"cee-testbed-real": "islands", "volunteers-real": "global", "continents-real": "islands"}

@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--codec", default="int8")
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
+    ap.add_argument("--islands-lr", type=float, default=None, help="the islands' inner learning rate (default --lr)")
     ap.add_argument("--last", type=int, default=20, help="compare the mean loss of the last N data steps")
     a = ap.parse_args(argv)
     args = {}
@@ -151,11 +152,13 @@ def main(argv=None) -> int:
     one, one_figs = islands_run(dataclasses.replace(job, outer_lr=1.0, outer_momentum=0.0), [a.steps], "none")
     assert max(abs(one[s] - ref[s]) for s in range(a.steps)) < 1e-3, "one island must train like one process"
     t1 = time.time()
-    isl, figs = islands_run(job, [int(x) for x in a.rounds_steps.split(",")], a.codec)
+    inner = dataclasses.replace(job, lr=a.islands_lr) if a.islands_lr else job
+    isl, figs = islands_run(inner, [int(x) for x in a.rounds_steps.split(",")], a.codec)
     t2 = time.time()
     g = sum(ref[-a.last:]) / a.last
     i = sum(isl[s] for s in range(a.steps - a.last, a.steps)) / a.last
-    print(json.dumps({"steps": a.steps, "rounds_steps": a.rounds_steps, "codec": a.codec, "outer_lr": a.outer_lr,
+    print(json.dumps({"steps": a.steps, "rounds_steps": a.rounds_steps, "codec": a.codec, "islands_lr": inner.lr,
+                      "outer_lr": a.outer_lr,
                       "outer_momentum": a.outer_momentum, f"global_last{a.last}": round(g, 4),
                       f"islands_last{a.last}": round(i, 4), "islands_over_global": round(i / g, 4),
                       "global_held_out_loss": one_figs["held_out_loss"],

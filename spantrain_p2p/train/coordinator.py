@@ -189,10 +189,9 @@ class Coordinator:
         stages = [tuple(st.layers) for st in current.stages] if current else []
         if current is not None and current.islands:
             pages = await self.recovery.inventory_pages()
-            invs = [x for p in pages.values() if (x := self.outer.parse_inventory(p))]
-            invs.append(self.outer.parse_inventory({"outer": self.outer.inventory()}))
-            version, error = resume_point([x["layers"] for x in invs if x], self.handle.num_layers, stages)
-            data = next((x["data_steps"][version] for x in invs if x and version in x["data_steps"]), 0)
+            invs = [*self.outer.parse_inventories(pages).values(), self.outer.holding()]
+            version, error = resume_point([x["layers"] for x in invs], self.handle.num_layers, stages)
+            data = next((x["data_steps"][version] for x in invs if version in x["data_steps"]), 0)
             return version, data, error
         invs = [*(await self.recovery.inventories()).values(), self.recovery.inventory()]
         step, error = resume_point(invs, self.handle.num_layers, stages)

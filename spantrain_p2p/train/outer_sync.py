@@ -33,6 +33,7 @@ from ..plan.islands import layer_owners
 from ..pipeline.executor import StepFailed
 from ..plan.stagemap import StageMap
 from .outer import Contribution, OuterLayers
+from .workload import layer_charge
 
 log = logging.getLogger("spantrain.train")
 
@@ -64,14 +65,11 @@ class OuterSync:
         self._owners: list = []
         self._got: dict[tuple[int, int, int], Contribution] = {}  # (round, island, layer)
         self._arrived = asyncio.Event()
-        self._arrival: dict[tuple[int, int], float] = {}  # (round, island) -> when its last layer came
         self._sending: Optional[asyncio.Task] = None
-        self._round_ended: dict[int, float] = {}
         self._first_round = 0
         self._round_base: dict[int, int] = {}  # round -> its first data step
         self.rounds: list[dict] = []  # figures of each merged round, for the report
-        self.bytes_sent = 0
-        self.bytes_to: dict[str, int] = {}  # by destination
+        self.bytes_to: dict[str, int] = {}  # bytes sent, by destination
         self.sends: list[dict] = []  # each round's sending: seconds from the round's end to the last byte
         # outer states by version v (the state round v starts from): layer -> (anchor, momentum), and
         # the first data step of round v; what a new epoch resumes from (``decide.resume_point``)
@@ -91,7 +89,7 @@ class OuterSync:
         for layer, (anchor, momentum) in (state or {}).items():
             self.outer.load(layer, anchor, momentum)
         self.round = self._first_round = start_round
-        self._got, self._arrival, self._round_ended = {}, {}, {}
+        self._got = {}
         self._round_base = {start_round: smap.start_data_step}
         self._keep(start_round, smap.start_data_step)
 
@@ -100,14 +98,19 @@ class OuterSync:
         for v in sorted(self.versions)[:-KEEP_VERSIONS]:
             del self.versions[v]
 
-    def inventory(self) -> dict:
-        """What a new epoch can resume from here: layer -> versions, and each version's data step."""
+    def holding(self) -> dict:
+        """What a new epoch can resume from here: {"layers": layer -> versions, "data_steps": version
+        -> the data step it began at} (``parse_inventory``'s form)."""
         inv: dict[int, list[int]] = {}
         for v, (_d, states) in self.versions.items():
             for layer in states:
                 inv.setdefault(layer, []).append(v)
-        return {"layers": {str(k): sorted(v) for k, v in inv.items()},
-                "data_steps": {str(v): d for v, (d, _s) in self.versions.items()}}
+        return {"layers": {k: sorted(v) for k, v in inv.items()},
+                "data_steps": {v: d for v, (d, _s) in self.versions.items()}}
+
+    def inventory(self) -> dict:
+        """``holding()`` for this peer's ``/inventory`` page (JSON: string keys)."""
+        return {part: {str(k): v for k, v in d.items()} for part, d in self.holding().items()}
 
     async def on_fetch(self, header: dict, buffers):
         """Another peer takes a layer over at a version: its anchor and momentum (float32)."""
@@ -131,7 +134,7 @@ class OuterSync:
                 reply = await self.peer.client.send(
                     self.peer.data_url_of(src), OUTER_FETCH, {"job": self.job.job_id, "layer": layer, "version": version},
                     timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
-                    reply_charge=self.charges.params[layer] if self.charges and layer < len(self.charges.params) else 1.0)
+                    reply_charge=layer_charge(self.charges, layer))
                 _h, bufs = reply
                 if len(bufs) != 2 or any(memoryview(b).nbytes != 4 * size for b in bufs):
                     raise FrameError(f"outer state of layer {layer} is not 2 x {size} float32")
@@ -163,7 +166,6 @@ class OuterSync:
         waits for round ``r``'s and merges them (the run's end: every island then holds the anchor).
         Returns the round's figures."""
         t0 = time.time()
-        self._round_ended[r] = t0
         prog = self.outer.progress()
         wait = 0.0
         if r > self._first_round:
@@ -173,9 +175,8 @@ class OuterSync:
             self._keep(r, self._round_base[r])
         self.outer.replay(prog)
         encoded = self.outer.encode(prog)
-        own = {layer: Contribution(tokens, dec) for layer, (_m, _b, dec) in encoded.items()}
-        for layer, c in own.items():
-            self._got[(r, self.island, layer)] = c
+        for layer, (_m, _b, dec) in encoded.items():
+            self._got[(r, self.island, layer)] = Contribution(tokens, dec)
         if self._sending is not None and not self._sending.done():
             await self._sending  # (merging r - 1 waited for everyone's, so the previous sends are done)
         self._sending = asyncio.create_task(self._send(r, tokens, encoded))
@@ -215,19 +216,12 @@ class OuterSync:
             silent = sorted({i for i, _ in missing})
             self.on_event({"kind": "island_silent", "round": r, "islands": silent, "t": time.time()})
             raise StepFailed(f"round {r}: island(s) {silent} sent no contribution within {waited:.0f}s")
-        contribs = {layer: [self._got[(r, i, layer)] for i in range(n) if (r, i, layer) in self._got]
-                    for layer in layers}
+        contribs = {layer: [self._got[(r, i, layer)] for i in range(n)] for layer in layers}
         self.outer.merge(contribs)
-        arrivals = [t for (rr, i), t in self._arrival.items() if rr == r]
-        ended = self._round_ended.get(r)
-        exchange_s = max(arrivals) - ended if arrivals and ended else None
         self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4),
-                            "exchange_s": round(exchange_s, 4) if exchange_s is not None else None,
                             "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0})
         for key in [k for k in self._got if k[0] <= r]:
             del self._got[key]
-        for key in [k for k in self._arrival if k[0] <= r]:
-            del self._arrival[key]
         return waited
 
     async def _send(self, r: int, tokens: int, encoded: dict) -> None:
@@ -239,7 +233,7 @@ class OuterSync:
             meta, bufs, _dec = encoded[layer]
             header = {"job": self.job.job_id, "epoch": self.smap.epoch, "round": r, "island": self.island,
                       "layer": layer, "tokens": tokens, "meta": meta}
-            charge = self.charges.params[layer] if self.charges and layer < len(self.charges.params) else 1.0
+            charge = layer_charge(self.charges, layer)
             deadline = loop.time() + self.job.recv_timeout_s
             while True:
                 url = self.peer.data_url_of(dst)
@@ -249,7 +243,6 @@ class OuterSync:
                     await self.peer.client.send(url, OUTER, header, bufs, timeout=self.job.recv_timeout_s,
                                                 link=self.peer.link_to(dst), charge=charge, peer_id=dst)
                     nbytes = sum(memoryview(b).nbytes for b in bufs)
-                    self.bytes_sent += nbytes
                     self.bytes_to[dst] = self.bytes_to.get(dst, 0) + nbytes
                     sent += nbytes
                     break
@@ -299,7 +292,6 @@ class OuterSync:
         except codecs.CodecError as e:
             raise FrameError(f"contribution of layer {layer}: {e}") from None
         self._got[(r, i, layer)] = Contribution(tokens, delta)
-        self._arrival[(r, i)] = time.time()
         self._arrived.set()
         return None
 
@@ -317,9 +309,14 @@ class OuterSync:
             return None
         return {"layers": layers, "data_steps": steps}
 
+    @classmethod
+    def parse_inventories(cls, pages: dict) -> dict[str, dict]:
+        """Peer id -> ``parse_inventory`` of its page, for every page that holds a readable one."""
+        return {p: inv for p, page in pages.items() if (inv := cls.parse_inventory(page))}
+
     def report(self) -> dict:
         return {"island": self.island, "round": self.round, "codec": self.smap.exchange_codec if self.smap else None,
-                "bytes_sent": self.bytes_sent,
+                "bytes_sent": sum(self.bytes_to.values()),
                 "bytes_to": {self.smap.name_of(d): n for d, n in self.bytes_to.items()} if self.smap else {},
                 "rounds": self.rounds[-50:], "sends": self.sends[-50:],
                 "digests": {str(i): hashlib.sha256(a.numpy().tobytes()).hexdigest()[:16]

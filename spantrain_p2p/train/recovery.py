@@ -20,6 +20,7 @@ from . import state as layer_state
 from .checkpoint import CheckpointDir
 from .state import LayerState
 from .decide import choose_buddy
+from .workload import layer_charge
 
 log = logging.getLogger("spantrain.train")
 
@@ -144,7 +145,7 @@ class Recovery:
                 reply = await self.peer.client.send(
                     self.peer.data_url_of(src), "fetch", {"job": self.job.job_id, "layer": layer, "step": step},
                     timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
-                    reply_charge=self.charges.params[layer] if self.charges and layer < len(self.charges.params) else 1.0)
+                    reply_charge=layer_charge(self.charges, layer))
                 st = layer_state.decode(*reply, self._expected_layer_shapes(layer))
                 log.info("layer %d at step %d fetched from %s", layer, step, self.peer.name_of(src))
                 return st

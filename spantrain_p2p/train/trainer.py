@@ -123,7 +123,7 @@ class Trainer:
         self.data_share = DataShare(peer)
         self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
         self.outer = OuterSync(peer, self.events.append)  # islands: the exchange between them
-        self._data_of: dict[int, int] = {}  # islands: this round's local step -> data step
+        self._data_of: dict[int, int] = {}  # the step being run -> the data step it trains on (islands: not its own)
         self.coordinator.outer = self.outer  # where a map with islands resumes from
         peer.before_serving(self._install)
 
@@ -361,7 +361,6 @@ class Trainer:
         rounds = list(data_steps(H, k, job.steps, start_round=v, first_data_step=full.start_data_step))
         for n, (r, _base, dsteps) in enumerate(rounds):
             for ds in dsteps:
-                self._data_of = {step: ds}
                 await self._run_step(st, step, ds)
                 step += 1
             nxt = rounds[n + 1][1] if n + 1 < len(rounds) else job.steps
@@ -373,8 +372,7 @@ class Trainer:
     async def _outer_state(self, version: int, layers: dict) -> dict:
         """This peer's layers' outer state at ``version``: its own, or from a peer holding it (the
         same layers in another island, or this island's before the re-plan)."""
-        pages = await self.recovery.inventory_pages()
-        invs = {p: inv for p, page in pages.items() if (inv := self.outer.parse_inventory(page))}
+        invs = self.outer.parse_inventories(await self.recovery.inventory_pages())
         out = {}
         for layer, params in layers.items():
             holders = [p for p, inv in invs.items() if version in inv["layers"].get(layer, [])]
@@ -389,6 +387,7 @@ class Trainer:
         job, smap, me = self.job, self.smap, self.peer.peer_id
         self.step = step
         ds = step if data_step is None else data_step
+        self._data_of = {step: ds}
         if self.stage == 0 or st.is_last:  # the stages that read data: their shards are here first
             await self.data_share.ensure(ds, [a.mb for a in st.actions if a.op is sched.Op.F])
         t0 = time.time()

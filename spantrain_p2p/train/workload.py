@@ -82,6 +82,11 @@ class Charges:
     params: tuple[float, ...]
 
 
+def layer_charge(charges: Optional[Charges], layer: int) -> float:
+    """Emulated bytes per real byte of a message about ``layer``'s parameters (1 without a workload)."""
+    return charges.params[layer] if charges is not None and layer < len(charges.params) else 1.0
+
+
 def charges(job, handle) -> Charges:
     """How many bytes of the workload each byte the proxy (``handle``: its ``ModelHandle``) sends
     stands for."""

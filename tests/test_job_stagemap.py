@@ -125,7 +125,8 @@ def test_a_map_with_islands_round_trips_and_each_island_covers_every_layer():
                        (dict(d, islands=[dict(d["islands"][0], stages=1, compression=[]), dict(d["islands"][1], stages=2)]),
                         "cover layers"),
                        (dict(d, islands=[d["islands"][0], dict(d["islands"][1], steps_per_round=0)]), "steps_per_round"),
-                       (dict(d, exchange_codec=""), "exchange_codec")):
+                       (dict(d, exchange_codec=""), "exchange_codec"),
+                       (dict(d, exchange_codec="topk:0.9"), "unknown exchange codec")):
         with pytest.raises(ValueError, match=match):
             StageMap.from_dict(bad, 4)
     plain = StageMap(1, "job", stages[:2])

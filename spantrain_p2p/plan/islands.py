@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from .layout import LinkTable
-from .types import ModelProfile, Plan, Snapshot, Stage
+from .types import ModelProfile, Plan, Snapshot, Stage, compression_ratio
 
 SYNC_MODES = ("global", "islands", "auto")  # and "islands:H": at most H steps per round on the fastest island
 # pseudo-gradient codecs, least lossy first (error feedback keeps what each drops for the next round)
 EXCHANGE_CODECS = ("int8", "int:4", "topk:0.1", "topk:0.03", "topk:0.01")
 ROUND_MARGIN = 1.25  # the exchange must fit in a round with this much room (jitter, the merge itself)
 MAX_STEPS_PER_ROUND = 100  # a longer round drifts the islands apart: a lossier codec is preferred
-MIN_ROUND_S = 0.0
 
 
 def parse_sync(spec: str) -> tuple[str, int]:
@@ -52,21 +51,17 @@ def parse_sync(spec: str) -> tuple[str, int]:
 
 
 def exchange_ratio(codec: str) -> float:
-    """Wire bytes per fp32 byte of a pseudo-gradient under ``codec`` (``compress.codecs.wire_ratio``
-    of a large tensor: int8 and int:B carry one fp32 scale per 256 values; topk fp16 values and
-    int32 indices)."""
-    name, _, arg = codec.partition(":")
+    """Wire bytes per fp32 byte of a pseudo-gradient under ``codec``: ``types.compression_ratio``'s
+    (none, fp16, int8, topk:R with R <= 0.5, the codecs' bound) and int:B for B of 2 to 7 bits
+    (``compress.codecs``: B/32 plus one fp32 scale per 256 values)."""
+    name, _, arg = codec.partition(":") if isinstance(codec, str) else ("", "", "")
     try:
-        if name == "none" and not arg:
-            return 1.0
-        if name == "fp16" and not arg:
-            return 0.5
-        if name == "int8" and not arg:
-            return 0.25 + 1.0 / 256
-        if name == "int" and 2 <= int(arg) <= 7:
-            return int(arg) / 32 + 1.0 / 256
-        if name == "topk" and 0.0 < float(arg) <= 0.5:
-            return 1.5 * float(arg)
+        if name == "int":
+            bits = int(arg)
+            if 2 <= bits <= 7:
+                return bits / 32 + 1.0 / 256
+        elif name != "topk" or float(arg) <= 0.5:
+            return compression_ratio(codec)
     except ValueError:
         pass
     raise ValueError(f"unknown exchange codec {codec!r}; e.g. {', '.join(EXCHANGE_CODECS)}")
@@ -128,7 +123,7 @@ def round_lengths(step_s: Sequence[float], exchange_s: float, max_steps: int = M
     if fixed_steps:
         window = fixed_steps * fastest
     else:
-        window = min(max(exchange_s * margin, MIN_ROUND_S), max_steps * fastest)
+        window = min(exchange_s * margin, max_steps * fastest)
     window = max(window, max(step_s))
     steps = tuple(max(1, int(window / s + 1e-3)) for s in step_s)  # (a step 0.1 % over the window fits)
     return steps, max(h * s for h, s in zip(steps, step_s))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..pipeline.schedule import SCHEDULE_NAMES
+from .islands import exchange_ratio
 from .types import Stage, compression_ratio
 
 MAX_STAGES = 4096
@@ -70,11 +71,7 @@ class StageMap:
         return None
 
     def island_ranges(self) -> list[tuple[int, int]]:
-        out, first = [], 0
-        for isl in self.islands:
-            out.append((first, first + isl.stages))
-            first += isl.stages
-        return out
+        return _ranges(self.islands)
 
     def island_map(self, i: int) -> "StageMap":
         """Island ``i``'s own pipeline as a stage map of the same epoch (what its peers run)."""
@@ -103,7 +100,8 @@ class StageMap:
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error,
                 "compression": list(self.compression), "reason": self.reason,
                 **({"islands": [x.to_dict() for x in self.islands], "exchange_codec": self.exchange_codec,
-                    "start_data_step": self.start_data_step} if self.islands else {}), **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
+                    "start_data_step": self.start_data_step} if self.islands else {}),
+                **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
@@ -135,9 +133,7 @@ class StageMap:
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_STAGES:
             raise ValueError("stage map needs 1 to 4096 stages")
         islands = _islands_from(d.get("islands", []), len(raw))
-        starts = {0}
-        for a, _b in StageMap(0, "", (), islands=islands).island_ranges():
-            starts.add(a)
+        starts = {a for a, _b in _ranges(islands)}
         stages, expect, seen = [], 0, set()
         for i, s in enumerate(raw):
             if i in starts and i > 0:
@@ -190,6 +186,8 @@ class StageMap:
         codec, why = d.get("exchange_codec", ""), d.get("sync_reason", "")
         if not isinstance(codec, str) or len(codec) > 32 or bool(codec) != bool(islands):
             raise ValueError("stage map exchange_codec must name a codec where the map has islands, only there")
+        if codec:
+            exchange_ratio(codec)  # ValueError naming it, if no codec
         if not isinstance(why, str) or len(why) > 300:
             raise ValueError("stage map sync_reason must be a short string")
         sds = d.get("start_data_step", 0)
@@ -197,6 +195,15 @@ class StageMap:
             raise ValueError("stage map start_data_step must be a non-negative int")
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
                    float(pred), bottleneck, error, comp, reason, islands, codec, why, sds)
+
+
+def _ranges(islands: tuple[Island, ...]) -> list[tuple[int, int]]:
+    """[first, last) of each island's stages in the map's list."""
+    out, first = [], 0
+    for isl in islands:
+        out.append((first, first + isl.stages))
+        first += isl.stages
+    return out
 
 
 def _codecs_from(comp: Any, hops: int, what: str) -> tuple[str, ...]:

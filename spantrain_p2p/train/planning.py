@@ -122,9 +122,7 @@ def islands_stage_map(ip, job: JobSpec, epoch: int, names: Mapping[str, str], te
     maps = [to_stage_map(p, job, epoch, names, term, start_step) for p in ip.islands]
     isl = tuple(Island(m.num_stages, h, m.schedule, m.compression, m.predicted_step_s)
                 for m, h in zip(maps, ip.steps_per_round))
-    f = ip.figures()
-    bottleneck = (f"islands: round {f['round_s']:.3g}s, exchange {f['exchange_s']:.3g}s "
-                  f"({f['hidden']:.0%} hidden), {ip.codec}")
+    bottleneck = f"islands: round {ip.round_s:.3g}s, exchange {ip.exchange_s:.3g}s ({ip.hidden:.0%} hidden), {ip.codec}"
     return StageMap(epoch, job.job_id, tuple(st for m in maps for st in m.stages), start_step,
                     tuple(x for m in maps for x in m.names), schedule=maps[0].schedule, term=term,
                     predicted_step_s=float(ip.round_s / sum(ip.steps_per_round)), bottleneck=bottleneck[:200], islands=isl,

@@ -17,13 +17,7 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     if any(r.get("island") is not None for r in staged):
         return islands_summary(reports, samples_per_step, seq_len)
     last_stage = max(r["stage"] for r in staged)
-    sums: dict[int, tuple[float, int]] = {}  # each replica of the last stage reports the whole step's loss
-    for r in staged:
-        if r["stage"] == last_stage:
-            for step, total, count, _epoch in r["loss_sums"]:
-                if count > sums.get(step, (0.0, 0))[1]:
-                    sums[step] = (total, count)
-    losses = [sums[s][0] / sums[s][1] for s in sorted(sums)]
+    sums = _loss_sums(r for r in staged if r["stage"] == last_stage)
     last = next(r for r in staged if r["stage"] == last_stage)
     ends: dict[int, float] = {}
     starts: dict[int, float] = {}
@@ -37,15 +31,30 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
     step_s = statistics.median(intervals) if intervals else None
     # steady state: a step's samples over the median time between step completions
     sps = samples_per_step / step_s if step_s else 0.0
-    return {"steps": len(steps), "losses": losses, "samples_per_s": round(sps, 3),
-            "tokens_per_s": round(sps * seq_len, 1), "step_s": round(step_s, 5) if step_s else None,
+    return {"steps": len(steps), "losses": [sums[s][0] / sums[s][1] for s in sorted(sums)],
+            "samples_per_s": round(sps, 3), "tokens_per_s": round(sps * seq_len, 1),
+            "step_s": round(step_s, 5) if step_s else None,
             "samples_per_s_wall": round(len(steps) * samples_per_step / wall, 3) if wall > 0 else 0.0,
             "wall_s": round(wall, 3), "plan": last["plan"],
-            "peers": [{"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
-                       "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
-                       "device": (r.get("device") or {}).get("device"), **_work(r.get("work")),
-                       "error": r["error"]} for r in reports],
-            "mfu": _swarm_mfu(reports), **_loss_scale(staged)}
+            "peers": [_peer_row(r) for r in reports], "mfu": _swarm_mfu(reports), **_loss_scale(staged)}
+
+
+def _loss_sums(last_stage_reports) -> dict[int, tuple[float, int]]:
+    """step -> (loss sum, count) from the last stage's reports: each replica of the last stage reports
+    the whole step's loss; the report with the largest count is kept."""
+    sums: dict[int, tuple[float, int]] = {}
+    for r in last_stage_reports:
+        for step, total, count, _epoch in r["loss_sums"]:
+            if count > sums.get(step, (0.0, 0))[1]:
+                sums[step] = (total, count)
+    return sums
+
+
+def _peer_row(r: dict) -> dict:
+    """One peer of the run summary."""
+    return {"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
+            "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
+            "device": (r.get("device") or {}).get("device"), **_work(r.get("work")), "error": r["error"]}
 
 
 def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
@@ -56,21 +65,16 @@ def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) ->
     by_island: dict[int, list[dict]] = {}
     for r in staged:
         by_island.setdefault(r["island"], []).append(r)
-    sums: dict[int, tuple[float, int]] = {}
+    last = {k: max(r["stage"] for r in rs) for k, rs in by_island.items()}
+    sums = _loss_sums(r for r in staged if r["stage"] == last[r["island"]])
     ends: dict[int, float] = {}
     first_end: dict[int, float] = {}
     for k, rs in by_island.items():
-        last = max(r["stage"] for r in rs)
-        for r in rs:
-            if r["stage"] == last:
-                for step, total, count, _epoch in r["loss_sums"]:
-                    if count > sums.get(step, (0.0, 0))[1]:
-                        sums[step] = (total, count)
-            for step, _t0, t1, *_ in r["step_times"]:
-                ends[step] = max(ends.get(step, 0.0), t1)
-        mine = [t1 for r in rs for _s, _t0, t1, *_ in r["step_times"]]
+        mine = [(step, t1) for r in rs for step, _t0, t1, *_ in r["step_times"]]
+        for step, t1 in mine:
+            ends[step] = max(ends.get(step, 0.0), t1)
         if mine:
-            first_end[k] = min(mine)
+            first_end[k] = min(t1 for _s, t1 in mine)
     steps = sorted(ends)
     t_a = max(first_end.values()) if first_end else 0.0
     t_b = max(ends.values()) if ends else 0.0
@@ -110,11 +114,8 @@ def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) ->
                         "send_s_median": round(statistics.median(exch), 4) if exch else None,
                         "wait_s_median": round(statistics.median(waits), 4) if waits else None,
                         "hidden": hidden},
-            "peers": [{"name": r["name"], "island": r.get("island"), "stage": r["stage"], "layers": r["layers"],
-                       "steps_done": r["steps_done"], "step_s_median": r["step_s_median"],
-                       "compute_s_median": r["compute_s_median"], "device": (r.get("device") or {}).get("device"),
-                       **_work(r.get("work")), "error": r["error"]} for r in reports],
-            "mfu": _swarm_mfu(reports), **_loss_scale(staged)}
+            "peers": [{"island": r.get("island"), **_peer_row(r)} for r in reports], "mfu": _swarm_mfu(reports),
+            **_loss_scale(staged)}
 
 
 def _loss_scale(staged: list[dict]) -> dict:

@@ -42,9 +42,6 @@ def _step(layers, opt, batch, data_step: int, m: int) -> float:
     return total / m
 
 
-IMMEDIATE = False
-
-
 def held_out_loss(layers, batch, first: int, n: int, m: int) -> float:
     """The mean loss of a model on data steps ``first .. first + n - 1`` (steps no run trained on)."""
     total = 0.0
@@ -83,21 +80,15 @@ def islands_run(job: JobSpec, steps_per_round: list[int], codec: str, held_out: 
             for ds in dsteps:
                 losses[ds] = _step(layers, opt, batch, ds, job.num_micro_batches)
             prog = outer.progress()
-            if pending is not None and not IMMEDIATE:
+            if pending is not None:
                 outer.merge(pending)
             outer.replay(prog)
             enc = outer.encode(prog)
             sent += sum(sum(memoryview(b).nbytes for b in bufs) for _m, bufs, _d in enc.values())
             mine.append({layer: Contribution(len(dsteps) * tokens_per_step, dec) for layer, (_m, _b, dec) in enc.items()})
         pending = {layer: [c[layer] for c in mine] for layer in mine[0]}
-        if IMMEDIATE:
-            for _l, _o, outer in reps:
-                outer.merge(pending)
-                outer.replay({i: torch.zeros_like(a) for i, a in outer.anchor.items()})
-            pending = None
     for _layers, _opt, outer in reps:
-        if pending is not None:
-            outer.merge(pending)
+        outer.merge(pending)
         outer.reset_to_anchor()
     final = held_out_loss(reps[0][0], batch, job.steps, held_out, job.num_micro_batches)
     return losses, {"rounds": len(plans[0]), "exchange_bytes": sent,

@@ -37,6 +37,9 @@ def main_parser() -> argparse.ArgumentParser:
     st.add_argument("--swarm", default="default")
     st.add_argument("--timeout", type=float, default=30.0)
     st.add_argument("--swarm-key", metavar="PATH", help="the key file of a closed swarm")
+    st.add_argument("--allow", action="append", default=[], metavar="PEER_ID|@FILE",
+                    help="a closed swarm's allow-list (as its peers'): read it as a listed member, with --identity")
+    st.add_argument("--identity", metavar="PATH", help="an identity on the allow-list (spantrain-peer --identity makes one)")
     st.add_argument("--json", action="store_true", help="print one JSON object on the last line of stdout")
     st.add_argument("-v", "--verbose", action="count", default=0)
 
@@ -62,6 +65,10 @@ def main_parser() -> argparse.ArgumentParser:
     kg = sub.add_parser("keygen", help="write a new swarm key: peers given it (--swarm-key) form a closed swarm")
     kg.add_argument("path", metavar="PATH", help="where the key goes (created with mode 0600; never overwritten)")
     kg.add_argument("-v", "--verbose", action="count", default=0)
+    ident = sub.add_parser("identity", help="make (if missing) a peer identity file and print its peer id, "
+                                            "the id an allow-list names")
+    ident.add_argument("path", metavar="PATH", help="the identity file (spantrain-peer --identity PATH uses it)")
+    ident.add_argument("-v", "--verbose", action="count", default=0)
     rp = sub.add_parser("report", help="draw a run's pictures (loss, tokens/s, a step's timeline, links) as PNGs")
     rp.add_argument("run_dir", metavar="RUN_DIR", help="a folder `spantrain swarm --steps N` wrote (it says where)")
     rp.add_argument("--out", default=None, help="where the pictures go (default: RUN_DIR/report)")
@@ -122,6 +129,18 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         if args.cmd == "keygen":
             return keygen_command(args.path)
+        if args.cmd == "identity":
+            from ..swarm.identity import Identity
+
+            try:
+                ident, created = Identity.load_or_create(args.path)
+            except (OSError, ValueError) as e:
+                print(f"spantrain identity: error: {args.path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
+                return 1
+            print(ident.peer_id)
+            print(f"{'made' if created else 'read'} {args.path}: give it to `spantrain-peer --identity`, and "
+                  f"the id above to the swarm's --allow list", file=sys.stderr)
+            return 0
         if args.cmd == "export":
             from .export import export_command
 

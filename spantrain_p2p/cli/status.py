@@ -4,12 +4,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from typing import Optional
 
 from ..swarm import discovery, membership
 
 
-async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_key_path: str = "") -> list:
-    """Live member records of a swarm, read through a short-lived DHT client (serves nothing)."""
+async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_key_path: str = "",
+                             identity_path: str = "", allow: tuple[str, ...] = ()) -> tuple[list, Optional[str]]:
+    """(live member records, the pages' operator token or None) of a swarm, read through a
+    short-lived DHT client (serves nothing). A closed swarm with an allow-list is read as a listed
+    member: ``identity_path`` must be on ``allow``, and a member hands it the group key."""
     from hivemind.dht.node import DHTNode
     from hivemind.p2p import P2P
 
@@ -23,15 +27,32 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_
         node = await asyncio.wait_for(
             DHTNode.create(p2p=p2p, initial_peers=join, client_mode=True, wait_timeout=3), timeout
         )
+        from ..swarm import group_key
         from ..swarm.guard import GuardedDHT
+        from ..swarm.identity import Identity
         from ..swarm.sealing import SwarmKey
 
-        guard = GuardedDHT(node, SwarmKey.load(swarm_key_path) if swarm_key_path else None)
+        key = SwarmKey.load(swarm_key_path) if swarm_key_path else None
+        guard = GuardedDHT(node, key, frozenset(allow) if allow else None)
+        if guard.grouped:
+            if not identity_path:
+                raise ValueError("a closed swarm with an allow-list is read with --identity PATH (an id on its list)")
+            identity = Identity.load(identity_path)
+
+            async def locked_out() -> Optional[str]:
+                await membership.read_members(guard, swarm, membership.BadRecordLog())
+                return guard.why_locked_out(swarm) if guard.refused["other-key"] or guard.refused["unsealed"] else None
+
+            try:
+                guard.group = await group_key.request(guard, swarm, identity, timeout, 0.5, locked_out)
+            except group_key.GroupKeyTimeout as e:
+                raise ValueError(str(e)) from None
         view = await membership.read_members(guard, swarm, membership.BadRecordLog())
-        locked_out = guard.why_locked_out(swarm) if not view else None
-        if locked_out:
-            raise ValueError(locked_out)
-        return sorted((r for r in view.values() if r.alive), key=lambda r: r.peer_id)
+        reason = guard.why_locked_out(swarm) if not view else None
+        if reason:
+            raise ValueError(reason)
+        token = guard.group.operator_token if guard.group is not None else key.operator_token if key else None
+        return sorted((r for r in view.values() if r.alive), key=lambda r: r.peer_id), token
     finally:
         if node is not None:
             await node.shutdown()
@@ -40,7 +61,10 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_
 
 async def status_command(args) -> int:
     try:
-        members = await read_swarm_members(args.join, args.swarm, args.timeout, args.swarm_key or "")
+        from ..peer_command.main import allow_list
+
+        members, token = await read_swarm_members(args.join, args.swarm, args.timeout, args.swarm_key or "",
+                                                  args.identity or "", allow_list(args.allow))
     except asyncio.TimeoutError:
         print(f"spantrain status: error: no answer from {args.join} within {args.timeout:.0f}s", file=sys.stderr)
         return 1
@@ -49,10 +73,13 @@ async def status_command(args) -> int:
         return 1
     peers = [{"peer_id": r.peer_id, "name": r.name, "state": r.state, "address": r.maddrs[0] if r.maddrs else "",
               "data_url": r.data_url, "version": r.version} for r in members]
+    grouped = bool(args.swarm_key and args.allow)
     if args.json:
-        print(json.dumps({"swarm": args.swarm, "peers": peers}))
+        print(json.dumps({"swarm": args.swarm, "peers": peers, **({"operator_token": token} if grouped else {})}))
     else:
         print(f"swarm {args.swarm!r}: {len(peers)} live peer(s)")
         for p in peers:
             print(f"  {p['name'] or '-':<12} {p['state']:<10} v{p['version']:<8} {p['address']}")
+        if grouped:  # its pages take the group key's token, which `spantrain keygen` could not print
+            print(f"operator token of its pages (keep it secret): {token}")
     return 0

@@ -38,10 +38,14 @@ class DataPlaneClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            key = self.auth.swarm_key if self.auth is not None else None
-            headers = {"Authorization": f"Bearer {key.operator_token}"} if key is not None else None
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64), headers=headers)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
         return self._session
+
+    def _headers(self) -> Optional[dict]:
+        """A closed swarm's pages take its operator token (read per request: a grouped swarm's is
+        known only once the group key is)."""
+        token = self.auth.operator_token if self.auth is not None else None
+        return {"Authorization": f"Bearer {token}"} if token else None
 
     async def close(self) -> None:
         if self._session is not None:
@@ -207,7 +211,8 @@ class DataPlaneClient:
     async def get_json(self, url: str, path: str, max_bytes: int, timeout: float) -> dict:
         """``GET url+path`` as a JSON object, refused past ``max_bytes`` (a page from another peer is
         untrusted: ValueError when too large or not an object)."""
-        async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with self._get_session().get(f"{url}{path}", headers=self._headers(),
+                                           timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()
             body = await resp.content.read(max_bytes + 1)
             if len(body) > max_bytes:
@@ -218,7 +223,8 @@ class DataPlaneClient:
             return d
 
     async def status(self, url: str, timeout: float = 5.0, path: str = "/status") -> dict:
-        async with self._get_session().get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with self._get_session().get(f"{url}{path}", headers=self._headers(),
+                                           timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()
             return json.loads(await resp.text())
 

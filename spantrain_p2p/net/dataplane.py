@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 import math
+import secrets
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from aiohttp import web
@@ -92,9 +93,9 @@ class DataPlaneServer:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        token = self.auth.swarm_key.operator_token if self.auth is not None and self.auth.swarm_key else None
+        closed = self.auth is not None and self.auth.swarm_key is not None
         app = web.Application(client_max_size=self.max_message_bytes,
-                              middlewares=[_operator_only(token)] if token else [])
+                              middlewares=[_operator_only(lambda: self.auth.operator_token)] if closed else [])
         for path, fn in self._json_gets.items():
             app.router.add_get(path, self._json_handler(fn))
         for path, raw in self._gets.items():
@@ -230,12 +231,14 @@ class DataPlaneServer:
         return resp
 
 
-def _operator_only(token: str):
+def _operator_only(current_token: Callable[[], Optional[str]]):
     """aiohttp middleware: a closed swarm's pages need its operator token (a header, or ``?token=``
-    once: a browser keeps it as a cookie for the page's own requests)."""
+    once: a browser keeps it as a cookie for the page's own requests). ``current_token()`` is read
+    per request: a grouped swarm's token is known once its group key is (until then, no page)."""
 
     @web.middleware
     async def check(request: web.Request, handler):
+        token = current_token() or secrets.token_hex(16)  # none yet: nothing matches
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or \
             request.query.get("token") or request.cookies.get("spantrain_token", "")
         if not hmac.compare_digest(given.encode(), token.encode()):

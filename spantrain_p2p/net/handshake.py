@@ -65,6 +65,9 @@ class Authenticator:
                  admit: Optional[Callable[[str], Optional[str]]] = None):
         self.identity, self.swarm_key, self.encrypt = identity, swarm_key, encrypt
         self.admit = admit or (lambda peer_id: None)
+        # what a closed swarm's pages take: the swarm key's, or (with an allow-list) the group
+        # key's once this peer holds it (None: an open swarm, or not yet)
+        self.operator_token: Optional[str] = swarm_key.operator_token if swarm_key is not None else None
 
     @property
     def peer_id(self) -> str:

@@ -32,5 +32,6 @@ class PeerConfig:
     emulate_t0: Optional[float] = None  # CLOCK_MONOTONIC origin of the scenario's bandwidth traces
     swarm_key_path: str = ""  # a closed swarm's key file ("": an open swarm)
     allow: tuple[str, ...] = ()  # peer ids this peer takes part with (empty: anyone of the swarm)
+    group_key_timeout_s: float = 20.0  # how long a joiner of a closed swarm with --allow waits for its key
     encrypt: bool = False  # encrypt data-plane connections (either end asking is enough)
     stall_timeout_s: float = 30.0  # a message that stops arriving this long closes its connection

@@ -23,8 +23,9 @@ from ..net.handshake import Authenticator, HandshakeError
 from ..net.probe_messages import PROBE_KIND, handle_probe
 from ..swarm import discovery, membership
 from ..swarm.daemon import tie_daemons_to_this_process
+from ..swarm import group_key
 from ..swarm.guard import GuardedDHT
-from ..swarm.sealing import SwarmKey
+from ..swarm.sealing import GroupKey, SwarmKey
 from ..swarm.identity import Identity
 from ..swarm.records import PeerRecord, seal
 from .config import PeerConfig, PeerError
@@ -261,6 +262,8 @@ class Peer:
             raise
 
         self._dht = GuardedDHT(node, self.swarm_key, self.allow)
+        if self._dht.grouped:
+            await self._take_group_key(joining=bool(join))
         if join:
             await self._check_admission()
         if check_identity:
@@ -363,6 +366,29 @@ class Peer:
         if kind in (PROBE_KIND, CHAOS_KIND) or self.is_member(sender):
             return None
         raise Retry(f"{sender} is not a member of swarm {self.config.swarm!r} (or not yet seen by this peer)")
+
+    async def _take_group_key(self, joining: bool) -> None:
+        """A closed swarm with an allow-list: the first peer makes the group key, a joiner waits to be
+        handed it (PeerError at once for a wrong swarm key, or after ``group_key_timeout_s`` when no
+        member hands it over: not on their list); then this peer hands it to listed joiners."""
+        cfg, dht = self.config, self._dht
+        if not joining:
+            dht.group = GroupKey.generate(self.swarm_key.key_id)
+            log.info("made the group key (id %s) of swarm %r", dht.group.key_id.hex(), cfg.swarm)
+        else:
+            async def locked_out() -> Optional[str]:
+                await membership.read_members(dht, cfg.swarm, self._on_bad)  # its refusals tell a wrong key
+                fatal = any(dht.refused[k] for k in ("other-key", "unsealed", "swarm-sealed"))
+                return dht.why_locked_out(cfg.swarm) if fatal else None
+
+            try:
+                dht.group = await group_key.request(dht, cfg.swarm, self.identity, cfg.group_key_timeout_s,
+                                                    min(cfg.poll_s, 1.0), locked_out)
+            except group_key.GroupKeyTimeout as e:
+                raise PeerError(str(e)) from None
+        self.client.auth.operator_token = dht.group.operator_token
+        self.spawn(group_key.keep_handing_out(dht, cfg.swarm, self.identity, dht.group, min(cfg.poll_s, 1.0)),
+                   "group-key")
 
     async def _check_admission(self) -> None:
         """PeerError, at once, when this peer cannot take part in the swarm it joins: the swarm's

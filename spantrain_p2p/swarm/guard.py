@@ -6,7 +6,10 @@ guard decides what a peer believes:
   a value that does not open is dropped, and logged once;
 - with an allow-list, a value signed by a peer id not on it is dropped too (every value of a
   swarm is a signed payload, see ``records.sign_payload``): roles, stage maps, job records and
-  measurements are taken from members only.
+  measurements are taken from members only;
+- a closed swarm with an allow-list seals its values with the group key (``group``, handed to
+  listed members only, see ``group_key``); only the group-key exchange itself stays under the
+  swarm key. Until a joining peer holds the group key, it reads nothing else.
 ``refused`` counts what was dropped, by reason, so a joining peer can say why it sees no swarm.
 """
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any, Optional
 from hivemind.utils import ValueWithExpiration
 
 from .identity import peer_id_from_public_der
+from .keys import is_key_exchange
 from .membership import BadRecordLog
-from .sealing import SealError, SwarmKey, is_sealed, sealed_key_id
+from .sealing import GroupKey, SealError, Sealer, SwarmKey, is_group_sealed, is_sealed, sealed_key_id
 
 
 def signer_of(value: Any) -> Optional[str]:
@@ -37,13 +41,27 @@ class GuardedDHT:
 
     def __init__(self, node, key: Optional[SwarmKey] = None, allow: Optional[frozenset[str]] = None):
         self.node, self.key, self.allow = node, key, allow
+        self.group: Optional[GroupKey] = None  # set once made or handed over (grouped swarms only)
         self.refused: Counter[str] = Counter()
         self.other_key_ids: set[str] = set()
         self._log = BadRecordLog("DHT value")
 
+    @property
+    def grouped(self) -> bool:
+        """Whether this swarm's values are sealed with a group key: closed, with an allow-list."""
+        return self.key is not None and self.allow is not None
+
+    def _sealer(self, dht_key: str) -> Optional[Sealer]:
+        if not self.grouped or is_key_exchange(dht_key):
+            return self.key
+        return self.group
+
     async def store(self, key: str, value: Any, expiration_time: float, subkey: Any = None, **kwargs) -> bool:
         if self.key is not None:
-            value = self.key.seal(value, key, subkey, expiration_time)
+            sealer = self._sealer(key)
+            if sealer is None:
+                raise RuntimeError("this peer does not hold the swarm's group key yet: it cannot store anything")
+            value = sealer.seal(value, key, subkey, expiration_time)
         return bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs))
 
     async def get(self, key: str, latest: bool = False, **kwargs) -> Optional[ValueWithExpiration]:
@@ -66,12 +84,19 @@ class GuardedDHT:
             if is_sealed(value):
                 return self._refuse("sealed-no-key", where, "sealed with a swarm key (this peer has none)")
         else:
+            sealer = self._sealer(key)
+            if sealer is None:  # a grouped swarm's value, before this peer holds the group key
+                if is_group_sealed(value) and sealed_key_id(value) == self.key.key_id:
+                    return self._refuse("no-group-key", where, "sealed with the group key (this peer has none yet)")
+                sealer = self.key  # tells a wrong swarm key, or a swarm without an allow-list
             try:
-                value = self.key.open(value, key, subkey, expiration)
+                value = sealer.open(value, key, subkey, expiration)
             except SealError as e:
-                if e.kind == "other-key":
+                if e.kind == "other-key" and sealer is self.key:
                     self.other_key_ids.add(sealed_key_id(value).hex())
                 return self._refuse(e.kind, where, str(e))
+            if sealer is not self._sealer(key):  # opened with the swarm key where a group key belongs
+                return self._refuse("swarm-sealed", where, "sealed with the swarm key alone (its peer has no allow-list)")
         if self.allow is not None:
             signer = signer_of(value)
             if signer not in self.allow:
@@ -80,7 +105,8 @@ class GuardedDHT:
 
     def _refuse(self, kind: str, where: str, reason: str) -> None:
         self.refused[kind] += 1
-        self._log(where, reason)
+        if kind != "no-group-key":  # a joiner's normal state until a member hands it the key
+            self._log(where, reason)
         return None
 
     def why_locked_out(self, swarm: str) -> Optional[str]:
@@ -96,6 +122,13 @@ class GuardedDHT:
         if self.refused["unsealed"]:
             return (f"swarm {swarm!r} is open (its records are not sealed), but this peer was given --swarm-key: "
                     f"start it without, or join a closed swarm")
+        if self.refused["group-sealed"] or self.refused["no-group-key"] or self.refused["other-group"]:
+            return (f"swarm {swarm!r} is closed to the peers on its allow-list: its records are sealed with a group "
+                    f"key that only they are handed, and no member handed it to this peer (start it with the "
+                    f"swarm's --allow list, which must name it)")
+        if self.refused["swarm-sealed"]:
+            return (f"swarm {swarm!r} has no allow-list (its records are sealed with the swarm key alone), but this "
+                    f"peer was given --allow: start it with the same options as its members")
         if self.refused["forged"]:
             return f"swarm {swarm!r}: its records do not open with this peer's swarm key"
         return None

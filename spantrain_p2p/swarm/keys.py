@@ -7,7 +7,9 @@ All keys are ``spantrain/<swarm>/<what>``; each holds a dictionary of signed ent
   peer id (``measure``);
 - ``planner``: the planner's lease, subkey = its term (``election``);
 - ``job``: the job record, subkey ``"job"``;
-- ``stagemap``: stage maps, subkey = their epoch.
+- ``stagemap``: stage maps, subkey = their epoch;
+- ``keyreq``, ``groupkey``: a closed swarm's group-key exchange (``group_key``), subkey = the
+  peer id asking and the peer id the key is wrapped for; sealed with the swarm key, not the group key.
 
 The strings are part of the protocol: peers of one version must build the same ones.
 """
@@ -45,6 +47,24 @@ def job_key(swarm: str) -> str:
 def stagemap_key(swarm: str) -> str:
     """The published stage maps, one per epoch (``epoch_subkey``)."""
     return _key(swarm, "stagemap")
+
+
+KEY_EXCHANGE = ("keyreq", "groupkey")
+
+
+def keyreq_key(swarm: str) -> str:
+    """Requests for the group key, one per asking peer id."""
+    return _key(swarm, KEY_EXCHANGE[0])
+
+
+def groupkey_key(swarm: str) -> str:
+    """The group key wrapped for one member each, subkey = that member's peer id."""
+    return _key(swarm, KEY_EXCHANGE[1])
+
+
+def is_key_exchange(dht_key: str) -> bool:
+    """Whether ``dht_key`` belongs to the group-key exchange (sealed with the swarm key itself)."""
+    return dht_key.startswith("spantrain/") and dht_key.rsplit("/", 1)[-1] in KEY_EXCHANGE
 
 
 def term_subkey(term: int) -> str:

@@ -9,8 +9,12 @@ swarm's members out of band. HKDF-SHA256 derives one key per use, so no key serv
 - the key id: 8 bytes that name the key (not secret, unrelated to the others), so a peer given a
   wrong key is told "another key" rather than "garbage".
 
-A sealed value is ``b"STS1"``, the key id, a random 12-byte nonce, then the AEAD ciphertext of
-the msgpack value. The associated data binds it to its DHT key, subkey and expiration time: a
+A closed swarm with an allow-list seals its values with a *group key* instead (``GroupKey``: 32
+random bytes made by its first peer and handed to each listed member under that member's own RSA
+key, see ``group_key``), so a key holder who is not on the list reads nothing either.
+
+A sealed value is ``b"STS1"`` and the swarm key's id (or ``b"STG1"``, the swarm key's id and the
+group key's), a random 12-byte nonce, then the AEAD ciphertext of the msgpack value. The associated data binds it to its DHT key, subkey and expiration time: a
 value cannot be moved under another key, nor replayed with a later expiry (replayed with its own,
 it is older than the live one the DHT keeps, or already expired).
 
@@ -31,6 +35,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 MAGIC = b"STS1"
+GROUP_MAGIC = b"STG1"
 KEY_BYTES = 32
 KEY_ID_BYTES = 8
 NONCE_BYTES = 12
@@ -41,7 +46,9 @@ MAX_SEALED_BYTES = 1 << 20  # the largest DHT value of a swarm (a stage map) is 
 class SealError(ValueError):
     """A DHT value that a closed swarm cannot take. ``kind`` says which way it failed:
     ``"unsealed"`` (a plain value), ``"other-key"`` (sealed with another swarm key), ``"forged"``
-    (our key id, but it does not open: altered, moved or replayed), ``"malformed"``."""
+    (our key id, but it does not open: altered, moved or replayed), ``"malformed"``, and between
+    the two layers ``"group-sealed"`` (under a group key, opened with a swarm key) and
+    ``"swarm-sealed"`` (under a swarm key, opened with a group key)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -49,7 +56,11 @@ class SealError(ValueError):
 
 
 def is_sealed(value: Any) -> bool:
-    return isinstance(value, bytes) and value[: len(MAGIC)] == MAGIC
+    return isinstance(value, bytes) and value[: len(MAGIC)] in (MAGIC, GROUP_MAGIC)
+
+
+def is_group_sealed(value: Any) -> bool:
+    return isinstance(value, bytes) and value[: len(GROUP_MAGIC)] == GROUP_MAGIC
 
 
 def sealed_key_id(value: bytes) -> bytes:
@@ -65,19 +76,92 @@ def _associated(dht_key: str, subkey: Any, expiration: float) -> bytes:
     return b"spantrain dht v1" + msgpack.packb([dht_key, subkey, float(expiration)], use_bin_type=True)
 
 
-class SwarmKey:
-    """A loaded swarm key (never printed: ``repr`` shows the key id only)."""
+class Sealer:
+    """Seals and opens DHT values with a 32-byte secret (one derived AEAD key). The envelope's head
+    (``magic`` and key ids) tells the two layers and the keys apart. Never printed: ``repr`` shows
+    the key id only."""
+
+    magic = MAGIC
+    label = "swarm"
+    uses = ("key id", "dht")  # the HKDF uses of its key id and its AEAD key
 
     def __init__(self, secret: bytes):
         if not isinstance(secret, bytes) or len(secret) != KEY_BYTES:
-            raise ValueError(f"a swarm key is {KEY_BYTES} bytes")
-        self.key_id = _derive(secret, "key id", KEY_ID_BYTES)
-        self._aead = ChaCha20Poly1305(_derive(secret, "dht"))
-        self._auth = _derive(secret, "auth")
-        self.operator_token = _derive(secret, "operator", 16).hex()
+            raise ValueError(f"a {self.label} key is {KEY_BYTES} bytes")
+        self.key_id = _derive(secret, self.uses[0], KEY_ID_BYTES)
+        self._aead = ChaCha20Poly1305(_derive(secret, self.uses[1]))
+        self.swarm_key_id = self.key_id
+
+    @property
+    def head(self) -> bytes:
+        return self.magic + self.swarm_key_id + (self.key_id if self.key_id != self.swarm_key_id else b"")
 
     def __repr__(self) -> str:
-        return f"SwarmKey(id={self.key_id.hex()})"
+        return f"{type(self).__name__}(id={self.key_id.hex()})"
+
+    def seal(self, value: Any, dht_key: str, subkey: Any, expiration: float) -> bytes:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        body = msgpack.packb(value, use_bin_type=True)
+        return self.head + nonce + self._aead.encrypt(nonce, body, _associated(dht_key, subkey, expiration))
+
+    def open(self, sealed: Any, dht_key: str, subkey: Any, expiration: float) -> Any:
+        """The value inside an untrusted DHT value; SealError saying why not."""
+        if not is_sealed(sealed):
+            raise SealError("unsealed", "the value is not sealed (a peer of an open swarm, or of none)")
+        if len(sealed) > MAX_SEALED_BYTES:
+            raise SealError("malformed", f"sealed value of {len(sealed)} bytes is over {MAX_SEALED_BYTES}")
+        head = self.head
+        if len(sealed) < len(MAGIC) + KEY_ID_BYTES:
+            raise SealError("malformed", "sealed value is truncated")
+        if sealed_key_id(sealed) != self.swarm_key_id:
+            raise SealError("other-key", f"sealed with another swarm key (id {sealed_key_id(sealed).hex()})")
+        if sealed[: len(MAGIC)] != self.magic:
+            if self.magic == MAGIC:
+                raise SealError("group-sealed", "sealed with the group key of the members on the swarm's allow-list")
+            raise SealError("swarm-sealed", "sealed with the swarm key alone (its peer has no allow-list)")
+        if len(sealed) < len(head) + NONCE_BYTES + 16:
+            raise SealError("malformed", "sealed value is truncated")
+        if sealed[: len(head)] != head:
+            raise SealError("other-group", f"sealed with another group key (id {sealed[len(MAGIC) + KEY_ID_BYTES:len(head)].hex()})")
+        nonce = sealed[len(head) : len(head) + NONCE_BYTES]
+        try:
+            body = self._aead.decrypt(nonce, sealed[len(head) + NONCE_BYTES :], _associated(dht_key, subkey, expiration))
+        except InvalidTag:
+            raise SealError("forged", "sealed value does not open: altered, moved to another key, or replayed") from None
+        try:
+            return msgpack.unpackb(body, raw=False, strict_map_key=True)
+        except Exception as e:
+            raise SealError("malformed", f"sealed value holds no msgpack ({e.__class__.__name__})") from None
+
+
+class GroupKey(Sealer):
+    """The group key of a closed swarm with an allow-list (of the swarm key ``swarm_key_id``): it
+    seals the swarm's DHT values and derives the operator token of its pages. ``secret`` is kept to
+    be wrapped for new members. Its envelope names the swarm key too, so a peer with a wrong swarm
+    key is told so before it waits for a group key."""
+
+    magic = GROUP_MAGIC
+    label = "group"
+    uses = ("group key id", "group dht")
+
+    def __init__(self, secret: bytes, swarm_key_id: bytes):
+        super().__init__(secret)
+        self.swarm_key_id = swarm_key_id
+        self.secret = secret
+        self.operator_token = _derive(secret, "group operator", 16).hex()
+
+    @classmethod
+    def generate(cls, swarm_key_id: bytes) -> "GroupKey":
+        return cls(secrets.token_bytes(KEY_BYTES), swarm_key_id)
+
+
+class SwarmKey(Sealer):
+    """A loaded swarm key."""
+
+    def __init__(self, secret: bytes):
+        super().__init__(secret)
+        self._auth = _derive(secret, "auth")
+        self.operator_token = _derive(secret, "operator", 16).hex()
 
     @classmethod
     def generate(cls) -> "SwarmKey":
@@ -105,33 +189,6 @@ class SwarmKey:
         if head != FILE_HEADER or len(secret) != KEY_BYTES:
             raise ValueError(f"{path} is not a {FILE_HEADER} file of {KEY_BYTES} bytes")
         return cls(secret)
-
-    # ---- DHT values ----------------------------------------------------------------------
-    def seal(self, value: Any, dht_key: str, subkey: Any, expiration: float) -> bytes:
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        body = msgpack.packb(value, use_bin_type=True)
-        return MAGIC + self.key_id + nonce + self._aead.encrypt(nonce, body, _associated(dht_key, subkey, expiration))
-
-    def open(self, sealed: Any, dht_key: str, subkey: Any, expiration: float) -> Any:
-        """The value inside an untrusted DHT value; SealError saying why not."""
-        if not is_sealed(sealed):
-            raise SealError("unsealed", "the value is not sealed (a peer of an open swarm, or of none)")
-        if len(sealed) > MAX_SEALED_BYTES:
-            raise SealError("malformed", f"sealed value of {len(sealed)} bytes is over {MAX_SEALED_BYTES}")
-        head = len(MAGIC) + KEY_ID_BYTES + NONCE_BYTES
-        if len(sealed) < head + 16:
-            raise SealError("malformed", "sealed value is truncated")
-        if sealed_key_id(sealed) != self.key_id:
-            raise SealError("other-key", f"sealed with another swarm key (id {sealed_key_id(sealed).hex()})")
-        try:
-            body = self._aead.decrypt(sealed[head - NONCE_BYTES : head], sealed[head:],
-                                      _associated(dht_key, subkey, expiration))
-        except InvalidTag:
-            raise SealError("forged", "sealed value does not open: altered, moved to another key, or replayed") from None
-        try:
-            return msgpack.unpackb(body, raw=False, strict_map_key=True)
-        except Exception as e:
-            raise SealError("malformed", f"sealed value holds no msgpack ({e.__class__.__name__})") from None
 
     # ---- proofs of holding the key ----------------------------------------------------------
     def prove(self, role: bytes, transcript: bytes) -> bytes:

@@ -9,6 +9,8 @@ import torch
 from spantrain_p2p.compress import (AdaptivePolicy, CodecError, ErrorFeedback, choose, decode, encode, evaluate,
                                     fidelity, measure_fidelities, nominal_fidelity, parse_spec, roundtrip, spec,
                                     topk_count, wire_bytes, wire_ratio)
+from spantrain_p2p.compress.adaptive import plannable
+from spantrain_p2p.plan.types import compression_ratio
 
 SHAPE = (8, 128, 256)  # an activation: micro-batch × sequence × hidden
 MBIT = 1e6 / 8  # bytes/s in one Mbit/s
@@ -397,6 +399,17 @@ def _noisy_transfers(policy, link, bw, rng, n, noise=0.1, nbytes=RAW // 4, rtt=0
         policy.observe(link, nbytes, rtt / 2 + nbytes / (bw * (1 + rng.uniform(-noise, noise))))
         out.append(policy.decide(link, RAW, BUDGET, "act")[0])
     return out
+
+
+def test_adaptive_policy_goes_no_lossier_than_the_planned_codec_and_the_planner_may_plan_its_lossiest():
+    policy = AdaptivePolicy(fidelity_floors={"act": 0.95, "grad": 0.95})
+    policy.set_link("a->b", 10 * MBIT, rtt_s=0.04)
+    assert policy.decide("a->b", RAW, 0.01, "act")[0] == "int"  # uncapped: 6-bit blocks
+    assert policy.decide("a->b", RAW, 0.01, "act", cap="int8")[0] == "int8"
+    assert policy.decide("a->b", RAW, 0.01, "grad", cap="none")[0] == "none"
+    assert policy.decide("a->b", RAW, 10.0, "act", cap="int8")[0] == "none"  # lighter than the cap is fine
+    assert plannable() == ("none", "fp16", "int8", "int:6")  # what the policy may send at floor 0.95
+    assert compression_ratio("int:6") == pytest.approx(wire_bytes("int", (1 << 20,), bits=6) / (4 << 20), rel=1e-3)
 
 
 BW0 = 10 * MBIT

@@ -143,6 +143,13 @@ def choose(link_bytes_per_s: float, link_rtt_s: float, raw_bytes: int, compute_s
     return _pick(evaluate(link_bytes_per_s, link_rtt_s, raw_bytes, candidates, fidelities), floor, compute_s_budget).as_pair()
 
 
+def plannable(floor: float = DEFAULT_FLOORS["act"], candidates: Sequence[Candidate] = DEFAULT_CANDIDATES) -> tuple[str, ...]:
+    """The candidates (specs, least lossy first) whose nominal fidelity meets ``floor``: the codecs a
+    live policy with that floor may send, so the ones a planner prices links at."""
+    options = evaluate(1.0, 0.0, 1 << 20, candidates)
+    return tuple(o.spec for o in options if o.fidelity >= floor)
+
+
 class AdaptivePolicy:
     """Per-link compression that follows the measured bandwidth, with hysteresis.
 
@@ -198,13 +205,19 @@ class AdaptivePolicy:
         """The spec last decided for (link, kind), e.g. ``"int8"``."""
         return self._current.get((link, kind))
 
-    def decide(self, link: Hashable, raw_bytes: int, compute_s_budget: float, kind: str) -> tuple[str, dict]:
-        """(codec name, params) for the next ``kind`` tensor of ``raw_bytes`` on ``link``."""
+    def decide(self, link: Hashable, raw_bytes: int, compute_s_budget: float, kind: str,
+               cap: Optional[str] = None) -> tuple[str, dict]:
+        """(codec name, params) for the next ``kind`` tensor of ``raw_bytes`` on ``link``; with
+        ``cap`` (a codec spec: the one the plan priced this link at), nothing lossier than it."""
         floor = _floor(kind, self.floors.get(kind))
         bw = self._bw.get(link)
         if bw is None:
             raise ValueError(f"no bandwidth known for link {link!r}: call set_link or observe first")
         options = evaluate(bw, self._rtt.get(link, 0.0), raw_bytes, self.candidates, self.fidelities)
+        if cap is not None:
+            _, name, params = _canonical(cap)
+            cap_fidelity = self.fidelities.get(spec(name, params), nominal_fidelity(name, **params))
+            options = [o for o in options if o.fidelity >= cap_fidelity] or options[:1]
         best = _pick(options, floor, compute_s_budget)
         key = (link, kind)
         cur = next((o for o in options if o.spec == self._current.get(key)), None)

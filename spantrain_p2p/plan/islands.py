@@ -51,16 +51,10 @@ def parse_sync(spec: str) -> tuple[str, int]:
 
 
 def exchange_ratio(codec: str) -> float:
-    """Wire bytes per fp32 byte of a pseudo-gradient under ``codec``: ``types.compression_ratio``'s
-    (none, fp16, int8, topk:R with R <= 0.5, the codecs' bound) and int:B for B of 2 to 7 bits
-    (``compress.codecs``: B/32 plus one fp32 scale per 256 values)."""
-    name, _, arg = codec.partition(":") if isinstance(codec, str) else ("", "", "")
+    """Wire bytes per fp32 byte of a pseudo-gradient under ``codec``: ``types.compression_ratio``'s,
+    top-k only up to R = 0.5 (the codecs' bound)."""
     try:
-        if name == "int":
-            bits = int(arg)
-            if 2 <= bits <= 7:
-                return bits / 32 + 1.0 / 256
-        elif name != "topk" or float(arg) <= 0.5:
+        if not (isinstance(codec, str) and codec.startswith("topk:") and float(codec[5:]) > 0.5):
             return compression_ratio(codec)
     except ValueError:
         pass

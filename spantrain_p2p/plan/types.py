@@ -470,13 +470,16 @@ def _r(x: float) -> Optional[float]:
 
 def compression_ratio(name: str) -> float:
     """Wire bytes per uncompressed (fp32) byte: none 1.0, fp16 0.5, int8 0.25 plus one fp32
-    scale per 256 values, ``topk:R`` keeps a fraction R as fp16 value + int32 index (1.5 R)."""
+    scale per 256 values, ``int:B`` (B of 2 to 7 bits) B/32 plus the same scales, ``topk:R``
+    keeps a fraction R as fp16 value + int32 index (1.5 R)."""
     if name == "none":
         return 1.0
     if name == "fp16":
         return 0.5
     if name == "int8":
         return 0.25 + 1.0 / 256
+    if isinstance(name, str) and name.startswith("int:") and name[4:] in ("2", "3", "4", "5", "6", "7"):
+        return int(name[4:]) / 32 + 1.0 / 256
     if isinstance(name, str) and name.startswith("topk:"):
         try:
             r = float(name[5:])
@@ -484,7 +487,7 @@ def compression_ratio(name: str) -> float:
             r = -1.0
         if 0.0 < r < 1.0:
             return min(1.0, 1.5 * r)
-    raise ValueError(f"unknown compression {name!r}; known: none, fp16, int8, topk:R (0<R<1)")
+    raise ValueError(f"unknown compression {name!r}; known: none, fp16, int8, int:B (2<=B<=7), topk:R (0<R<1)")
 
 
 def wire_ratio(name: str, wire_dtype_bytes: int = 4) -> float:

@@ -64,13 +64,16 @@ def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan
 
 
 def _planner_inputs(job: JobSpec):
+    from ..compress.adaptive import plannable
     from ..plan import planner as pl
 
     prof = model_profile(job)
     if prof is None:
         raise ValueError("the planner needs a FLOP model of the job's model")
     schedules = SCHEDULE_NAMES if job.schedule == AUTO else (job.schedule,)
-    comp = pt.COMPRESSIONS if job.compression == "adaptive" else ("none",)
+    # adaptive: every codec the live policy may send on an activation hop (it goes no lossier than
+    # the plan's choice, so the plan must be able to choose its lossiest)
+    comp = plannable() if job.compression == "adaptive" else ("none",)
     return prof, pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
                                    schedules=schedules, compressions=comp)
 

@@ -211,7 +211,20 @@ class PipelineTransport:
             self._policy.set_link(dst, bytes_per_s=probe.mbps * 1e6 / 8, rtt_s=probe.rtt_ms / 1e3)
         if self._policy.bandwidth(dst) is None or self.mb_compute_s is None:
             return "none"  # nothing known of the link or the stage's compute yet
-        return codecs.spec(*self._policy.decide(dst, raw_bytes, self.mb_compute_s * NEGLIGIBLE_TRANSFER, kind))
+        return codecs.spec(*self._policy.decide(dst, raw_bytes, self.mb_compute_s * NEGLIGIBLE_TRANSFER, kind,
+                                                cap=self.planned_codec(kind)))
+
+    def planned_codec(self, kind: str) -> Optional[str]:
+        """The codec the stage map priced this stage's ``kind`` hop at (activations go to the next
+        stage, their gradients to the one before): adaptive compression goes no lossier, so the
+        run keeps the step time the plan predicted (a lossier one would be another plan)."""
+        if self.smap is None or self.stage is None:
+            return None
+        hop = self.stage if kind == ACT else self.stage - 1
+        comp = self.smap.compression
+        if not 0 <= hop < self.smap.num_stages - 1:
+            return None
+        return comp[hop] if hop < len(comp) else "none"
 
     def charge(self, kind: str, mb: int) -> float:
         """Emulated bytes per real byte of this message (1 without a workload)."""

@@ -191,6 +191,20 @@ async def ping_s(client, link, url) -> float:
     return time.perf_counter() - t
 
 
+async def test_a_charge_scales_the_tensor_bytes_not_the_frame_header(server):
+    """A proxy's 1 kB standing for a workload's 1 MB: the link carries 1 MB plus the header once (a
+    header scaled by the charge made small proxies' messages 16 % dearer than the workload's)."""
+    from spantrain_p2p.net import framing
+
+    srv, client = server
+    link = LinkEmulator(wan_scenario(mbps=10000), "a").link_for("b")
+    header = {"job": "j" * 40, "shape": [1, 32, 64]}
+    head = memoryview(framing.encode(header, [bytes(1000)])[0]).nbytes
+    before = link.stats.bytes_sent
+    await client.send(srv.url, "ack", header, [bytes(1000)], link=link, charge=1000.0)
+    assert link.stats.bytes_sent - before == pytest.approx(1000 * 1000 + head, abs=2)
+
+
 async def test_a_small_ping_over_a_40ms_link_measures_40ms(server):
     srv, client = server
     link = LinkEmulator(wan_scenario(jitter_ms=2), "a").link_for("b")

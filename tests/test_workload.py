@@ -122,7 +122,7 @@ def test_a_live_swarm_charges_the_workload_s_bytes_and_counts_its_tokens(tmp_pat
     out = swarm_json(tmp_path, "--steps", "4", "--stages", "4", "--seq-len", "16", "--workload", "hf:gpt2-tiny",
                      "--workload-seq-len", "64")
     assert sum(s["layers"][1] - s["layers"][0] for s in out["plan"]["stages"]) == 5  # the workload's layer count
-    per_message = (4 * 16 * 64 * 4 + 256) * 2.0  # 4 samples a micro-batch, + the header, times the charge
+    per_message = 4 * 16 * 64 * 4 * 2.0 + 256  # 4 samples a micro-batch times the charge, + the header
     expected = 3 * 4 * 2 * per_message  # 3 boundaries, 4 micro-batches, activation and gradient
     print(f"\nworkload wire bytes per step: {out['wire_bytes_per_step']} (expected {expected:.0f}); "
           f"{out['tokens_per_s']} tokens/s at {out['samples_per_s']} samples/s")

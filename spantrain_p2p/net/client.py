@@ -126,7 +126,9 @@ class DataPlaneClient:
         the whole exchange, emulated time included. ``compensate=False`` keeps the real loopback
         transport's own round trip on top of the emulated one (the emulator leaves it out by default):
         for a caller that takes off a baseline of its own, like the prober's paired pings.
-        ``charge``: emulated bytes per real byte on ``link`` (``emulator.EmulatedLink.paced``).
+        ``charge``: emulated bytes per real byte of ``buffers`` on ``link`` (a proxy's tensor standing
+        for a workload's, ``emulator.EmulatedLink.paced``); the frame's header counts at its own size,
+        as a workload's message carries the same header.
         ``reply_charge``: the same for the reply (a layer copy fetched on recovery).
         ``peer_id``: the peer meant to be at ``url``; the handshake fails (``HandshakeError``, a
         ConnectionError) if another is.
@@ -139,6 +141,9 @@ class DataPlaneClient:
             raise ValueError(f"message kind must be 1-{MAX_KIND_BYTES} ASCII bytes, not {kind!r}")
         chunks = framing.encode(header, buffers)
         size = framing.frame_size(chunks)
+        if charge != 1.0 and size:  # per byte of the whole frame: the header is not scaled
+            body = size - memoryview(chunks[0]).nbytes
+            charge = (body * charge + size - body) / size
         ex = link.exchange(compensate, charge, on_sent) if link is not None else None
 
         async def exchange():

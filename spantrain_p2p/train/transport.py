@@ -245,7 +245,7 @@ class PipelineTransport:
             self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
         if self.charges is not None and kind in (ACT, GRAD):
             charge = self.charges.activation * workload_codec_factor(t, bufs)
-        nbytes = int((sum(b.nbytes for b in bufs) + 256) * charge)  # + header, about; in the workload's bytes
+        nbytes = int(sum(b.nbytes for b in bufs) * charge) + 256  # in the workload's bytes, + the header, about
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s()
         # a micro-batch's tensors to one peer go as one stream, in order: the next leaves once the

@@ -28,17 +28,20 @@ from spantrain_p2p.train.outer import Contribution, OuterLayers  # noqa: E402
 from spantrain_p2p.train.reference import reference_run  # noqa: E402
 
 
-def _step(layers, opt, batch, data_step: int, m: int) -> float:
+def _step(layers, opt, batch, data_step: int, m: int, splits: int = 1) -> float:
+    """One data step's ``m`` micro-batches, as ``splits`` optimizer steps of ``m / splits`` each."""
     total = 0.0
-    for mb in range(m):
-        x, y = batch(data_step, mb)
-        for layer in layers[:-1]:
-            x = layer(x)
-        loss = layers[-1](x, y)
-        (loss / m).backward()
-        total += float(loss.detach())
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    per = m // splits
+    for part in range(splits):
+        for mb in range(part * per, (part + 1) * per):
+            x, y = batch(data_step, mb)
+            for layer in layers[:-1]:
+                x = layer(x)
+            loss = layers[-1](x, y)
+            (loss / per).backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
     return total / m
 
 
@@ -55,7 +58,7 @@ def held_out_loss(layers, batch, first: int, n: int, m: int) -> float:
     return total / (n * m)
 
 
-def islands_run(job: JobSpec, steps_per_round: list[int], codec: str, held_out: int = 10):
+def islands_run(job: JobSpec, steps_per_round: list[int], codec: str, held_out: int = 10, splits: int = 1):
     """Loss per data step of islands that each take ``steps_per_round[i]`` steps a round, their
     figures, and the final model's loss on ``held_out`` data steps after the job's."""
     batch = open_data(job).batch
@@ -78,7 +81,7 @@ def islands_run(job: JobSpec, steps_per_round: list[int], codec: str, held_out: 
         for i, (layers, opt, outer) in enumerate(reps):
             _r, _base, dsteps = plans[i][k]
             for ds in dsteps:
-                losses[ds] = _step(layers, opt, batch, ds, job.num_micro_batches)
+                losses[ds] = _step(layers, opt, batch, ds, job.num_micro_batches, splits)
             prog = outer.progress()
             if pending is not None:
                 outer.merge(pending)
@@ -126,6 +129,9 @@ def main(argv=None) -> int:
     ap.add_argument("--outer-lr", type=float, default=0.7)
     ap.add_argument("--outer-momentum", type=float, default=0.9)
     ap.add_argument("--islands-lr", type=float, default=None, help="the islands' inner learning rate (default --lr)")
+    ap.add_argument("--island-split", type=int, default=1,
+                    help="--island-split: the islands take each data step as this many optimizer steps (of "
+                         "micro-batches / K each); the global run is also trained so, for comparison")
     ap.add_argument("--last", type=int, default=20, help="compare the mean loss of the last N data steps")
     a = ap.parse_args(argv)
     args = {}
@@ -144,16 +150,24 @@ def main(argv=None) -> int:
     assert max(abs(one[s] - ref[s]) for s in range(a.steps)) < 1e-3, "one island must train like one process"
     t1 = time.time()
     inner = dataclasses.replace(job, lr=a.islands_lr) if a.islands_lr else job
-    isl, figs = islands_run(inner, [int(x) for x in a.rounds_steps.split(",")], a.codec)
+    isl, figs = islands_run(inner, [int(x) for x in a.rounds_steps.split(",")], a.codec, splits=a.island_split)
     t2 = time.time()
     g = sum(ref[-a.last:]) / a.last
     i = sum(isl[s] for s in range(a.steps - a.last, a.steps)) / a.last
-    print(json.dumps({"steps": a.steps, "rounds_steps": a.rounds_steps, "codec": a.codec, "islands_lr": inner.lr,
+    same = {}
+    if a.island_split > 1:  # the global run with the islands' optimizer step (as many updates per token)
+        one, one_figs2 = islands_run(dataclasses.replace(job, outer_lr=1.0, outer_momentum=0.0), [a.steps], "none",
+                                     splits=a.island_split)
+        gs = sum(one[s] for s in range(a.steps - a.last, a.steps)) / a.last
+        same = {f"global_split_last{a.last}": round(gs, 4), "islands_over_global_split": round(i / gs, 4),
+                "global_split_held_out_loss": one_figs2["held_out_loss"]}
+    print(json.dumps({"steps": a.steps, "rounds_steps": a.rounds_steps, "codec": a.codec, "islands_lr": inner.lr, "island_split": a.island_split,
                       "outer_lr": a.outer_lr,
                       "outer_momentum": a.outer_momentum, f"global_last{a.last}": round(g, 4),
                       f"islands_last{a.last}": round(i, 4), "islands_over_global": round(i / g, 4),
                       "global_held_out_loss": one_figs["held_out_loss"],
                       "held_out_islands_over_global": round(figs["held_out_loss"] / one_figs["held_out_loss"], 4), **figs,
+                      **same,
                       "seconds": [round(t1 - t0, 1), round(t2 - t1, 1)]}))
     return 0
 

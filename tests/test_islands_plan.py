@@ -105,6 +105,22 @@ def test_on_the_cee_testbed_islands_use_the_edge_gpus_the_global_plan_leaves_idl
     print(f"\nislands {ip.figures()}\nglobal {glob.samples_per_s:.1f} samples/s, best-region {br.samples_per_s:.1f}")
 
 
+def test_a_split_island_plans_its_share_of_a_data_step_and_takes_it_split_times():
+    """--island-split 2: each island's plan is a step of half the micro-batches, and a data step
+    costs the island two of them (so a round of the same steps takes that long)."""
+    import dataclasses
+
+    snap, prof, opts, grouping, links = _cee()
+    half = dataclasses.replace(opts, global_batch=opts.global_batch // 2)
+    ip = islands.plan_islands(snap, prof, [g.peers for g in grouping.groups], links,
+                              lambda region: plan(region, prof, half, regions=False).plan, split=2)
+    assert ip is not None and ip.split == 2 and ip.figures()["split"] == 2
+    assert all(p.micro_batch_size * p.num_micro_batches == opts.global_batch // 2 for p in ip.islands)
+    assert ip.step_s == tuple(2 * p.step_s for p in ip.islands)
+    assert ip.samples_per_step == opts.global_batch  # rounds count data steps, as without a split
+    assert ip.samples_per_s == pytest.approx(ip.samples_per_round / ip.round_s)
+
+
 def test_auto_keeps_the_global_plan_where_islands_cannot_form_or_are_slower():
     snap, prof, opts, grouping, links = _cee()
     glob = plan(snap, prof, opts).plan

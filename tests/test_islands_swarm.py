@@ -15,8 +15,10 @@ def _reports(run_dir) -> list[dict]:
 
 
 def test_islands_train_on_their_own_data_and_end_with_the_same_weights(tmp_path):
+    """With --island-split 2: each island takes a data step as two optimizer steps of half its
+    micro-batches, and the data step's loss is all its micro-batches'."""
     s = run_swarm_json("--scenario", "peers/two-sites.toml", "--steps", str(STEPS), "--sync", "islands",
-                       "--run-dir", str(tmp_path))
+                       "--micro-batches", "4", "--island-split", "2", "--run-dir", str(tmp_path))
     plan = s["plan"]
     assert s["sync"] == "islands" and len(plan["islands"]) == 2, plan
     assert plan["sync_reason"].startswith("islands: asked for")
@@ -32,6 +34,9 @@ def test_islands_train_on_their_own_data_and_end_with_the_same_weights(tmp_path)
         by_island.setdefault(r["island"], set()).update(st for st, *_ in r["step_times"])
     a, b = by_island.values()
     assert not a & b and a | b == set(range(STEPS))
+    for r in reports:  # two steps of 2 micro-batches a data step, and its loss over all 4
+        assert len(r["step_times"]) == 2 * len({st for st, *_ in r["step_times"]}), r["name"]
+        assert all(count == 4 for _ds, _sum, count, _ep in r["loss_sums"]), r["name"]
     # the exchange happened every round, compressed, and every island ends on the same anchor
     assert isl["rounds"] >= 3 and isl["codec"] and isl["exchange_bytes"] > 0
     digests: dict[str, set] = {}

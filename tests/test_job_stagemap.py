@@ -131,3 +131,11 @@ def test_a_map_with_islands_round_trips_and_each_island_covers_every_layer():
             StageMap.from_dict(bad, 4)
     plain = StageMap(1, "job", stages[:2])
     assert plain.island_of("a1") is None and "islands" not in plain.to_dict()
+
+
+def test_an_island_split_must_divide_the_micro_batches():
+    assert JobSpec(num_micro_batches=4, island_split=2).island_split == 2
+    with pytest.raises(ValueError, match="must divide the micro-batches"):
+        JobSpec(num_micro_batches=4, island_split=3)
+    with pytest.raises(ValueError, match="island_split"):
+        JobSpec(island_split=0)

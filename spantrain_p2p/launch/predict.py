@@ -65,13 +65,16 @@ def _islands_step_s(summary_plan: dict, job, snap, prof) -> Optional[float]:
     from ..plan.cost import estimate
     from ..plan.layout import LinkTable
 
+    from dataclasses import replace
+
     plans, step_s, first = [], [], 0
+    split = job.island_split  # an island's step: 1/split of a data step's micro-batches
     for x in summary_plan["islands"]:
         sub = {**summary_plan, "stages": summary_plan["stages"][first:first + x["stages"]],
                "schedule": x.get("schedule") or summary_plan.get("schedule"), "compression": x.get("compression")}
         first += x["stages"]
-        plans.append(plan_of(sub, job))
-        step_s.append(estimate(plans[-1], snap, prof).step_s)
+        plans.append(replace(plan_of(sub, job), num_micro_batches=job.num_micro_batches // split))
+        step_s.append(estimate(plans[-1], snap, prof).step_s * split)
     ex_s, _ = isl.exchange_cost(plans, prof, LinkTable(snap), summary_plan["exchange_codec"])
     steps = [x["steps_per_round"] for x in summary_plan["islands"]]
     period = isl.round_period(steps, step_s, ex_s)

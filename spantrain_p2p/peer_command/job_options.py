@@ -147,6 +147,10 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               default=0.7, job="outer_lr"),
     JobOption("--outer-momentum", "islands: the outer optimizer's momentum (default 0.9)", type=float, default=0.9,
               job="outer_momentum"),
+    JobOption("--island-split", "islands: an island takes each data step as K optimizer steps of 1/K of its "
+              "micro-batches each; with K = the number of islands each makes as many updates per token as the global "
+              "plan, as DiLoCo's replicas share the global batch (must divide --micro-batches; default 1)", type=int,
+              default=1, metavar="K", job="island_split"),
     JobOption("--recv-timeout", "upper bound of every activation/gradient receive; below it the deadline follows "
               "the recent waits (default %(default)s)", type=float, default=60.0, metavar="S", job="recv_timeout_s",
               to=EVERY),

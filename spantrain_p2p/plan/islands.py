@@ -144,13 +144,15 @@ class IslandsPlan:
     codec: str
     exchange_s: float  # one round's exchange
     exchange_bytes: float  # one round's bytes over the links between islands (all of them)
-    samples_per_step: int  # of each island's steps (the job's)
+    samples_per_step: int  # of a data step (the job's)
     left_out: tuple[str, ...] = ()  # peers of groups that cannot hold the model alone
     notes: tuple[str, ...] = field(default=(), compare=False)
+    split: int = 1  # optimizer steps an island takes a data step in (``--island-split``): its plans' steps
 
     @property
     def step_s(self) -> tuple[float, ...]:
-        return tuple(p.step_s for p in self.islands)
+        """Each island's time for one data step (``split`` steps of its plan)."""
+        return tuple(p.step_s * self.split for p in self.islands)
 
     @property
     def round_s(self) -> float:
@@ -174,6 +176,7 @@ class IslandsPlan:
 
     def figures(self) -> dict:
         return {"islands": len(self.islands), "steps_per_round": list(self.steps_per_round), "codec": self.codec,
+                "split": self.split,
                 "island_step_s": [round(s, 6) for s in self.step_s], "round_s": round(self.round_s, 6),
                 "exchange_s": round(self.exchange_s, 6), "hidden": round(self.hidden, 4),
                 "exchange_bytes_per_round": round(self.exchange_bytes), "bytes_per_sample": round(self.bytes_per_sample, 1),
@@ -209,28 +212,29 @@ def candidate_islands(snapshot: Snapshot, groups: Sequence[Sequence[str]],
 
 def plan_islands(snapshot: Snapshot, profile: ModelProfile, groups: Sequence[Sequence[str]], links: LinkTable,
                  plan_group: Callable[[Snapshot], Plan], fixed_steps: int = 0,
-                 codecs: Sequence[str] = EXCHANGE_CODECS) -> Optional[IslandsPlan]:
+                 codecs: Sequence[str] = EXCHANGE_CODECS, split: int = 1) -> Optional[IslandsPlan]:
     """The fastest islands over the network ``groups`` (``candidate_islands``, each planned alone by
     ``plan_group``), or None where fewer than two can hold the model. The fastest ``k`` candidates
     for every ``k`` from 2 (a slow island can cost more exchange than it gives), each with the
     least lossy of ``codecs`` whose round hides the exchange within ``MAX_STEPS_PER_ROUND`` steps
     of the fastest island, or within ``fixed_steps`` where the job sets them (the most compressed
-    where none does)."""
+    where none does). ``split``: an island takes a data step as this many steps of ``plan_group``'s
+    plans (which plan a step of 1/``split`` of a data step's samples)."""
     plans, left, notes = candidate_islands(snapshot, groups, plan_group)
     if len(plans) < 2 and len(snapshot.peers) > 1:  # one group (a few peers left after failures, a
         # grouping that joins them): the finest islands are the peers that hold the model alone
         plans, left, notes = candidate_islands(snapshot, [[p.id] for p in snapshot.peers], plan_group)
     if len(plans) < 2:
         return None
-    samples = plans[0].micro_batch_size * plans[0].num_micro_batches
+    samples = plans[0].micro_batch_size * plans[0].num_micro_batches * split
     best = None
     for k in range(2, len(plans) + 1):
         chosen = plans[:k]
         idle = tuple(sorted([*left, *(x for p in plans[k:] for x in p.peers())]))
         for codec in codecs:
             ex_s, ex_b = exchange_cost(chosen, profile, links, codec)
-            steps, _ = round_lengths([p.step_s for p in chosen], ex_s, fixed_steps=fixed_steps)
-            cand = IslandsPlan(tuple(chosen), steps, codec, ex_s, ex_b, samples, idle, tuple(notes))
+            steps, _ = round_lengths([p.step_s * split for p in chosen], ex_s, fixed_steps=fixed_steps)
+            cand = IslandsPlan(tuple(chosen), steps, codec, ex_s, ex_b, samples, idle, tuple(notes), split)
             if cand.hidden >= 1.0 or codec == codecs[-1]:
                 break
         if best is None or cand.samples_per_s > best.samples_per_s * 1.01:  # another island must pay

@@ -71,6 +71,7 @@ class JobSpec:
     sync: str = "global"  # global | islands | islands:H | auto (plan.islands)
     outer_lr: float = 0.7  # islands: the outer optimizer's Nesterov learning rate and momentum (train.outer)
     outer_momentum: float = 0.9
+    island_split: int = 1  # islands: optimizer steps per data step, each on 1/island_split of its micro-batches
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -91,7 +92,8 @@ class JobSpec:
     def __post_init__(self) -> None:
         ints = {"seq_len": (1, 1 << 16), "micro_batch_size": (1, 4096), "num_micro_batches": (1, 4096),
                 "steps": (0, 10**8), "seed": (0, 2**32 - 1), "peers": (1, 100_000), "protocol": (0, 2**31),
-                "stages": (0, 100_000), "checkpoint_every": (0, 10**8), "workload_seq_len": (1, 1 << 20)}
+                "stages": (0, 100_000), "checkpoint_every": (0, 10**8), "workload_seq_len": (1, 1 << 20),
+                "island_split": (1, 4096)}
         for name, (lo, hi) in ints.items():
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -123,6 +125,9 @@ class JobSpec:
         m = self.outer_momentum
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
             raise ValueError(f"job field 'outer_momentum' must be a number in [0, 1), not {m!r}")
+        if self.num_micro_batches % self.island_split:
+            raise ValueError(f"--island-split {self.island_split} must divide the micro-batches of a step "
+                             f"({self.num_micro_batches})")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
         object.__setattr__(self, "loss_scale", check_init(self.loss_scale))

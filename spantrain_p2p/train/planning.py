@@ -89,8 +89,11 @@ def make_islands(job: JobSpec, snap: pt.Snapshot):
     prof, opts = _planner_inputs(job)
     grouping = group(snap, opts.grouping)
     _mode, h = islands.parse_sync(job.sync)
+    split = job.island_split  # an island's step: its share of a data step's micro-batches
+    inner = replace(opts, global_batch=job.samples_per_step // split)
     return islands.plan_islands(snap, prof, [g.peers for g in grouping.groups], LinkTable(snap, grouping.group_of()),
-                                lambda region: pl.plan(region, prof, opts, regions=False).plan, fixed_steps=h)
+                                lambda region: pl.plan(region, prof, inner, regions=False).plan, fixed_steps=h,
+                                split=split)
 
 
 def make_sync_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner"):

@@ -123,7 +123,9 @@ class Trainer:
         self.data_share = DataShare(peer)
         self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
         self.outer = OuterSync(peer, self.events.append)  # islands: the exchange between them
-        self._data_of: dict[int, int] = {}  # the step being run -> the data step it trains on (islands: not its own)
+        # the step being run -> (the data step it trains on, its first micro-batch there): islands train
+        # data steps not their own, and with --island-split a part of one
+        self._data_of: dict[int, tuple[int, int]] = {}
         self.coordinator.outer = self.outer  # where a map with islands resumes from
         peer.before_serving(self._install)
 
@@ -274,7 +276,7 @@ class Trainer:
         job, smap, k = self.job, self.smap, self.stage
         me = self.peer.peer_id
         first, last = smap.stages[k].layers
-        n, M = smap.num_stages, job.num_micro_batches
+        n, M = smap.num_stages, self._micro_batches()
         shapes = self.handle.boundary_shapes()
         layers = [layer.to(self.torch_device) for layer in self.handle.build(first, last)]
         prev = smap.stages[k - 1] if k > 0 else None
@@ -344,9 +346,15 @@ class Trainer:
         await self.peer.set_state("done")
         log.info("training done: %d steps", self.steps_done)
 
+    def _micro_batches(self) -> int:
+        """Micro-batches in one of this peer's steps: the job's, or an island's share (``--island-split``)."""
+        return self.job.num_micro_batches // (self.job.island_split if self.island is not None else 1)
+
     def _batch(self, step: int, mb: int):
-        """The executor's data: the step's own, or with islands the data step this local step trains on."""
-        return self.data.batch(self._data_of.get(step, step), mb)
+        """The executor's data: the step's own, or with islands the (part of the) data step this local
+        step trains on."""
+        ds, first = self._data_of.get(step, (step, 0))
+        return self.data.batch(ds, first + mb)
 
     async def _train_rounds(self, st: _Stage) -> None:
         """Islands: this island's rounds, each its steps on its own data steps, then the exchange
@@ -359,10 +367,12 @@ class Trainer:
         self.outer.begin(job, full, k, layers, self.handle.num_layers, start_round=v, state=state)
         step = self.smap.start_step
         rounds = list(data_steps(H, k, job.steps, start_round=v, first_data_step=full.start_data_step))
+        per = self._micro_batches()
         for n, (r, _base, dsteps) in enumerate(rounds):
             for ds in dsteps:
-                await self._run_step(st, step, ds)
-                step += 1
+                for part in range(job.island_split):  # --island-split: a data step in parts
+                    await self._run_step(st, step, ds, part * per)
+                    step += 1
             nxt = rounds[n + 1][1] if n + 1 < len(rounds) else job.steps
             fig = await self.outer.round_end(r, len(dsteps) * job.samples_per_step * job.seq_len, nxt,
                                              last=n == len(rounds) - 1)
@@ -380,16 +390,17 @@ class Trainer:
             out[layer] = await self.outer.fetch(layer, version, holders, sum(p.numel() for p in params))
         return out
 
-    async def _run_step(self, st: _Stage, step: int, data_step: Optional[int] = None) -> None:
+    async def _run_step(self, st: _Stage, step: int, data_step: Optional[int] = None, first_mb: int = 0) -> None:
         """One step: the pipeline, the replicas' gradient sum, the optimizer, the snapshot. With
-        islands, ``step`` counts this island's steps and ``data_step`` is the data it trains on
-        (losses and step times are reported by data step: the order of the tokens seen)."""
+        islands, ``step`` counts this island's steps and ``data_step`` is the data it trains on from
+        micro-batch ``first_mb`` (losses and step times are reported by data step: the order of the
+        tokens seen; the parts of a split data step add up to its loss)."""
         job, smap, me = self.job, self.smap, self.peer.peer_id
         self.step = step
         ds = step if data_step is None else data_step
-        self._data_of = {step: ds}
+        self._data_of = {step: (ds, first_mb)}
         if self.stage == 0 or st.is_last:  # the stages that read data: their shards are here first
-            await self.data_share.ensure(ds, [a.mb for a in st.actions if a.op is sched.Op.F])
+            await self.data_share.ensure(ds, [first_mb + a.mb for a in st.actions if a.op is sched.Op.F])
         t0 = time.time()
         gsum = None
         if len(st.replicas) > 1:
@@ -442,6 +453,9 @@ class Trainer:
             self.transport.observe_compute(result.compute_s / max(1, sum(a.op is sched.Op.F for a in st.actions)))
         self.steps_done += 1
         if loss_count:
+            if first_mb and ds in self.loss_sums:  # a later part of a split data step
+                before, n_before, _ep = self.loss_sums[ds]
+                loss_sum, loss_count = loss_sum + before, loss_count + n_before
             self.loss_sums[ds] = (loss_sum, loss_count, smap.epoch)
             self.losses[ds] = loss_sum / loss_count
         self.step = step + 1

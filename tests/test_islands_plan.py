@@ -193,3 +193,15 @@ def test_sync_auto_on_the_shipped_realistic_scenarios():
         if picks[name] == "islands":
             assert chosen.hidden == 1.0 and chosen.samples_per_s > planning.make_plan(job, snap).samples_per_s
     assert picks == {"cee-testbed-real": "islands", "volunteers-real": "global", "continents-real": "islands"}
+
+
+def test_the_job_may_fix_the_exchange_codec_and_split_the_islands_steps():
+    from spantrain_p2p.train import planning
+    from spantrain_p2p.train.job import JobSpec
+
+    snap = Snapshot.from_scenario(scenario.load("peers/cee-testbed-real.toml"))
+    job = JobSpec(workload="hf:gpt2", micro_batch_size=4, num_micro_batches=4, sync="islands", compression="adaptive")
+    auto = planning.make_islands(job, snap)
+    fixed = planning.make_islands(JobSpec(**{**job.to_dict(), "exchange_compression": "int:4", "island_split": 2}), snap)
+    assert auto.codec != "int:4" and fixed.codec == "int:4" and fixed.split == 2
+    assert all(p.num_micro_batches == 2 for p in fixed.islands)

@@ -139,3 +139,9 @@ def test_an_island_split_must_divide_the_micro_batches():
         JobSpec(num_micro_batches=4, island_split=3)
     with pytest.raises(ValueError, match="island_split"):
         JobSpec(island_split=0)
+
+
+def test_the_exchange_compression_is_auto_or_a_codec_the_exchange_knows():
+    assert JobSpec(exchange_compression="int:4").exchange_compression == "int:4"
+    with pytest.raises(ValueError, match="unknown exchange codec"):
+        JobSpec(exchange_compression="zip")

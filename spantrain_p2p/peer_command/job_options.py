@@ -151,6 +151,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               "micro-batches each; with K = the number of islands each makes as many updates per token as the global "
               "plan, as DiLoCo's replicas share the global batch (must divide --micro-batches; default 1)", type=int,
               default=1, metavar="K", job="island_split"),
+    JobOption("--exchange-compression", "islands: the codec of the pseudo-gradients between islands (int8, int:4, "
+              "topk:R; error feedback keeps what it drops), or auto: the least lossy that the round hides (default auto)",
+              default="auto", metavar="CODEC", job="exchange_compression"),
     JobOption("--recv-timeout", "upper bound of every activation/gradient receive; below it the deadline follows "
               "the recent waits (default %(default)s)", type=float, default=60.0, metavar="S", job="recv_timeout_s",
               to=EVERY),

@@ -72,6 +72,7 @@ class JobSpec:
     outer_lr: float = 0.7  # islands: the outer optimizer's Nesterov learning rate and momentum (train.outer)
     outer_momentum: float = 0.9
     island_split: int = 1  # islands: optimizer steps per data step, each on 1/island_split of its micro-batches
+    exchange_compression: str = "auto"  # islands: the pseudo-gradients' codec, or auto (the planner's choice)
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -125,6 +126,10 @@ class JobSpec:
         m = self.outer_momentum
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0:
             raise ValueError(f"job field 'outer_momentum' must be a number in [0, 1), not {m!r}")
+        if self.exchange_compression != "auto":
+            from ..plan.islands import exchange_ratio
+
+            exchange_ratio(self.exchange_compression)  # a codec the exchange knows, or ValueError
         if self.num_micro_batches % self.island_split:
             raise ValueError(f"--island-split {self.island_split} must divide the micro-batches of a step "
                              f"({self.num_micro_batches})")

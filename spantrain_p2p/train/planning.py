@@ -93,7 +93,8 @@ def make_islands(job: JobSpec, snap: pt.Snapshot):
     inner = replace(opts, global_batch=job.samples_per_step // split)
     return islands.plan_islands(snap, prof, [g.peers for g in grouping.groups], LinkTable(snap, grouping.group_of()),
                                 lambda region: pl.plan(region, prof, inner, regions=False).plan, fixed_steps=h,
-                                split=split)
+                                split=split, **({} if job.exchange_compression == "auto"
+                                                else {"codecs": (job.exchange_compression,)}))
 
 
 def make_sync_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner"):

@@ -38,13 +38,8 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_
             if not identity_path:
                 raise ValueError("a closed swarm with an allow-list is read with --identity PATH (an id on its list)")
             identity = Identity.load(identity_path)
-
-            async def locked_out() -> Optional[str]:
-                await membership.read_members(guard, swarm, membership.BadRecordLog())
-                return guard.why_locked_out(swarm) if guard.refused["other-key"] or guard.refused["unsealed"] else None
-
             try:
-                guard.group = await group_key.request(guard, swarm, identity, timeout, 0.5, locked_out)
+                guard.group = await group_key.request(guard, swarm, identity, timeout, 0.5, membership.BadRecordLog())
             except group_key.GroupKeyTimeout as e:
                 raise ValueError(str(e)) from None
         view = await membership.read_members(guard, swarm, membership.BadRecordLog())

@@ -376,14 +376,9 @@ class Peer:
             dht.group = GroupKey.generate(self.swarm_key.key_id)
             log.info("made the group key (id %s) of swarm %r", dht.group.key_id.hex(), cfg.swarm)
         else:
-            async def locked_out() -> Optional[str]:
-                await membership.read_members(dht, cfg.swarm, self._on_bad)  # its refusals tell a wrong key
-                fatal = any(dht.refused[k] for k in ("other-key", "unsealed", "swarm-sealed"))
-                return dht.why_locked_out(cfg.swarm) if fatal else None
-
             try:
                 dht.group = await group_key.request(dht, cfg.swarm, self.identity, cfg.group_key_timeout_s,
-                                                    min(cfg.poll_s, 1.0), locked_out)
+                                                    min(cfg.poll_s, 1.0), self._on_bad)
             except group_key.GroupKeyTimeout as e:
                 raise PeerError(str(e)) from None
         self.client.auth.operator_token = dht.group.operator_token

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Optional
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
@@ -29,6 +29,7 @@ from hivemind.utils import get_dht_time
 
 from .identity import Identity
 from .keys import groupkey_key, keyreq_key
+from .membership import BadRecordLog, read_members
 from .records import BadRecord, open_payload, sign_payload
 from .sealing import KEY_BYTES, KEY_ID_BYTES, GroupKey
 
@@ -38,6 +39,9 @@ _OAEP = padding.OAEP(mgf=padding.MGF1(hashes.SHA256()), algorithm=hashes.SHA256(
 REQUEST_TTL_S = 60.0
 WRAP_TTL_S = 3600.0
 MAX_WRAPPED_BYTES = 1024  # an RSA-8192 ciphertext; 2048-bit keys give 256
+# what a joiner's reads refuse when no group key can ever come: a wrong swarm key, an open swarm,
+# a swarm without an allow-list (``guard.GuardedDHT.refused``)
+FATAL_REFUSALS = ("other-key", "unsealed", "swarm-sealed")
 
 
 class GroupKeyTimeout(Exception):
@@ -106,9 +110,10 @@ async def found_wrap(dht, swarm: str, identity: Identity) -> Optional[GroupKey]:
 
 
 async def request(dht, swarm: str, identity: Identity, timeout_s: float, poll_s: float,
-                  locked_out: Callable[[], Awaitable[Optional[str]]]) -> GroupKey:
+                  on_bad: BadRecordLog) -> GroupKey:
     """Asks the members for the group key and waits for it; GroupKeyTimeout after ``timeout_s``.
-    ``await locked_out()`` is asked after each poll: a reason (a wrong swarm key, say) ends it at once."""
+    After each poll it reads the swarm's member records (bad ones go to ``on_bad``): where their
+    refusals say no key can come (a wrong swarm key, say), it ends at once with the reason."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     asked_at = -1e9
@@ -120,9 +125,9 @@ async def request(dht, swarm: str, identity: Identity, timeout_s: float, poll_s:
         group = await found_wrap(dht, swarm, identity)
         if group is not None:
             return group
-        reason = await locked_out()
-        if reason:
-            raise GroupKeyTimeout(reason)
+        await read_members(dht, swarm, on_bad)
+        if any(dht.refused[k] for k in FATAL_REFUSALS):
+            raise GroupKeyTimeout(dht.why_locked_out(swarm))
         if loop.time() >= deadline:
             raise GroupKeyTimeout(f"swarm {swarm!r}: no member handed this peer ({identity.peer_id}) the swarm's group key within "
                                   f"{timeout_s:.0f}s: it is not on the members' allow-list (or no member is up)")

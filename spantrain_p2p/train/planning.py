@@ -91,10 +91,10 @@ def make_islands(job: JobSpec, snap: pt.Snapshot):
     _mode, h = islands.parse_sync(job.sync)
     split = job.island_split  # an island's step: its share of a data step's micro-batches
     inner = replace(opts, global_batch=job.samples_per_step // split)
+    fixed = job.exchange_compression
     return islands.plan_islands(snap, prof, [g.peers for g in grouping.groups], LinkTable(snap, grouping.group_of()),
                                 lambda region: pl.plan(region, prof, inner, regions=False).plan, fixed_steps=h,
-                                split=split, **({} if job.exchange_compression == "auto"
-                                                else {"codecs": (job.exchange_compression,)}))
+                                codecs=islands.EXCHANGE_CODECS if fixed == "auto" else (fixed,), split=split)
 
 
 def make_sync_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner"):

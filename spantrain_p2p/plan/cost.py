@@ -21,7 +21,10 @@ Per stage ``s`` and peer ``q`` (``n_q`` of the ``m`` micro-batches, per micro-ba
   pipeline takes ``m P`` plus one micro-batch's way through every stage and hop and back, less
   the bottleneck's own share (uniform stages: ``(m + p - 1)(T_F + T_B + T_W)``). ZB-H1: less
   the weight-grads it moves into the bubble (uniform: ``m (T_F + T_B + T_W) + (p-1)(T_F + T_B
-  - T_W)``), never below the busiest stage's own work. GPipe: a forward wave then a backward
+  - T_W)``), never below the busiest stage's own work. Both never below the fill: a stage's
+  first backward waits for its warm-up's forwards, so with ``m`` at or below a stage's warm-up
+  (m < p) the stages up to it run like GPipe (``_fill_bound``); a stage whose warm-up covers all
+  ``m`` forwards never waits on a latency cycle. GPipe: a forward wave then a backward
   wave, each a flow shop of ``m`` equal jobs;
 - **all-reduce**: each stage's replicas average gradients in a ring, 2(n-1) steps of
   ``param_bytes / n`` over the ring's slowest edge, layer by layer: a layer's part goes out once
@@ -41,7 +44,10 @@ two agree within 10 % on the shipped scenarios' plans and baselines (``tests/tes
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
@@ -96,7 +102,7 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     cands = _period_terms(layout, sched, warm, c, h, m)
     period, why, lam = max(cands)
     top_terms = sorted(cands, reverse=True)[:6]
-    pipe, period, ends = _pipeline(sched, c, h, period, lam, m)
+    pipe, period, ends = _pipeline(sched, c, h, period, lam, m, warm, layout)
     total, ar_stage, ars = _allreduce(layout, sched, pipe, ends)
     steady = m * period
     bubble = pipe - steady
@@ -214,6 +220,8 @@ def _cycle_terms(layout: Layout, fused: bool, warm: list[int], c: _StageCompute,
     inner = [fbar[u] + bbar[u] + (wbar[u] if fused else 0.0) for u in range(p)]
     cycles = []
     for s in range(p - 1):
+        if (warm[s] if fused else warm[s] - 1) >= m - 1:
+            continue  # its warm-up covers all m forwards: none of them waits for a gradient
         sw = layout.stages[s]
         down = 0.0
         rows = []  # (t, tokens, down, hops_t) of this stage's cycles
@@ -287,7 +295,7 @@ def _stall_terms(layout: Layout, fused: bool, cycles: list[tuple[int, int, float
 
 
 def _pipeline(sched: str, c: _StageCompute, h: _HopTimes, period: float, lam: float,
-              m: int) -> tuple[float, float, list[float]]:
+              m: int, warm: list[int], layout: Layout) -> tuple[float, float, list[float]]:
     """The pipeline's length with its fill and drain (the bubbles), the steady period (GPipe's is
     its two waves'), and when each stage's last compute ends."""
     fbar, bbar, wbar, busy = c.fbar, c.bbar, c.wbar, c.busy
@@ -323,6 +331,8 @@ def _pipeline(sched: str, c: _StageCompute, h: _HopTimes, period: float, lam: fl
         pipe = m * period - lam + path + wbar[0] - sum(wbar[1:])
         lower = max(sum(fbar[:s]) + sum(lat_f[:s]) + busy[s] for s in range(p))
         pipe = max(pipe, lower)
+    if sched != "gpipe":
+        pipe = max(pipe, _fill_bound(fused, c, h, m, warm, layout))
     if not ends:
         back = 0.0
         for s in range(p):
@@ -333,6 +343,56 @@ def _pipeline(sched: str, c: _StageCompute, h: _HopTimes, period: float, lam: fl
                 ends.append(min(pipe, pipe - wbar[0] - back + owed))
             back += bbar[s] + (wbar[s] if fused else 0.0) + (lat_b[s] if s < p - 1 else 0.0)
     return pipe, period, ends
+
+
+def _fill_bound(fused: bool, c: _StageCompute, h: _HopTimes, m: int, warm: list[int], layout: Layout) -> float:
+    """What the steady-state formula misses when warm-ups are long against ``m`` (a lower bound
+    for 1F1B and ZB-H1). Micro-batch 0's owner on stage ``t`` runs its backward only after its own
+    forwards up to ``j = min(ahead, m - 1)`` (``ahead``: as in ``_cycle_terms``), and forward ``j``
+    reaches stage ``t`` no faster than the forward flow through stages ``0..t`` allows. From there
+    that owner still has its other backwards, the forwards it has left and (ZB-H1) the
+    weight-grads it owes before its last backward (W(y) follows B(y + t)); and if it is stage
+    ``t``'s only peer, every peer and hop on the way back has all but one of its backwards left.
+    Then the way back to stage 0 (its fastest peers), and (ZB-H1) the weight-grads a stage on the
+    way still owes after its last backward. With ``ahead >= m - 1`` (``m`` below the
+    pipeline's depth) stages ``0..t`` run like GPipe: all forwards, then all backwards."""
+    best = f_lat = back = f_per = b_tail = 0.0
+    drain = -INF  # ZB-H1: max over stages u of (weight-grads u owes after its last backward - back to u)
+    for t, sw in enumerate(layout.stages):
+        pw = sw.peers[sw.owner[0]]  # micro-batch 0's owner
+        if t > 0:
+            f_lat += h.lat_f[t - 1]
+            back += h.lat_b[t - 1]
+            f_per = max(f_per, h.busy_f[t - 1] / m)
+            # the hop's busiest link carries at least as many of the m as its quietest pair of owners
+            b_tail = max(b_tail, h.busy_b[t - 1] * (1.0 - 1.0 / _fewest(layout.stages[t - 1].owner, sw.owner)))
+        f_lat += pw.f
+        f_per = max(f_per, c.busy_f[t] / m)
+        mine = pw.mbs
+        top = min(warm[t] if fused else warm[t] - 1, m - 1)
+        done = bisect_right(mine, top)  # its forwards before its first backward, the last j
+        j = mine[done - 1]
+        bw = pw.b + (pw.w if fused else 0.0)
+        own = (len(mine) - 1) * bw + (len(mine) - done) * pw.f
+        if not fused:
+            owed = bisect_left(mine, mine[-1] - t)
+            own += owed * pw.w
+            drain = max(drain, min((len(q.mbs) - bisect_left(q.mbs, q.mbs[-1] - t)) * q.w
+                                   for _, q in sw.kinds if q.mbs) - back)
+            here = (len(mine) - owed) * pw.w
+        busiest = max((len(q.mbs) - 1) * (q.b + (q.w if fused else 0.0)) for _, q in sw.kinds if q.mbs)
+        tail = max(b_tail, busiest, own) if len(mine) == m else own
+        end = back if fused else max(back + drain, here)
+        best = max(best, f_lat + j * f_per + bw + tail + end)
+        back += min(q.b + (q.w if fused else 0.0) for _, q in sw.kinds if q.mbs)
+        b_tail = max(b_tail, busiest)
+    return best
+
+
+@lru_cache(maxsize=4096)
+def _fewest(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """The fewest micro-batches any pair of owners (a[mb], b[mb]) of two adjacent stages shares."""
+    return min(Counter(zip(a, b)).values())
 
 
 def _allreduce(layout: Layout, sched: str, pipe: float, ends: list[float]) -> tuple[float, int, list[float]]:

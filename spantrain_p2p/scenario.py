@@ -242,3 +242,23 @@ def load(path: str) -> Scenario:
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{path}: not valid TOML: {e}") from None
     return parse(data, path)
+
+
+def write_dilated(path: str, time_dilation: float, out_path: str) -> str:
+    """A copy of scenario ``path`` at ``out_path`` that runs at ``time_dilation`` (the launcher's
+    ``--time-dilation``: the same world in real units, emulated K times slower; the peers read the
+    copy). Its top-level ``time_dilation`` line is replaced; the copy is checked as a scenario."""
+    if not (isinstance(time_dilation, (int, float)) and 0 < time_dilation <= 1e6):
+        raise ScenarioError(f"--time-dilation must be a number in (0, 1e6], not {time_dilation!r}")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    top = next((i for i, line in enumerate(lines) if line.lstrip().startswith("[")), len(lines))
+    kept = [line for i, line in enumerate(lines)
+            if i >= top or not line.replace(" ", "").startswith("time_dilation=")]
+    text = f"time_dilation = {float(time_dilation)!r}  # --time-dilation, over {path}\n" + "\n".join(kept) + "\n"
+    s = parse(tomllib.loads(text), out_path)
+    if s.time_dilation != float(time_dilation):
+        raise ScenarioError(f"{path}: could not set time_dilation in a copy")
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return out_path

@@ -57,3 +57,19 @@ def test_regions_without_a_link_between_them_are_an_error():
             "peers": [{"name": "a", "region": "r", "device": "d"}, {"name": "b", "region": "s", "device": "d"}]}
     with pytest.raises(scenario.ScenarioError, match="no link between regions r and s"):
         scenario.parse(data)
+
+
+def test_time_dilation_can_be_set_for_a_run_on_a_copy_of_the_same_world(tmp_path):
+    """`spantrain swarm|bench --time-dilation K`: the peers read a copy at K, the world unchanged."""
+    from spantrain_p2p import scenario as sc
+
+    src = sc.load("peers/cee-testbed-real.toml")
+    out = sc.write_dilated("peers/cee-testbed-real.toml", 18, str(tmp_path / "s.toml"))
+    s = sc.load(out)
+    assert s.time_dilation == 18.0 and src.time_dilation != 18.0
+    assert (s.name, s.peers, s.link_classes, s.device_classes) == (src.name, src.peers, src.link_classes, src.device_classes)
+    two = sc.load(sc.write_dilated(out, 2.5, str(tmp_path / "t.toml")))  # a copy of a copy: one line, replaced
+    assert two.time_dilation == 2.5
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(sc.ScenarioError):
+            sc.write_dilated("peers/cee-testbed-real.toml", bad, str(tmp_path / "u.toml"))

@@ -76,11 +76,13 @@ def swarm_command(args) -> int:
 
 
 def run_swarm(args) -> tuple[int, Optional[dict]]:
+    run_dir = args.run_dir or new_run_dir()
+    os.makedirs(run_dir, exist_ok=True)
+    if getattr(args, "time_dilation", None) is not None:  # the peers read a copy at that dilation
+        args.scenario = sc.write_dilated(args.scenario, args.time_dilation, os.path.join(run_dir, "scenario.toml"))
     s = sc.load(args.scenario)
     chaos = [parse_chaos(c, [p.name for p in s.peers], list(s.regions)) for c in (args.chaos or [])]
     held = tuple(c.target for c in chaos if c.action == "join")
-    run_dir = args.run_dir or new_run_dir()
-    os.makedirs(run_dir, exist_ok=True)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     say(f"launching {len(s.peers)} peers of scenario {s.name!r} (logs in {run_dir})")
     if (warning := sc.emulation_warning(s, _smallest_workload_op(args))) is not None:

@@ -71,3 +71,30 @@ def test_a_peer_killed_mid_round_costs_its_islands_the_round_and_the_run_finishe
         last = sorted(rnd for ep, rnd in merged if ep == final)
         assert last == list(range(last[0], last[0] + len(last)))  # the final epoch's rounds, in order
     assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5
+
+
+def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_path):
+    """The link between the sites carries nothing for 8 s: the keeper's island (a) leaves b out and
+    goes on, without a re-plan; once the link is back b fetches the state it lacks, rejoins, and
+    the run ends with every peer on the same anchor, no round merged twice."""
+    steps = 260
+    s = run_swarm_json("--scenario", "peers/two-sites.toml", "--steps", str(steps), "--sync", "islands",
+                       "--chaos", "degrade:a-b:0@t=4", "--chaos", "restore:a-b@t=12", "--run-dir", str(tmp_path))
+    isl = s["islands"]
+    assert [p["epoch"] for p in s["plans"]] == [1], s["plans"]  # no re-plan: the islands handled it
+    assert isl["left_out"] and {row["island"] for row in isl["left_out"]} == {1}, isl["left_out"]
+    assert isl["rejoins"] and all(row["peer"] == "b1" for row in isl["rejoins"]), isl["rejoins"]
+    reports = [r for r in _reports(tmp_path) if r.get("islands")]
+    digests = {json.dumps(r["islands"]["digests"], sort_keys=True) for r in reports}
+    assert len(digests) == 1, digests
+    for r in reports:
+        merged = [(row["epoch"], row["round"]) for row in r["islands"]["rounds"]]
+        assert len(merged) == len(set(merged)), (r["name"], merged)
+    keeper = [r for r in reports if r["islands"]["left_out"]]
+    assert len(keeper) == 1 and keeper[0]["island"] == 0
+    rounds = keeper[0]["islands"]["rounds"]
+    assert [row["round"] for row in rounds] == list(range(len(rounds)))  # a went through every round
+    assert rounds[-1]["members"] == [0, 1]  # b is back in by the end
+    # the data steps of the rounds b lost are not trained: the loss curve has fewer steps than the job
+    assert 0 < steps - s["steps"] < steps // 2
+    assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5

@@ -136,10 +136,21 @@ class RunFollower:
         for ev in list(self.pending_recovery):
             newer = [st for _, st in sts if (st.get("train") or {}).get("plan")
                      and st["train"]["plan"]["epoch"] > ev["epoch_before"] and st["state"] in ("training", "done")]
-            if newer and min(st["train"]["step"] for st in newer) > ev["step"]:
+            if newer and self._past(newer, ev):
                 ev["recovery_s"] = round(time.monotonic() - self.t0 - ev["t_s"], 2)
                 self.pending_recovery.remove(ev)
                 self.say(f"recovered from {ev['kind']} {ev['target']} in {ev['recovery_s']}s")
+
+    @staticmethod
+    def _past(newer: list[dict], ev: dict) -> bool:
+        """Whether the peers of a newer epoch have trained past the data step the swarm had reached at
+        ``ev``: every peer's step, or with islands (whose steps count their own, each island on data
+        steps of its own) every peer's latest data step in its epoch."""
+        if any(st["train"].get("island") is not None for st in newer):
+            return all(any(row[0] > ev["step"] for row in st["train"].get("recent_steps") or ()
+                           if isinstance(row, list) and len(row) == 4 and row[3] == st["train"]["plan"]["epoch"])
+                       for st in newer)
+        return min(st["train"]["step"] for st in newer) > ev["step"]
 
     def follow(self) -> dict:
         display = ProgressDisplay(self.args.steps, self.say)

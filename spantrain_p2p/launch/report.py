@@ -113,9 +113,24 @@ def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) ->
                         "exchange_bytes_per_token": round(sent / tokens, 3) if tokens else None,
                         "send_s_median": round(statistics.median(exch), 4) if exch else None,
                         "wait_s_median": round(statistics.median(waits), 4) if waits else None,
-                        "hidden": hidden},
+                        "hidden": hidden, **_left_out(staged, first.get("full_plan") or first["plan"])},
             "peers": [{"island": r.get("island"), **_peer_row(r)} for r in reports], "mfu": _swarm_mfu(reports),
             **_loss_scale(staged)}
+
+
+def _left_out(staged: list[dict], plan: dict) -> dict:
+    """Islands left out of a round (the keeper's decisions, by epoch), the data steps whose training
+    never reached the shared weights (those islands' steps of those rounds, trained and dropped or
+    never trained), and how each left-out peer caught up: merged the members' contributions or
+    fetched their state, then went on (just behind) or rejoined at a later round (further behind)."""
+    out = sorted({(row["epoch"], row["round"], i) for r in staged
+                  for row in (r.get("islands") or {}).get("left_out", []) for i in row["islands"]})
+    rejoins = [{"peer": r["name"], "island": r.get("island"), **row} for r in staged
+               for row in (r.get("islands") or {}).get("rejoins", [])]
+    per_round = [x.get("steps_per_round", 0) for x in (plan or {}).get("islands") or []]
+    lost = sum(per_round[i] for _e, _r, i in out if i < len(per_round))
+    return {"left_out": [{"epoch": e, "round": rnd, "island": i} for e, rnd, i in out],
+            "left_out_data_steps": lost, "rejoins": rejoins}
 
 
 def _loss_scale(staged: list[dict]) -> dict:

@@ -11,9 +11,9 @@ What arrives is checked before anything is kept: the job, the epoch, a round thi
 merge (no further ahead), a layer this peer holds, the island's sender for that layer (the
 connection's authenticated peer), the codec, and the shape from this peer's own layers. A
 contribution is kept once per (round, island, layer): a repeat is ignored, so none is applied
-twice. An island silent past the job's receive timeout (plus two rounds) fails the epoch (merging without it on one
-side and with it on another would split the anchors for good): the next map resumes every island
-from the latest round they all hold.
+twice.
+
+An island that falls silent is left out of a round and the others go on (``island_members``).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from ..net.framing import FrameError, check_fields
 from ..plan.islands import layer_owners
 from ..pipeline.executor import StepFailed
 from ..plan.stagemap import StageMap
+from .island_members import CATCH_UP_AHEAD, OUTER_MEMBERS, Membership, leave_after_s  # noqa: F401 (re-exported)
 from .outer import Contribution, OuterLayers
 from .workload import layer_charge
 
@@ -42,6 +43,7 @@ OUTER_FETCH = "outer_fetch"
 KEEP_VERSIONS = 3  # outer states kept per layer (a re-plan resumes at one every layer still has)
 ROUNDS_AHEAD = 2  # contributions taken this many rounds past the one being merged (a fast island's)
 MAX_TOKENS = 1 << 50
+MAX_STALE_SENDS = 8  # an island's sends of rounds merged without it, left to finish in the background
 
 
 def _owners(smap: StageMap, num_layers: int) -> list[list[tuple[str, ...]]]:
@@ -52,7 +54,7 @@ def _owners(smap: StageMap, num_layers: int) -> list[list[tuple[str, ...]]]:
     return out
 
 
-class OuterSync:
+class OuterSync(Membership):
     """One peer's side of the islands' exchange. ``on_event(dict)``: for the run's events."""
 
     def __init__(self, peer, on_event: Callable[[dict], None]):
@@ -65,9 +67,13 @@ class OuterSync:
         self._owners: list = []
         self._got: dict[tuple[int, int, int], Contribution] = {}  # (round, island, layer)
         self._arrived = asyncio.Event()
-        self._sending: Optional[asyncio.Task] = None
+        self._sending: dict[int, asyncio.Task] = {}  # the last round's sends, by destination island
+        self._send_fig: dict = {}
         self._first_round = 0
         self._round_base: dict[int, int] = {}  # round -> its first data step
+        self._stale: list[tuple[int, asyncio.Task]] = []  # sends to islands left out of their round
+        self._last_members: list[int] = []
+        self._init_members()
         self.rounds: list[dict] = []  # figures of each merged round, for the report
         self.bytes_to: dict[str, int] = {}  # bytes sent, by destination
         self.sends: list[dict] = []  # each round's sending: seconds from the round's end to the last byte
@@ -81,10 +87,10 @@ class OuterSync:
         """Takes part in ``smap``'s islands as a peer of ``island`` holding ``layers`` (index -> its
         parameters) of the model's ``num_layers``, from round ``start_round``: from the layers as
         they are (round 0), else from ``state`` (layer -> (anchor, momentum), ``load``)."""
-        if self._sending is not None and not self._sending.done():
-            self._sending.cancel()  # the last epoch's contributions: its rounds are redone
+        self._cancel_sends()  # the last epoch's contributions: its rounds are redone
         self.job, self.smap, self.island = job, smap, island
         self._owners = _owners(smap, num_layers)
+        self._begin_members(smap)
         self.outer = OuterLayers(layers, smap.exchange_codec, job.outer_lr, job.outer_momentum)
         for layer, (anchor, momentum) in (state or {}).items():
             self.outer.load(layer, anchor, momentum)
@@ -97,6 +103,14 @@ class OuterSync:
         self.versions[version] = (data_step, self.outer.state())
         for v in sorted(self.versions)[:-KEEP_VERSIONS]:
             del self.versions[v]
+
+    def _round_s(self) -> float:
+        """The predicted seconds of a round (the slowest island's)."""
+        isl = self.smap.islands
+        per_island = [x.steps_per_round * x.predicted_step_s for x in isl]
+        if all(per_island):
+            return max(per_island)
+        return self.smap.predicted_step_s * sum(x.steps_per_round for x in isl)
 
     def holding(self) -> dict:
         """What a new epoch can resume from here: {"layers": layer -> versions, "data_steps": version
@@ -116,60 +130,112 @@ class OuterSync:
         """Another peer takes a layer over at a version: its anchor and momentum (float32)."""
         check_fields(header, {"job": str, "layer": int, "version": int})
         held = self.versions.get(header["version"])
+        if (held is None and self.job is not None and header["job"] == self.job.job_id and self.versions
+                and max(self.versions) < header["version"] <= self.round + 1):
+            raise Retry(f"round {header['version'] - 1} is not merged here yet")
         if self.job is None or header["job"] != self.job.job_id or held is None or header["layer"] not in held[1]:
             raise FrameError(f"this peer holds no outer state of layer {header['layer']} at version {header['version']}")
         anchor, momentum = held[1][header["layer"]]
         return {"data_step": held[0], "n": int(anchor.size)}, [memoryview(anchor.view(np.uint8)),
                                                                 memoryview(momentum.view(np.uint8))]
 
-    async def fetch(self, layer: int, version: int, holders: list[str], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    async def fetch(self, layer: int, version: int, holders: list[str], size: int,
+                    deadline: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s outer state at ``version`` from the first of ``holders`` that gives it
-        (this peer's own first)."""
+        (this peer's own first); with a ``deadline`` (``time.time()``), asking again while a holder
+        has not merged that round yet."""
         held = self.versions.get(version)
         if held is not None and layer in held[1]:
             a, m = held[1][layer]
             return torch.from_numpy(a.copy()), torch.from_numpy(m.copy())
-        for src in holders:
-            try:
-                reply = await self.peer.client.send(
-                    self.peer.data_url_of(src), OUTER_FETCH, {"job": self.job.job_id, "layer": layer, "version": version},
-                    timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
-                    reply_charge=layer_charge(self.charges, layer))
-                _h, bufs = reply
-                if len(bufs) != 2 or any(memoryview(b).nbytes != 4 * size for b in bufs):
-                    raise FrameError(f"outer state of layer {layer} is not 2 x {size} float32")
-                a, m = (torch.from_numpy(np.frombuffer(bytes(b), dtype="<f4").copy()) for b in bufs)
-                if not (torch.isfinite(a).all() and torch.isfinite(m).all()):
-                    raise FrameError(f"outer state of layer {layer} is not finite")
-                log.info("outer state of layer %d at round %d fetched from %s", layer, version, self.peer.name_of(src))
-                return a, m
-            except Exception as e:
-                log.warning("fetching the outer state of layer %d from %s failed: %s", layer, self.peer.name_of(src), e)
-        raise StepFailed(f"no live peer could give the outer state of layer {layer} at round {version}")
+        while True:
+            for src in holders:
+                url = self.peer.data_url_of(src)
+                try:
+                    if url is None:
+                        raise ConnectionError("no live address")
+                    reply = await self.peer.client.send(
+                        url, OUTER_FETCH, {"job": self.job.job_id, "layer": layer, "version": version},
+                        timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
+                        reply_charge=layer_charge(self.charges, layer))
+                    _h, bufs = reply
+                    if len(bufs) != 2 or any(memoryview(b).nbytes != 4 * size for b in bufs):
+                        raise FrameError(f"outer state of layer {layer} is not 2 x {size} float32")
+                    a, m = (torch.from_numpy(np.frombuffer(bytes(b), dtype="<f4").copy()) for b in bufs)
+                    if not (torch.isfinite(a).all() and torch.isfinite(m).all()):
+                        raise FrameError(f"outer state of layer {layer} is not finite")
+                    log.info("outer state of layer %d at round %d fetched from %s", layer, version,
+                             self.peer.name_of(src))
+                    return a, m
+                except RemoteError as e:
+                    if e.status != 503:
+                        log.warning("fetching the outer state of layer %d from %s failed: %s", layer,
+                                    self.peer.name_of(src), e)
+                except Exception as e:
+                    log.warning("fetching the outer state of layer %d from %s failed: %s", layer,
+                                self.peer.name_of(src), e)
+            if deadline is None or time.time() >= deadline:
+                raise StepFailed(f"no live peer could give the outer state of layer {layer} at round {version}")
+            await asyncio.sleep(0.2)
 
-    def _sends(self) -> list[tuple[int, str]]:
-        """(layer, destination) of this peer's messages each round: none unless it is its stage's first replica."""
+    def _sends(self) -> dict[int, list[tuple[int, str]]]:
+        """Destination island -> (layer, peer) of this peer's messages each round: none unless it is
+        its stage's first replica."""
         me, k = self.peer.peer_id, self.island
-        out = []
+        out: dict[int, list[tuple[int, str]]] = {}
         for layer in sorted(self.outer.params):
             if self._owners[k][layer][0] != me:
                 continue
             for j, own in enumerate(self._owners):
                 if j != k:
-                    out.extend((layer, dst) for dst in own[layer])
+                    out.setdefault(j, []).extend((layer, dst) for dst in own[layer])
         return out
+
+    def _cancel_sends(self) -> None:
+        """Stops every send still under way."""
+        for task in [*self._sending.values(), *(t for _j, t in self._stale)]:
+            if not task.done():
+                task.cancel()
+        self._stale = []
+
+    async def _settle_sends(self) -> None:
+        """Before a round's sends: the last round's to its members are done (merging it waited for
+        theirs, and theirs for these), those to islands left out of it go on in the background (a
+        catching-up island merges them), at most ``MAX_STALE_SENDS`` an island."""
+        for j, task in self._sending.items():
+            if task.done():
+                continue
+            if j in self._last_members:
+                await asyncio.wait([task])
+            else:
+                self._stale.append((j, task))
+        self._stale = [(j, t) for j, t in self._stale if not t.done()]
+        for j in {j for j, _t in self._stale}:
+            mine = [t for i, t in self._stale if i == j]
+            for t in mine[:-MAX_STALE_SENDS]:
+                t.cancel()
 
     # ---- a round's end ----------------------------------------------------------------------------
     async def round_end(self, r: int, tokens: int, next_data_step: int, last: bool = False) -> dict:
         """Ends round ``r`` after ``tokens`` tokens: merges round ``r - 1``, replays, sends round ``r``'s
         contributions. ``next_data_step``: where round ``r + 1`` begins in the data. ``last``: also
         waits for round ``r``'s and merges them (the run's end: every island then holds the anchor).
-        Returns the round's figures."""
+        Returns the round's figures; with "rejoin": (round, its first data step) where this island,
+        left out and fallen behind, goes on instead of round ``r + 1`` (its progress dropped)."""
         t0 = time.time()
         prog = self.outer.progress()
         wait = 0.0
+        fig = {"round": r, "tokens": tokens, "t": t0}
         if r > self._first_round:
-            wait = await self._merge(r - 1)
+            wait, jump = await self._merge(r - 1)
+            if jump is not None:  # its progress is dropped: it rejoins at round v + 1 from version v
+                v, data_step, base = jump
+                self._cancel_sends()
+                self.outer.reset_to_anchor()
+                self.round, self._first_round, self._round_base = v + 1, v, {v: data_step, v + 1: base}
+                self._got = {key: c for key, c in self._got.items() if key[0] >= v}
+                self._keep(v, data_step)
+                return {**fig, "wait_s": round(wait, 4), "rejoin": (v + 1, base)}
             # the anchor every island holds now is round r's start: a re-plan can resume there (r
             # is retrained from it), at the data step round r began with
             self._keep(r, self._round_base[r])
@@ -177,37 +243,47 @@ class OuterSync:
         encoded = self.outer.encode(prog)
         for layer, (_m, _b, dec) in encoded.items():
             self._got[(r, self.island, layer)] = Contribution(tokens, dec)
-        if self._sending is not None and not self._sending.done():
-            await self._sending  # (merging r - 1 waited for everyone's, so the previous sends are done)
-        self._sending = asyncio.create_task(self._send(r, tokens, encoded))
+        await self._settle_sends()
+        t_send = time.time()
+        routes = self._sends()
+        self._send_fig = {"round": r, "left": len(routes), "bytes": 0, "t0": t_send}
+        self._sending = {j: asyncio.create_task(self._send(r, tokens, encoded, rs, self._send_fig))
+                         for j, rs in routes.items()}
         self.round = r + 1
         self._round_base[r + 1] = next_data_step
-        fig = {"round": r, "tokens": tokens, "wait_s": round(wait, 4), "t": t0}
+        fig["wait_s"] = round(wait, 4)
         if last:
-            fig["final_wait_s"] = round(await self._merge(r), 4)
+            final, jump = await self._merge(r)
+            fig["final_wait_s"] = round(final, 4)
             self.outer.reset_to_anchor()
-            await self._sending
+            self._keep(r + 1, next_data_step)  # the run's end: the outer state every island ends on
+            await self._settle_sends()
         return fig
 
-    async def _merge(self, r: int) -> float:
-        """Waits for every island's contributions of round ``r`` (up to the job's receive timeout
-        plus two predicted rounds; then the epoch fails) and merges them. Returns the seconds waited."""
+    async def _merge(self, r: int) -> tuple[float, Optional[tuple[int, int, int]]]:
+        """Merges round ``r``: the keeper decides its members (``_decide``), every other peer asks it;
+        then this peer waits for the members' contributions (up to the job's receive timeout plus
+        two predicted rounds; then the epoch fails) and merges them. Where this peer's island is
+        not a member it catches up instead (``_catch_up``). Returns (the seconds waited, where a
+        left-out island that fell behind rejoins: (version, its data step, the next round's))."""
         t0 = time.time()
         layers = sorted(self.outer.params)
-        n = len(self.smap.islands)
         # the others' round may end up to a round later than this island's (an island whose last
-        # round has few steps or none waits for theirs): a round's time on top of the receive timeout
-        round_s = self.smap.predicted_step_s * sum(x.steps_per_round for x in self.smap.islands)
-        deadline = t0 + self.job.recv_timeout_s + 2 * round_s
+        # round has few steps or none waits for theirs): two rounds on top of the receive timeout
+        deadline = t0 + self.job.recv_timeout_s + 2 * self._round_s()
+        if self.peer.peer_id == self._keeper:
+            members, latest = await self._decide(r, layers, t0 + leave_after_s(self._round_s())), None
+        else:
+            members, latest = await self._ask_members(r, deadline)
+        self._last_members = members
+        if self.island not in members:
+            jump = await self._catch_up(r, members, layers, latest)
+            return time.time() - t0, jump
         while True:
-            missing = [(i, layer) for i in range(n) for layer in layers if (r, i, layer) not in self._got]
+            missing = [(i, layer) for i in members for layer in layers if (r, i, layer) not in self._got]
             if not missing or time.time() >= deadline:
                 break
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), max(0.01, deadline - time.time()))
-            except asyncio.TimeoutError:
-                pass
+            await self._wait_arrival(deadline)
         waited = time.time() - t0
         if missing:
             # merging without an island here while it (or another) merges with it would leave the
@@ -216,20 +292,32 @@ class OuterSync:
             silent = sorted({i for i, _ in missing})
             self.on_event({"kind": "island_silent", "round": r, "islands": silent, "t": time.time()})
             raise StepFailed(f"round {r}: island(s) {silent} sent no contribution within {waited:.0f}s")
-        contribs = {layer: [self._got[(r, i, layer)] for i in range(n)] for layer in layers}
+        self._apply(r, members, layers, waited)
+        return waited, None
+
+    def _apply(self, r: int, members: list[int], layers: list[int], waited: float) -> None:
+        contribs = {layer: [self._got[(r, i, layer)] for i in members] for layer in layers}
         self.outer.merge(contribs)
-        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4),
+        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "members": members,
                             "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0})
         for key in [k for k in self._got if k[0] <= r]:
             del self._got[key]
-        return waited
 
-    async def _send(self, r: int, tokens: int, encoded: dict) -> None:
-        """Round ``r``'s contributions of this peer's layers, to every holder in the other islands,
-        one after another (retrying a peer not ready yet, up to the job's receive timeout)."""
+    async def _wait_arrival(self, deadline: float) -> None:
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), max(0.01, deadline - time.time()))
+        except asyncio.TimeoutError:
+            pass
+
+    async def _send(self, r: int, tokens: int, encoded: dict, routes: list[tuple[int, str]], fig: dict) -> None:
+        """Round ``r``'s contributions of this peer's layers to one island's holders, one after another
+        (retrying a peer not ready yet, up to the job's receive timeout). ``fig``: the round's sending,
+        counted in ``sends`` once its last island's is done (each island's go at once: a silent one
+        holds up no other)."""
         loop = asyncio.get_running_loop()
-        t0, sent = time.time(), 0
-        for layer, dst in self._sends():
+        sent = 0
+        for layer, dst in routes:
             meta, bufs, _dec = encoded[layer]
             header = {"job": self.job.job_id, "epoch": self.smap.epoch, "round": r, "island": self.island,
                       "layer": layer, "tokens": tokens, "meta": meta}
@@ -256,8 +344,10 @@ class OuterSync:
                         log.warning("round %d layer %d: cannot reach %s: %r", r, layer, self.smap.name_of(dst), e)
                         break
                 await asyncio.sleep(0.2)
-        if sent:
-            self.sends.append({"round": r, "send_s": round(time.time() - t0, 4), "bytes": sent})
+        fig["bytes"] += sent
+        fig["left"] -= 1
+        if fig["left"] == 0 and fig["bytes"]:
+            self.sends.append({"round": r, "send_s": round(time.time() - fig["t0"], 4), "bytes": fig["bytes"]})
 
     # ---- what other islands send --------------------------------------------------------------------
     async def on_outer(self, header: dict, buffers) -> None:
@@ -279,8 +369,11 @@ class OuterSync:
             raise FrameError(f"this peer does not hold layer {layer}")
         if header.get("src") != self._owners[i][layer][0]:
             raise FrameError(f"layer {layer} of island {i} comes from its stage's first replica, not {str(header.get('src'))[:16]}…")
-        if not self.round - 1 <= r <= self.round + ROUNDS_AHEAD:
-            raise FrameError(f"round {r} is not one this peer merges now (it is in round {self.round})")
+        if r < self.round - 1:
+            raise FrameError(f"round {r} is merged here (this peer is in round {self.round})")
+        if r > self.round + (CATCH_UP_AHEAD if self._catching_up else ROUNDS_AHEAD):
+            # this peer is behind (a cut, or waiting to catch up): the sender tries again a while
+            raise Retry(f"round {r} is ahead of this peer's round {self.round}")
         if not 0 <= tokens < MAX_TOKENS:
             raise FrameError("tokens out of range")
         if (r, i, layer) in self._got:
@@ -318,6 +411,7 @@ class OuterSync:
         return {"island": self.island, "round": self.round, "codec": self.smap.exchange_codec if self.smap else None,
                 "bytes_sent": sum(self.bytes_to.values()),
                 "bytes_to": {self.smap.name_of(d): n for d, n in self.bytes_to.items()} if self.smap else {},
-                "rounds": self.rounds[-50:], "sends": self.sends[-50:],
+                "rounds": self.rounds[-50:], "sends": self.sends[-50:], "left_out": self.left_out[-50:],
+                "rejoins": self.rejoins[-50:],
                 "digests": {str(i): hashlib.sha256(a.numpy().tobytes()).hexdigest()[:16]
                             for i, a in self.outer.anchor.items()} if self.outer else {}}

@@ -36,7 +36,7 @@ from .gradsum import GradientSum, layer_buckets
 from .job import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from .optim import make_optimizer
-from .outer_sync import OUTER, OUTER_FETCH, OuterSync
+from .outer_sync import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
 from .precision import COMPUTE_DTYPES, WIRE_DTYPES
 from . import overflow, workload
 from .run_records import MAP_POLL_S, RunRecords
@@ -137,6 +137,7 @@ class Trainer:
         peer.dataplane.register("mapnews", self.records.on_news)
         peer.dataplane.register(OUTER, self.outer.on_outer)
         peer.dataplane.register(OUTER_FETCH, self.outer.on_fetch)
+        peer.dataplane.register(OUTER_MEMBERS, self.outer.on_members)
         peer.dataplane.register(MANIFEST, self.data_share.on_manifest)
         peer.dataplane.register(SHARD, self.data_share.on_shard)
         peer.dataplane.add_json_get("/inventory", self.inventory)
@@ -366,18 +367,24 @@ class Trainer:
         state = await self._outer_state(v, layers) if v > 0 else None
         self.outer.begin(job, full, k, layers, self.handle.num_layers, start_round=v, state=state)
         step = self.smap.start_step
-        rounds = list(data_steps(H, k, job.steps, start_round=v, first_data_step=full.start_data_step))
         per = self._micro_batches()
-        for n, (r, _base, dsteps) in enumerate(rounds):
+        r, base = v, full.start_data_step
+        while base < job.steps:
+            _r, _b, dsteps = next(data_steps(H, k, job.steps, start_round=r, first_data_step=base))
             for ds in dsteps:
                 for part in range(job.island_split):  # --island-split: a data step in parts
                     await self._run_step(st, step, ds, part * per)
                     step += 1
-            nxt = rounds[n + 1][1] if n + 1 < len(rounds) else job.steps
+            nxt = base + sum(H)
             fig = await self.outer.round_end(r, len(dsteps) * job.samples_per_step * job.seq_len, nxt,
-                                             last=n == len(rounds) - 1)
+                                             last=nxt >= job.steps)
             log.info("island %d round %d: %d steps, waited %.3fs for round %d's exchange", k, r, len(dsteps),
                      fig["wait_s"], r - 1)
+            if "rejoin" in fig:  # left out and fallen behind: the rounds between are lost to this island
+                r, base = fig["rejoin"]
+                log.warning("island %d rejoins at round %d (data step %d)", k, r, base)
+            else:
+                r, base = r + 1, nxt
 
     async def _outer_state(self, version: int, layers: dict) -> dict:
         """This peer's layers' outer state at ``version``: its own, or from a peer holding it (the

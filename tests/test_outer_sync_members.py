@@ -1,0 +1,183 @@
+"""The islands' exchange in one process, peers joined by a fake data plane that can cut an island
+off: a silent island is left out and the others go on, it catches up (merging the members'
+contributions, or fetching their state when the cut lost them) and contributes again, and every
+island ends on the same anchor with no round merged twice."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from types import SimpleNamespace
+
+import torch
+
+from spantrain_p2p.net.dataplane import RemoteError, Retry
+from spantrain_p2p.net.framing import FrameError
+from spantrain_p2p.train import island_members
+from spantrain_p2p.train.outer_sync import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
+
+LAYERS = 2
+
+
+class _Net:
+    """Routes each send to the receiver's handler; a cut island neither sends nor receives."""
+
+    def __init__(self):
+        self.syncs: dict[str, OuterSync] = {}
+        self.cut: set[str] = set()
+
+    def client(self, me: str):
+        net = self
+
+        class _Client:
+            async def send(self, url, kind, header, buffers=(), timeout=30.0, link=None, charge=1.0,
+                           reply_charge=1.0, peer_id=None, **_):
+                await asyncio.sleep(0.001)
+                if me in net.cut or url in net.cut:
+                    await asyncio.sleep(0.05)
+                    raise ConnectionError("cut")
+                target = net.syncs[url]
+                handler = {OUTER: target.on_outer, OUTER_FETCH: target.on_fetch,
+                           OUTER_MEMBERS: target.on_members}[kind]
+                try:
+                    reply = await handler({**header, "src": me}, [bytes(b) for b in buffers])
+                except FrameError as e:
+                    raise RemoteError(400, str(e)) from None
+                except Retry as e:
+                    raise RemoteError(503, str(e)) from None
+                if reply is None:
+                    return None
+                h, bufs = reply
+                return h, [memoryview(bytes(b)) for b in bufs]
+        return _Client()
+
+
+def _world(steps_per_round=(2, 1), split_second=False):
+    """Islands of one peer holding both layers; with ``split_second`` the second island is two
+    peers of one layer each (a pipeline's stages: each catches up on its own, to the same round)."""
+    layouts = {0: [("i0", (0, LAYERS))]}
+    layouts[1] = [("i1", (0, 1)), ("i1b", (1, LAYERS))] if split_second else [("i1", (0, LAYERS))]
+    islands = [SimpleNamespace(steps_per_round=h, predicted_step_s=0.01) for h in steps_per_round]
+    stages = {k: [SimpleNamespace(peers=(n,), layers=span) for n, span in lay] for k, lay in layouts.items()}
+    smap = SimpleNamespace(islands=islands, island_map=lambda k: SimpleNamespace(stages=stages[k]),
+                           exchange_codec="int8", epoch=1, name_of=lambda p: p, start_data_step=0,
+                           predicted_step_s=0.01)
+    job = SimpleNamespace(job_id="j", recv_timeout_s=3.0, outer_lr=0.7, outer_momentum=0.9, steps=10_000)
+    net = _Net()
+    peers = {}
+    for k, lay in layouts.items():
+        for n, span in lay:
+            torch.manual_seed(0)
+            full = {i: [torch.nn.Parameter(torch.randn(16))] for i in range(LAYERS)}
+            layers = {i: full[i] for i in range(*span)}
+            peer = SimpleNamespace(peer_id=n, client=net.client(n), data_url_of=lambda p: p, link_to=lambda p: None,
+                                   name_of=lambda p: p)
+            sync = OuterSync(peer, lambda ev: None)
+            sync.begin(job, smap, k, layers, LAYERS)
+            net.syncs[n] = sync
+            peers[n] = (sync, layers)
+    return net, peers, job
+
+
+async def _island(sync: OuterSync, layers, k: int, rounds: int, steps_per_round: int, step_s: float):
+    """One island's rounds: each 'step' nudges the weights; the exchange at each round's end."""
+    r, base, gen = 0, 0, torch.Generator().manual_seed(k + 1)
+    done = []
+    while r < rounds:
+        for _ in range(steps_per_round):
+            await asyncio.sleep(step_s)
+            with torch.no_grad():
+                for _i, ps in sorted(layers.items()):
+                    ps[0].add_(torch.randn(16, generator=gen) * 0.01)
+        fig = await sync.round_end(r, 100 * steps_per_round, base + 3, last=r == rounds - 1)
+        done.append(r)
+        if "rejoin" in fig:
+            r, base = fig["rejoin"][0], fig["rejoin"][1]
+        else:
+            r, base = r + 1, base + 3
+    return done
+
+
+def _digest(sync: OuterSync) -> str:
+    return hashlib.sha256(b"".join(a.numpy().tobytes() for _i, a in sorted(sync.outer.anchor.items()))).hexdigest()
+
+
+def test_a_cut_island_is_left_out_catches_up_and_ends_on_the_same_anchor(monkeypatch):
+    monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
+    net, peers, job = _world()
+    (s0, l0), (s1, l1) = peers["i0"], peers["i1"]
+
+    async def cut_later():
+        await asyncio.sleep(0.8)
+        net.cut.add("i1")
+        await asyncio.sleep(0.8)
+        net.cut.discard("i1")
+
+    async def main():
+        return await asyncio.gather(_island(s0, l0, 0, 40, 2, 0.05), _island(s1, l1, 1, 40, 1, 0.1), cut_later())
+
+    done0, done1, _ = asyncio.run(main())
+    assert done0 == list(range(40))  # the keeper's island went through every round
+    left = [row for row in s0.left_out]
+    assert left and all(row["islands"] == [1] for row in left)
+    # the cut island caught up (fetching: the cut lost the contributions) and rejoined later on
+    assert s1.rejoins and s1.rejoins[0]["dropped"] and s1.rejoins[0]["fetched"]
+    assert len(done1) < 40 and done1[-1] == 39
+    # once back it was a member again: the last rounds merged both islands
+    assert s0.rounds[-1]["members"] == [0, 1] and s1.rounds[-1]["members"] == [0, 1]
+    merged0 = [row["round"] for row in s0.rounds]
+    assert merged0 == list(range(40))  # each round merged once, in order, by the keeper
+    merged1 = [row["round"] for row in s1.rounds]
+    assert len(merged1) == len(set(merged1))  # none twice on the cut island either
+    assert _digest(s0) == _digest(s1)
+    for i in range(LAYERS):  # and the weights are the anchor on both
+        assert torch.equal(l0[i][0].detach(), s0.outer.anchor[i]) and torch.equal(l1[i][0].detach(), s1.outer.anchor[i])
+
+
+def test_the_peers_of_a_cut_island_catch_up_to_the_same_round(monkeypatch):
+    """Island 1 is two peers (one layer each) asking the keeper at different moments: they hear the
+    same answers, rejoin at the same round, and every layer ends on the keeper's anchor."""
+    monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
+    net, peers, job = _world(split_second=True)
+    (s0, l0), (sa, la), (sb, lb) = peers["i0"], peers["i1"], peers["i1b"]
+
+    async def cut_later():
+        await asyncio.sleep(0.8)
+        net.cut.update({"i1", "i1b"})
+        await asyncio.sleep(0.8)
+        net.cut.difference_update({"i1", "i1b"})
+
+    async def main():
+        return await asyncio.gather(_island(s0, l0, 0, 40, 2, 0.05), _island(sa, la, 1, 40, 1, 0.1),
+                                    _island(sb, lb, 1, 40, 1, 0.13), cut_later())
+
+    done0, done_a, done_b, _ = asyncio.run(main())
+    assert done0 == list(range(40)) and s0.left_out
+    assert done_a == done_b and len(done_a) < 40  # the same rounds, the lost ones skipped by both
+    assert [row["caught_up_to"] for row in sa.rejoins] == [row["caught_up_to"] for row in sb.rejoins]
+    assert torch.equal(sa.outer.anchor[0], s0.outer.anchor[0]) and torch.equal(sb.outer.anchor[1], s0.outer.anchor[1])
+
+
+def test_an_island_late_once_is_left_out_merges_the_members_contributions_and_goes_on(monkeypatch):
+    """No cut: one island stalls past the keeper's wait for one round. Its contribution is dropped,
+    it merges the keeper's (it holds them: nothing was lost on the way), and its progress since
+    counts."""
+    monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
+    net, peers, job = _world()
+    (s0, l0), (s1, l1) = peers["i0"], peers["i1"]
+    real_round_end = s1.round_end
+
+    async def slow_round_end(r, *a, **kw):
+        if r == 5:
+            await asyncio.sleep(0.6)  # past the keeper's wait for round 4... its contribution of 5 is late
+        return await real_round_end(r, *a, **kw)
+
+    s1.round_end = slow_round_end
+
+    async def main():
+        return await asyncio.gather(_island(s0, l0, 0, 20, 2, 0.05), _island(s1, l1, 1, 20, 1, 0.1))
+
+    done0, done1 = asyncio.run(main())
+    assert done0 == list(range(20))
+    assert [row["islands"] for row in s0.left_out] == [[1]] * len(s0.left_out) and s0.left_out
+    assert s1.rejoins and not s1.rejoins[0]["fetched"]  # merged the members' contributions itself
+    assert _digest(s0) == _digest(s1)

@@ -111,15 +111,32 @@ class Membership:
 
     # ---- the keeper -------------------------------------------------------------------------------
     async def _decide(self, r: int, layers: list[int], leave_at: float) -> list[int]:
-        """Round ``r``'s members: the islands whose contributions to the keeper's layers are all here
-        once the awaited ones' are, or at ``leave_at`` (its own always are)."""
+        """Round ``r``'s members, at the keeper's merge of it: decided already (``_maybe_decide``: every
+        awaited island's contributions came in time), else the islands whose contributions to the
+        keeper's layers are here at ``leave_at`` (its own always are)."""
         n = len(self.smap.islands)
-        awaited = awaited_islands(r, n, self.decisions, self._returning)
-        while True:
-            members = complete_islands(self._got, r, n, layers)
-            if awaited <= set(members) or time.time() >= leave_at:
-                break
+        while r not in self.decisions and time.time() < leave_at:
             await self._wait_arrival(leave_at)
+            self._maybe_decide(r)
+        if r not in self.decisions:
+            self._record(r, complete_islands(self._got, r, n, layers))
+        return self.decisions[r]
+
+    def _maybe_decide(self, r: int) -> None:
+        """The keeper decides round ``r`` as soon as it can: once it has ended that round itself, the
+        round before is decided, and every awaited island's contributions to its layers are here.
+        Deciding then, not at its own next round's end, lets every island merge as soon as it holds
+        the round's contributions, however the islands' rounds fall against the keeper's."""
+        if (self.peer.peer_id != self._keeper or self.outer is None or r in self.decisions
+                or r >= self.round or (r > self._first_round and r - 1 not in self.decisions)):
+            return
+        n, layers = len(self.smap.islands), sorted(self.outer.params)
+        members = complete_islands(self._got, r, n, layers)
+        if self.island in members and awaited_islands(r, n, self.decisions, self._returning) <= set(members):
+            self._record(r, members)
+
+    def _record(self, r: int, members: list[int]) -> None:
+        n = len(self.smap.islands)
         self.decisions[r] = members
         for old in sorted(self.decisions)[:-KEEP_DECISIONS]:
             del self.decisions[old]
@@ -133,7 +150,7 @@ class Membership:
                         "end, or left out before); the others go on", r, out, leave_after_s(self._round_s()))
             self.left_out.append({"round": r, "islands": out, "epoch": self.smap.epoch})
             self.on_event({"kind": "island_left_out", "round": r, "islands": out, "t": time.time()})
-        return members
+        self._maybe_decide(r + 1)  # (its contributions may all be here already)
 
     async def on_members(self, header: dict, buffers):
         """The keeper's handler of ``outer_members``: round ``r``'s members once decided (held up to
@@ -169,6 +186,7 @@ class Membership:
             # latest state from the keeper's island (the "members" it is given to fetch from)
             latest = max(self.versions)
             return {"members": [self.island], "latest": [latest, self.versions[latest][0]]}, []
+        self._maybe_decide(r)
         if r not in self.decisions:
             if r > self.round + 2 or r < self._first_round:
                 raise FrameError(f"round {r} is not one this peer decides (it is in round {self.round})")

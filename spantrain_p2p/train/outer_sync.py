@@ -243,6 +243,8 @@ class OuterSync(Membership):
         encoded = self.outer.encode(prog)
         for layer, (_m, _b, dec) in encoded.items():
             self._got[(r, self.island, layer)] = Contribution(tokens, dec)
+        self.round = r + 1  # (round r ended here: the keeper may decide it)
+        self._maybe_decide(r)
         await self._settle_sends()
         t_send = time.time()
         routes = self._sends()
@@ -386,6 +388,7 @@ class OuterSync(Membership):
             raise FrameError(f"contribution of layer {layer}: {e}") from None
         self._got[(r, i, layer)] = Contribution(tokens, delta)
         self._arrived.set()
+        self._maybe_decide(r)
         return None
 
     @staticmethod

@@ -160,14 +160,7 @@ class Membership:
         returning = header.get("returning")
         if returning is not None and (type(returning) is not int or not header["round"] <= returning <= header["round"] + 1):
             raise FrameError("returning must be the round asked about or the next")
-        if self.outer is None or self.smap is None:
-            raise Retry("this peer has not begun its islands' rounds yet")
-        if header["job"] != self.job.job_id:
-            raise FrameError("question for another job")
-        if header["epoch"] > self.smap.epoch:
-            raise Retry("this peer has no stage map for that epoch yet")
-        if header["epoch"] < self.smap.epoch:
-            raise FrameError(f"epoch {header['epoch']} is over: this peer runs epoch {self.smap.epoch}")
+        self._check_current(header, "question")
         if self.peer.peer_id != self._keeper:
             raise FrameError("this peer does not decide the rounds' members")
         r, i = header["round"], header["island"]

@@ -68,7 +68,6 @@ class OuterSync(Membership):
         self._got: dict[tuple[int, int, int], Contribution] = {}  # (round, island, layer)
         self._arrived = asyncio.Event()
         self._sending: dict[int, asyncio.Task] = {}  # the last round's sends, by destination island
-        self._send_fig: dict = {}
         self._first_round = 0
         self._round_base: dict[int, int] = {}  # round -> its first data step
         self._stale: list[tuple[int, asyncio.Task]] = []  # sends to islands left out of their round
@@ -167,13 +166,10 @@ class OuterSync(Membership):
                     log.info("outer state of layer %d at round %d fetched from %s", layer, version,
                              self.peer.name_of(src))
                     return a, m
-                except RemoteError as e:
-                    if e.status != 503:
+                except Exception as e:
+                    if not (isinstance(e, RemoteError) and e.status == 503):  # (503: not merged there yet)
                         log.warning("fetching the outer state of layer %d from %s failed: %s", layer,
                                     self.peer.name_of(src), e)
-                except Exception as e:
-                    log.warning("fetching the outer state of layer %d from %s failed: %s", layer,
-                                self.peer.name_of(src), e)
             if deadline is None or time.time() >= deadline:
                 raise StepFailed(f"no live peer could give the outer state of layer {layer} at round {version}")
             await asyncio.sleep(0.2)
@@ -248,10 +244,9 @@ class OuterSync(Membership):
         await self._settle_sends()
         t_send = time.time()
         routes = self._sends()
-        self._send_fig = {"round": r, "left": len(routes), "bytes": 0, "t0": t_send}
-        self._sending = {j: asyncio.create_task(self._send(r, tokens, encoded, rs, self._send_fig))
+        send_fig = {"round": r, "left": len(routes), "bytes": 0, "t0": t_send}
+        self._sending = {j: asyncio.create_task(self._send(r, tokens, encoded, rs, send_fig))
                          for j, rs in routes.items()}
-        self.round = r + 1
         self._round_base[r + 1] = next_data_step
         fig["wait_s"] = round(wait, 4)
         if last:
@@ -352,18 +347,23 @@ class OuterSync(Membership):
             self.sends.append({"round": r, "send_s": round(time.time() - fig["t0"], 4), "bytes": fig["bytes"]})
 
     # ---- what other islands send --------------------------------------------------------------------
-    async def on_outer(self, header: dict, buffers) -> None:
-        """The data plane's handler of ``outer`` messages (one layer of one island's round)."""
-        check_fields(header, {"job": str, "epoch": int, "round": int, "island": int, "layer": int, "tokens": int,
-                              "meta": dict})
+    def _check_current(self, header: dict, what: str) -> None:
+        """A message of this job's current epoch (``outer``, ``outer_members``): 503 while this peer
+        has not begun its rounds or has no map of that epoch yet, 400 for another job or a past epoch."""
         if self.outer is None or self.smap is None:
             raise Retry("this peer has not begun its islands' rounds yet")
         if header["job"] != self.job.job_id:
-            raise FrameError("contribution for another job")
+            raise FrameError(f"{what} for another job")
         if header["epoch"] > self.smap.epoch:
             raise Retry("this peer has no stage map for that epoch yet")
         if header["epoch"] < self.smap.epoch:
             raise FrameError(f"epoch {header['epoch']} is over: this peer runs epoch {self.smap.epoch}")
+
+    async def on_outer(self, header: dict, buffers) -> None:
+        """The data plane's handler of ``outer`` messages (one layer of one island's round)."""
+        check_fields(header, {"job": str, "epoch": int, "round": int, "island": int, "layer": int, "tokens": int,
+                              "meta": dict})
+        self._check_current(header, "contribution")
         r, i, layer, tokens = header["round"], header["island"], header["layer"], header["tokens"]
         if not 0 <= i < len(self.smap.islands) or i == self.island:
             raise FrameError(f"island {i} is not another island of this map")

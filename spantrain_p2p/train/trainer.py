@@ -375,7 +375,7 @@ class Trainer:
                 for part in range(job.island_split):  # --island-split: a data step in parts
                     await self._run_step(st, step, ds, part * per)
                     step += 1
-            nxt = base + sum(H)
+            nxt = min(base + sum(H), job.steps)
             fig = await self.outer.round_end(r, len(dsteps) * job.samples_per_step * job.seq_len, nxt,
                                              last=nxt >= job.steps)
             log.info("island %d round %d: %d steps, waited %.3fs for round %d's exchange", k, r, len(dsteps),

@@ -214,9 +214,10 @@ def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_pee
     reports = []
     for p in follower.live():
         try:
-            reports.append(p.status(path="/report"))
+            # a done peer answers at once, but a loaded box can hold it past a status call's 5 s
+            reports.append(p.status(timeout=30, path="/report"))
             keep(p.run_dir, "reports", p.name, reports[-1])
-            keep(p.run_dir, "measurements", p.name, p.status(path="/measurements"))
+            keep(p.run_dir, "measurements", p.name, p.status(timeout=30, path="/measurements"))
         except OSError:
             continue
     seq = args.workload_seq_len if getattr(args, "workload", None) else args.seq_len  # a workload's tokens

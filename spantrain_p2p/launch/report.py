@@ -294,4 +294,4 @@ def measure_and_report(procs: list["PeerProcess"], scenario, say, timeout: float
     dead = [p.name for p in procs if not p.alive()]
     if dead:
         raise RuntimeError(f"peer(s) {', '.join(dead)} exited while measuring")
-    return measurement_summary(scenario, [p.status(path="/measurements") for p in procs])
+    return measurement_summary(scenario, [p.status(timeout=30, path="/measurements") for p in procs])

@@ -119,11 +119,12 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
         formed = time.monotonic() - t0
         say(f"swarm formed: {n}/{n} peers see each other after {formed:.1f}s (all started after {started:.1f}s)")
         say(f"  {'peer':<10} {'peer id':<48} {'state':<8} data plane")
-        for p in procs:
-            st = p.status()
+        # a peer busy starting its job (its data read and tokenized, its model built) can take more
+        # than a status call's 5 s to answer on a loaded box: that is no reason to stop the swarm
+        sts = [wait_until(p.status, 30) for p in procs]
+        for p, st in zip(procs, sts):
             say(f"  {p.name:<10} {p.info['peer_id']:<48} {st['state']:<8} {p.info['data_url']}")
-        say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm "
-            f"{procs[0].status()['swarm']}")
+        say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm {sts[0]['swarm']}")
         say(f"dashboard (any peer's data plane serves it): {procs[0].info['data_url']}/")
         if args.measure_only:
             summary = real_time.measurements(measure_and_report(procs, s, say), s.time_dilation)

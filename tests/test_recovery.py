@@ -33,7 +33,8 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
     assert event["kind"] == "kill" and event["recovery_s"] <= 30, event
     assert out["replans"] >= 1
     killed = event["target"]
-    assert all(killed not in s["peers"] for s in out["plans"][-1]["stages"])
+    # no map after the kill is planned on the dead peer (its membership record outlives it a while)
+    assert all(killed not in s["peers"] for p in out["plans"][1:] for s in p["stages"]), out["plans"]
     if victim == "planner":
         assert out["plans"][-1]["term"] > out["plans"][0]["term"]
     ref = reference.result()[:STEPS]

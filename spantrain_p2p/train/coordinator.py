@@ -21,7 +21,7 @@ from ..swarm import grouping, measure
 from ..swarm.election import Election
 from . import planning
 from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
-from .liveness import answers_at
+from .liveness import answers_at, is_alive
 
 log = logging.getLogger("spantrain.train")
 
@@ -182,6 +182,19 @@ class Coordinator:
             log.info("%s: no fresh record, but it answers: its heartbeat is late, not a failure", current.name_of(p))
         return False
 
+    async def _without_the_dead(self, current: StageMap, ids: list[str]) -> list[str]:
+        """``ids`` less the peers of ``current`` that no longer answer where they served: a SIGKILLed
+        peer's membership record lives on until it expires (a few heartbeats), and a map planned on
+        it before then broke again at once (epochs 1 -> 2 -> 3 -> 4 for one kill, the run standing
+        still meanwhile)."""
+        of_map = [p for p in ids if current.stage_of(p) is not None]
+        alive = await asyncio.gather(*(is_alive(self.peer, p) for p in of_map))
+        dead = {p for p, ok in zip(of_map, alive) if not ok}
+        if dead:
+            log.info("planning without %s: in epoch %d, no longer answering",
+                     ", ".join(current.name_of(p) for p in sorted(dead)), current.epoch)
+        return [p for p in ids if p not in dead]
+
     async def _resume_point(self, current: Optional[StageMap]) -> tuple[Optional[int], int, str]:
         """(step to redo from, its data step, error): the latest step whose state of every layer
         survives. With islands: the latest round whose outer state of every layer survives (in any
@@ -213,6 +226,8 @@ class Coordinator:
             ids = sorted(r.peer_id for r in ready_peers(self.peer))
             if current is None and len(ids) < job.peers:
                 return
+        if current is not None and not improve:
+            ids = await self._without_the_dead(current, ids)
         names = {r.peer_id: r.name for r in self.peer.live_members()}
         epoch = (current.epoch if current else 0) + 1
         term = self.election.leader.term

@@ -24,6 +24,7 @@ class _Net:
     def __init__(self):
         self.syncs: dict[str, OuterSync] = {}
         self.cut: set[str] = set()
+        self.fetch_s = 0.0  # how long an outer state's reply takes to arrive (a slow link)
 
     def client(self, me: str):
         net = self
@@ -46,6 +47,8 @@ class _Net:
                     raise RemoteError(503, str(e)) from None
                 if reply is None:
                     return None
+                if kind == OUTER_FETCH:
+                    await asyncio.sleep(net.fetch_s)
                 h, bufs = reply
                 return h, [memoryview(bytes(b)) for b in bufs]
         return _Client()
@@ -131,6 +134,34 @@ def test_a_cut_island_is_left_out_catches_up_and_ends_on_the_same_anchor(monkeyp
     assert _digest(s0) == _digest(s1)
     for i in range(LAYERS):  # and the weights are the anchor on both
         assert torch.equal(l0[i][0].detach(), s0.outer.anchor[i]) and torch.equal(l1[i][0].detach(), s1.outer.anchor[i])
+
+
+def test_a_fetch_slower_than_the_kept_rounds_still_lands(monkeypatch):
+    """Each layer's outer state takes 0.4 s to arrive, ~4 of the keeper's rounds: the version being
+    fetched outlives the 3 a peer keeps while the fetch goes on (before, the second layer's request
+    found it gone and the epoch failed); the cut island merges forward from it and ends on the
+    keeper's anchor."""
+    monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
+    net, peers, job = _world()
+    net.fetch_s = 0.4
+    (s0, l0), (s1, l1) = peers["i0"], peers["i1"]
+
+    async def cut_later():
+        await asyncio.sleep(0.8)
+        net.cut.add("i1")
+        await asyncio.sleep(0.8)
+        net.cut.discard("i1")
+
+    async def main():
+        return await asyncio.gather(_island(s0, l0, 0, 40, 2, 0.05), _island(s1, l1, 1, 40, 1, 0.1), cut_later())
+
+    done0, done1, _ = asyncio.run(main())
+    assert done0 == list(range(40)) and s0.left_out
+    assert s1.rejoins and any(row["fetched"] for row in s1.rejoins)
+    assert s0.rounds[-1]["members"] == [0, 1]
+    merged1 = [row["round"] for row in s1.rounds]
+    assert len(merged1) == len(set(merged1))
+    assert _digest(s0) == _digest(s1)
 
 
 def test_the_peers_of_a_cut_island_catch_up_to_the_same_round(monkeypatch):

@@ -41,6 +41,7 @@ log = logging.getLogger("spantrain.train")
 OUTER = "outer"
 OUTER_FETCH = "outer_fetch"
 KEEP_VERSIONS = 3  # outer states kept per layer (a re-plan resumes at one every layer still has)
+PINNED_EXTRA = 2  # older outer states kept on top while another peer is fetching them
 ROUNDS_AHEAD = 2  # contributions taken this many rounds past the one being merged (a fast island's)
 MAX_TOKENS = 1 << 50
 MAX_STALE_SENDS = 8  # an island's sends of rounds merged without it, left to finish in the background
@@ -79,6 +80,9 @@ class OuterSync(Membership):
         # outer states by version v (the state round v starts from): layer -> (anchor, momentum), and
         # the first data step of round v; what a new epoch resumes from (``decide.resume_point``)
         self.versions: dict[int, tuple[int, dict[int, tuple[np.ndarray, np.ndarray]]]] = {}
+        # version -> time.monotonic() until which it outlives KEEP_VERSIONS: a peer fetches it, layer
+        # by layer, and a whole model's state over a slow link can take longer than three rounds
+        self._pins: dict[int, float] = {}
 
     # ---- set-up -----------------------------------------------------------------------------------
     def begin(self, job, smap: StageMap, island: int, layers: dict[int, list], num_layers: int,
@@ -100,8 +104,13 @@ class OuterSync(Membership):
 
     def _keep(self, version: int, data_step: int) -> None:
         self.versions[version] = (data_step, self.outer.state())
-        for v in sorted(self.versions)[:-KEEP_VERSIONS]:
-            del self.versions[v]
+        now = time.monotonic()
+        self._pins = {v: t for v, t in self._pins.items() if t > now and v in self.versions}
+        old = sorted(self.versions)[:-KEEP_VERSIONS]
+        pinned = [v for v in old if v in self._pins][-PINNED_EXTRA:]
+        for v in old:
+            if v not in pinned:
+                del self.versions[v]
 
     def _round_s(self) -> float:
         """The predicted seconds of a round (the slowest island's)."""
@@ -135,6 +144,8 @@ class OuterSync(Membership):
         if self.job is None or header["job"] != self.job.job_id or held is None or header["layer"] not in held[1]:
             raise FrameError(f"this peer holds no outer state of layer {header['layer']} at version {header['version']}")
         anchor, momentum = held[1][header["layer"]]
+        # the fetcher asks for the next layer of this version next: keep it a request's time more
+        self._pins[header["version"]] = time.monotonic() + self.job.recv_timeout_s + 2 * self._round_s()
         return {"data_step": held[0], "n": int(anchor.size)}, [memoryview(anchor.view(np.uint8)),
                                                                 memoryview(momentum.view(np.uint8))]
 

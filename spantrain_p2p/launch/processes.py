@@ -129,8 +129,9 @@ def new_run_dir(base: str = "runs", tag: str = "swarm") -> str:
     return path
 
 
-def wait_until(pred, timeout: float, interval: float = 0.25):
-    """Polls ``pred`` until it returns a truthy value; TimeoutError after ``timeout`` seconds."""
+def wait_until(pred, timeout: float, interval: float = 0.25, what: str = "a condition"):
+    """Polls ``pred`` until it returns a truthy value; TimeoutError after ``timeout`` seconds,
+    naming ``what`` was awaited."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -140,5 +141,5 @@ def wait_until(pred, timeout: float, interval: float = 0.25):
         if v:
             return v
         if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met within {timeout:.0f}s")
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)

@@ -290,7 +290,8 @@ def measurement_summary(scenario, measurements: list[dict]) -> dict:
 
 def measure_and_report(procs: list["PeerProcess"], scenario, say, timeout: float = 300) -> dict:
     say("measuring: device profiles and link probes…")
-    wait_until(lambda: all(p.status()["state"] == "done" or not p.alive() for p in procs), timeout, interval=0.5)
+    wait_until(lambda: all(p.status()["state"] == "done" or not p.alive() for p in procs), timeout, interval=0.5,
+               what="every peer to finish measuring")
     dead = [p.name for p in procs if not p.alive()]
     if dead:
         raise RuntimeError(f"peer(s) {', '.join(dead)} exited while measuring")

@@ -115,13 +115,13 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
             counts = [p.status()["member_count"] for p in procs]
             return counts if all(c == n for c in counts) else None
 
-        wait_until(everyone_sees_all, 60)
+        wait_until(everyone_sees_all, 60, what=f"every peer to see all {n}")
         formed = time.monotonic() - t0
         say(f"swarm formed: {n}/{n} peers see each other after {formed:.1f}s (all started after {started:.1f}s)")
         say(f"  {'peer':<10} {'peer id':<48} {'state':<8} data plane")
         # a peer busy starting its job (its data read and tokenized, its model built) can take more
         # than a status call's 5 s to answer on a loaded box: that is no reason to stop the swarm
-        sts = [wait_until(p.status, 30) for p in procs]
+        sts = [wait_until(p.status, 30, what=f"{p.name} to answer /status") for p in procs]
         for p, st in zip(procs, sts):
             say(f"  {p.name:<10} {p.info['peer_id']:<48} {st['state']:<8} {p.info['data_url']}")
         say(f"join this swarm with: spantrain-peer --join {procs[0].info['address']} --swarm {sts[0]['swarm']}")

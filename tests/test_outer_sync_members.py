@@ -8,10 +8,12 @@ import asyncio
 import hashlib
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from spantrain_p2p.net.dataplane import RemoteError, Retry
 from spantrain_p2p.net.framing import FrameError
+from spantrain_p2p.pipeline.executor import StepFailed
 from spantrain_p2p.train import island_members
 from spantrain_p2p.train.outer_sync import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
 
@@ -162,6 +164,42 @@ def test_a_fetch_slower_than_the_kept_rounds_still_lands(monkeypatch):
     merged1 = [row["round"] for row in s1.rounds]
     assert len(merged1) == len(set(merged1))
     assert _digest(s0) == _digest(s1)
+
+
+def _keeper_cut(gone: bool):
+    """The keeper's island (i0) cut off for 4.5 s, past i1's deadline for an answer (the receive
+    timeout, 3 s, plus two rounds); with ``gone`` its membership record is gone meanwhile too."""
+    net, peers, job = _world()
+    (s0, l0), (s1, l1) = peers["i0"], peers["i1"]
+    if gone:
+        s1.peer.data_url_of = lambda p: None if p == "i0" and "i0" in net.cut else p
+
+    async def cut_later():
+        await asyncio.sleep(0.8)
+        net.cut.add("i0")
+        await asyncio.sleep(4.5)
+        net.cut.discard("i0")
+
+    async def main():
+        return await asyncio.gather(_island(s0, l0, 0, 80, 2, 0.05), _island(s1, l1, 1, 80, 1, 0.1), cut_later())
+
+    return asyncio.run(main()), s0, s1
+
+
+def test_a_cut_keeper_whose_record_is_live_is_waited_for_past_the_deadline(monkeypatch):
+    """The link to the keeper is cut longer than the deadline while its membership record stays
+    live: i1 waits (failing the epoch would only re-plan the same islands), then catches up."""
+    monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
+    (done0, done1, _), s0, s1 = _keeper_cut(gone=False)
+    assert done0 == list(range(80)) and s0.left_out
+    assert s1.rejoins and done1[-1] == 79
+    assert s0.rounds[-1]["members"] == [0, 1] and _digest(s0) == _digest(s1)
+
+
+def test_a_keeper_gone_silent_without_a_record_fails_the_epoch_at_the_deadline(monkeypatch):
+    monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
+    with pytest.raises(StepFailed, match="the keeper i0 gave no members in time"):
+        _keeper_cut(gone=True)
 
 
 def test_the_peers_of_a_cut_island_catch_up_to_the_same_round(monkeypatch):

@@ -113,12 +113,12 @@ def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) ->
                         "exchange_bytes_per_token": round(sent / tokens, 3) if tokens else None,
                         "send_s_median": round(statistics.median(exch), 4) if exch else None,
                         "wait_s_median": round(statistics.median(waits), 4) if waits else None,
-                        "hidden": hidden, **_left_out(staged, first.get("full_plan") or first["plan"])},
+                        "hidden": hidden, **_left_out(staged)},
             "peers": [{"island": r.get("island"), **_peer_row(r)} for r in reports], "mfu": _swarm_mfu(reports),
             **_loss_scale(staged)}
 
 
-def _left_out(staged: list[dict], plan: dict) -> dict:
+def _left_out(staged: list[dict]) -> dict:
     """Islands left out of a round (the keeper's decisions, by epoch), the data steps whose training
     never reached the shared weights (those islands' steps of those rounds, trained and dropped or
     never trained), and how each left-out peer caught up: merged the members' contributions or
@@ -127,10 +127,15 @@ def _left_out(staged: list[dict], plan: dict) -> dict:
                   for row in (r.get("islands") or {}).get("left_out", []) for i in row["islands"]})
     rejoins = [{"peer": r["name"], "island": r.get("island"), **row} for r in staged
                for row in (r.get("islands") or {}).get("rejoins", [])]
-    per_round = [x.get("steps_per_round", 0) for x in (plan or {}).get("islands") or []]
-    lost = sum(per_round[i] for _e, _r, i in out if i < len(per_round))
+    # the totals: each keeper's report lists only its last 50 rows (a long cut leaves more out)
+    totals: dict[str, list[int]] = {}
+    for r in staged:
+        for e, t in ((r.get("islands") or {}).get("left_out_totals") or {}).items():
+            if isinstance(t, list) and len(t) == 2 and all(type(x) is int for x in t):
+                totals[e] = max(totals.get(e, [0, 0]), t)
     return {"left_out": [{"epoch": e, "round": rnd, "island": i} for e, rnd, i in out],
-            "left_out_data_steps": lost, "rejoins": rejoins}
+            "left_out_rounds": sum(t[0] for t in totals.values()),
+            "left_out_data_steps": sum(t[1] for t in totals.values()), "rejoins": rejoins}
 
 
 def _loss_scale(staged: list[dict]) -> dict:

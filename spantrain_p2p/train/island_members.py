@@ -22,11 +22,13 @@ their own layers; the keeper gives every one of them the same answer to the same
 (``_answers``), so they all reach the same round.
 
 An island that cannot reach the keeper waits for it up to the job's receive timeout plus two
-rounds, then fails the epoch; so does a member whose contribution a peer lacks (merging without it
-on one side and with it on another would split the anchors for good). The next map resumes every
-island from the latest round they all hold. So a silent *keeper* island stops the others until it
-is back or the epoch fails: the keeper is the island with the most compute, the one the others
-would least want to leave out.
+rounds, then fails the epoch, unless the keeper's membership record is live: then the link is cut,
+not the keeper gone, and it waits up to ``LIVE_KEEPER_WAIT_S`` more (a re-plan would give the same
+islands). A member whose contribution a peer lacks fails the epoch too (merging without it on one
+side and with it on another would split the anchors for good). The next map resumes every island
+from the latest round they all hold. So a silent *keeper* island stops the others until it is back
+or the epoch fails: the keeper is the island with the most compute, the one the others would least
+want to leave out.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ LEAVE_MIN_S = 5.0  # ... and never sooner than this
 POLL_S = 1.0  # the keeper holds a question about an undecided round this long before "retry"
 KEEP_DECISIONS = 64  # decisions the keeper remembers (a peer further behind fails its epoch)
 CATCH_UP_AHEAD = 16  # rounds ahead a catching-up peer keeps contributions of
+LIVE_KEEPER_WAIT_S = 600.0  # past the deadline, a keeper whose membership record is live is waited for this long
 MAX_INT = 1 << 50
 
 
@@ -103,6 +106,9 @@ class Membership:
         self._decided = asyncio.Event()
         self._catching_up = False
         self.left_out: list[dict] = []  # the keeper's: rounds merged without some islands
+        # the keeper's, by epoch: (rounds with an island left out, the left-out islands' data steps
+        # of them), complete where the report lists only the last rows
+        self.left_out_totals: dict[int, list[int]] = {}
         self.rejoins: list[dict] = []  # this peer's island left out: how it caught up
 
     def _begin_members(self, smap) -> None:
@@ -149,6 +155,9 @@ class Membership:
             log.warning("round %d: island(s) %s left out (no contribution within %.1fs of this island's round "
                         "end, or left out before); the others go on", r, out, leave_after_s(self._round_s()))
             self.left_out.append({"round": r, "islands": out, "epoch": self.smap.epoch})
+            totals = self.left_out_totals.setdefault(self.smap.epoch, [0, 0])
+            totals[0] += 1
+            totals[1] += sum(self.smap.islands[i].steps_per_round for i in out)
             self.on_event({"kind": "island_left_out", "round": r, "islands": out, "t": time.time()})
         self._maybe_decide(r + 1)  # (its contributions may all be here already)
 
@@ -204,12 +213,17 @@ class Membership:
     # ---- every other peer -------------------------------------------------------------------------
     async def _ask_members(self, r: int, deadline: float, returning: Optional[int] = None):
         """Round ``r``'s members from the keeper and, where this island is left out, the keeper's
-        latest (version, data step). A keeper silent until ``deadline`` fails the epoch.
-        ``returning``: a catching-up island's question, with the round it contributes to next (``r``
+        latest (version, data step). A keeper silent until ``deadline`` fails the epoch, unless its
+        membership record is still live: then the link to it is cut (a keeper that dies or hangs
+        loses its record, and the planner re-plans without it), and failing the epoch would only
+        re-plan the same islands and send every island back to the last round they all hold (a
+        90 s cut on two-sites: 2 such re-plans, 52 data steps redone); it is waited for up to
+        ``LIVE_KEEPER_WAIT_S`` more, and catches this island up once back. ``returning``: a catching-up island's question, with the round it contributes to next (``r``
         or ``r + 1``), answered at once: None while undecided."""
         n = len(self.smap.islands)
         header = {"job": self.job.job_id, "epoch": self.smap.epoch, "round": r, "island": self.island,
                   "returning": returning}
+        said_cut = False
         while True:
             url = self.peer.data_url_of(self._keeper)
             try:
@@ -228,9 +242,17 @@ class Membership:
                 log.warning("round %d: the keeper's answer is unusable: %s", r, e)
             except (OSError, ConnectionError, asyncio.TimeoutError) as e:
                 log.debug("round %d: cannot reach the keeper: %r", r, e)
-            if time.time() >= deadline:
-                self.on_event({"kind": "island_silent", "round": r, "keeper": True, "t": time.time()})
-                raise StepFailed(f"round {r}: the keeper {self.smap.name_of(self._keeper)} gave no members in time")
+            now = time.time()
+            if now >= deadline:
+                live = self.peer.data_url_of(self._keeper) is not None
+                if not live or now >= deadline + LIVE_KEEPER_WAIT_S:
+                    self.on_event({"kind": "island_silent", "round": r, "keeper": True, "t": now})
+                    raise StepFailed(f"round {r}: the keeper {self.smap.name_of(self._keeper)} gave no members in time")
+                if not said_cut:
+                    said_cut = True
+                    log.warning("round %d: the keeper %s does not answer but its membership record is live (a cut "
+                                "link?): waiting for it up to %.0fs more", r, self.smap.name_of(self._keeper),
+                                LIVE_KEEPER_WAIT_S)
             await asyncio.sleep(0.1)
 
     async def _catch_up(self, r: int, members: list[int], layers: list[int],

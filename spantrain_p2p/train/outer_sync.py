@@ -426,6 +426,6 @@ class OuterSync(Membership):
                 "bytes_sent": sum(self.bytes_to.values()),
                 "bytes_to": {self.smap.name_of(d): n for d, n in self.bytes_to.items()} if self.smap else {},
                 "rounds": self.rounds[-50:], "sends": self.sends[-50:], "left_out": self.left_out[-50:],
-                "rejoins": self.rejoins[-50:],
+                "left_out_totals": {str(e): t for e, t in self.left_out_totals.items()}, "rejoins": self.rejoins[-50:],
                 "digests": {str(i): hashlib.sha256(a.numpy().tobytes()).hexdigest()[:16]
                             for i, a in self.outer.anchor.items()} if self.outer else {}}

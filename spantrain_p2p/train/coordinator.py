@@ -21,9 +21,11 @@ from ..swarm import grouping, measure
 from ..swarm.election import Election
 from . import planning
 from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
-from .liveness import answers_at, is_alive
+from .liveness import answers_at
 
 log = logging.getLogger("spantrain.train")
+
+PLAN_PROBE_S = 5.0  # a re-plan leaves out a peer of the broken map that does not answer /status in this long
 
 READY_STATES = ("ready", "training", "recovering", "done")
 
@@ -187,8 +189,14 @@ class Coordinator:
         peer's membership record lives on until it expires (a few heartbeats), and a map planned on
         it before then broke again at once (epochs 1 -> 2 -> 3 -> 4 for one kill, the run standing
         still meanwhile)."""
+        async def answers(p: str) -> bool:  # (a dead peer's port refuses at once: the timeout is
+            # for a live one slow to answer on a loaded machine, which must not be planned out)
+            url = self.peer.last_data_url(p)
+            return p == self.peer.peer_id or (url is not None and
+                                              await answers_at(self.peer.client, url, timeout_s=PLAN_PROBE_S))
+
         of_map = [p for p in ids if current.stage_of(p) is not None]
-        alive = await asyncio.gather(*(is_alive(self.peer, p) for p in of_map))
+        alive = await asyncio.gather(*(answers(p) for p in of_map))
         dead = {p for p, ok in zip(of_map, alive) if not ok}
         if dead:
             log.info("planning without %s: in epoch %d, no longer answering",

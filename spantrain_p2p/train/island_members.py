@@ -218,8 +218,9 @@ class Membership:
         loses its record, and the planner re-plans without it), and failing the epoch would only
         re-plan the same islands and send every island back to the last round they all hold (a
         90 s cut on two-sites: 2 such re-plans, 52 data steps redone); it is waited for up to
-        ``LIVE_KEEPER_WAIT_S`` more, and catches this island up once back. ``returning``: a catching-up island's question, with the round it contributes to next (``r``
-        or ``r + 1``), answered at once: None while undecided."""
+        ``LIVE_KEEPER_WAIT_S`` more, and catches this island up once back. ``returning``: a
+        catching-up island's question, with the round it contributes to next (``r`` or ``r + 1``),
+        answered at once: None while undecided."""
         n = len(self.smap.islands)
         header = {"job": self.job.job_id, "epoch": self.smap.epoch, "round": r, "island": self.island,
                   "returning": returning}

@@ -21,7 +21,7 @@ from ..swarm import grouping, measure
 from ..swarm.election import Election
 from . import planning
 from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
-from .liveness import answers_at
+from .liveness import is_alive
 
 log = logging.getLogger("spantrain.train")
 
@@ -178,8 +178,7 @@ class Coordinator:
         if broken:
             return True
         for p in absent:
-            url = self.peer.last_data_url(p)  # None once it left with a tombstone
-            if url is None or not await answers_at(self.peer.client, url):
+            if not await is_alive(self.peer, p):
                 return True
             log.info("%s: no fresh record, but it answers: its heartbeat is late, not a failure", current.name_of(p))
         return False
@@ -189,14 +188,10 @@ class Coordinator:
         peer's membership record lives on until it expires (a few heartbeats), and a map planned on
         it before then broke again at once (epochs 1 -> 2 -> 3 -> 4 for one kill, the run standing
         still meanwhile)."""
-        async def answers(p: str) -> bool:  # (a dead peer's port refuses at once: the timeout is
-            # for a live one slow to answer on a loaded machine, which must not be planned out)
-            url = self.peer.last_data_url(p)
-            return p == self.peer.peer_id or (url is not None and
-                                              await answers_at(self.peer.client, url, timeout_s=PLAN_PROBE_S))
-
         of_map = [p for p in ids if current.stage_of(p) is not None]
-        alive = await asyncio.gather(*(answers(p) for p in of_map))
+        # (a dead peer's port refuses at once: the timeout is for a live one slow to answer on a
+        # loaded machine, which must not be planned out)
+        alive = await asyncio.gather(*(is_alive(self.peer, p, PLAN_PROBE_S) for p in of_map))
         dead = {p for p, ok in zip(of_map, alive) if not ok}
         if dead:
             log.info("planning without %s: in epoch %d, no longer answering",

@@ -17,9 +17,10 @@ async def answers_at(client, url: str, timeout_s: float = STATUS_TIMEOUT_S) -> b
         return False
 
 
-async def is_alive(peer, peer_id: str) -> bool:
-    """Whether ``peer_id`` still answers where it served last (this peer itself always does)."""
+async def is_alive(peer, peer_id: str, timeout_s: float = STATUS_TIMEOUT_S) -> bool:
+    """Whether ``peer_id`` still answers where it served last, within ``timeout_s`` (this peer
+    itself always does)."""
     if peer_id == peer.peer_id:
         return True
     url = peer.last_data_url(peer_id)  # None once it left with a tombstone
-    return url is not None and await answers_at(peer.client, url)
+    return url is not None and await answers_at(peer.client, url, timeout_s)

@@ -268,7 +268,7 @@ class Membership:
         self._cancel_sends()  # its own contribution is dropped: none of it need arrive
         # each question and fetch has the whole receive timeout (plus two rounds): a cut may have
         # taken most of the one it was left out in
-        deadline = lambda: time.time() + self.job.recv_timeout_s + 2 * self._round_s()  # noqa: E731
+        deadline = lambda: time.time() + self._patience_s()  # noqa: E731
         # every peer of this island goes to the same version: the keeper gives them all the same
         # answers (``on_members``); each gets there by merging what it holds, else by fetching it
         target = max(latest[0], r + 1)
@@ -309,7 +309,7 @@ class Membership:
             self._catching_up = False
         for layer in layers:
             self.outer.feedback.clear(layer)  # what the codec held back of a dropped contribution
-        jump = None if x == r + 1 else (x, base_r + (x - r) * per_round, base_r + (x - r + 1) * per_round)
+        jump = None if x == r + 1 else (x, base_x, base_x + per_round)
         how = (f"fetched the outer state of round(s) {fetched}" if fetched else "merged the members' contributions")
         log.warning("round %d: this island (%d) was left out%s; it %s%s", r, self.island,
                     " and its contribution dropped" if dropped else "", how,

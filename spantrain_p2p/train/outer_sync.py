@@ -112,6 +112,12 @@ class OuterSync(Membership):
             if v not in pinned:
                 del self.versions[v]
 
+    def _patience_s(self) -> float:
+        """How long a peer waits for another's part of the exchange (a contribution, the keeper's
+        answer, an outer state): the receive timeout plus two rounds (the others' round may end up to
+        a round later than this island's: one whose last round has few steps or none waits for theirs)."""
+        return self.job.recv_timeout_s + 2 * self._round_s()
+
     def _round_s(self) -> float:
         """The predicted seconds of a round (the slowest island's)."""
         isl = self.smap.islands
@@ -145,7 +151,7 @@ class OuterSync(Membership):
             raise FrameError(f"this peer holds no outer state of layer {header['layer']} at version {header['version']}")
         anchor, momentum = held[1][header["layer"]]
         # the fetcher asks for the next layer of this version next: keep it a request's time more
-        self._pins[header["version"]] = time.monotonic() + self.job.recv_timeout_s + 2 * self._round_s()
+        self._pins[header["version"]] = time.monotonic() + self._patience_s()
         return {"data_step": held[0], "n": int(anchor.size)}, [memoryview(anchor.view(np.uint8)),
                                                                 memoryview(momentum.view(np.uint8))]
 
@@ -276,9 +282,7 @@ class OuterSync(Membership):
         left-out island that fell behind rejoins: (version, its data step, the next round's))."""
         t0 = time.time()
         layers = sorted(self.outer.params)
-        # the others' round may end up to a round later than this island's (an island whose last
-        # round has few steps or none waits for theirs): two rounds on top of the receive timeout
-        deadline = t0 + self.job.recv_timeout_s + 2 * self._round_s()
+        deadline = t0 + self._patience_s()
         if self.peer.peer_id == self._keeper:
             members, latest = await self._decide(r, layers, t0 + leave_after_s(self._round_s())), None
         else:

@@ -106,21 +106,27 @@ def _digest(sync: OuterSync) -> str:
     return hashlib.sha256(b"".join(a.numpy().tobytes() for _i, a in sorted(sync.outer.anchor.items()))).hexdigest()
 
 
+def _run_cut(net: _Net, islands: list, cut: set[str], for_s: float = 0.8) -> list[list[int]]:
+    """Runs the islands (``_island`` coroutines) while the peers ``cut`` are cut off from 0.8 s on,
+    for ``for_s`` seconds; the rounds each island went through."""
+    async def cut_later():
+        await asyncio.sleep(0.8)
+        net.cut.update(cut)
+        await asyncio.sleep(for_s)
+        net.cut.difference_update(cut)
+
+    async def main():
+        return await asyncio.gather(*islands, cut_later())
+
+    return asyncio.run(main())[:-1]
+
+
 def test_a_cut_island_is_left_out_catches_up_and_ends_on_the_same_anchor(monkeypatch):
     monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
     net, peers, job = _world()
     (s0, l0), (s1, l1) = peers["i0"], peers["i1"]
 
-    async def cut_later():
-        await asyncio.sleep(0.8)
-        net.cut.add("i1")
-        await asyncio.sleep(0.8)
-        net.cut.discard("i1")
-
-    async def main():
-        return await asyncio.gather(_island(s0, l0, 0, 40, 2, 0.05), _island(s1, l1, 1, 40, 1, 0.1), cut_later())
-
-    done0, done1, _ = asyncio.run(main())
+    done0, done1 = _run_cut(net, [_island(s0, l0, 0, 40, 2, 0.05), _island(s1, l1, 1, 40, 1, 0.1)], {"i1"})
     assert done0 == list(range(40))  # the keeper's island went through every round
     left = [row for row in s0.left_out]
     assert left and all(row["islands"] == [1] for row in left)
@@ -148,16 +154,7 @@ def test_a_fetch_slower_than_the_kept_rounds_still_lands(monkeypatch):
     net.fetch_s = 0.4
     (s0, l0), (s1, l1) = peers["i0"], peers["i1"]
 
-    async def cut_later():
-        await asyncio.sleep(0.8)
-        net.cut.add("i1")
-        await asyncio.sleep(0.8)
-        net.cut.discard("i1")
-
-    async def main():
-        return await asyncio.gather(_island(s0, l0, 0, 40, 2, 0.05), _island(s1, l1, 1, 40, 1, 0.1), cut_later())
-
-    done0, done1, _ = asyncio.run(main())
+    done0, done1 = _run_cut(net, [_island(s0, l0, 0, 40, 2, 0.05), _island(s1, l1, 1, 40, 1, 0.1)], {"i1"})
     assert done0 == list(range(40)) and s0.left_out
     assert s1.rejoins and any(row["fetched"] for row in s1.rejoins)
     assert s0.rounds[-1]["members"] == [0, 1]
@@ -174,23 +171,14 @@ def _keeper_cut(gone: bool):
     if gone:
         s1.peer.data_url_of = lambda p: None if p == "i0" and "i0" in net.cut else p
 
-    async def cut_later():
-        await asyncio.sleep(0.8)
-        net.cut.add("i0")
-        await asyncio.sleep(4.5)
-        net.cut.discard("i0")
-
-    async def main():
-        return await asyncio.gather(_island(s0, l0, 0, 80, 2, 0.05), _island(s1, l1, 1, 80, 1, 0.1), cut_later())
-
-    return asyncio.run(main()), s0, s1
+    return _run_cut(net, [_island(s0, l0, 0, 80, 2, 0.05), _island(s1, l1, 1, 80, 1, 0.1)], {"i0"}, 4.5), s0, s1
 
 
 def test_a_cut_keeper_whose_record_is_live_is_waited_for_past_the_deadline(monkeypatch):
     """The link to the keeper is cut longer than the deadline while its membership record stays
     live: i1 waits (failing the epoch would only re-plan the same islands), then catches up."""
     monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
-    (done0, done1, _), s0, s1 = _keeper_cut(gone=False)
+    (done0, done1), s0, s1 = _keeper_cut(gone=False)
     assert done0 == list(range(80)) and s0.left_out
     assert s1.rejoins and done1[-1] == 79
     assert s0.rounds[-1]["members"] == [0, 1] and _digest(s0) == _digest(s1)
@@ -209,17 +197,8 @@ def test_the_peers_of_a_cut_island_catch_up_to_the_same_round(monkeypatch):
     net, peers, job = _world(split_second=True)
     (s0, l0), (sa, la), (sb, lb) = peers["i0"], peers["i1"], peers["i1b"]
 
-    async def cut_later():
-        await asyncio.sleep(0.8)
-        net.cut.update({"i1", "i1b"})
-        await asyncio.sleep(0.8)
-        net.cut.difference_update({"i1", "i1b"})
-
-    async def main():
-        return await asyncio.gather(_island(s0, l0, 0, 40, 2, 0.05), _island(sa, la, 1, 40, 1, 0.1),
-                                    _island(sb, lb, 1, 40, 1, 0.13), cut_later())
-
-    done0, done_a, done_b, _ = asyncio.run(main())
+    done0, done_a, done_b = _run_cut(net, [_island(s0, l0, 0, 40, 2, 0.05), _island(sa, la, 1, 40, 1, 0.1),
+                                           _island(sb, lb, 1, 40, 1, 0.13)], {"i1", "i1b"})
     assert done0 == list(range(40)) and s0.left_out
     assert done_a == done_b and len(done_a) < 40  # the same rounds, the lost ones skipped by both
     assert [row["caught_up_to"] for row in sa.rejoins] == [row["caught_up_to"] for row in sb.rejoins]

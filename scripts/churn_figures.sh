@@ -16,8 +16,8 @@ for victim in worker planner; do
 done
 .venv/bin/python - "$out" "$steps" <<'PY'
 import json, sys
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import reference_run
 out, steps = sys.argv[1], int(sys.argv[2])
 ref, _ = reference_run(JobSpec(steps=steps, seed=0), steps)
 clean = json.load(open(f"{out}/clean.json"))

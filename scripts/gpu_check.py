@@ -20,10 +20,10 @@ import tempfile
 import time
 
 from spantrain_p2p.launch.processes import PeerProcess, wait_until
-from spantrain_p2p.train.dataset import with_data
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import transformers_reference_run
-from spantrain_p2p.train.tokenizer import train_bpe
+from spantrain_p2p.job.dataset import with_data
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import transformers_reference_run
+from spantrain_p2p.data.tokenizer import train_bpe
 
 
 def run_peers(run_dir: str, job_args: list[str], device: str, n: int, timeout: float) -> list[dict]:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Islands' training quality in one process: the same arithmetic as a live run with --sync islands
 (each island's own replica and inner Adam, its own data steps of ``plan.islands.data_steps``, the
-delayed merge of ``train.outer``: pseudo-gradients compressed with error feedback, token-weighted,
-outer Nesterov), next to one-process synchronous training (``train.reference``, which the global
+delayed merge of ``islands.outer``: pseudo-gradients compressed with error feedback, token-weighted,
+outer Nesterov), next to one-process synchronous training (``job.reference``, which the global
 plan matches step for step) on the same data, seed and data order. No network: it shows what the
 outer optimizer does to the loss for a choice of steps per round, codec and outer settings, in
 seconds instead of a swarm's minutes. Prints one JSON object.
@@ -21,11 +21,11 @@ import torch
 
 sys.path.insert(0, ".")
 from spantrain_p2p.plan.islands import data_steps  # noqa: E402
-from spantrain_p2p.train.dataset import open_data, with_data  # noqa: E402
-from spantrain_p2p.train.job import JobSpec, ModelHandle  # noqa: E402
-from spantrain_p2p.train.optim import make_optimizer  # noqa: E402
-from spantrain_p2p.train.outer import Contribution, OuterLayers  # noqa: E402
-from spantrain_p2p.train.reference import reference_run  # noqa: E402
+from spantrain_p2p.job.dataset import open_data, with_data  # noqa: E402
+from spantrain_p2p.job.spec import JobSpec, ModelHandle  # noqa: E402
+from spantrain_p2p.job.optim import make_optimizer  # noqa: E402
+from spantrain_p2p.islands.outer import Contribution, OuterLayers  # noqa: E402
+from spantrain_p2p.job.reference import reference_run  # noqa: E402
 
 
 def _step(layers, opt, batch, data_step: int, m: int, splits: int = 1) -> float:

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import tempfile
 
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import reference_run
 
 
 def main() -> None:

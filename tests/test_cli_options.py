@@ -84,7 +84,7 @@ def test_the_job_waits_for_the_scenario_s_peers_unless_told():
 
 @pytest.mark.parametrize("field_of", ["job", "train"])
 def test_every_field_of_the_job_and_the_trainer_options_has_its_option(field_of):
-    from spantrain_p2p.train.job import JobSpec
+    from spantrain_p2p.job.spec import JobSpec
     from spantrain_p2p.train.trainer import TrainOptions
 
     if field_of == "job":
@@ -101,7 +101,7 @@ def test_every_field_of_the_job_and_the_trainer_options_has_its_option(field_of)
 
 def test_choices_are_the_job_s_own():
     from spantrain_p2p.pipeline.schedule import AUTO, SCHEDULE_NAMES
-    from spantrain_p2p.train import job
+    from spantrain_p2p.job import spec as job
 
     by_flag = {o.flag: o for o in JOB_OPTIONS}
     assert set(by_flag["--plan"].choices) == set(PLAN_KINDS) == set(job.PLANS)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from spantrain_p2p.train import corpus as corpus_lib
-from spantrain_p2p.train.corpus import DataError, Manifest, open_corpus, open_manifest
-from spantrain_p2p.train.text_sources import ReadStats, read_documents, read_pieces, stdlib_corpus_dir
-from spantrain_p2p.train.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
+from spantrain_p2p.data import corpus as corpus_lib
+from spantrain_p2p.data.corpus import DataError, Manifest, open_corpus, open_manifest
+from spantrain_p2p.data.text_sources import ReadStats, read_documents, read_pieces, stdlib_corpus_dir
+from spantrain_p2p.data.tokenizer import ByteTokenizer, load_tokenizer, train_bpe
 
 TEXT = "".join(f"Line {i}: the quick brown fox {i * 7 % 13} jumps over the lazy dog.\n" for i in range(400))
 
@@ -100,7 +100,7 @@ def test_max_bytes_keeps_the_first_bytes_of_text(tmp_path):
 
 
 def test_large_documents_come_in_pieces_cut_after_a_newline(tmp_path, monkeypatch):
-    monkeypatch.setattr("spantrain_p2p.train.text_sources.PIECE_CHARS", 1000)
+    monkeypatch.setattr("spantrain_p2p.data.text_sources.PIECE_CHARS", 1000)
     f = tmp_path / "t.txt"
     f.write_text(TEXT)
     pieces = list(read_pieces(f))
@@ -127,7 +127,7 @@ def test_a_batch_is_the_same_on_two_fresh_loads_and_differs_with_seed_and_step(t
 
 
 def test_byte_corpus_batches_draw_windows_like_train_data(tmp_path):
-    """Same offsets generator as train.data.batch: windows start where data.batch's would."""
+    """Same offsets generator as data.generated.batch: windows start where data.batch's would."""
     f = tmp_path / "t.txt"
     f.write_text(TEXT)
     c = open_corpus(f, ByteTokenizer(), cache_dir=tmp_path / "c")

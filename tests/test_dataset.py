@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from spantrain_p2p.launch import wait_until
-from spantrain_p2p.train.dataset import open_data, with_data
-from spantrain_p2p.train.job import JobRefused, JobSpec
-from spantrain_p2p.train.reference import reference_run
-from spantrain_p2p.train.tokenizer import train_bpe
+from spantrain_p2p.job.dataset import open_data, with_data
+from spantrain_p2p.job.spec import JobRefused, JobSpec
+from spantrain_p2p.job.reference import reference_run
+from spantrain_p2p.data.tokenizer import train_bpe
 from tests._helpers import swarm_json
 
 TEXT = ("The planner places the stages where the links are fast. Activations cross the slow links, "
@@ -97,8 +97,8 @@ def test_a_peer_without_the_data_fetches_only_the_shards_its_batches_read(peers,
     of its own): it fetches the shards of its own micro-batches, hash-checked, and the run's losses
     are those of one process."""
     from spantrain_p2p.pipeline.assignment import assign_microbatches
-    from spantrain_p2p.train.corpus import open_corpus
-    from spantrain_p2p.train.tokenizer import load_tokenizer
+    from spantrain_p2p.data.corpus import open_corpus
+    from spantrain_p2p.data.tokenizer import load_tokenizer
 
     data = tmp_path / "big"
     data.mkdir()

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from spantrain_p2p.train import state as layer_state
-from spantrain_p2p.train.devices import resolve_device
+from spantrain_p2p.models import state as layer_state
+from spantrain_p2p.models.devices import resolve_device
 
 CUDA = torch.cuda.is_available()
 
@@ -53,7 +53,7 @@ def test_a_stage_on_the_gpu_computes_what_it_computes_on_the_cpu_and_sends_host_
 
     from spantrain_p2p.pipeline import schedule as sched
     from spantrain_p2p.pipeline.executor import StageExecutor
-    from spantrain_p2p.train.job import JobSpec, ModelHandle
+    from spantrain_p2p.job.spec import JobSpec, ModelHandle
 
     job = JobSpec(seq_len=16)
     handle = ModelHandle(job)

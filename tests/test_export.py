@@ -7,16 +7,16 @@ import sys
 import pytest
 import torch
 
-from spantrain_p2p.train import state as layer_state
-from spantrain_p2p.train.checkpoint import write_layers
-from spantrain_p2p.train.job import JobSpec
+from spantrain_p2p.models import state as layer_state
+from spantrain_p2p.models.checkpoint import write_layers
+from spantrain_p2p.job.spec import JobSpec
 
 
 @pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
 def test_an_exported_checkpoint_loads_in_transformers_with_the_same_loss(preset, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from spantrain_p2p.train.hf_model import HFModel
+    from spantrain_p2p.models.hf_model import HFModel
 
     job = JobSpec(model=f"hf:{preset}", seq_len=16, fingerprint="f" * 32)
     model = HFModel(job.model, job.model_args, job.seed, job.seq_len)

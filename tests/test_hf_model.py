@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from spantrain_p2p.train.hf_model import HFModel, full_model, resolve
-from spantrain_p2p.train.job import JobRefused, JobSpec, ModelHandle, check_compatible
+from spantrain_p2p.models.hf_model import HFModel, full_model, resolve
+from spantrain_p2p.job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from spantrain_p2p.train.planning import model_profile
-from spantrain_p2p.train.reference import transformers_reference_run
+from spantrain_p2p.job.reference import transformers_reference_run
 from tests._helpers import swarm_json
 
 TINY = ["gpt2-tiny", "llama-tiny", "qwen2-tiny", "mistral-tiny"]
@@ -121,7 +121,7 @@ TEXT = ("The planner places the stages where the links are fast. Activations cro
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """A local corpus and a BPE tokenizer trained on it here (300 tokens)."""
-    from spantrain_p2p.train.tokenizer import train_bpe
+    from spantrain_p2p.data.tokenizer import train_bpe
 
     d = tmp_path_factory.mktemp("hfcorpus")
     for i in range(6):
@@ -145,10 +145,10 @@ def test_four_peers_train_a_transformers_model_like_single_process_transformers(
     step 0 and 30 losses match the whole transformers model trained in one process from the same
     weights on the same batches. The Llama comes from a directory of pretrained weights (fine-tuning)
     and its last checkpoint is exported: transformers loads it and computes the swarm's loss."""
-    from spantrain_p2p.train import state as layer_state
-    from spantrain_p2p.train.checkpoint import CheckpointDir
-    from spantrain_p2p.train.dataset import open_data, with_data
-    from spantrain_p2p.train.tokenizer import load_tokenizer
+    from spantrain_p2p.models import state as layer_state
+    from spantrain_p2p.models.checkpoint import CheckpointDir
+    from spantrain_p2p.job.dataset import open_data, with_data
+    from spantrain_p2p.data.tokenizer import load_tokenizer
 
     data, tok = corpus
     model = "hf:gpt2-tiny" if which == "gpt2-tiny" else _pretrained_llama_dir(tmp_path / "llama",
@@ -201,7 +201,7 @@ def test_four_peers_train_a_transformers_model_like_single_process_transformers(
 
 
 def test_a_tokenizer_larger_than_a_pretrained_model_s_vocabulary_is_refused_saying_so(corpus, tmp_path):
-    from spantrain_p2p.train.dataset import with_data
+    from spantrain_p2p.job.dataset import with_data
 
     data, tok = corpus
     model = _pretrained_llama_dir(tmp_path / "llama", 256)  # a directory's vocabulary is its weights'

@@ -18,8 +18,8 @@ from spantrain_p2p.pipeline.messages import Expect, decode_tensor, encode_tensor
 from spantrain_p2p.swarm.identity import Identity
 from spantrain_p2p.swarm.records import BadRecord, open_record, sign_payload
 from spantrain_p2p.swarm.sealing import SealError, SwarmKey
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import reference_run
 from tests import fuzz_harness
 from tests.test_train_swarm import wait_done
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spantrain_p2p.net.framing import FrameError
-from spantrain_p2p.train.island_members import (LEAVE_MIN_S, awaited_islands, complete_islands, keeper_island,
-                                                 leave_after_s, parse_members)
+from spantrain_p2p.islands.members import LEAVE_MIN_S, awaited_islands, complete_islands, keeper_island, leave_after_s, parse_members
 
 
 def test_the_keeper_is_the_island_with_the_most_steps_a_round_the_first_of_equals():

@@ -13,7 +13,7 @@ from spantrain_p2p.plan.layout import LinkTable
 from spantrain_p2p.plan.planner import PlannerOptions, baseline, plan
 from spantrain_p2p.plan.types import Plan, Snapshot, Stage
 from spantrain_p2p.swarm.grouping import group
-from spantrain_p2p.train.workload import profile_of
+from spantrain_p2p.models.workload import profile_of
 
 
 def test_sync_specs_parse_and_bad_ones_are_named():
@@ -179,7 +179,7 @@ def test_sync_auto_on_the_shipped_realistic_scenarios():
     continents (each region holds Llama-7B); volunteers' consumer GPUs hold Llama-7B in no group
     alone, so their run stays one global plan."""
     from spantrain_p2p.train import planning
-    from spantrain_p2p.train.job import JobSpec
+    from spantrain_p2p.job.spec import JobSpec
 
     picks = {}
     for name, wl, b, m in (("cee-testbed-real", "hf:gpt2", 4, 4), ("volunteers-real", "hf:llama-7b", 1, 16),
@@ -197,7 +197,7 @@ def test_sync_auto_on_the_shipped_realistic_scenarios():
 
 def test_the_job_may_fix_the_exchange_codec_and_split_the_islands_steps():
     from spantrain_p2p.train import planning
-    from spantrain_p2p.train.job import JobSpec
+    from spantrain_p2p.job.spec import JobSpec
 
     snap = Snapshot.from_scenario(scenario.load("peers/cee-testbed-real.toml"))
     job = JobSpec(workload="hf:gpt2", micro_batch_size=4, num_micro_batches=4, sync="islands", compression="adaptive")

@@ -4,9 +4,9 @@ import pytest
 
 from spantrain_p2p import PROTOCOL_VERSION
 from spantrain_p2p.plan.stagemap import StageMap, even_split, placeholder_map
-from spantrain_p2p.train.job import JobRefused, JobSpec, ModelHandle, check_compatible
+from spantrain_p2p.job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 
-USER = "spantrain_p2p.train.example_user_model:tiny_mlp"
+USER = "spantrain_p2p.models.example_user_model:tiny_mlp"
 
 
 def test_even_split_covers_all_layers_with_near_equal_stages():

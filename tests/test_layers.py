@@ -15,7 +15,10 @@ LAYERS: list[set[str]] = [
     {"pipeline"},
     {"plan"},
     {"sim"},
-    {"train"},
+    {"models", "data"},  # what is trained: layers, transformers models, workloads; text, tokens, batches
+    {"job"},  # the job record, its optimizer, data, single-process reference and export
+    {"islands"},  # the outer loop of islands: outer optimizer, exchange, round members
+    {"train"},  # a peer's trainer and its components
     {"view"},  # the operator's view: dashboard, /metrics, pictures of a run
     {"peer"},  # the Peer: life cycle, membership, data plane, emulation
     {"peer_command"},  # `spantrain-peer`

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from spantrain_p2p.pipeline.loss_scale import STATE_KEYS, LossScale, nonfinite, sanitized, scaled, unscale_
-from spantrain_p2p.train import state as layer_state
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.models import state as layer_state
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import reference_run
 from tests._helpers import swarm_json
 
 
@@ -67,7 +67,7 @@ def test_the_scale_travels_in_layer_states_and_bad_ones_are_not_taken():
 
 def test_the_scale_survives_a_checkpoint_and_comes_back_with_the_layers(tmp_path):
     """What a resumed or recovered stage starts from: the scale its layers' states carry."""
-    from spantrain_p2p.train.checkpoint import CheckpointDir, write_layers
+    from spantrain_p2p.models.checkpoint import CheckpointDir, write_layers
 
     layer = torch.nn.Linear(3, 2)
     opt = torch.optim.Adam(layer.parameters())

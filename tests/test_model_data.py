@@ -7,21 +7,11 @@ import re
 import pytest
 import torch
 
-from spantrain_p2p.train.data import batch, corpus, global_batch
-from spantrain_p2p.train.model import (
-    Block,
-    Embedding,
-    LMHead,
-    ModelConfig,
-    build_layer_range,
-    build_layers,
-    flops_per_layer,
-    load_user_model,
-    num_params,
-)
+from spantrain_p2p.data.generated import batch, corpus, global_batch
+from spantrain_p2p.models.model import Block, Embedding, LMHead, ModelConfig, build_layer_range, build_layers, flops_per_layer, load_user_model, num_params
 
 CFG = ModelConfig(dim=32, depth=3, heads=4, seq_len=16)
-EXAMPLE = "spantrain_p2p.train.example_user_model:tiny_mlp"
+EXAMPLE = "spantrain_p2p.models.example_user_model:tiny_mlp"
 
 
 def run_layers(layers: list[torch.nn.Module], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

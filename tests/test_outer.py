@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from spantrain_p2p.train.outer import Contribution, OuterLayers, flat
+from spantrain_p2p.islands.outer import Contribution, OuterLayers, flat
 
 
 def _layers(seed):

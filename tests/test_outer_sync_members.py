@@ -14,8 +14,8 @@ import torch
 from spantrain_p2p.net.dataplane import RemoteError, Retry
 from spantrain_p2p.net.framing import FrameError
 from spantrain_p2p.pipeline.executor import StepFailed
-from spantrain_p2p.train import island_members
-from spantrain_p2p.train.outer_sync import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
+from spantrain_p2p.islands import members as island_members
+from spantrain_p2p.islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
 
 LAYERS = 2
 

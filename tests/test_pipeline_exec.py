@@ -9,10 +9,10 @@ from spantrain_p2p.pipeline.executor import StageExecutor, StepFailed
 from spantrain_p2p.pipeline.messages import ACT, GRAD, Inbox
 from spantrain_p2p.pipeline.assignment import assign_microbatches, peer_actions
 from spantrain_p2p.plan.stagemap import even_split
-from spantrain_p2p.train import data
-from spantrain_p2p.train.job import JobSpec, ModelHandle
-from spantrain_p2p.train.optim import make_optimizer
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.data import generated as data
+from spantrain_p2p.job.spec import JobSpec, ModelHandle
+from spantrain_p2p.job.optim import make_optimizer
+from spantrain_p2p.job.reference import reference_run
 
 JOB = JobSpec(model_args={"dim": 32, "depth": 4, "heads": 2}, seq_len=16, micro_batch_size=2, num_micro_batches=4,
               steps=4, lr=1e-3)

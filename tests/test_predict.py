@@ -7,7 +7,7 @@ import pytest
 from spantrain_p2p import scenario
 from spantrain_p2p.cli.plan import main as plan_main
 from spantrain_p2p.launch import predict, real_time
-from spantrain_p2p.train.job import JobSpec
+from spantrain_p2p.job.spec import JobSpec
 
 
 def _offline(capsys, name, workload, batch):

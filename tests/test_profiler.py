@@ -9,7 +9,7 @@ import torch
 
 from spantrain_p2p.profile import DeviceProfile, FlopCache, ProfileError, VirtualDevice, profile_layers
 from spantrain_p2p.profile.profiler import ProfileCache, model_fingerprint
-from spantrain_p2p.train.model import ModelConfig, build_layers
+from spantrain_p2p.models.model import ModelConfig, build_layers
 
 pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
 

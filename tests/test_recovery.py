@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import reference_run
 from tests._helpers import run_swarm_json
 
 STEPS = 60

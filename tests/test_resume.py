@@ -7,11 +7,11 @@ import sys
 import torch
 from safetensors import safe_open
 
-from spantrain_p2p.train import state as layer_state
-from spantrain_p2p.train.checkpoint import CheckpointDir, layer_path, write_layers
+from spantrain_p2p.models import state as layer_state
+from spantrain_p2p.models.checkpoint import CheckpointDir, layer_path, write_layers
 from spantrain_p2p.launch import wait_until
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import reference_run
 from tests._helpers import swarm_json
 
 
@@ -58,7 +58,7 @@ def test_a_peer_keeps_the_newest_two_steps_of_its_layers(tmp_path):
 _REPLICA = """
 import os, sys, time, torch
 from spantrain_p2p.train import state as layer_state
-from spantrain_p2p.train.checkpoint import write_layers
+from spantrain_p2p.models.checkpoint import write_layers
 torch.manual_seed(0)
 layer = torch.nn.Linear(4, 3)
 open(os.path.join(sys.argv[2], str(os.getpid())), "w").close()

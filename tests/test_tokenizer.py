@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from spantrain_p2p.train import data
-from spantrain_p2p.train.tokenizer import (EOS_TOKEN, ByteTokenizer, TokenizerError, load_tokenizer, train_bpe)
+from spantrain_p2p.data import generated as data
+from spantrain_p2p.data.tokenizer import EOS_TOKEN, ByteTokenizer, TokenizerError, load_tokenizer, train_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "".join(f"def function_{i}(x):\n    return x * {i} + len('the quick brown fox')\n\n" for i in range(300))
@@ -53,7 +53,7 @@ def test_a_trained_bpe_loads_encodes_and_decodes(corpus_dir, tmp_path):
 def test_bpe_training_is_deterministic_across_processes(corpus_dir, tmp_path):
     """Two processes (each with its own hash seed) write byte-identical tokenizer files."""
     train_bpe(corpus_dir, 500, tmp_path / "here.json")
-    code = ("import sys; from spantrain_p2p.train.tokenizer import train_bpe; "
+    code = ("import sys; from spantrain_p2p.data.tokenizer import train_bpe; "
             "train_bpe(sys.argv[1], 500, sys.argv[2])")
     env = {**os.environ, "PYTHONHASHSEED": "12345", "RAYON_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-c", code, str(corpus_dir), str(tmp_path / "there.json")], cwd=ROOT, env=env,

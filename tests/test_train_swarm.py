@@ -8,11 +8,11 @@ import sys
 import torch
 
 from spantrain_p2p.launch import wait_until
-from spantrain_p2p.train.job import JobSpec
-from spantrain_p2p.train.reference import reference_run
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.job.reference import reference_run
 from tests._helpers import run_swarm_json, swarm_json
 
-USER = "spantrain_p2p.train.example_user_model:tiny_mlp"
+USER = "spantrain_p2p.models.example_user_model:tiny_mlp"
 
 
 def rel(a, b):

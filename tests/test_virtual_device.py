@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from spantrain_p2p.profile.virtual import FlopCache, VirtualDevice, sleep_until
-from spantrain_p2p.train.model import ModelConfig, build_layers, flops_per_layer
+from spantrain_p2p.models.model import ModelConfig, build_layers, flops_per_layer
 
 pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
 

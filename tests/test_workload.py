@@ -9,8 +9,9 @@ from spantrain_p2p.net.emulator import LinkEmulator
 from spantrain_p2p.plan import types as pt
 from spantrain_p2p.plan.stagemap import StageMap
 from spantrain_p2p.scenario import emulation_warning, parse
-from spantrain_p2p.train import planning, workload
-from spantrain_p2p.train.job import JobSpec, ModelHandle
+from spantrain_p2p.train import planning
+from spantrain_p2p.models import workload
+from spantrain_p2p.job.spec import JobSpec, ModelHandle
 from tests.test_emulator import FakeClock
 
 pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)

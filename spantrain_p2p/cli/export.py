@@ -12,7 +12,7 @@ def add_export_arguments(p) -> None:
 
 
 def export_command(args) -> int:
-    from ..train.export import export
+    from ..job.export import export
 
     done = export(args.checkpoint, args.out, args.step)
     if args.json:

@@ -125,8 +125,8 @@ def _workload(args: argparse.Namespace) -> tuple[Any, dict]:
     """(the planner's profile of ``--workload``, what the output says of it). Weights and
     activations in bf16 (2 bytes), the optimizer in fp32, as a GPU run would train it (the live
     swarm's ``--workload`` is profiled by the same function)."""
-    from ..train.hf_model import HFModel, is_hf
-    from ..train.workload import facts, profile_of
+    from ..models.hf_model import HFModel, is_hf
+    from ..models.workload import facts, profile_of
 
     if not is_hf(args.workload):
         raise ValueError(f"--workload {args.workload!r}: name a transformers model, hf:PRESET or hf:DIR")

@@ -27,8 +27,8 @@ def add_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def tokenizer_command(args: argparse.Namespace) -> int:
-    from ..train.corpus import open_corpus
-    from ..train.tokenizer import load_tokenizer, train_bpe
+    from ..data.corpus import open_corpus
+    from ..data.tokenizer import load_tokenizer, train_bpe
 
     trained = train_bpe(args.data, args.vocab, args.out, max_bytes=args.max_bytes, suffixes=args.suffix,
                         min_frequency=args.min_frequency)

@@ -19,7 +19,7 @@ def workload_facts(args) -> Optional[dict]:
     """The bench's workload: its name, parameters, layers and tokens per sample (None: the job's model)."""
     if not getattr(args, "workload", None):
         return None
-    from ..train.workload import facts, profile_of
+    from ..models.workload import facts, profile_of
 
     return {**facts(args.workload, args.workload_seq_len),
             "flops_per_sample": profile_of(args.workload, args.workload_seq_len).total_flops_per_sample()}

@@ -35,7 +35,7 @@ def configured(summary_plan: Optional[dict], job_dict: Optional[dict], scenario:
     from ..plan.cost import estimate
     from ..plan.types import Snapshot
     from ..sim import simulate
-    from ..train.job import JobSpec
+    from ..job.spec import JobSpec
     from ..train.planning import model_profile
 
     if not summary_plan or not job_dict or scenario is None:

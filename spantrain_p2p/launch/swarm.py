@@ -60,8 +60,8 @@ def _smallest_workload_op(args) -> Optional[float]:
     """The FLOPs of the workload's smallest padded op of a micro-batch (None without a workload)."""
     if not getattr(args, "workload", None):
         return None
-    from ..train import workload
-    from ..train.job import JobSpec
+    from ..models import workload
+    from ..job.spec import JobSpec
 
     job = JobSpec(workload=args.workload, workload_seq_len=args.workload_seq_len,
                   micro_batch_size=args.micro_batch_size)

@@ -47,7 +47,8 @@ def _preload() -> None:
     from .. import peer  # noqa: F401
     from ..peer_command import main  # noqa: F401
     from ..swarm import discovery  # noqa: F401
-    from ..train import model, trainer  # noqa: F401
+    from ..models import model
+    from ..train import trainer  # noqa: F401
 
 
 def _child(argv: list[str], log: str, cwd: str) -> None:

@@ -15,10 +15,10 @@ from typing import Any, Callable, Optional
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
 from ..plan import PLAN_KINDS
 
-# as train.job.OPTIMIZERS (tests/test_cli_options.py ties them): importing train.job here would load
+# as job.spec.OPTIMIZERS (tests/test_cli_options.py ties them): importing job.spec here would load
 # torch for every `spantrain --help`
 OPTIMIZERS = ("adam", "sgd")
-PRECISIONS = ("fp32", "bf16", "fp16")  # as train.job.PRECISIONS (tied by the same test)
+PRECISIONS = ("fp32", "bf16", "fp16")  # as job.spec.PRECISIONS (tied by the same test)
 FIRST, EVERY = "first", "every"  # which peers of a launched swarm get an option
 
 

@@ -67,10 +67,10 @@ def peer_parser() -> argparse.ArgumentParser:
 
 def train_options(a: argparse.Namespace):
     """The trainer's options (and, on the peer that defines it, the job) from the parsed command line."""
-    from ..train.job import BUILTIN, JobSpec
+    from ..job.spec import BUILTIN, JobSpec
     from ..train.trainer import TrainOptions
 
-    from ..train.devices import resolve_device
+    from ..models.devices import resolve_device
 
     resolve_device(a.device)  # a device this machine lacks stops the peer now, saying what there is
     allowed = ((a.model,) if a.model != BUILTIN else ()) + ((a.workload,) if getattr(a, "workload", "") else ())

@@ -29,7 +29,7 @@ DEFAULT_INIT = 2.0 ** 16  # GradScaler's defaults
 GROWTH, BACKOFF = 2.0, 0.5
 DEFAULT_INTERVAL = 2000
 MIN_SCALE, MAX_SCALE = 2.0 ** -24, 2.0 ** 64  # a scale outside this range is a bug or a hostile record
-STATE_KEYS = ("s:loss_scale", "s:loss_scale_growth")  # entries of a layer's state (train.state)
+STATE_KEYS = ("s:loss_scale", "s:loss_scale_growth")  # entries of a layer's state (models.state)
 
 
 @dataclass

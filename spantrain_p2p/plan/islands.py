@@ -4,7 +4,7 @@ A step-synchronous plan can only use a far region for pipeline stages, where its
 the slow links every micro-batch. With islands (DiLoCo's way), each network group runs a plan of
 its own on its own share of the data with the inner optimizer; once a round the islands exchange
 their pseudo-gradients (parameter change over the round), compressed, and apply an outer optimizer
-(``train.outer``), so every island starts the next round from the same weights.
+(``islands.outer``), so every island starts the next round from the same weights.
 
 The exchange of round ``r`` runs while round ``r + 1`` computes and is applied at its end (the
 delayed merge, Streaming DiLoCo's overlap): it is hidden when it takes at most a round. Islands of

@@ -2,7 +2,7 @@
 
 What the planner needs to know of the model, computed from the config alone, nothing built:
 ``ModelConfig`` (validated; ``from_dict`` for untrusted data), ``num_params`` (and the parts
-it adds up: embedding, one block, head) and ``flops_per_layer``. ``spantrain_p2p.train.model``
+it adds up: embedding, one block, head) and ``flops_per_layer``. ``spantrain_p2p.models.model``
 builds the layers themselves from the same config.
 
 The reference model is a byte-level, decoder-only, pre-LN transformer:

@@ -53,7 +53,7 @@ class StageMap:
     exchange_codec: str = ""  # the islands' pseudo-gradient codec
     sync_reason: str = ""  # why global or islands (--sync auto), for people
     # with islands, ``start_step`` is the round the islands start at (from the outer state of that
-    # round, ``train.outer_sync``) and this the first data step of that round
+    # round, ``islands.exchange``) and this the first data step of that round
     start_data_step: int = 0
 
     @property

@@ -9,7 +9,7 @@ repetition in which the virtual device was late (the host could not keep up) is 
 of the median while a few more repetitions can replace it: on a shared host that reading is the
 host's load, not the device.
 
-Layer contract (see ``train/model.py``): the first layer takes token ids ``LongTensor [B, T]`` (zeros
+Layer contract (see ``models/model.py``): the first layer takes token ids ``LongTensor [B, T]`` (zeros
 unless ``inputs`` is given), the last one ``(activation, targets)`` and returns a scalar loss.
 The first layer's B is 0 (integer ids have no gradient), as is W of a layer without parameters.
 
@@ -238,7 +238,7 @@ def profile_layers(
     ``torch_device``: where the layers are (``--device``); on a GPU every reading of the timer
     waits for the device first, and the memory is the device's. ``layer_flops`` (per layer, F, B
     and W): what the virtual device pads each op to, instead of the layers' own FLOPs (a proxy
-    standing for a workload's layers, ``train.workload``).
+    standing for a workload's layers, ``models.workload``).
     Blocking and CPU-bound: call it through ``asyncio.to_thread``.
     """
     if not layers or not all(isinstance(m, nn.Module) for m in layers):

@@ -1,11 +1,8 @@
-"""Training: what the swarm trains and how a peer takes part.
+"""Training: a peer's part in the job, its life cycle and step loop, and the trainer's components.
 
-The workload:
-- ``model``: the model as a list of cuttable layers (built-in transformer, user functions);
-- ``data``: the deterministic corpus and its batches by (seed, step, micro-batch);
-- ``job``: the job record (what is trained, how; checked by every joiner); ``optim``: its optimizer;
-- ``state``: one layer's state (weights and optimizer), its wire form and the resume step;
-- ``reference``: single-process training, the reference the swarm must match.
+What is trained lives below: ``models`` (layers, transformers models, workloads, layer state and
+checkpoints), ``data`` (text, tokenizers, corpus, shards), ``job`` (the job record, its optimizer,
+data, single-process reference and export) and ``islands`` (the outer loop of islands).
 
 A peer's trainer (``trainer``: its life cycle and step loop) and its components:
 - ``measuring``: the device profile, pings, bandwidth probes, passive estimate;
@@ -14,9 +11,10 @@ A peer's trainer (``trainer``: its life cycle and step loop) and its components:
 - ``planning``: from measurements to the planner's snapshot and from a plan to a stage map;
 - ``transport``: activations and gradients between stages (codecs, retries, deadlines);
 - ``gradsum``: the replicas of a stage sum their gradients, layer by layer;
+- ``overflow``: fp16's "skip this step?" decision, the same on every peer;
 - ``liveness``: is a peer alive (asked when a receive or a record is late)?
 - ``recovery``: snapshots, the buddy's copies, fetching layers taken over;
-- ``checkpoint``: checkpoints on disk; ``report``: ``/status`` and ``/report``;
+- ``report``: ``/status`` and ``/report``;
 - ``decide``: the decisions above as pure functions (re-plan? broken epoch? resume where? buddy?
   ping slots).
 """

@@ -47,7 +47,7 @@ class Coordinator:
         self.job = self.handle = None
         self.has_map = lambda: False
         self.election: Optional[Election] = None
-        self.outer = None  # the trainer's outer_sync.OuterSync: where a map with islands resumes from
+        self.outer = None  # the trainer's islands.exchange.OuterSync: where a map with islands resumes from
         self.groups_digest: Optional[str] = None
         self.groups: list[list[str]] = []
         self.replans = 0

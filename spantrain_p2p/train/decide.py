@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..plan.stagemap import StageMap
-from . import state as layer_state
+from ..models import state as layer_state
 
 REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
 REPLAN_HOLD_S = 10.0  # ...for this long (checked every REPLAN_CHECK_S) before stages move

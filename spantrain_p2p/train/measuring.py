@@ -17,7 +17,7 @@ from ..net.ping import paired_rtt, ping_links
 from ..net.prober import LinkMeasurement, probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
-from . import workload
+from ..models import workload
 from .decide import REPLAN_CHECK_S, ping_slots
 
 log = logging.getLogger("spantrain.train")

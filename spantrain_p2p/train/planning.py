@@ -13,8 +13,8 @@ from typing import Mapping, Optional
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES, resolve_schedule
 from ..plan import types as pt
 from ..plan.stagemap import StageMap
-from .job import BUILTIN, JobSpec, ModelHandle, is_hf
-from .precision import wire_dtype_bytes
+from ..job.spec import BUILTIN, JobSpec, ModelHandle, is_hf
+from ..models.precision import wire_dtype_bytes
 
 
 def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: list[str]) -> pt.Snapshot:
@@ -33,14 +33,14 @@ def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: 
 
 
 def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
-    """The job's model as the planner sees it: its workload's, if it has one (``train.workload``);
+    """The job's model as the planner sees it: its workload's, if it has one (``models.workload``);
     None for a user model (no FLOP model of it yet)."""
     if job.workload:
-        from . import workload
+        from ..models import workload
 
         return workload.profile(job)
     if is_hf(job.model):
-        from .hf_profile import hf_model_profile
+        from ..models.hf_profile import hf_model_profile
 
         return hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=wire_dtype_bytes(job.precision))
     if job.model != BUILTIN:

@@ -16,11 +16,11 @@ from typing import Callable, Optional
 from ..net.framing import FrameError, check_fields
 from ..pipeline.executor import StepFailed
 from ..plan.stagemap import StageMap
-from . import state as layer_state
-from .checkpoint import CheckpointDir
-from .state import LayerState
+from ..models import state as layer_state
+from ..models.checkpoint import CheckpointDir
+from ..models.state import LayerState
 from .decide import choose_buddy
-from .workload import layer_charge
+from ..models.workload import layer_charge
 
 log = logging.getLogger("spantrain.train")
 
@@ -39,7 +39,7 @@ class Recovery:
         self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
         self._buddy_push: Optional[asyncio.Task] = None
         self._meta_layers = None
-        self.charges = None  # train.workload.Charges with a workload: a fetched layer is the workload's layer
+        self.charges = None  # models.workload.Charges with a workload: a fetched layer is the workload's layer
 
     def start(self, job, handle, checkpoints: Optional[CheckpointDir] = None) -> None:
         """``checkpoints``: a checkpoint directory to take layer states from (``--resume``)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
-from .devices import describe
+from ..models.devices import describe
 
 
 def status(t) -> dict:

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from ..plan.stagemap import StageMap
 from ..swarm.keys import JOB_SUBKEY, epoch_subkey, job_key, stagemap_key
 from ..swarm.records import BadRecord, open_payload, sign_payload
-from .job import JobRefused, JobSpec
+from ..job.spec import JobRefused, JobSpec
 
 log = logging.getLogger("spantrain.train")
 

@@ -27,18 +27,19 @@ from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
 from . import report as run_report
-from .checkpoint import CheckpointDir, dump_grads, write_layers
+from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
-from .data_share import MANIFEST, SHARD, DataShare
-from .dataset import open_data, with_data
-from .devices import peak_flops, resolve_device
+from ..data.share import MANIFEST, SHARD, DataShare
+from ..job.dataset import open_data, with_data
+from ..models.devices import peak_flops, resolve_device
 from .gradsum import GradientSum, layer_buckets
-from .job import JobRefused, JobSpec, ModelHandle, check_compatible
+from ..job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
-from .optim import make_optimizer
-from .outer_sync import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
-from .precision import COMPUTE_DTYPES, WIRE_DTYPES
-from . import overflow, workload
+from ..job.optim import make_optimizer
+from ..islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
+from ..models.precision import COMPUTE_DTYPES, WIRE_DTYPES
+from . import overflow
+from ..models import workload
 from .run_records import MAP_POLL_S, RunRecords
 from .recovery import Recovery
 from .transport import PipelineTransport
@@ -59,7 +60,7 @@ class TrainOptions:
     data: Optional[str] = None  # this peer's copy of the job's data set (default: the path the job names)
     tokenizer: Optional[str] = None  # likewise, its tokenizer
     data_cache: Optional[str] = None  # where it keeps tokenized shards (default: corpus.default_cache_dir())
-    device: str = "auto"  # where this peer's layers run (train.devices.resolve_device)
+    device: str = "auto"  # where this peer's layers run (models.devices.resolve_device)
     measure: bool = True  # profile the device and probe links before saying ready
     measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
     profile_cache_dir: Optional[str] = None
@@ -468,7 +469,7 @@ class Trainer:
         self.step = step + 1
         self.peer.progress = {**self.peer.progress, "step": self.step}  # in the DHT with the next heartbeat
         states = None
-        if self.island is None:  # (islands resume from their outer state: train.outer_sync)
+        if self.island is None:  # (islands resume from their outer state: islands.exchange)
             states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
                                             [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())],
                                             st.scale.state() if st.scale is not None else ())

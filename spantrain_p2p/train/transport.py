@@ -24,7 +24,7 @@ from ..pipeline.executor import StepFailed
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap
 from .liveness import is_alive
-from .workload import WORKLOAD_WIRE_BYTES
+from ..models.workload import WORKLOAD_WIRE_BYTES
 
 log = logging.getLogger("spantrain.train")
 
@@ -91,7 +91,7 @@ class PipelineTransport:
         self._deadlines = Deadlines()  # receive deadlines from the recent waits, per message kind
         self.deadline_extensions = 0  # waits past their deadline whose sender still answered
         self.mb_compute_s: Optional[float] = None  # smoothed compute time per micro-batch of this stage
-        # --workload: emulated bytes per real byte (train.workload.Charges), and the model layer of
+        # --workload: emulated bytes per real byte (models.workload.Charges), and the model layer of
         # each gradient-sum bucket of this stage (its parts are charged as that layer's parameters)
         self.charges = None
         self.bucket_layers: list[int] = []

@@ -1,4 +1,4 @@
-"""The run's data: the generated corpus (``train.data``, the default) or a local data set with its
+"""The run's data: the generated corpus (``data.generated``, the default) or a local data set with its
 tokenizer (``corpus``, ``tokenizer``), behind one ``batch(step, micro_batch)``.
 
 The peer that starts the swarm names the data set (``--data``) and tokenizer (``--tokenizer``);
@@ -6,7 +6,7 @@ The peer that starts the swarm names the data set (``--data``) and tokenizer (``
 tokenizer's where the job did not say). Every peer then opens its own copy (``open_data``: its own
 ``--data``, else the path the job names if it exists here) and refuses the job, saying why, when
 its copy or tokenizer hashes to anything else; a peer with no copy fetches the shards its batches
-need from peers that have one (``data_share``). Batches stay addressed by (seed, step,
+need from peers that have one (``data.share``). Batches stay addressed by (seed, step,
 micro-batch), identical on every peer.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Optional
 
 import torch
 
-from . import data as generated
-from .job import BUILTIN, JobRefused, JobSpec, ModelHandle, is_hf_preset
+from ..data import generated
+from .spec import BUILTIN, JobRefused, JobSpec, ModelHandle, is_hf_preset
 
 def _vocab_arg(job: JobSpec) -> Optional[str]:
     """The model argument that sizes the vocabulary, for models whose vocabulary a job may set."""
@@ -32,8 +32,8 @@ def _vocab_arg(job: JobSpec) -> Optional[str]:
 def with_data(job: JobSpec, data: str, tokenizer: str, cache_dir: Optional[str] = None) -> JobSpec:
     """``job`` with the data set and tokenizer named, their fingerprints filled in, and the model's
     vocabulary the tokenizer's (unless the job set it). Reads and tokenizes the data (cached)."""
-    from .corpus import open_corpus
-    from .tokenizer import load_tokenizer
+    from ..data.corpus import open_corpus
+    from ..data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     corpus = open_corpus(data, tok, cache_dir=cache_dir)
@@ -61,7 +61,7 @@ def _model_vocab(job: JobSpec) -> Optional[int]:
 class RunData:
     """The job's batches on this peer: ``batch(step, micro_batch) -> (inputs, targets)``. With a
     data set, ``corpus`` is this peer's copy; ``lacking``: it has none and fetches the shards it
-    needs from other peers (``data_share``) before it cuts their batches."""
+    needs from other peers (``data.share``) before it cuts their batches."""
 
     def __init__(self, job: JobSpec, corpus=None, lacking: bool = False, cache_dir: Optional[str] = None):
         self.job, self.corpus, self.lacking, self.cache_dir = job, corpus, lacking, cache_dir
@@ -71,7 +71,7 @@ class RunData:
         if not job.data:
             return generated.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len)
         if self.corpus is None:
-            raise RuntimeError("the data set's manifest has not been fetched yet (data_share.ensure)")
+            raise RuntimeError("the data set's manifest has not been fetched yet (data.share.ensure)")
         return self.corpus.batch(job.seed, step, mb, job.micro_batch_size, job.seq_len)
 
 
@@ -86,8 +86,8 @@ def open_data(job: JobSpec, data: Optional[str] = None, tokenizer: Optional[str]
     peer with no copy at all gets a ``lacking`` one (it fetches shards from others)."""
     if not job.data:
         return RunData(job)
-    from .corpus import open_corpus
-    from .tokenizer import load_tokenizer
+    from ..data.corpus import open_corpus
+    from ..data.tokenizer import load_tokenizer
 
     data, tokenizer = data or job.data, tokenizer or job.tokenizer
     if not _exists(data):

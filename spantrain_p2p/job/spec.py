@@ -21,10 +21,10 @@ from .. import PROTOCOL_VERSION, __version__
 from ..pipeline.loss_scale import check_init
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
 from ..plan.baselines import PLAN_KINDS
-from . import model as model_lib
-from .precision import PRECISIONS
-from .hf_model import PREFIX, is_hf
-from .hf_presets import PRESETS
+from ..models import model as model_lib
+from ..models.precision import PRECISIONS
+from ..models.hf_model import PREFIX, is_hf
+from ..models.hf_presets import PRESETS
 
 BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
@@ -56,7 +56,7 @@ def _scalar_args(d: Any) -> dict:
 
 @dataclass(frozen=True)
 class JobSpec:
-    model: str = BUILTIN  # "transformer", "hf:PRESET_OR_DIR" (train.hf_model) or "package.module:function"
+    model: str = BUILTIN  # "transformer", "hf:PRESET_OR_DIR" (models.hf_model) or "package.module:function"
     model_args: Mapping[str, Any] = field(default_factory=dict)  # ModelConfig fields, or the function's kwargs
     seq_len: int = 32
     micro_batch_size: int = 4
@@ -69,7 +69,7 @@ class JobSpec:
     compression: str = "none"  # none | fp16 | int8 | int:BITS | topk:R | adaptive (per link, see compress.adaptive)
     plan: str = "planner"  # who places the layers: the planner, an even split, or a baseline
     sync: str = "global"  # global | islands | islands:H | auto (plan.islands)
-    outer_lr: float = 0.7  # islands: the outer optimizer's Nesterov learning rate and momentum (train.outer)
+    outer_lr: float = 0.7  # islands: the outer optimizer's Nesterov learning rate and momentum (islands.outer)
     outer_momentum: float = 0.9
     island_split: int = 1  # islands: optimizer steps per data step, each on 1/island_split of its micro-batches
     exchange_compression: str = "auto"  # islands: the pseudo-gradients' codec, or auto (the planner's choice)
@@ -79,7 +79,7 @@ class JobSpec:
     recv_timeout_s: float = 60.0
     precision: str = "fp32"
     loss_scale: float = 65536.0  # fp16: the dynamic loss scale's initial value (pipeline.loss_scale)
-    workload: str = ""  # hf:PRESET|hf:DIR: the model the emulated world trains (train.workload); "" none
+    workload: str = ""  # hf:PRESET|hf:DIR: the model the emulated world trains (models.workload); "" none
     workload_seq_len: int = 1024  # the workload's sequence length
     data: str = ""  # the data set the starting peer named ("": the generated corpus); a joiner may have its own copy
     tokenizer: str = "bytes"  # likewise, the tokenizer it named
@@ -174,7 +174,7 @@ class JobSpec:
         a proxy of another layer count is refused."""
         job = replace(self, job_id=self.job_id or secrets.token_hex(8))
         if job.workload:
-            from . import workload
+            from ..models import workload
 
             n = workload.num_layers(job)
             if job.model == BUILTIN and "depth" not in job.model_args:
@@ -195,9 +195,9 @@ class ModelHandle:
 
     @property
     def hf(self):
-        """The ``hf:`` model of the job (``train.hf_model.HFModel``), or None."""
+        """The ``hf:`` model of the job (``models.hf_model.HFModel``), or None."""
         if self._hf is None and is_hf(self.job.model):
-            from .hf_model import HFModel
+            from ..models.hf_model import HFModel
 
             self._hf = HFModel(self.job.model, self.job.model_args, self.job.seed, self.job.seq_len)
         return self._hf

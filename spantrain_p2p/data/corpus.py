@@ -20,7 +20,7 @@ Shards are checked against the manifest when first used, then memory-mapped: mem
 bounded by what the batches touch. ``Corpus.add_shard(i, data)`` takes shard bytes from
 elsewhere (a peer, later) and keeps them only if they hash to the manifest's entry.
 
-``Corpus.batch(seed, step, mb, B, T)`` has ``train.data.batch``'s contract: ``B`` windows of
+``Corpus.batch(seed, step, mb, B, T)`` has ``data.generated.batch``'s contract: ``B`` windows of
 ``T + 1`` tokens at offsets drawn from a generator seeded by ``(seed, step, mb)`` only; inputs are
 the first ``T``, targets the last ``T``. ``Corpus.shards_for`` says which shards those windows
 touch, so a peer can fetch just those.

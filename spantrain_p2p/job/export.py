@@ -1,6 +1,6 @@
 """Exporting a checkpoint as a transformers directory: ``spantrain export CHECKPOINT_DIR --out DIR``.
 
-The checkpoint (``train.checkpoint``: one safetensors file per layer and step, and ``job.json``)
+The checkpoint (``models.checkpoint``: one safetensors file per layer and step, and ``job.json``)
 is read at the latest step every layer of the model is there for; an ``hf:`` model's layers are
 rebuilt from the job, loaded with those states and written under their transformers names as
 ``model.safetensors`` with the config (untied, see ``hf_model``), so that
@@ -14,9 +14,9 @@ import os
 import shutil
 from typing import Optional
 
-from . import state as layer_state
-from .checkpoint import JOB_FILE, CheckpointDir
-from .job import JobSpec
+from ..models import state as layer_state
+from ..models.checkpoint import JOB_FILE, CheckpointDir
+from .spec import JobSpec
 
 
 def complete_step(inventory: dict[int, list[int]], num_layers: int) -> Optional[int]:
@@ -29,7 +29,7 @@ def export(checkpoint_dir: str, out_dir: str, step: Optional[int] = None) -> dic
     """Writes the transformers directory; returns what it wrote (path, step, model, parameters)."""
     from safetensors.torch import save_file
 
-    from .hf_model import HFModel, hf_state_dict, is_hf
+    from ..models.hf_model import HFModel, hf_state_dict, is_hf
 
     path = os.path.join(checkpoint_dir, JOB_FILE)
     if not os.path.isfile(path):

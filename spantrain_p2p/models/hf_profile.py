@@ -22,7 +22,7 @@ def _matmul_weights(layer: nn.Module) -> int:
 
 
 def hf_model_profile(hf, seq_len: int, wire_dtype_bytes: int = 4, stash_dtype_bytes: int = 2) -> pt.ModelProfile:
-    """The profile of ``hf`` (a ``train.hf_model.HFModel``) for sequences of ``seq_len`` tokens."""
+    """The profile of ``hf`` (a ``models.hf_model.HFModel``) for sequences of ``seq_len`` tokens."""
     c = hf.config
     t, d, v = seq_len, c.hidden_size, c.vocab_size
     q_channels = c.num_attention_heads * getattr(c, "head_dim", None) if getattr(c, "head_dim", None) else d

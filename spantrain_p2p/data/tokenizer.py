@@ -2,7 +2,7 @@
 
 ``load_tokenizer(spec)`` takes:
 
-- ``bytes``: the byte tokens of ``train.data`` (vocab 256, the UTF-8 bytes of the text);
+- ``bytes``: the byte tokens of ``data.generated`` (vocab 256, the UTF-8 bytes of the text);
 - a ``tokenizers`` ``tokenizer.json`` file;
 - a transformers tokenizer directory, loaded with ``AutoTokenizer`` from that directory only
   (``local_files_only=True``): nothing is downloaded, a name with no local copy fails at once.
@@ -75,7 +75,7 @@ class Tokenizer:
 
 
 class ByteTokenizer(Tokenizer):
-    """The UTF-8 bytes of the text, as ``train.data`` feeds the built-in model; documents joined by ``\\n``."""
+    """The UTF-8 bytes of the text, as ``data.generated`` feeds the built-in model; documents joined by ``\\n``."""
 
     kind = BYTES
     name = BYTES

@@ -1,4 +1,4 @@
-"""Causal LMs from ``transformers`` split into the layer contract of ``train.model``: ``--model hf:...``.
+"""Causal LMs from ``transformers`` split into the layer contract of ``models.model``: ``--model hf:...``.
 
 ``hf:PRESET`` names a config in ``hf_presets`` (random init); ``hf:DIR`` (a spec with a ``/`` or
 starting with ``.``) a local directory holding ``config.json`` and, for fine-tuning, the weights

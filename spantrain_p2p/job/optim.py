@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .job import JobSpec
+from .spec import JobSpec
 
 
 def make_optimizer(job: JobSpec, params) -> torch.optim.Optimizer:

@@ -7,9 +7,9 @@ from typing import Optional
 import torch
 
 from .dataset import open_data
-from .job import JobSpec, ModelHandle
+from .spec import JobSpec, ModelHandle
 from .optim import make_optimizer
-from .precision import COMPUTE_DTYPES
+from ..models.precision import COMPUTE_DTYPES
 
 
 def _autocast(job: JobSpec, device_type: str):
@@ -91,7 +91,7 @@ def transformers_reference_run(job: JobSpec, steps: int, grads_at: Optional[int]
     import time
     import torch.nn.functional as F
 
-    from .hf_model import full_model
+    from ..models.hf_model import full_model
 
     batch = open_data(job).batch
     handle = ModelHandle(job)

@@ -1,6 +1,6 @@
-"""A tiny user model following the layer-list contract of ``spantrain_p2p.train.model``.
+"""A tiny user model following the layer-list contract of ``spantrain_p2p.models.model``.
 
-Load it with ``load_user_model("spantrain_p2p.train.example_user_model:tiny_mlp", dim=32)``.
+Load it with ``load_user_model("spantrain_p2p.models.example_user_model:tiny_mlp", dim=32)``.
 It sees one previous byte besides the current one, so it learns bigram-to-trigram statistics.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checkpoints on local disk, in safetensors: one file per layer and step.
 
 ``DIR/step-00000020/layer-0003.safetensors`` holds layer 3's state after 20 steps: its parameters
-and buffers and the optimizer's state of its parameters, named as ``train.state`` names them
+and buffers and the optimizer's state of its parameters, named as ``models.state`` names them
 (``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``, ``s:<run scalar>``), with the job's model fingerprint, the
 optimizer, the layer and the step in the file's metadata. Every peer writes the layers it runs
 (atomically: a temporary file, then a rename) and keeps the newest two steps of them; peers of one

@@ -2,7 +2,7 @@
 
 At the end of its round ``r`` a peer of island ``i`` (its stage's first replica; the others compute
 the same) sends each of its layers' pseudo-gradient, compressed with error feedback
-(``train.outer``), to every peer of the other islands that holds that layer (``plan.islands.
+(``islands.outer``), to every peer of the other islands that holds that layer (``plan.islands.
 exchange_routes``), in the background, while round ``r + 1`` computes. At the end of round ``r + 1``
 it takes every island's contribution of round ``r`` (waiting only for what has not arrived: the
 part of the exchange not hidden), merges them into the anchor, and replays its local steps.
@@ -32,9 +32,9 @@ from ..net.framing import FrameError, check_fields
 from ..plan.islands import layer_owners
 from ..pipeline.executor import StepFailed
 from ..plan.stagemap import StageMap
-from .island_members import CATCH_UP_AHEAD, OUTER_MEMBERS, Membership, leave_after_s  # noqa: F401 (re-exported)
+from .members import CATCH_UP_AHEAD, OUTER_MEMBERS, Membership, leave_after_s  # noqa: F401 (re-exported)
 from .outer import Contribution, OuterLayers
-from .workload import layer_charge
+from ..models.workload import layer_charge
 
 log = logging.getLogger("spantrain.train")
 
@@ -63,7 +63,7 @@ class OuterSync(Membership):
         self.job = self.smap = None
         self.island: Optional[int] = None
         self.outer: Optional[OuterLayers] = None
-        self.charges = None  # train.workload.Charges: a layer's message charged as the workload's layer
+        self.charges = None  # models.workload.Charges: a layer's message charged as the workload's layer
         self.round = 0  # the round this peer is in (its contributions of round - 1 are travelling)
         self._owners: list = []
         self._got: dict[tuple[int, int, int], Contribution] = {}  # (round, island, layer)

@@ -26,7 +26,8 @@ def add_swarm_arguments(sw: argparse.ArgumentParser) -> None:
                                             "starts it)"), swarm=True)
     sw.add_argument("--chaos", action="append", default=[], metavar="SPEC",
                     help="fault injection, repeatable: kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "
-                    "degrade:A-B:F@t=S, restore:A-B@t=S")
+                    "degrade:A-B:F@WHEN, restore:A-B@WHEN (WHEN: step=K; t=S, seconds after "
+                    "training's first step; after=S, seconds after the --chaos before it fired)")
     sw.add_argument("-v", "--verbose", action="count", default=0, help="-vv: debug logs, the peers' too")
 
 

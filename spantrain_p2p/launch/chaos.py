@@ -6,9 +6,14 @@ fires them.
     kill:planner@step=K       the same for whichever peer holds the planner lease then
     kill:worker@step=K        the same for a peer of the stage map that is not the planner
     join:PEER@step=K          hold a scenario peer back from the launch; start it at step K
-    degrade:A-B:F@t=S         S seconds into training (from the first stage map), links between regions A and B carry F x bandwidth
-                              (F = 0: cut; what is under way waits until they are restored)
-    restore:A-B@t=S           back to the scenario's bandwidth
+    degrade:A-B:F@WHEN        links between regions A and B carry F x bandwidth (F = 0: cut; what is under
+                              way waits until they are restored)
+    restore:A-B@WHEN          back to the scenario's bandwidth
+
+A link change happens at ``@step=K`` (the swarm completed K steps), ``@t=S`` (S seconds after every
+peer of the first stage map completed its first step: training's start, however slowly the swarm
+formed) or ``@after=S`` (S seconds after the event listed before it fired: a cut of a set length).
+Every trigger is a step or an event of the run, never a time from the launch.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from typing import Optional
 # importing the peer package here would cost the launcher ~2.7 s of torch and hivemind imports)
 CHAOS_KIND = "chaos"
 
-_RE = re.compile(r"^(kill|join|degrade|restore):([A-Za-z0-9_.\-]+?)(?::([0-9.]+))?@(step|t)=([0-9.]+)$")
+_RE = re.compile(r"^(kill|join|degrade|restore):([A-Za-z0-9_.\-]+?)(?::([0-9.]+))?@(step|t|after)=([0-9.]+)$")
 
 
 @dataclass(frozen=True)
@@ -28,8 +33,9 @@ class Chaos:
     action: str  # kill | join | degrade | restore
     target: str  # peer name, "planner", or "A-B" (regions)
     at_step: Optional[int] = None
-    at_t: Optional[float] = None
+    at_t: Optional[float] = None  # seconds after training's start
     factor: float = 1.0
+    after_s: Optional[float] = None  # seconds after the event listed before this one fired
 
     @property
     def regions(self) -> tuple[str, str]:
@@ -37,7 +43,8 @@ class Chaos:
         return a, b
 
     def describe(self) -> str:
-        when = f"step {self.at_step}" if self.at_step is not None else f"t={self.at_t:g}s"
+        when = (f"step {self.at_step}" if self.at_step is not None else f"t={self.at_t:g}s" if self.at_t is not None
+                else f"{self.after_s:g}s after the event before")
         extra = f" x{self.factor:g}" if self.action == "degrade" else ""
         return f"{self.action} {self.target}{extra} at {when}"
 
@@ -47,7 +54,7 @@ def parse(spec: str, peers: list[str], regions: list[str]) -> Chaos:
     m = _RE.match(spec.strip())
     if not m:
         raise ValueError(f"--chaos {spec!r}: want kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "
-                         "degrade:A-B:F@t=S or restore:A-B@t=S")
+                         "degrade:A-B:F@WHEN or restore:A-B@WHEN (WHEN: step=K, t=S or after=S)")
     action, target, factor, unit, value = m.groups()
     if action in ("kill", "join"):
         if unit != "step":
@@ -57,18 +64,24 @@ def parse(spec: str, peers: list[str], regions: list[str]) -> Chaos:
         if factor is not None:
             raise ValueError(f"--chaos {spec!r}: {action} takes no factor")
         return Chaos(action, target, at_step=int(float(value)))
-    if unit != "t":
-        raise ValueError(f"--chaos {spec!r}: {action} happens at a time (@t=SECONDS)")
+    when = {"step": {"at_step": int(float(value))}, "t": {"at_t": float(value)}, "after": {"after_s": float(value)}}[unit]
     a, sep, b = target.partition("-")
     if not sep or a not in regions or b not in regions or a == b:
         raise ValueError(f"--chaos {spec!r}: {target!r} must be REGION-REGION (regions: {', '.join(regions)})")
     if action == "degrade":
         if factor is None or not 0 <= float(factor) <= 1e6:
             raise ValueError(f"--chaos {spec!r}: degrade needs a factor (degrade:A-B:0.1@t=20; 0 cuts the links)")
-        return Chaos(action, target, at_t=float(value), factor=float(factor))
+        return Chaos(action, target, factor=float(factor), **when)
     if factor is not None:
         raise ValueError(f"--chaos {spec!r}: restore takes no factor")
-    return Chaos(action, target, at_t=float(value), factor=1.0)
+    return Chaos(action, target, factor=1.0, **when)
+
+
+def check_order(chaos: list[Chaos]) -> None:
+    """An ``@after`` event needs an event before it on the command line."""
+    if chaos and chaos[0].after_s is not None:
+        raise ValueError(f"--chaos {chaos[0].action}:{chaos[0].target}@after=...: 'after' counts from the --chaos "
+                         "listed before it, and this is the first")
 
 
 def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) -> list[Optional[Exception]]:

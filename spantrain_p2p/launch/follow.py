@@ -27,7 +27,8 @@ class RunFollower:
                  time_dilation: float = 1.0):
         self.procs, self.args, self.say = procs, args, say
         self.k = time_dilation  # the progress shows tokens/s in real time
-        self.chaos = sorted(chaos, key=lambda c: (c.at_step if c.at_step is not None else -1, c.at_t or 0))
+        self.chaos = list(enumerate(chaos))  # (place on the command line, event) of those not fired yet
+        self.fired_at: dict[int, float] = {}  # place on the command line -> when it fired (an @after counts from it)
         self.launch_peer = launch_peer
         self.t0 = time.monotonic()
         self.killed: set[str] = set()
@@ -36,7 +37,7 @@ class RunFollower:
         self.events: list[dict] = []
         self.pending_recovery: list[dict] = []
         self.pending_replan: list[dict] = []
-        self.train_t0: Optional[float] = None  # when the first stage map was seen
+        self.train_t0: Optional[float] = None  # when every peer of the stage map had completed a step
         self.max_step = 0
 
     def live(self) -> list["PeerProcess"]:
@@ -74,17 +75,28 @@ class RunFollower:
                     best[step] = (epoch, total, count)
         return [best[s][1] / best[s][2] for s in sorted(best) if best[s][2]]
 
+    def due(self, place: int, c, done: int, now_train: float) -> bool:
+        """Whether a chaos event is due: at a step, a time after training's start, or a time after the
+        event listed before it fired."""
+        if c.at_step is not None:
+            return done >= c.at_step
+        if c.at_t is not None:
+            return now_train >= c.at_t
+        before = self.fired_at.get(place - 1)
+        return before is not None and time.monotonic() - before >= c.after_s
+
     def fire_chaos(self, sts) -> None:
         now = time.monotonic() - self.t0
-        if self.plans and self.train_t0 is None:
-            self.train_t0 = time.monotonic()  # @t=S counts from the first stage map: training's start
-        now_train = time.monotonic() - self.train_t0 if self.train_t0 is not None else -1.0
         done = min((st["train"]["steps_done"] for _, st in sts if (st.get("train") or {}).get("stage") is not None),
                    default=0)
-        for c in list(self.chaos):  # in order; one not yet due does not hold back another that is
-            if (c.at_step is not None and done < c.at_step) or (c.at_t is not None and now_train < c.at_t):
+        if self.plans and self.train_t0 is None and done >= 1:
+            self.train_t0 = time.monotonic()  # @t=S counts from here: a slow start does not move a fault
+        now_train = time.monotonic() - self.train_t0 if self.train_t0 is not None else -1.0
+        for place, c in list(self.chaos):  # one not yet due does not hold back another that is
+            if not self.due(place, c, done, now_train):
                 continue
-            self.chaos.remove(c)
+            self.chaos.remove((place, c))
+            self.fired_at[place] = time.monotonic()
             ev = {"kind": c.action, "target": c.target, "step": self.max_step, "t_s": round(now, 2),
                   "t_unix": round(time.time(), 3)}
             if c.action == "kill":
@@ -178,7 +190,7 @@ class RunFollower:
             newest = max(self.plans) if self.plans else 0
             current = [(p, st) for p, st in staged if st["train"]["plan"]["epoch"] == newest]
             # weather still to come does not hold a finished run back; a kill or join does
-            pending = [c for c in self.chaos if c.action in ("kill", "join")]
+            pending = [c for _, c in self.chaos if c.action in ("kill", "join")]
             finished = bool(current) and not pending and all(st["state"] == "done" for _, st in current) and \
                 all(st["state"] != "recovering" for _, st in sts)
             curve = self.loss_curve()

@@ -14,7 +14,7 @@ from typing import Optional
 
 from .. import scenario as sc
 from ..peer_command.job_options import peer_argv
-from .chaos import parse as parse_chaos
+from .chaos import check_order, parse as parse_chaos
 from .follow import train_and_report
 from .processes import PeerProcess, new_run_dir, wait_until
 from . import real_time
@@ -82,6 +82,7 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
         args.scenario = sc.write_dilated(args.scenario, args.time_dilation, os.path.join(run_dir, "scenario.toml"))
     s = sc.load(args.scenario)
     chaos = [parse_chaos(c, [p.name for p in s.peers], list(s.regions)) for c in (args.chaos or [])]
+    check_order(chaos)
     held = tuple(c.target for c in chaos if c.action == "join")
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     say(f"launching {len(s.peers)} peers of scenario {s.name!r} (logs in {run_dir})")

@@ -57,7 +57,7 @@ def test_a_peer_keeps_the_newest_two_steps_of_its_layers(tmp_path):
 
 _REPLICA = """
 import os, sys, time, torch
-from spantrain_p2p.train import state as layer_state
+from spantrain_p2p.models import state as layer_state
 from spantrain_p2p.models.checkpoint import write_layers
 torch.manual_seed(0)
 layer = torch.nn.Linear(4, 3)

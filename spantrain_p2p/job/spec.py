@@ -192,6 +192,8 @@ class ModelHandle:
         self.job = job
         self._num_layers: Optional[int] = None
         self._hf = None
+        self._shapes: Optional[list[tuple[int, ...]]] = None
+        self._meta: Optional[list[nn.Module]] = None
 
     @property
     def hf(self):
@@ -221,10 +223,14 @@ class ModelHandle:
         return self._build_all()[first:last_exclusive]
 
     def meta_layers(self) -> list[nn.Module]:
-        if self.hf is not None:
-            return self.hf.meta_layers()
-        with torch.device("meta"):
-            return self._build_all()
+        """The layers on the meta device (shapes, no data), built once: read them, never change them."""
+        if self._meta is None:
+            if self.hf is not None:
+                self._meta = self.hf.meta_layers()
+            else:
+                with torch.device("meta"):
+                    self._meta = self._build_all()
+        return self._meta
 
     @property
     def num_layers(self) -> int:
@@ -232,10 +238,23 @@ class ModelHandle:
             self._num_layers = len(self.meta_layers())
         return self._num_layers
 
+    def warm(self) -> "ModelHandle":
+        """Builds what the handle's questions need (the layer count, the boundary shapes) now, so that
+        later answers come at once: building a large model takes seconds, and a peer asks from its
+        event loop. The trainer calls this off the loop."""
+        self.boundary_shapes()
+        return self
+
     def boundary_shapes(self) -> list[tuple[int, ...]]:
         """shapes[i] = shape of the activation entering layer i (i >= 1) for one micro-batch; [0] = input."""
+        if self._shapes is None:
+            self._shapes = self._boundary_shapes()
+        return list(self._shapes)
+
+    def _boundary_shapes(self) -> list[tuple[int, ...]]:
         B, T = self.job.micro_batch_size, self.job.seq_len
         layers = self.meta_layers()
+        self._num_layers = len(layers)
         x = torch.empty(B, T, dtype=torch.long, device="meta")
         shapes = [tuple(x.shape)]
         with torch.no_grad():

@@ -24,6 +24,7 @@ from ..net.probe_messages import PROBE_KIND, handle_probe
 from ..swarm import discovery, membership
 from ..swarm.daemon import tie_daemons_to_this_process
 from ..swarm import group_key
+from ..swarm.bootstrap import BootstrapFailed, bootstrap
 from ..swarm.guard import GuardedDHT
 from ..swarm.sealing import GroupKey, SwarmKey
 from ..swarm.identity import Identity
@@ -31,6 +32,7 @@ from ..swarm.records import PeerRecord, seal
 from .config import PeerConfig, PeerError
 from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
+from .loop_lag import LoopLag
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
@@ -72,6 +74,7 @@ class Peer:
         self.swarm_key: Optional[SwarmKey] = None
         self.member_checks: list = []  # callables(peer_id) -> bool: more ways to know a member (the stage map)
         self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
+        self.loop_lag = LoopLag()  # how long the event loop was held (nothing may hold it for long)
 
     # ---- public surface -------------------------------------------------------------------
     @property
@@ -168,6 +171,7 @@ class Peer:
             "member_count": len(members),
             "device": (self.config.device or {}).get("kind") or (str(self.device) if self.device else None),
             "region": self.emulator.me.region if self.emulator is not None else None,
+            "loop_lag": self.loop_lag.status(),
             **{k: fn() for k, fn in self.status_extras.items()},
         }
 
@@ -188,6 +192,7 @@ class Peer:
         from hivemind.p2p import P2P, P2PDaemonError
 
         cfg = self.config
+        self.spawn(self.loop_lag.run(), "loop-lag")
         identity_path, check_identity = self._prepare_identity()
         if cfg.swarm_key_path:
             try:
@@ -241,14 +246,14 @@ class Peer:
             raise PeerError(f"p2p daemon failed: {msg}") from None
         self.maddrs = [str(m) for m in await self._p2p.get_visible_maddrs()]
 
+        node = await DHTNode.create(p2p=self._p2p, wait_timeout=3)
+        self._dht = node  # closed with the peer, even if joining fails below
         try:
-            node = await asyncio.wait_for(
-                DHTNode.create(p2p=self._p2p, initial_peers=join or None, ensure_bootstrap_success=bool(join),
-                               wait_timeout=3, bootstrap_timeout=3),
-                cfg.join_timeout_s,
-            )
-        except asyncio.TimeoutError:
-            raise PeerError(f"no peer of {join} answered within {cfg.join_timeout_s:.0f}s") from None
+            if join:  # retried with backoff: a founder busy starting its job may miss one ping
+                await asyncio.wait_for(bootstrap(node, join, cfg.join_timeout_s), cfg.join_timeout_s + 10)
+        except (asyncio.TimeoutError, BootstrapFailed) as e:
+            raise PeerError(f"could not join via {', '.join(join)}: "
+                            f"{e or f'no peer answered within {cfg.join_timeout_s:.0f}s'}") from None
         except Exception as e:
             if join and check_identity and "can't access this node" in str(e):
                 # The bootstrap peer calls us back by peer id; with our identity already live in the

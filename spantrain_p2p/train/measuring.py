@@ -78,7 +78,9 @@ class Measuring:
         while len(self.peer.live_members()) < job.peers:
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.0)
-        layers = [layer.to(self.torch_device) for layer in handle.build(0, handle.num_layers)]
+        # off the loop: building a large model takes seconds, and the peer must go on answering meanwhile
+        layers = await asyncio.to_thread(
+            lambda: [layer.to(self.torch_device) for layer in handle.build(0, handle.num_layers)])
         inputs, targets = batch(0, 0)
         # --workload: the virtual device pads each op to the workload's FLOPs (it never reads the scenario)
         wl_flops = workload.layer_flops(job, 0, handle.num_layers) if job.workload and self.peer.device else None

@@ -6,6 +6,8 @@ map the peers follow.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import replace
 from typing import Mapping, Optional
@@ -34,7 +36,15 @@ def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: 
 
 def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
     """The job's model as the planner sees it: its workload's, if it has one (``models.workload``);
-    None for a user model (no FLOP model of it yet)."""
+    None for a user model (no FLOP model of it yet). Counting a transformers model builds it on the
+    meta device (a second for GPT-2), so the answer is kept per job: the trainer asks first, off the
+    event loop, and the planner and the status pages find it ready."""
+    return _model_profile(json.dumps(job.to_dict(), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4)
+def _model_profile(job_json: str) -> Optional[pt.ModelProfile]:
+    job = JobSpec.from_dict(json.loads(job_json))
     if job.workload:
         from ..models import workload
 

@@ -38,7 +38,6 @@ class Recovery:
         self.store = layer_state.Store(keep_steps=3)  # own snapshots and a buddy's copies, by (layer, step)
         self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
         self._buddy_push: Optional[asyncio.Task] = None
-        self._meta_layers = None
         self.charges = None  # models.workload.Charges with a workload: a fetched layer is the workload's layer
 
     def start(self, job, handle, checkpoints: Optional[CheckpointDir] = None) -> None:
@@ -155,9 +154,7 @@ class Recovery:
 
     # ---- what others send and ask -----------------------------------------------------------------
     def _expected_layer_shapes(self, layer: int) -> dict:
-        if self._meta_layers is None:
-            self._meta_layers = self.handle.meta_layers()
-        return layer_state.expected_shapes(self._meta_layers[layer])
+        return layer_state.expected_shapes(self.handle.meta_layers()[layer])  # built once (ModelHandle.warm)
 
     def _check_layer_header(self, header: dict) -> tuple[int, int]:
         check_fields(header, {"job": str, "layer": int, "step": int})

@@ -40,6 +40,7 @@ from ..islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
 from ..models.precision import COMPUTE_DTYPES, WIRE_DTYPES
 from . import overflow
 from ..models import workload
+from .planning import model_profile
 from .run_records import MAP_POLL_S, RunRecords
 from .recovery import Recovery
 from .transport import PipelineTransport
@@ -184,11 +185,15 @@ class Trainer:
             if job.data and not job.data_fingerprint:  # the data set and tokenizer this job names, hashed
                 job = await asyncio.to_thread(with_data, job, job.data, job.tokenizer, self.opts.data_cache)
                 job = replace(job, fingerprint="")  # the vocabulary may have grown to the tokenizer's
-            self.job = job if job.fingerprint else job.finalized()
+            # off the loop: hashing a model builds it (seconds for a large one), and meanwhile the peer
+            # must answer /status and the joiners' DHT pings
+            self.job = job if job.fingerprint else await asyncio.to_thread(job.finalized)
             await self.records.publish_job(self.job)
         else:
             self.job = await self.records.await_job()
-        self.handle = check_compatible(self.job, self.opts.allowed_models)
+        self.handle = await asyncio.to_thread(check_compatible, self.job, self.opts.allowed_models)
+        # the model's layer count, boundary shapes and planner profile, worked out once and off the loop
+        await asyncio.to_thread(lambda: (self.handle.warm(), model_profile(self.job)))
         self.data = await asyncio.to_thread(open_data, self.job, self.opts.data, self.opts.tokenizer,
                                             self.opts.data_cache)
         self.data_share.start(self.data)
@@ -280,7 +285,8 @@ class Trainer:
         first, last = smap.stages[k].layers
         n, M = smap.num_stages, self._micro_batches()
         shapes = self.handle.boundary_shapes()
-        layers = [layer.to(self.torch_device) for layer in self.handle.build(first, last)]
+        layers = await asyncio.to_thread(  # off the loop, as the profile's model (measuring.run)
+            lambda: [layer.to(self.torch_device) for layer in self.handle.build(first, last)])
         prev = smap.stages[k - 1] if k > 0 else None
         nxt = smap.stages[k + 1] if k < n - 1 else None
         self.transport.route({ACT: nxt.assign(M) if nxt else [], GRAD: prev.assign(M) if prev else []})

@@ -62,8 +62,9 @@ async def test_an_identity_file_gives_a_stable_peer_id_and_cannot_be_used_twice(
 
 async def test_a_duplicate_identity_the_swarm_cannot_call_back_is_named_in_the_error(tmp_path, monkeypatch):
     """With our identity live elsewhere, the bootstrap peer's call-back may reach the other process
-    and hivemind fails the join with "can't access this node": that must name the identity."""
-    from hivemind.dht.node import DHTNode
+    and hivemind's ping validation fails the join with "can't access this node": that must name the
+    identity (and is not tried again: another try would meet the same live identity)."""
+    import spantrain_p2p.peer.node as node
 
     path = str(tmp_path / "peer.key")
     async with Peer(PeerConfig(identity_path=path, **FAST)):
@@ -73,7 +74,7 @@ async def test_a_duplicate_identity_the_swarm_cannot_call_back_is_named_in_the_e
         raise RuntimeError("Peer QmX can't access this node. Probably, libp2p has failed to bypass the firewall")
 
     async with Peer(PeerConfig(**FAST)) as seed:
-        monkeypatch.setattr(DHTNode, "create", refused)
+        monkeypatch.setattr(node, "bootstrap", refused)
         with pytest.raises(PeerError, match=r"peer\.key .*may be already used by a live peer"):
             async with Peer(PeerConfig(identity_path=path, join=(seed.address,), **FAST)):
                 pass

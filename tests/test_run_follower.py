@@ -70,5 +70,5 @@ def test_a_chaos_event_not_yet_due_does_not_hold_back_one_that_is():
                                             Chaos("join", "p9", at_step=5)], launch_peer=launched.append)
     sts = [(SimpleNamespace(name="p0"), {"train": {"stage": 0, "steps_done": 5}})]
     f.fire_chaos(sts)
-    assert launched == ["p9"] and [c.action for c in f.chaos] == ["degrade"]
+    assert launched == ["p9"] and [c.action for _, c in f.chaos] == ["degrade"]
     assert [e["kind"] for e in f.events] == ["join"]

@@ -9,12 +9,12 @@ SLOW = "tests.slow_user_model:slow_mlp"
 
 
 def test_a_founder_answers_status_and_the_dht_while_it_builds_and_profiles_its_model(peers):
-    """Every build of the founder's model blocks its thread 2 s (hashing, checking, profiling and
+    """Every build of the founder's model blocks its thread 1.5 s (hashing, checking, profiling and
     the stage each build it): the founder still answers /status within a second throughout, its
     event loop is never held for a second, and a peer joining meanwhile (its DHT ping answered by
     the founder's loop) gets in."""
     swarm = f"busy-{os.getpid()}"
-    founder = peers("f", "--swarm", swarm, "--model", SLOW, "--model-arg", "build_s=2", "--steps", "3",
+    founder = peers("f", "--swarm", swarm, "--model", SLOW, "--model-arg", "build_s=1.5", "--steps", "3",
                     "--peers", "1")
     founder.wait_ready(60)
     joiner = None

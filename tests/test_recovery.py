@@ -18,7 +18,7 @@ def _reference_losses() -> concurrent.futures.Future:
     does not depend on how many steps the run has (the batch of a step is (seed, step, index)).
     Computed in a thread (~15 s here) while the first test's swarm runs, which mostly waits."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reference")
-    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=300), 300)[0]))
+    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=240), 240)[0]))  # the longest run here
     pool.shutdown(wait=False)
     return future
 

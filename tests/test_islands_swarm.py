@@ -83,6 +83,10 @@ def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_p
     s = run_swarm_json("--scenario", "peers/two-sites.toml", "--steps", str(steps), "--sync", "islands",
                        "--chaos", "degrade:a-b:0@step=4", "--chaos", "restore:a-b@after=12", "--run-dir", str(tmp_path))
     isl = s["islands"]
+    cut = [e for e in s["events"] if e["kind"] in ("degrade", "restore")]
+    print(f"\ncut at step {cut[0]['step']}, restored at step {cut[1]['step']} ({cut[1]['t_s'] - cut[0]['t_s']:.1f}s); "
+          f"{s['steps']} of {steps} data steps trained; left out {[r['round'] for r in isl['left_out']]}; "
+          f"rejoins {[(r['peer'], r.get('round')) for r in isl['rejoins']]}")
     assert [p["epoch"] for p in s["plans"]] == [1], s["plans"]  # no re-plan: the islands handled it
     assert isl["left_out"] and {row["island"] for row in isl["left_out"]} == {1}, isl["left_out"]
     assert isl["rejoins"] and all(row["peer"] == "b1" for row in isl["rejoins"]), isl["rejoins"]

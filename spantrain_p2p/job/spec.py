@@ -179,10 +179,11 @@ class JobSpec:
             n = workload.num_layers(job)
             if job.model == BUILTIN and "depth" not in job.model_args:
                 job = replace(job, model_args={**job.model_args, "depth": n - 2})
-            if ModelHandle(job).num_layers != n:
-                raise ValueError(f"the proxy model {job.model!r} has {ModelHandle(job).num_layers} layers, the "
-                                 f"workload {job.workload!r} {n}: they must match layer for layer")
-        return replace(job, fingerprint=ModelHandle(job).fingerprint())
+        handle = ModelHandle(job)  # one build of the model answers both questions
+        if job.workload and handle.num_layers != n:
+            raise ValueError(f"the proxy model {job.model!r} has {handle.num_layers} layers, the "
+                             f"workload {job.workload!r} {n}: they must match layer for layer")
+        return replace(job, fingerprint=handle.fingerprint())
 
 
 class ModelHandle:
@@ -190,7 +191,6 @@ class ModelHandle:
 
     def __init__(self, job: JobSpec):
         self.job = job
-        self._num_layers: Optional[int] = None
         self._hf = None
         self._shapes: Optional[list[tuple[int, ...]]] = None
         self._meta: Optional[list[nn.Module]] = None
@@ -234,9 +234,7 @@ class ModelHandle:
 
     @property
     def num_layers(self) -> int:
-        if self._num_layers is None:
-            self._num_layers = len(self.meta_layers())
-        return self._num_layers
+        return len(self.meta_layers())
 
     def warm(self) -> "ModelHandle":
         """Builds what the handle's questions need (the layer count, the boundary shapes) now, so that
@@ -254,7 +252,6 @@ class ModelHandle:
     def _boundary_shapes(self) -> list[tuple[int, ...]]:
         B, T = self.job.micro_batch_size, self.job.seq_len
         layers = self.meta_layers()
-        self._num_layers = len(layers)
         x = torch.empty(B, T, dtype=torch.long, device="meta")
         shapes = [tuple(x.shape)]
         with torch.no_grad():

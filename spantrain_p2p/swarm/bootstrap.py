@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Optional
 
 log = logging.getLogger("spantrain.join")
 FIRST_PAUSE_S, MAX_PAUSE_S = 0.5, 4.0
@@ -21,16 +20,14 @@ class BootstrapFailed(RuntimeError):
     """No initial peer answered a DHT ping within the join timeout; the message says what was tried."""
 
 
-async def bootstrap(node, join: list[str], timeout_s: float,
-                    clock: Optional[Callable[[], float]] = None) -> int:
+async def bootstrap(node, join: list[str], timeout_s: float) -> int:
     """Pings the peers of ``join`` (multiaddrs ending in /p2p/ID) until one answers; returns the tries
     it took. ``BootstrapFailed`` after ``timeout_s``; a ``ValidationError`` of the answer (the peer
     cannot call this node back) is raised at once: trying again would not change it."""
     from hivemind.p2p import PeerID
     from hivemind.utils.multiaddr import Multiaddr
 
-    loop = asyncio.get_running_loop()
-    clock = clock or loop.time
+    clock = asyncio.get_running_loop().time
     peers = sorted({PeerID.from_base58(Multiaddr(a)["p2p"]) for a in join}, key=str)
     deadline = clock() + timeout_s
     tries, pause = 0, FIRST_PAUSE_S
@@ -38,11 +35,11 @@ async def bootstrap(node, join: list[str], timeout_s: float,
         tries += 1
         answers = await asyncio.gather(*(node.protocol.call_ping(p, validate=True, strict=True) for p in peers),
                                        return_exceptions=True)
-        errors = [a for a in answers if isinstance(a, BaseException)]
         if any(a is not None and not isinstance(a, BaseException) for a in answers):
             break
-        if errors:
-            raise errors[0]
+        for a in answers:
+            if isinstance(a, BaseException):
+                raise a
         left = deadline - clock()
         if left <= 0:
             raise BootstrapFailed(f"none of {len(peers)} peer(s) ({', '.join(join)}) answered a DHT ping in "

@@ -42,7 +42,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from .text_sources import DataError, Piece, ReadStats, atomic_write_bytes, list_files, read_pieces, resolve_data
+from ..files import atomic_write_bytes
+from .text_sources import DataError, Piece, ReadStats, list_files, read_pieces, resolve_data
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

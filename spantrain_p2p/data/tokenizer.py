@@ -178,7 +178,8 @@ def train_bpe(
     """
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
 
-    from .text_sources import ReadStats, atomic_write_bytes, read_pieces
+    from ..files import atomic_write_bytes
+    from .text_sources import ReadStats, read_pieces
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not len(alphabet) + 1 <= vocab_size <= 1 << 20:

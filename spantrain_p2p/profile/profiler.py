@@ -29,7 +29,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -37,6 +36,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from ..files import atomic_write_bytes
 from ..net.framing import strict_from_dict
 from .virtual import FlopCache, PhaseFlops, VirtualDevice, grad_output, layer_inputs
 
@@ -195,17 +195,7 @@ class ProfileCache:
         os.makedirs(self.directory, exist_ok=True)
         p = self.path(fingerprint, shape, device_key)
         data = {"key": self._key(fingerprint, shape, device_key), "profile": profile.to_dict()}
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".profile-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, p)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        atomic_write_bytes(p, json.dumps(data).encode())
 
 
 def profile_layers(

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 from ..osproc import die_with_parent
 from . import zygote
@@ -27,6 +27,8 @@ class PeerProcess:
     run_dir: str
     proc: Optional[Union[subprocess.Popen, zygote.ForkedPeer]] = None
     info: dict = field(default_factory=dict)
+    wrap: list[str] = field(default_factory=list)  # a command prefix: run on another host (``hosts.Host.wrap``)
+    observe: Optional[Callable] = None  # runs a page read where the peer can be reached (``hosts.World.observe``)
 
     @property
     def ready_file(self) -> str:
@@ -40,13 +42,13 @@ class PeerProcess:
         if os.path.exists(self.ready_file):
             os.remove(self.ready_file)
         argv = ["--ready-file", self.ready_file, *self.args]
-        if zygote.enabled():
+        if zygote.enabled() and not self.wrap:
             try:
                 self.proc = zygote.shared().spawn(argv, self.log_file)
                 return self
             except zygote.ZygoteError as e:
                 print(f"spantrain: {e}; starting peer {self.name} as a new process", file=sys.stderr, flush=True)
-        cmd = [sys.executable, "-m", "spantrain_p2p", "peer", *argv]
+        cmd = [*self.wrap, sys.executable, "-m", "spantrain_p2p", "peer", *argv]
         with open(self.log_file, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -75,8 +77,10 @@ class PeerProcess:
         return self.info
 
     def status(self, timeout: float = 5.0, path: str = "/status") -> dict:
-        with urllib.request.urlopen(f"{self.info['data_url']}{path}", timeout=timeout) as r:
-            return json.loads(r.read())
+        def read() -> dict:
+            with urllib.request.urlopen(f"{self.info['data_url']}{path}", timeout=timeout) as r:
+                return json.loads(r.read())
+        return self.observe(read) if self.observe is not None else read()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 from aiohttp import web
 
 from . import framing
+from .addresses import is_unspecified, url_of
 from .budget import Budget, Limits
 from .connections import FirstBytes, FramedConnection
 from .handshake import Authenticator
@@ -52,6 +53,7 @@ class DataPlaneServer:
         limits: Limits = Limits(),
     ):
         self.host, self.port = host, port
+        self.announced: list[str] = []  # the URLs others reach this server at, best first (set by the peer)
         self.max_message_bytes = max_message_bytes
         self.auth = auth
         self.budget = Budget(limits)
@@ -90,7 +92,11 @@ class DataPlaneServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """Where others reach this server: the first announced URL; else the bound address (loopback
+        for an unspecified one: ``0.0.0.0`` means "this host" to whoever reads it)."""
+        if self.announced:
+            return self.announced[0]
+        return url_of("127.0.0.1" if is_unspecified(self.host) else self.host, self.port)
 
     async def start(self) -> None:
         closed = self.auth is not None and self.auth.swarm_key is not None

@@ -18,6 +18,7 @@ class PeerConfig:
     listen: str = "/ip4/127.0.0.1/tcp/0"  # where p2pd listens
     host: str = "127.0.0.1"  # data plane address
     data_port: int = 0
+    announce: tuple[str, ...] = ()  # HOST[:PORT] others reach the data plane at (a forwarded port, a public address)
     identity_path: Optional[str] = None  # stable peer id; created if missing
     name: str = ""  # human name, e.g. the scenario's peer name
     device: dict = field(default_factory=dict)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from .. import PROTOCOL_VERSION, __version__
 from ..net.client import DataPlaneClient
 from ..net.budget import Limits
+from ..net.addresses import announced_urls, order_maddrs, p2p_announce
 from ..net.dataplane import DataPlaneServer, Retry
 from ..net.handshake import Authenticator, HandshakeError
 from ..net.probe_messages import PROBE_KIND, handle_probe
@@ -227,12 +228,14 @@ class Peer:
             await self.dataplane.start()
         except OSError as e:
             raise PeerError(str(e)) from None
+        self.dataplane.announced = announced_urls(cfg.host, self.dataplane.port, cfg.announce, join)
 
         tie_daemons_to_this_process()
         try:
             self._p2p = await P2P.create(
                 initial_peers=join or None,
                 host_maddrs=[cfg.listen],
+                announce_maddrs=p2p_announce(cfg.listen, cfg.announce) or None,
                 identity_path=identity_path,
                 check_if_identity_free=False,  # hivemind's check misses live peers; see _refuse_duplicate
                 startup_timeout=cfg.join_timeout_s,
@@ -244,7 +247,7 @@ class Peer:
             if "address already in use" in msg.lower():
                 raise PeerError(f"cannot listen on {cfg.listen}: address already in use") from None
             raise PeerError(f"p2p daemon failed: {msg}") from None
-        self.maddrs = [str(m) for m in await self._p2p.get_visible_maddrs()]
+        self.maddrs = order_maddrs([str(m) for m in await self._p2p.get_visible_maddrs()], self.dataplane.announced)
 
         node = await DHTNode.create(p2p=self._p2p, wait_timeout=3)
         self._dht = node  # closed with the peer, even if joining fails below

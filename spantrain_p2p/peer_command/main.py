@@ -37,10 +37,15 @@ def peer_parser() -> argparse.ArgumentParser:
                    help="multiaddr of a swarm peer (…/p2p/<peer id>); repeatable; 'auto' finds a swarm on the LAN "
                    "through mDNS (and starts one if there is none)")
     p.add_argument("--swarm", default="default", help="swarm name (default: %(default)s)")
-    p.add_argument("--listen", default="/ip4/127.0.0.1/tcp/0", metavar="MADDR",
-                   help="where the p2p daemon listens (default: %(default)s; use /ip4/0.0.0.0/tcp/PORT on a LAN)")
-    p.add_argument("--host", default="127.0.0.1", help="data-plane listen address (default: %(default)s)")
+    p.add_argument("--listen", default=None, metavar="MADDR",
+                   help="where the p2p daemon listens (default: /ip4/0.0.0.0/tcp/0 when --join names a non-loopback "
+                   "address, else /ip4/127.0.0.1/tcp/0; /ip4/0.0.0.0/tcp/PORT for a founder others reach)")
+    p.add_argument("--host", default=None, help="data-plane bind address (default: 0.0.0.0 when --join or --listen "
+                   "is not loopback, else 127.0.0.1)")
     p.add_argument("--data-port", type=int, default=0, help="data-plane TCP port (default: any free port)")
+    p.add_argument("--announce", action="append", default=[], metavar="HOST[:PORT]",
+                   help="an address others reach this peer's data plane at (a public address, a forwarded port); "
+                   "repeatable (default: the interfaces' addresses, the one towards --join first)")
     p.add_argument("--identity", metavar="PATH", help="private key file for a stable peer id (created if missing)")
     p.add_argument("--name", default="", help="a human name for this peer, shown to others")
     p.add_argument("--emulate", metavar="SCENARIO:PEER",
@@ -116,7 +121,13 @@ def config_from_args(a: argparse.Namespace):
     allow = allow_list(a.allow)
     if a.stall_timeout <= 0:
         raise ValueError("--stall-timeout must be positive")
-    return PeerConfig(join=join, swarm=a.swarm, listen=a.listen, host=a.host, data_port=a.data_port,
+    from ..net.addresses import default_binds, parse_announce
+
+    for value in a.announce:
+        parse_announce(value)
+    listen, host = default_binds(a.listen, a.host, join)
+    return PeerConfig(join=join, swarm=a.swarm, listen=listen, host=host, data_port=a.data_port,
+                      announce=tuple(a.announce),
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
                       emulate=a.emulate or "", emulate_t0=a.emulate_t0, swarm_key_path=a.swarm_key or "",
                       allow=allow, encrypt=a.encrypt, stall_timeout_s=a.stall_timeout)

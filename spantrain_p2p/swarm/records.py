@@ -14,6 +14,9 @@ import msgpack
 from .identity import Identity, peer_id_from_public_der, verify
 
 RECORD_SCHEMA = 1
+# "direct": others dialed it back; "nat": not reachable from outside, with an endpoint-independent
+# mapping (hole punching can work); "nat-symmetric": a new public port per destination (relay only)
+REACH = ("", "direct", "nat", "nat-symmetric")
 STATES = ("joining", "idle", "ready", "measuring", "training", "recovering", "done", "failed", "left")
 MAX_RECORD_BYTES = 8 << 10
 MAX_KEY_BYTES = 2048
@@ -39,6 +42,7 @@ class PeerRecord:
     name: str = ""  # human name (a scenario's peer name), may be empty
     device: Mapping[str, Any] = field(default_factory=dict)  # {"kind", "tflops", "memory_gb", "cpus"}
     progress: Mapping[str, Any] = field(default_factory=dict)  # e.g. {"epoch": 3, "failed_epoch": 2}
+    reach: str = ""  # how others reach its data plane (REACH): "" not known yet
     schema: int = RECORD_SCHEMA
 
     @property
@@ -150,4 +154,12 @@ def open_record(subkey: Any, value: Any) -> PeerRecord:
         name=_str(d, "name", 64),
         device=_small_map(d.get("device", {})),
         progress=_small_map(d.get("progress", {}), "progress"),
+        reach=_reach(d),
     )
+
+
+def _reach(d: Mapping) -> str:
+    v = d.get("reach", "")
+    if v not in REACH:
+        raise BadRecord(f"field 'reach' must be one of {REACH}")
+    return v

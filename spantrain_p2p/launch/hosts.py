@@ -73,7 +73,7 @@ class World:
         self.namespaces: list[str] = []
         self.hosts: dict[str, Host] = {}
         self._next = 10
-        self._observer: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._observers: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
         self._closed = False
         self.inet = self._ns("inet")
@@ -158,13 +158,27 @@ table inet filter {{
         _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
              "rate", f"{mbit}mbit", "burst", f"{burst}kb", "latency", "50ms")
 
-    def observe(self, fn: Callable[[], T]) -> T:
+    def observe(self, fn: Callable[[], T], host: Optional[Host] = None) -> T:
         """Runs ``fn`` in a thread of this process that lives in the internet namespace (at 11.0.0.1):
-        how the operator reads the peers' pages."""
+        how the operator reads the peers' pages; with ``host``, in that host's namespace (a peer
+        behind NAT is read from its own host, as its owner would)."""
+        ns = host.ns if host is not None else self.inet
         with self._lock:
-            if self._observer is None:
-                self._observer = concurrent.futures.ThreadPoolExecutor(1, initializer=self._enter, initargs=(self.inet,))
-        return self._observer.submit(fn).result()
+            pool = self._observers.get(ns)
+            if pool is None:
+                pool = self._observers[ns] = concurrent.futures.ThreadPoolExecutor(1, initializer=self._enter,
+                                                                                   initargs=(ns,))
+        return pool.submit(fn).result()
+
+    def peer(self, name: str, args: list[str], run_dir: str, host: Host):
+        """A ``PeerProcess`` on ``host``, its pages read from where they can be (``observe``)."""
+        from .processes import PeerProcess
+
+        p = PeerProcess(name, args, run_dir, wrap=host.wrap(),
+                        observe=(lambda fn: self.observe(fn, host)) if host.nat else self.observe,
+                        page_host=host.address if host.nat else "")
+        host.procs.append(p)
+        return p
 
     @staticmethod
     def _enter(ns: str) -> None:
@@ -186,8 +200,8 @@ table inet filter {{
                     p.kill()
                 except Exception:
                     pass
-        if self._observer is not None:
-            self._observer.shutdown(wait=False)
+        for pool in self._observers.values():
+            pool.shutdown(wait=False)
         for ns in reversed(self.namespaces):
             # processes still inside would keep the namespace's interfaces: kill them first
             r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)

@@ -29,6 +29,7 @@ class PeerProcess:
     info: dict = field(default_factory=dict)
     wrap: list[str] = field(default_factory=list)  # a command prefix: run on another host (``hosts.Host.wrap``)
     observe: Optional[Callable] = None  # runs a page read where the peer can be reached (``hosts.World.observe``)
+    page_host: str = ""  # read pages at this host (its own address behind NAT), not its data_url's
 
     @property
     def ready_file(self) -> str:
@@ -77,8 +78,12 @@ class PeerProcess:
         return self.info
 
     def status(self, timeout: float = 5.0, path: str = "/status") -> dict:
+        url = self.info["data_url"]
+        if self.page_host:
+            url = f"http://{self.page_host}:{url.rsplit(':', 1)[1]}"
+
         def read() -> dict:
-            with urllib.request.urlopen(f"{self.info['data_url']}{path}", timeout=timeout) as r:
+            with urllib.request.urlopen(f"{url}{path}", timeout=timeout) as r:
                 return json.loads(r.read())
         return self.observe(read) if self.observe is not None else read()
 

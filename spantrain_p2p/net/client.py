@@ -35,6 +35,7 @@ class DataPlaneClient:
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
         self._writers: set[asyncio.StreamWriter] = set()
+        self.paths = None  # paths.Paths: how to open a connection to a peer that cannot be dialed
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -75,7 +76,15 @@ class DataPlaneClient:
             if not (reader.at_eof() or writer.is_closing()) and (want is None or self._peer_of.get(writer) == want):
                 return reader, writer
             self._discard(writer)  # the other side closed it while it waited (or another peer lives there now)
-        reader, writer = await asyncio.open_connection(*addr, limit=1 << 20)
+        if self.paths is not None:
+            reader, writer = await self.paths.open(addr, want)
+        else:
+            reader, writer = await asyncio.open_connection(*addr, limit=1 << 20)
+        return await self.authenticate(reader, writer, want)
+
+    async def authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           want: Optional[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Runs the client's handshake over a fresh connection (whichever way it was opened)."""
         self._writers.add(writer)
         if self.auth is not None:
             try:

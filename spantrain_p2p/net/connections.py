@@ -13,6 +13,7 @@ arriving closes its connection after ``stall_timeout_s``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any, Callable, Optional
 
@@ -20,11 +21,14 @@ import numpy
 
 from . import framing, handshake, secure
 from .handshake import HandshakeError, Session
+from .preambles import Preamble
 from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, RECV_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES
 
 Server = Any  # a dataplane.DataPlaneServer (which imports this module)
 
 log = logging.getLogger("spantrain_p2p.net.dataplane")
+# (host, port) a request being handled came from, as this peer sees it (a NAT's public side, say)
+REMOTE: contextvars.ContextVar = contextvars.ContextVar("remote", default=None)
 LAZY_BYTES = 1 << 20  # frames from this size are received into memory that is not zeroed first
 
 
@@ -89,6 +93,12 @@ class FirstBytes(asyncio.BufferedProtocol):
             conn = FramedConnection(self.server, self.transport, None)
             self.transport.set_protocol(conn)
             conn.buffer_updated(conn.take(self.head))
+        elif bytes(self.head) in self.server.preambles:
+            self._timer.cancel()  # the preamble keeps the pool's place and has its own deadline
+            counted, self._counted = self._counted, False
+            need, done = self.server.preambles[bytes(self.head)]
+            self.transport.set_protocol(Preamble(self.transport, need, done,
+                                                 self.server.budget.end_handshake if counted else lambda: None))
         elif self.head in (REQUEST_MAGIC, handshake.MAGIC):
             self._uncount()
             what = "authenticated connections only (handshake first)" if auth else "no handshake (it has no identity)"
@@ -310,6 +320,8 @@ class FramedConnection(asyncio.BufferedProtocol):
         task.add_done_callback(self.server._tasks.discard)
 
     async def _handle(self, kind: str, body) -> None:
+        raw = getattr(self.transport, "transport", self.transport)
+        REMOTE.set(raw.get_extra_info("peername") if hasattr(raw, "get_extra_info") else None)
         try:
             status, out = await self.server._dispatch(kind, body, self.sender)
         finally:

@@ -69,6 +69,8 @@ class DataPlaneServer:
         self._framed: set[FramedConnection] = set()
         self._tasks: set[asyncio.Task] = set()
         self._scratch = bytearray(RECV_BYTES)  # where the framed server drops the body of a refused message
+        # connections that open with another magic (``preambles``): magic -> (bytes after it, handler)
+        self.preambles: dict[bytes, tuple[int, Callable[[asyncio.Transport, bytes], None]]] = {}
 
     def register(self, kind: str, handler: Handler) -> None:
         self._handlers[kind] = handler
@@ -121,6 +123,13 @@ class DataPlaneServer:
             self._runner = None
             raise OSError(e.errno, f"data plane cannot listen on {self.host}:{self.port}: {e.strerror}") from None
         self.port = self._listener.sockets[0].getsockname()[1]  # the real port when 0 was asked for
+
+    async def adopt(self, sock) -> asyncio.Transport:
+        """Serves a connected socket this peer opened (a reversed, hole-punched or relayed connection)
+        as if it had been accepted: the peer at its end is our client."""
+        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: FirstBytes(self, self._runner.server), sock=sock)
+        return transport
 
     async def stop(self) -> None:
         if self._listener is not None:

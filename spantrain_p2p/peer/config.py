@@ -35,4 +35,5 @@ class PeerConfig:
     allow: tuple[str, ...] = ()  # peer ids this peer takes part with (empty: anyone of the swarm)
     group_key_timeout_s: float = 20.0  # how long a joiner of a closed swarm with --allow waits for its key
     encrypt: bool = False  # encrypt data-plane connections (either end asking is enough)
+    relay_circuits: int = 16  # circuits this peer relays at once for peers that reach each other no other way
     stall_timeout_s: float = 30.0  # a message that stops arriving this long closes its connection

@@ -34,6 +34,7 @@ from .config import PeerConfig, PeerError
 from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 from .loop_lag import LoopLag
+from . import reach
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
@@ -53,6 +54,8 @@ class Peer:
         self.identity: Optional[Identity] = None
         self.instance = secrets.token_hex(8)
         self.state = "joining"
+        self.reach = ""  # how others reach this peer's data plane (records.REACH; reach.check finds out)
+        self.paths = None  # net.paths.Paths, once started
         self.progress: dict = {}
         self.started_at = time.monotonic()
         self.maddrs: list[str] = []
@@ -229,6 +232,7 @@ class Peer:
         except OSError as e:
             raise PeerError(str(e)) from None
         self.dataplane.announced = announced_urls(cfg.host, self.dataplane.port, cfg.announce, join)
+        self.paths = reach.install(self)
 
         tie_daemons_to_this_process()
         try:
@@ -276,9 +280,12 @@ class Peer:
             await self._check_admission()
         if check_identity:
             await self._refuse_duplicate()
+        self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
+        await reach.at_start(self)  # before others read an address of ours that may not work
         await self._announce()
         self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
         self.spawn(self._heartbeat_loop(), "heartbeat")
+        self.spawn(reach.keep(self, self.paths), "paths")
         self.spawn(self._watch_loop(), "watch-members")
         if auto or cfg.mdns:
             self._advertiser = discovery.Advertiser(self.peer_id, cfg.swarm, self.maddrs)
@@ -371,7 +378,7 @@ class Peer:
     def _message_policy(self, kind: str, sender: str) -> Optional[str]:
         """Probes (a joining peer measures before it is known) and chaos (the operator's launcher)
         come from anyone the handshake admitted; every other kind from members only."""
-        if kind in (PROBE_KIND, CHAOS_KIND) or self.is_member(sender):
+        if kind in (PROBE_KIND, CHAOS_KIND, reach.DIALBACK_KIND) or self.is_member(sender):
             return None
         raise Retry(f"{sender} is not a member of swarm {self.config.swarm!r} (or not yet seen by this peer)")
 
@@ -424,7 +431,7 @@ class Peer:
             peer_id=self.peer_id, seq=self._seq, ts=get_dht_time(), state=self.state, version=__version__,
             data_url=self.dataplane.url if self.dataplane else "", maddrs=tuple(self.maddrs[:4]),
             instance=self.instance, name=self.config.name, device=self.config.device or local_device_summary(),
-            progress=self.progress,
+            progress=self.progress, reach=self.reach,
         )
 
     async def _announce(self) -> None:

@@ -59,6 +59,9 @@ def peer_parser() -> argparse.ArgumentParser:
                    help="a closed swarm's key file (`spantrain keygen PATH`): only its holders join, read or send")
     p.add_argument("--allow", action="append", default=[], metavar="PEER_ID|@FILE",
                    help="take part only with these peer ids (repeatable; @FILE: one id per line)")
+    p.add_argument("--relay", type=int, default=16, metavar="N",
+                   help="relay at most N circuits at once for peers behind NAT that reach each other no other way "
+                   "(a reachable peer only; 0: never; default: %(default)s)")
     p.add_argument("--encrypt", action="store_true", help="encrypt this peer's data-plane connections")
     p.add_argument("--stall-timeout", type=float, default=30.0, metavar="S",
                    help="close a data-plane connection whose message stops arriving for S seconds (default: 30)")
@@ -127,7 +130,7 @@ def config_from_args(a: argparse.Namespace):
         parse_announce(value)
     listen, host = default_binds(a.listen, a.host, join)
     return PeerConfig(join=join, swarm=a.swarm, listen=listen, host=host, data_port=a.data_port,
-                      announce=tuple(a.announce),
+                      announce=tuple(a.announce), relay_circuits=max(0, a.relay),
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
                       emulate=a.emulate or "", emulate_t0=a.emulate_t0, swarm_key_path=a.swarm_key or "",
                       allow=allow, encrypt=a.encrypt, stall_timeout_s=a.stall_timeout)

@@ -129,6 +129,9 @@ class World:
         _run("ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         rules = f"""
 table ip nat {{
+  chain prerouting {{
+    type nat hook prerouting priority -100; policy accept
+  }}
   chain postrouting {{
     type nat hook postrouting priority 100; policy accept
     oifname "eth0" masquerade{' fully-random' if symmetric else ''}
@@ -138,6 +141,7 @@ table inet filter {{
   chain forward {{
     type filter hook forward priority 0; policy drop
     ct state established,related accept
+    ct status dnat accept
     iifname "lan0" accept
   }}
   chain input {{
@@ -150,6 +154,35 @@ table inet filter {{
         _run("ip", "netns", "exec", router, "nft", "-f", "-", input=rules)
         self.hosts[name] = Host(name, ns, f"192.168.{n}.2", public, "symmetric" if symmetric else "eim")
         return self.hosts[name]
+
+    def forward(self, host: Host, port: int) -> None:
+        """Forwards TCP ``port`` of ``host``'s router to ``host`` (what a user does on a home router)."""
+        _run("ip", "netns", "exec", self.prefix + f"{host.name}-rt", "nft", "add", "rule", "ip", "nat", "prerouting",
+             "iifname", "eth0", "tcp", "dport", str(port), "dnat", "to", f"{host.address}:{port}")
+
+    def host(self, name: str, kind: str) -> Host:
+        """``kind``: "public", "nat" (endpoint-independent) or "symmetric"."""
+        if kind == "public":
+            return self.public(name)
+        if kind not in ("nat", "symmetric"):
+            raise ValueError(f"a host is public, nat or symmetric, not {kind!r}")
+        return self.behind_nat(name, symmetric=kind == "symmetric")
+
+    def swarm(self, kinds: list[str], job: list[str], run_dir: str, names: str = "abcdefghijklmnop",
+              timeout: float = 90.0) -> list:
+        """One peer per host, started as the README says: the first (on a public host) founds the swarm
+        with ``--listen /ip4/0.0.0.0/tcp/4001`` and the job, the others ``--join`` its address."""
+        hosts = [self.host(f"h{i}", k) for i, k in enumerate(kinds)]
+        founder = self.peer(names[0], ["--listen", "/ip4/0.0.0.0/tcp/4001", "--name", names[0], *job], run_dir,
+                            hosts[0])
+        founder.start().wait_ready(timeout)
+        rest = [self.peer(n, ["--join", founder.info["address"], "--name", n], run_dir, h)
+                for n, h in zip(names[1:], hosts[1:])]
+        for p in rest:
+            p.start()
+        for p in rest:
+            p.wait_ready(timeout)
+        return [founder, *rest]
 
     def shape(self, host: Host, mbit: float) -> None:
         """Caps what ``host`` sends to the internet at ``mbit`` Mbit/s (tbf on its uplink)."""

@@ -20,6 +20,9 @@ from .handshake import Authenticator
 from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, PIECE_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES, RemoteError
 
 
+PAGE_KIND = "page"  # a page (``GET /status`` …) asked over the framed connection, where HTTP cannot go
+
+
 class DataPlaneClient:
     """All outgoing data-plane traffic of a peer: messages over framed TCP (connections kept open
     per destination, at most ``max_connections`` at once), JSON pages over one pooled HTTP session."""
@@ -224,23 +227,38 @@ class DataPlaneClient:
 
     async def get_json(self, url: str, path: str, max_bytes: int, timeout: float) -> dict:
         """``GET url+path`` as a JSON object, refused past ``max_bytes`` (a page from another peer is
-        untrusted: ValueError when too large or not an object)."""
+        untrusted: ValueError when too large or not an object). A peer that cannot be dialed (behind
+        NAT) is asked over the path the data plane takes to it (a ``page`` message)."""
+        if self.paths is not None and self.paths.indirect(url):
+            return await self._page(url, path, max_bytes, timeout)
         async with self._get_session().get(f"{url}{path}", headers=self._headers(),
                                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()
             body = await resp.content.read(max_bytes + 1)
-            if len(body) > max_bytes:
-                raise ValueError(f"{path} is larger than {max_bytes} bytes")
-            d = json.loads(body)
-            if not isinstance(d, dict):
-                raise ValueError(f"{path} is not a JSON object")
-            return d
+            return _json_object(body, path, max_bytes)
 
     async def status(self, url: str, timeout: float = 5.0, path: str = "/status") -> dict:
+        if self.paths is not None and self.paths.indirect(url):
+            return await self._page(url, path, self.max_message_bytes, timeout)
         async with self._get_session().get(f"{url}{path}", headers=self._headers(),
                                            timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             resp.raise_for_status()
             return json.loads(await resp.text())
+
+    async def _page(self, url: str, path: str, max_bytes: int, timeout: float) -> dict:
+        reply = await self.send(url, PAGE_KIND, {"path": path}, timeout=timeout)
+        if reply is None or len(reply[1]) != 1:
+            raise ValueError(f"{path}: not a page")
+        return _json_object(bytes(reply[1][0]), path, max_bytes)
+
+
+def _json_object(body: bytes, path: str, max_bytes: int) -> dict:
+    if len(body) > max_bytes:
+        raise ValueError(f"{path} is larger than {max_bytes} bytes")
+    d = json.loads(body)
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return d
 
 
 async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytearray:

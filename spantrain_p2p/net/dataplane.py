@@ -124,6 +124,14 @@ class DataPlaneServer:
             raise OSError(e.errno, f"data plane cannot listen on {self.host}:{self.port}: {e.strerror}") from None
         self.port = self._listener.sockets[0].getsockname()[1]  # the real port when 0 was asked for
 
+    async def page(self, path: str) -> Optional[dict]:
+        """What ``GET path`` answers as JSON (None: no such JSON page), without HTTP."""
+        fn = self._json_gets.get(path)
+        if fn is not None:
+            return _finite(fn())
+        afn = self._async_json_gets.get(path)
+        return _finite(await afn()) if afn is not None else None
+
     async def adopt(self, sock) -> asyncio.Transport:
         """Serves a connected socket this peer opened (a reversed, hole-punched or relayed connection)
         as if it had been accepted: the peer at its end is our client."""

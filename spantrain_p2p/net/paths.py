@@ -176,10 +176,20 @@ class Paths:
                 return pid
         return None
 
+    def indirect(self, url: str) -> bool:
+        """Whether the peer at ``url`` cannot be dialed (behind NAT): HTTP cannot reach it either."""
+        try:
+            peer = self._peer_at(addr_of(url))
+        except ValueError:
+            return False
+        rec = self._rec(peer) if peer else None
+        return rec is not None and rec.reach in ("nat", "nat-symmetric") and peer != self.me
+
     def _reachable_others(self, *skip: str) -> list:
-        """Members others can dial (or not known not to be), this peer and ``skip`` left out."""
-        return [r for r in self.records().values() if r.alive and r.data_url and r.peer_id != self.me
-                and r.peer_id not in skip and r.reach in ("", "direct")]
+        """Members others can dial (or not known not to be), this peer and ``skip`` left out, in the
+        order of their names (every peer tries the same relay first)."""
+        return sorted((r for r in self.records().values() if r.alive and r.data_url and r.peer_id != self.me
+                       and r.peer_id not in skip and r.reach in ("", "direct")), key=lambda r: (r.name, r.peer_id))
 
     def _note(self, peer: str, path: str, via: str = "") -> None:
         self.used[peer] = {"path": path, "via": via, "since": round(time.time(), 1)}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from typing import Optional
 from ..net.addresses import url_of
 from ..net.paths import CONNECT_S, Paths, addr_of, observe
 from ..net.connections import REMOTE
+from ..net.client import PAGE_KIND
 from ..net.wire import RemoteError
 from .config import PeerError
 
@@ -29,7 +31,7 @@ log = logging.getLogger("spantrain.peer")
 
 DIALBACK_KIND = "dialback"
 HELPERS = 3
-NO_PATH_S = 30.0
+NO_PATH_S = 25.0  # from the peer's start: with the process's own start, the user hears within 30 s
 LINK_EVERY_S = 2.0
 _checking: contextvars.ContextVar = contextvars.ContextVar("checking", default=False)
 
@@ -64,12 +66,20 @@ def install(peer) -> Paths:
         reached = [u for u in await asyncio.gather(*(one(u) for u in urls)) if u]
         return {"reached": reached, "observed": remote[0] if remote else ""}, ()
 
+    async def page(header: dict, _):
+        path = str(header.get("path", ""))
+        d = await peer.dataplane.page(path) if path.startswith("/") else None
+        if d is None:
+            raise ValueError(f"no page {path[:80]!r}")
+        return {}, [json.dumps(d, allow_nan=False, default=str).encode()]
+
     peer.dataplane.register(DIALBACK_KIND, dialback)
+    peer.dataplane.register(PAGE_KIND, page)
     peer.status_extras["network"] = paths.status
     return paths
 
 
-async def check(peer, final: bool) -> str:
+async def check(peer, final: bool, timeout: float = 12.0) -> str:
     """Asks up to ``HELPERS`` reachable members to dial this peer back; sets ``peer.reach`` (and puts
     the address that worked first); logs the one line. ``final``: a peer behind NAT with nobody to go
     through raises ``PeerError`` instead of waiting (the caller gives it until ``NO_PATH_S``)."""
@@ -82,7 +92,7 @@ async def check(peer, final: bool) -> str:
 
     async def ask(r):
         try:
-            reply = await peer.client.send(r.data_url, DIALBACK_KIND, {"urls": urls}, timeout=12.0, peer_id=r.peer_id)
+            reply = await peer.client.send(r.data_url, DIALBACK_KIND, {"urls": urls}, timeout=timeout, peer_id=r.peer_id)
             return r, (reply or ({},))[0]
         except (OSError, asyncio.TimeoutError, RemoteError) as e:
             return r, e
@@ -98,7 +108,7 @@ async def check(peer, final: bool) -> str:
         return peer.reach
     if not heard:
         if final:
-            raise PeerError(no_path_message(peer, [f"{r.name or r.peer_id}: {a}" for r, a in answers]))
+            raise PeerError(no_path_message(peer, [f"{r.name or r.peer_id}: {str(a) or type(a).__name__}" for r, a in answers]))
         return peer.reach
     seen, port = [], 0
     for r, _ in heard[:2]:
@@ -133,19 +143,21 @@ def no_path_message(peer, tried: list[str]) -> str:
 
 async def at_start(peer) -> None:
     """The check before the peer announces itself (others must not dial an unreachable address)."""
-    await check(peer, final=False)
-    if peer.reach in ("nat", "nat-symmetric") or not peer.config.join:
+    def left() -> float:
+        return NO_PATH_S - (time.monotonic() - peer.started_at)
+
+    await check(peer, final=False, timeout=max(3.0, min(12.0, left())))
+    if peer.reach or not peer.config.join:
         return
-    if peer.reach == "":  # nobody answered: wait for a reachable member, NO_PATH_S from the start at most
-        while time.monotonic() - peer.started_at < NO_PATH_S:
-            await asyncio.sleep(3.0)
-            await peer.members()
-            await check(peer, final=False)
-            if peer.reach:
-                return
-        await check(peer, final=True)
-        if not peer.reach:
-            raise PeerError(no_path_message(peer, []))
+    # nobody answered: wait for a reachable member, until NO_PATH_S from the start
+    while left() > 6.0:
+        await asyncio.sleep(2.0)
+        await peer.members()
+        if await check(peer, final=False, timeout=min(12.0, left() - 3.0)):
+            return
+    await check(peer, final=True, timeout=max(1.0, left()))
+    if not peer.reach:
+        raise PeerError(no_path_message(peer, []))
 
 
 async def keep(peer, paths: Paths) -> None:

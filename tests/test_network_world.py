@@ -127,3 +127,24 @@ def test_a_peer_nobody_can_reach_and_with_no_path_says_so_and_exits(tmp_path):
     assert "reachability: no peer can reach this one" in log and "--announce" in log, log
     assert took <= 30, took  # the process's start included
     print(f"\nunreachable joiner exited with {code} after {took:.1f} s: {log.strip().splitlines()[-1][:400]}")
+
+
+def test_a_founder_behind_a_router_with_forwarded_ports_is_reachable_at_its_announced_address(tmp_path):
+    """The README's recipe: forward TCP 4001 and 7001, start with --announce PUBLIC_IP; a joiner behind
+    NAT joins through the router and the founder learns it is reachable there."""
+    with hosts.World() as world:
+        a = world.host("h0", "nat")
+        b = world.host("h1", "nat")
+        for port in (4001, 7001):
+            world.forward(a, port)
+        founder = world.peer("a", ["--listen", "/ip4/0.0.0.0/tcp/4001", "--data-port", "7001", "--announce", a.public,
+                                   "--name", "a"], str(tmp_path), a)
+        founder.start().wait_ready(60)
+        assert founder.info["address"].startswith(f"/ip4/{a.public}/tcp/4001/p2p/"), founder.info
+        assert founder.info["data_url"] == f"http://{a.public}:7001"
+        joiner = world.peer("b", ["--join", founder.info["address"], "--name", "b"], str(tmp_path), b)
+        joiner.start().wait_ready(60)
+        from spantrain_p2p.launch import wait_until
+        wait_until(lambda: network(founder)["reach"] == "direct" and network(joiner)["reach"] == "nat", 30)
+        log = founder.log_tail(40)
+    assert f"reachability: direct at http://{a.public}:7001" in log, log

@@ -36,7 +36,20 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
             "step_s": round(step_s, 5) if step_s else None,
             "samples_per_s_wall": round(len(steps) * samples_per_step / wall, 3) if wall > 0 else 0.0,
             "wall_s": round(wall, 3), "plan": last["plan"],
-            "peers": [_peer_row(r) for r in reports], "mfu": _swarm_mfu(reports), **_loss_scale(staged)}
+            "peers": [_peer_row(r) for r in reports], "mfu": _swarm_mfu(reports), **_loss_scale(staged),
+            "paths": paths_of(reports)}
+
+
+def paths_of(reports: list[dict]) -> dict[str, dict]:
+    """"SRC->DST" -> {"path", "via"}: how each peer reached each other one (direct, reversed,
+    hole-punched, relayed), from the peers' reports."""
+    out = {}
+    for r in reports:
+        net = r.get("network") or {}
+        for dst, used in sorted((net.get("paths") or {}).items()):
+            if dst != r.get("name") and isinstance(used, dict):
+                out[f"{r.get('name') or r.get('peer_id')}->{dst}"] = {"path": used.get("path"), "via": used.get("via")}
+    return out
 
 
 def _loss_sums(last_stage_reports) -> dict[int, tuple[float, int]]:

@@ -140,6 +140,10 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
                 say(f"trained {summary['steps']} steps: loss {summary['losses'][0]:.4f} -> {summary['losses'][-1]:.4f}, "
                     f"{summary['samples_per_s']:.4g} samples/s, median step {summary['step_s']:.4g}s" +
                     (f" (real time: the emulation ran {s.time_dilation:g}x slower)" if s.time_dilation != 1 else ""))
+            other = {k: v for k, v in (summary.get("paths") or {}).items() if v["path"] != "direct"}
+            if other:
+                say("paths: " + ", ".join(f"{k} {v['path']}" + (f" via {v['via']}" if v["via"] else "")
+                                          for k, v in sorted(other.items())))
         elif args.duration is None:
             say("Ctrl-C stops the swarm")
             while all(p.alive() for p in procs):

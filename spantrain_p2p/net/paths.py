@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 import time
@@ -37,6 +38,19 @@ CONNECT_S = 5.0
 DIRECT_RETRY_S = 60.0  # after a direct dial to a NAT'ed peer failed, try it again this much later
 MAX_LINKS = 8  # standing links a peer behind NAT keeps to reachable peers
 PUNCH_S = 8.0
+MAX_PUNCHING = 8  # hole punches under way at once that others asked this peer for
+
+
+def ip_port(v) -> tuple[str, int]:
+    """An (IPv4 address, port) from untrusted ``[host, port]``; ValueError otherwise (a peer must not
+    make another dial a name, or a port it made up)."""
+    if not isinstance(v, (list, tuple)) or len(v) != 2:
+        raise ValueError("an address is [ip, port]")
+    host, port = v
+    ipaddress.IPv4Address(host)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"bad port {port!r}")
+    return str(host), port
 
 
 def addr_of(url: str) -> tuple[str, int]:
@@ -157,6 +171,7 @@ class Paths:
         self.links_out: dict[str, asyncio.Transport] = {}  # reachable peer -> our standing link to it
         self.used: dict[str, dict] = {}  # peer -> {"path", "via", "since"} of the last connection opened
         self._direct_failed: dict[str, float] = {}
+        self._punching = 0
         self._link_changed = asyncio.Event()
         server.preambles[OBSERVE] = (0, answer_observe)
         server.preambles[REVERSE] = (16, self.reversals.arrive)
@@ -259,8 +274,7 @@ class Paths:
                 local_port, mine = await observe(addr_of(r.data_url))
                 reply = await self.client.send(r.data_url, "punch", {"to": peer, "addr": list(mine)},
                                                timeout=CONNECT_S * 2, peer_id=r.peer_id)
-                host, port = reply[0]["addr"]
-                sock = await punch(local_port, (str(host), int(port)))
+                sock = await punch(local_port, ip_port(reply[0]["addr"]))
                 conn = await asyncio.open_connection(sock=sock, limit=1 << 20)
                 self._note(peer, PUNCHED, r.name or r.peer_id)
                 return conn
@@ -348,24 +362,29 @@ class Paths:
         link = self.links.get(to)
         if link is None or not link.alive():
             raise Retry(f"{to} keeps no standing link to this peer")
-        answer = await request(link, "punched", {"from": header["src"], "addr": header["addr"]},
+        answer = await request(link, "punched", {"from": header["src"], "addr": list(ip_port(header.get("addr")))},
                                timeout=CONNECT_S * 2)
-        return {"addr": answer["addr"]}, ()
+        return {"addr": list(ip_port((answer or {}).get("addr")))}, ()
 
     async def _on_punched(self, header: dict, _):
         """Through our standing link: a peer wants to punch through to us; we learn our own public
         address on a fresh port, start dialing it from there, and tell it where."""
-        host, port = header["addr"]
+        remote = ip_port(header.get("addr"))
+        if self._punching >= MAX_PUNCHING:
+            raise Retry("this peer is punching through to enough peers already")
         local_port, mine = await observe(addr_of(self._src_url(header)))
-        self.spawn(self._punch_and_serve(local_port, (str(host), int(port))))
+        self.spawn(self._punch_and_serve(local_port, remote))
         return {"addr": list(mine)}, ()
 
     async def _punch_and_serve(self, local_port: int, remote: tuple[str, int]) -> None:
+        self._punching += 1
         try:
             sock = await punch(local_port, remote)
         except (OSError, asyncio.TimeoutError) as e:
             log.info("hole punching towards %s:%d failed: %s", remote[0], remote[1], e)
             return
+        finally:
+            self._punching -= 1
         await self.server.adopt(sock)
 
     async def _on_relay(self, header: dict, _):

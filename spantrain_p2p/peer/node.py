@@ -281,7 +281,7 @@ class Peer:
         if check_identity:
             await self._refuse_duplicate()
         self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
-        await reach.at_start(self)  # before others read an address of ours that may not work
+        await reach.at_start(self, joining=bool(join))  # before others read an address of ours that may not work
         await self._announce()
         self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
         self.spawn(self._heartbeat_loop(), "heartbeat")

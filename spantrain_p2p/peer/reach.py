@@ -141,13 +141,14 @@ def no_path_message(peer, tried: list[str]) -> str:
             f"--announce YOUR_PUBLIC_IP:{port}, or join a swarm that has a peer with a public address")
 
 
-async def at_start(peer) -> None:
-    """The check before the peer announces itself (others must not dial an unreachable address)."""
+async def at_start(peer, joining: bool) -> None:
+    """The check before the peer announces itself (others must not dial an unreachable address).
+    ``joining``: it joined others (a founder alone has nobody to ask yet)."""
     def left() -> float:
         return NO_PATH_S - (time.monotonic() - peer.started_at)
 
     await check(peer, final=False, timeout=max(3.0, min(12.0, left())))
-    if peer.reach or not peer.config.join:
+    if peer.reach or not joining:
         return
     # nobody answered: wait for a reachable member, until NO_PATH_S from the start
     while left() > 6.0:

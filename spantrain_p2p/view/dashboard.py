@@ -43,6 +43,10 @@ def _member(status: Optional[dict], measurements: Optional[dict], record: dict, 
         out["region"] = status.get("region")
         out["uptime_s"] = status.get("uptime_s")
         out["train"] = {k: train.get(k) for k in TRAIN_KEYS}
+        net = status.get("network") if isinstance(status.get("network"), dict) else {}
+        out["reach"] = net.get("reach")
+        out["paths"] = {dst: {"path": u.get("path"), "via": u.get("via")}
+                        for dst, u in (net.get("paths") or {}).items() if isinstance(u, dict)}
     if measurements is not None:
         out["links"] = {dst: {k: m.get(k) for k in ("rtt_ms", "mbps", "status")}
                         for dst, m in (measurements.get("links") or {}).items() if isinstance(m, dict)}

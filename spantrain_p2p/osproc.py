@@ -7,6 +7,7 @@ started it. It is meant to run in a freshly forked child (a ``preexec_fn``, or t
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 _PR_SET_PDEATHSIG = 1
@@ -16,3 +17,19 @@ def die_with_parent(sig: int) -> None:
     """The kernel sends ``sig`` to this process when its parent dies (Linux only; elsewhere nothing)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def enter_netns(name: str) -> None:
+    """Moves the calling thread (a forked child: the whole process) into network namespace ``name``
+    (``ip netns add NAME``, at /run/netns/NAME); OSError if it cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)

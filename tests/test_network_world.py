@@ -93,7 +93,7 @@ def test_a_relay_killed_mid_run_the_pair_behind_symmetric_nat_goes_on_and_nothin
     steps = 150
     with hosts.World() as world:
         procs, args, out = train(world, ["public", "public", "symmetric", "symmetric"],
-                                 job_args(steps, 4), tmp_path, chaos=["kill:a@step=40"])
+                                 job_args(steps, 4, "--micro-batches", "12"), tmp_path, chaos=["kill:a@step=40"])
         nets = {p.name: network(p) for p in procs if p.name != "a"}
     assert out["lost_steps"] == 0 and len(out["losses"]) == steps, out["lost_steps"]
     kill = next(e for e in out["events"] if e["kind"] == "kill")

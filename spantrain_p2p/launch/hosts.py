@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import ctypes
 import os
 import shutil
 import subprocess
@@ -24,8 +23,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional, TypeVar
 
+from ..osproc import enter_netns
+
 T = TypeVar("T")
-CLONE_NEWNET = 0x40000000
 OBSERVER = "11.0.0.1"
 
 
@@ -199,7 +199,7 @@ table inet filter {{
         with self._lock:
             pool = self._observers.get(ns)
             if pool is None:
-                pool = self._observers[ns] = concurrent.futures.ThreadPoolExecutor(1, initializer=self._enter,
+                pool = self._observers[ns] = concurrent.futures.ThreadPoolExecutor(1, initializer=enter_netns,
                                                                                    initargs=(ns,))
         return pool.submit(fn).result()
 
@@ -207,21 +207,11 @@ table inet filter {{
         """A ``PeerProcess`` on ``host``, its pages read from where they can be (``observe``)."""
         from .processes import PeerProcess
 
-        p = PeerProcess(name, args, run_dir, wrap=host.wrap(),
+        p = PeerProcess(name, args, run_dir, wrap=host.wrap(), netns=host.ns,
                         observe=(lambda fn: self.observe(fn, host)) if host.nat else self.observe,
                         page_host=host.address if host.nat else "")
         host.procs.append(p)
         return p
-
-    @staticmethod
-    def _enter(ns: str) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-        try:
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns failed")
-        finally:
-            os.close(fd)
 
     def close(self) -> None:
         if self._closed:

@@ -30,6 +30,7 @@ class PeerProcess:
     wrap: list[str] = field(default_factory=list)  # a command prefix: run on another host (``hosts.Host.wrap``)
     observe: Optional[Callable] = None  # runs a page read where the peer can be reached (``hosts.World.observe``)
     page_host: str = ""  # read pages at this host (its own address behind NAT), not its data_url's
+    netns: str = ""  # the network namespace a forked peer enters (``wrap`` runs it there without the zygote)
 
     @property
     def ready_file(self) -> str:
@@ -43,9 +44,9 @@ class PeerProcess:
         if os.path.exists(self.ready_file):
             os.remove(self.ready_file)
         argv = ["--ready-file", self.ready_file, *self.args]
-        if zygote.enabled() and not self.wrap:
+        if zygote.enabled() and (self.netns or not self.wrap):
             try:
-                self.proc = zygote.shared().spawn(argv, self.log_file)
+                self.proc = zygote.shared().spawn(argv, self.log_file, netns=self.netns)
                 return self
             except zygote.ZygoteError as e:
                 print(f"spantrain: {e}; starting peer {self.name} as a new process", file=sys.stderr, flush=True)

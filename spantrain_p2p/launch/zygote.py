@@ -30,7 +30,7 @@ import threading
 import traceback
 from typing import Optional
 
-from ..osproc import die_with_parent
+from ..osproc import die_with_parent, enter_netns
 
 START_TIMEOUT_S = 60.0  # the zygote's own imports, on a loaded 2-core machine
 
@@ -51,11 +51,14 @@ def _preload() -> None:
     from ..train import trainer  # noqa: F401
 
 
-def _child(argv: list[str], log: str, cwd: str) -> None:
-    """In the forked child: become a peer process like ``python -m spantrain_p2p peer ARGV``."""
+def _child(argv: list[str], log: str, cwd: str, netns: str = "") -> None:
+    """In the forked child: become a peer process like ``python -m spantrain_p2p peer ARGV`` (in
+    network namespace ``netns``, if given: a host of ``hosts.World``)."""
     code = 1
     try:
         os.setsid()
+        if netns:
+            enter_netns(netns)
         die_with_parent(signal.SIGTERM)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -128,7 +131,7 @@ def serve() -> int:
             pid = os.fork()
             if pid == 0:
                 out.close()
-                _child([str(a) for a in req["argv"]], str(req["log"]), str(req["cwd"]))
+                _child([str(a) for a in req["argv"]], str(req["log"]), str(req["cwd"]), str(req.get("netns") or ""))
             _reply(out, {"id": req["id"], "pid": pid})
 
 
@@ -195,12 +198,13 @@ class Zygote:
             self._cond.notify_all()
         ready.set()
 
-    def spawn(self, argv: list[str], log: str) -> "ForkedPeer":
+    def spawn(self, argv: list[str], log: str, netns: str = "") -> "ForkedPeer":
         with self._lock:
             self._started()
             self._next_id += 1
             rid = self._next_id
-            req = json.dumps({"id": rid, "argv": list(argv), "log": os.path.abspath(log), "cwd": os.getcwd()})
+            req = json.dumps({"id": rid, "argv": list(argv), "log": os.path.abspath(log), "cwd": os.getcwd(),
+                              "netns": netns})
             try:
                 self._proc.stdin.write(req.encode() + b"\n")
             except OSError as e:

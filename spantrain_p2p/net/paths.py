@@ -35,7 +35,6 @@ log = logging.getLogger("spantrain_p2p.net.paths")
 
 DIRECT, REVERSED, PUNCHED, RELAYED = "direct", "reversed", "hole-punched", "relayed"
 CONNECT_S = 5.0
-DIRECT_RETRY_S = 60.0  # after a direct dial to a NAT'ed peer failed, try it again this much later
 MAX_LINKS = 8  # standing links a peer behind NAT keeps to reachable peers
 PUNCH_S = 8.0
 MAX_PUNCHING = 8  # hole punches under way at once that others asked this peer for
@@ -170,7 +169,6 @@ class Paths:
         self.links: dict[str, Link] = {}  # peer behind NAT -> its standing link to us
         self.links_out: dict[str, asyncio.Transport] = {}  # reachable peer -> our standing link to it
         self.used: dict[str, dict] = {}  # peer -> {"path", "via", "since"} of the last connection opened
-        self._direct_failed: dict[str, float] = {}
         self._punching = 0
         self._link_changed = asyncio.Event()
         server.preambles[OBSERVE] = (0, answer_observe)
@@ -219,13 +217,6 @@ class Paths:
             if peer:
                 self._note(peer, DIRECT)
             return conn
-        if time.monotonic() - self._direct_failed.get(peer, -1e9) > DIRECT_RETRY_S:  # the same LAN, say
-            try:
-                conn = await asyncio.wait_for(asyncio.open_connection(*addr, limit=1 << 20), 1.0)
-                self._note(peer, DIRECT)
-                return conn
-            except (OSError, asyncio.TimeoutError):
-                self._direct_failed[peer] = time.monotonic()
         errors = []
         if self.my_reach() in ("", "direct"):
             try:

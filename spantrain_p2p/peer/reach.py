@@ -84,8 +84,9 @@ async def check(peer, final: bool, timeout: float = 12.0) -> str:
     the address that worked first); logs the one line. ``final``: a peer behind NAT with nobody to go
     through raises ``PeerError`` instead of waiting (the caller gives it until ``NO_PATH_S``)."""
     me = peer.peer_id
-    helpers = [r for r in peer.live_members() if r.peer_id != me and r.data_url and r.reach in ("", "direct")]
-    helpers = helpers[:HELPERS]
+    linked = set(peer.paths.links) if peer.paths is not None else set()  # behind NAT, but reach us through them
+    helpers = [r for r in peer.live_members() if r.peer_id != me and r.data_url
+               and (r.reach in ("", "direct") or r.peer_id in linked)][:HELPERS]
     if not helpers:
         return peer.reach
     urls = list(peer.dataplane.announced) or [peer.dataplane.url]
@@ -165,7 +166,6 @@ async def keep(peer, paths: Paths) -> None:
     """While the peer runs: checks again while its reachability is unknown (a founder alone at start),
     and keeps the standing links of a peer behind NAT."""
     while True:
-        await asyncio.sleep(LINK_EVERY_S)
         try:
             if not peer.reach and len(peer.live_members()) > 1:
                 if await check(peer, final=False):
@@ -173,6 +173,7 @@ async def keep(peer, paths: Paths) -> None:
             await paths.keep_links()
         except Exception as e:
             log.warning("keeping paths failed: %s", e)
+        await asyncio.sleep(LINK_EVERY_S)
 
 
 __all__ = ["install", "check", "at_start", "keep", "CONNECT_S"]

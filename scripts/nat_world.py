@@ -86,13 +86,14 @@ def pairs(nets, meas):
             if dst == src:
                 continue
             m = links.get(dst) or {}
-            rows.append({"pair": f"{src}->{dst}", "path": used["path"], "via": used["via"],
-                         "probed_mbit_s": m.get("mbps"), "rtt_ms": m.get("rtt_ms")})
+            mbps, rtt = m.get("mbps"), m.get("rtt_ms")
+            rows.append(f"{src}->{dst}: {used['path']}" + (f" via {used['via']}" if used["via"] else "") +
+                        (f", probed {mbps:.0f} Mbit/s, RTT {rtt:.2f} ms" if mbps and rtt else ", not probed"))
     return rows
 
 
 def cmd_train(a):
-    j = job(a.steps, 4, "--plan", "even")
+    j = job(a.steps, 4, "--plan", "even", "--schedule", "1f1b")  # a fixed schedule: the same sums in the same order
     public, pub_nets, pub_meas, _ = world_run(["public"] * 4, j, a.shape)
     loop = loopback_run(j)
     nat, nat_nets, nat_meas, _ = world_run(["public", "public", "nat", "symmetric"], j, a.shape)
@@ -100,6 +101,9 @@ def cmd_train(a):
     out = {"steps": a.steps, "link_mbit_s": a.shape or "unshaped veth",
            "losses_equal_bit_for_bit": {"4 public hosts vs loopback": same,
                                         "2 behind NAT vs loopback": nat["losses"] == loop["losses"]},
+           "worst_loss_rel_diff_vs_loopback": {
+               name: max(abs(x - y) / abs(y) for x, y in zip(run["losses"], loop["losses"]))
+               for name, run in (("public", public), ("nat", nat))},
            "loss_first_last": [loop["losses"][0], loop["losses"][-1]],
            "samples_per_s": {"loopback": loop["samples_per_s"], "4 public hosts": public["samples_per_s"],
                              "2 of 4 behind NAT": nat["samples_per_s"]},

@@ -61,9 +61,14 @@ class RunFollower:
             plan = t.get("plan")
             if plan:
                 self.plans.setdefault(plan["epoch"], plan)
-            for step, total, count, epoch in t.get("recent_losses", []):
-                self.losses.setdefault((epoch, p.name), {})[step] = (total, count)
+            self.add_losses(p.name, t.get("recent_losses", []))
         return sts, None
+
+    def add_losses(self, name: str, rows) -> None:
+        """``rows`` of [step, loss sum, count, epoch] a peer reported (its recent ones while it trains,
+        all of its epoch's at the end: steps faster than the polls are not lost from the curve)."""
+        for step, total, count, epoch in rows:
+            self.losses.setdefault((epoch, name), {})[step] = (total, count)
 
     def loss_curve(self) -> list[float]:
         """Per step, the newest epoch's loss; every replica of the last stage reports the whole
@@ -228,6 +233,7 @@ def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_pee
         try:
             # a done peer answers at once, but a loaded box can hold it past a status call's 5 s
             reports.append(p.status(timeout=30, path="/report"))
+            follower.add_losses(p.name, reports[-1].get("loss_sums") or [])
             keep(p.run_dir, "reports", p.name, reports[-1])
             keep(p.run_dir, "measurements", p.name, p.status(timeout=30, path="/measurements"))
         except OSError:

@@ -37,6 +37,7 @@ async def run(a) -> list[dict]:
                 raise SystemExit(f"path_bench: members {sorted(set(want) - set(named))} not seen")
             await asyncio.sleep(0.5)
             await peer.members()
+        await asyncio.sleep(2 * peer.config.poll_s)  # until the others have seen our record
         payload = numpy.random.default_rng(0).integers(0, 255, a.mib << 20, dtype=numpy.uint8)
         for name in want:
             rec = named[name]

@@ -217,21 +217,22 @@ class Paths:
             if peer:
                 self._note(peer, DIRECT)
             return conn
-        errors = []
-        if self.my_reach() in ("", "direct"):
-            try:
-                return await self._reversed(peer)
-            except (OSError, asyncio.TimeoutError, RemoteError) as e:
-                errors.append(f"reversal: {e or type(e).__name__}")
-        elif self.my_reach() == "nat" and rec.reach == "nat":
-            try:
-                return await self._punched(peer)
-            except (OSError, asyncio.TimeoutError, RemoteError) as e:
-                errors.append(f"hole punching: {e or type(e).__name__}")
-        try:
-            return await self._relayed(peer)
-        except (OSError, asyncio.TimeoutError, RemoteError) as e:
-            errors.append(f"relay: {e or type(e).__name__}")
+        for attempt in range(3):
+            errors: list[str] = []
+            busy = 0  # refusals that may pass (a peer that has not seen our record yet: 503)
+            ladder = [("reversal", self._reversed)] if self.my_reach() in ("", "direct") else []
+            if self.my_reach() == "nat" and rec.reach == "nat":
+                ladder.append(("hole punching", self._punched))
+            ladder.append(("relay", self._relayed))
+            for what, rung in ladder:
+                try:
+                    return await rung(peer)
+                except (OSError, asyncio.TimeoutError, RemoteError) as e:
+                    errors.append(f"{what}: {e or type(e).__name__}")
+                    busy += "503" in str(e)
+            if busy < len(ladder):
+                break
+            await asyncio.sleep(1.0 + attempt)
         raise ConnectionError(f"no path to {rec.name or peer} (behind NAT): " + "; ".join(errors))
 
     async def _link(self, peer: str, wait: float) -> Link:

@@ -145,3 +145,21 @@ def test_the_exchange_compression_is_auto_or_a_codec_the_exchange_knows():
     assert JobSpec(exchange_compression="int:4").exchange_compression == "int:4"
     with pytest.raises(ValueError, match="unknown exchange codec"):
         JobSpec(exchange_compression="zip")
+
+
+def test_a_relayed_pair_is_priced_for_the_relay_it_crosses():
+    from spantrain_p2p.train.planning import charge_relays, snapshot
+
+    rows = [{"src": "c", "dst": "d", "rtt_ms": 1.0, "mbps": 900.0, "status": "ok", "via": "a"},
+            {"src": "c", "dst": "a", "rtt_ms": 1.0, "mbps": 100.0, "status": "ok", "via": ""},
+            {"src": "a", "dst": "d", "rtt_ms": 1.0, "mbps": 400.0, "status": "ok"},
+            {"src": "d", "dst": "c", "rtt_ms": 1.0, "mbps": 80.0, "status": "ok", "via": "b"}]  # legs unknown
+    out = {(r["src"], r["dst"]): r for r in charge_relays(rows)}
+    assert out[("c", "d")]["mbps"] == 50.0  # half the slowest leg (c -> a)
+    assert out[("d", "c")]["mbps"] == 40.0
+    assert out[("c", "a")]["mbps"] == 100.0 and out[("a", "d")]["mbps"] == 400.0
+    assert all("via" not in r for r in out.values())
+    prof = {"profile": {"effective_tflops": 1.0, "memory_bytes": 2**30}}
+    links = {"c": {"d": rows[0], "a": rows[1]}, "a": {"d": rows[2]}}
+    snap = snapshot({p: prof for p in "acd"}, links, ["a", "c", "d"])
+    assert snap.network.link("c", "d").bandwidth == pytest.approx(50e6 / 8)

@@ -28,8 +28,8 @@ def job_args(steps: int, peers: int, *more: str) -> list[str]:
             "--precision", "fp32", "--seed", "1", *more]
 
 
-def train(world, kinds, job, run_dir, chaos=()):
-    procs = world.swarm(kinds, job, str(run_dir))
+def train(world, kinds, job, run_dir, chaos=(), every=()):
+    procs = world.swarm(kinds, job, str(run_dir), every=every)
     args = peer_parser().parse_args(job)
     summary = train_and_report(procs, args, lambda *a, **k: None, chaos=[parse_chaos(c, [p.name for p in procs], []) for c in chaos])
     return procs, args, summary
@@ -62,11 +62,13 @@ def test_four_hosts_on_a_virtual_internet_train_exactly_as_one_process(tmp_path)
 
 
 def test_peers_behind_home_routers_train_over_reversed_punched_and_relayed_paths(tmp_path):
-    """a, b public; c, d behind endpoint-independent NAT; e behind symmetric NAT; 5 stages (one each)."""
+    """a, b public; c, d behind endpoint-independent NAT; e behind symmetric NAT; 5 stages (one each).
+    Every peer asks for --encrypt: the handshake and its keys are end to end on every path (a relay
+    holds no key: AES-GCM would refuse what it changed)."""
     steps = 30
     with hosts.World() as world:
         procs, args, out = train(world, ["public", "public", "nat", "nat", "symmetric"],
-                                 job_args(steps, 5, "--plan", "even"), tmp_path)
+                                 job_args(steps, 5, "--plan", "even"), tmp_path, every=("--encrypt",))
         nets = {p.name: network(p) for p in procs}
     assert out["lost_steps"] == 0 and len(out["losses"]) == steps
     assert all(len(s["peers"]) == 1 for s in out["plan"]["stages"]) and len(out["plan"]["stages"]) == 5

@@ -169,14 +169,15 @@ table inet filter {{
         return self.behind_nat(name, symmetric=kind == "symmetric")
 
     def swarm(self, kinds: list[str], job: list[str], run_dir: str, names: str = "abcdefghijklmnop",
-              timeout: float = 90.0) -> list:
+              timeout: float = 90.0, every: tuple[str, ...] = ()) -> list:
         """One peer per host, started as the README says: the first (on a public host) founds the swarm
-        with ``--listen /ip4/0.0.0.0/tcp/4001`` and the job, the others ``--join`` its address."""
+        with ``--listen /ip4/0.0.0.0/tcp/4001`` and the job, the others ``--join`` its address; ``every``:
+        flags of every peer (``--encrypt``)."""
         hosts = [self.host(f"h{i}", k) for i, k in enumerate(kinds)]
-        founder = self.peer(names[0], ["--listen", "/ip4/0.0.0.0/tcp/4001", "--name", names[0], *job], run_dir,
-                            hosts[0])
+        founder = self.peer(names[0], ["--listen", "/ip4/0.0.0.0/tcp/4001", "--name", names[0], *every, *job],
+                            run_dir, hosts[0])
         founder.start().wait_ready(timeout)
-        rest = [self.peer(n, ["--join", founder.info["address"], "--name", n], run_dir, h)
+        rest = [self.peer(n, ["--join", founder.info["address"], "--name", n, *every], run_dir, h)
                 for n, h in zip(names[1:], hosts[1:])]
         for p in rest:
             p.start()

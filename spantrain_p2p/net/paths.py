@@ -204,8 +204,9 @@ class Paths:
         return sorted((r for r in self.records().values() if r.alive and r.data_url and r.peer_id != self.me
                        and r.peer_id not in skip and r.reach in ("", "direct")), key=lambda r: (r.name, r.peer_id))
 
-    def _note(self, peer: str, path: str, via: str = "") -> None:
-        self.used[peer] = {"path": path, "via": via, "since": round(time.time(), 1)}
+    def _note(self, peer: str, path: str, via=None) -> None:
+        self.used[peer] = {"path": path, "via": (via.name or via.peer_id) if via is not None else "",
+                           "via_id": via.peer_id if via is not None else "", "since": round(time.time(), 1)}
 
     # ---- the client's hook ----------------------------------------------------------------
     async def open(self, addr: tuple[str, int], want: Optional[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -268,7 +269,7 @@ class Paths:
                                                timeout=CONNECT_S * 2, peer_id=r.peer_id)
                 sock = await punch(local_port, ip_port(reply[0]["addr"]))
                 conn = await asyncio.open_connection(sock=sock, limit=1 << 20)
-                self._note(peer, PUNCHED, r.name or r.peer_id)
+                self._note(peer, PUNCHED, r)
                 return conn
             except (OSError, asyncio.TimeoutError, RemoteError, KeyError, TypeError, ValueError) as e:
                 errors.append(f"via {r.name or r.peer_id}: {e or type(e).__name__}")
@@ -287,7 +288,7 @@ class Paths:
                 if await asyncio.wait_for(reader.readexactly(1), CONNECT_S * 2) != ACK:
                     writer.close()
                     raise ConnectionError("the relay did not splice")
-                self._note(peer, RELAYED, r.name or r.peer_id)
+                self._note(peer, RELAYED, r)
                 return reader, writer
             except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, RemoteError, KeyError, TypeError,
                     ValueError) as e:
@@ -413,7 +414,8 @@ class Paths:
     def status(self) -> dict:
         names = {pid: (r.name or pid) for pid, r in self.records().items()}
         return {"reach": self.my_reach(),
-                "paths": {names.get(p, p): u for p, u in sorted(self.used.items())},
+                "paths": {names.get(p, p): {k: v for k, v in u.items() if k != "via_id"}
+                          for p, u in sorted(self.used.items())},
                 "standing_links_in": sorted(names.get(p, p) for p, lk in self.links.items() if lk.alive()),
                 "standing_links_out": sorted(names.get(p, p) for p, t in self.links_out.items() if not t.is_closing()),
                 "relay": self.relay.status()}

@@ -55,6 +55,7 @@ class LinkMeasurement:
     bulk_bytes: int = 0  # size of the transfer the bandwidth comes from
     seconds: float = 0.0  # how long the probe took
     version: int = PROBE_VERSION
+    via: str = ""  # the peer that relays this pair's traffic (``net.paths``), if any
 
     def __post_init__(self) -> None:
         if not isinstance(self.dst, str) or not 0 < len(self.dst) <= 256:
@@ -74,6 +75,8 @@ class LinkMeasurement:
         s = self.seconds
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= 86400:
             raise ValueError(f"link measurement seconds must be in [0, 86400], not {s!r}")
+        if not isinstance(self.via, str) or len(self.via) > 128:
+            raise ValueError("link measurement via must be a peer id of at most 128 chars")
         if self.version != PROBE_VERSION:
             raise ValueError(f"link measurement version {self.version!r} is not {PROBE_VERSION}")
 
@@ -83,7 +86,8 @@ class LinkMeasurement:
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "dst": self.dst, "status": self.status, "rtt_ms": self.rtt_ms,
-                "mbps": self.mbps, "error": self.error, "bulk_bytes": self.bulk_bytes, "seconds": self.seconds}
+                "mbps": self.mbps, "error": self.error, "bulk_bytes": self.bulk_bytes, "seconds": self.seconds,
+                **({"via": self.via} if self.via else {})}
 
     @classmethod
     def from_dict(cls, d: Any) -> "LinkMeasurement":

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from ..net.passive import PassiveEstimator, link_update
 from ..net.ping import paired_rtt, ping_links
-from ..net.prober import LinkMeasurement, probe_link
+from ..net.prober import probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
 from ..models import workload
@@ -137,6 +138,9 @@ class Measuring:
             for r in todo:
                 m = await probe_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator,
                                      rtt_s=pings.pop(r.peer_id, None))
+                used = self.peer.paths.used.get(r.peer_id, {}) if self.peer.paths is not None else {}
+                if used.get("path") == "relayed" and used.get("via_id"):  # the planner charges the relay
+                    m = replace(m, via=used["via_id"])
                 self.probes[r.peer_id] = m
                 if not m.ok:
                     log.warning("link to %s unknown: %s", self.peer.name_of(r.peer_id), m.error)
@@ -171,7 +175,7 @@ class Measuring:
             if new is not None:
                 log.info("link to %s now %.1f Mbit/s (was %.1f, probed %.1f)", self.peer.name_of(dst),
                          new, cur.mbps, probed.mbps)
-                self.probes[dst] = LinkMeasurement(cur.dst, "ok", cur.rtt_ms, new, "", cur.bulk_bytes, cur.seconds)
+                self.probes[dst] = replace(cur, status="ok", mbps=new, error="")
                 changed = True
         if changed:
             self._passive_published = now

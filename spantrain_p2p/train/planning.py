@@ -30,8 +30,29 @@ def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: 
         for dst, m in (links.get(src) or {}).items():
             if dst in ids and dst != src:
                 rows.append({"src": src, "dst": dst, "rtt_ms": m.get("rtt_ms"), "mbps": m.get("mbps"),
-                             "status": m.get("status", "unknown")})
-    return pt.Snapshot.from_measurements({"devices": devices, "links": rows})
+                             "status": m.get("status", "unknown"), "via": m.get("via", "")})
+    return pt.Snapshot.from_measurements({"devices": devices, "links": charge_relays(rows)})
+
+
+RELAY_SHARE = 0.5  # of a relay's uplink a relayed pair gets: the relay sends its own bytes on it too
+
+
+def charge_relays(rows: list[dict]) -> list[dict]:
+    """Link rows with the relayed pairs priced for their path (and ``via`` dropped): a relayed pair's
+    bytes cross the relay's downlink and then its uplink, which carries the relay's own sends as well,
+    so the pair gets ``RELAY_SHARE`` of the slowest of its own measured bandwidth and its two legs'
+    (src to relay, relay to dst). The planner then keeps heavy traffic off relayed pairs unless nothing
+    else is as fast."""
+    mbps = {(r["src"], r["dst"]): r["mbps"] for r in rows if isinstance(r.get("mbps"), (int, float)) and r["mbps"] > 0}
+    out = []
+    for r in rows:
+        r = dict(r)
+        via = r.pop("via", "")
+        if via and (r["src"], r["dst"]) in mbps:
+            legs = [mbps.get((r["src"], via)), mbps.get((via, r["dst"]))]
+            r["mbps"] = min([r["mbps"], *[x for x in legs if x]]) * RELAY_SHARE
+        out.append(r)
+    return out
 
 
 def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:

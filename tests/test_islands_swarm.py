@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+import pytest
+
 from tests._helpers import run_swarm_json
 
 STEPS = 30
@@ -73,12 +75,20 @@ def test_a_peer_killed_mid_round_costs_its_islands_the_round_and_the_run_finishe
     assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5
 
 
+@pytest.mark.serial  # a cut of a set length against the keeper's leave deadline; see the note below
 def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_path):
     """The link between the sites carries nothing for 12 s (well past the keeper's 5 s wait), from
     once every peer has trained 4 steps (a slow start does not move the cut before training): the
     keeper's island (a) leaves b out and goes on, without a re-plan; once the link is back b fetches
     the state it lacks, rejoins, and the run ends with every peer on the same anchor, no round
-    merged twice."""
+    merged twice.
+
+    With both cores busy (two shell loops, 2026-11-25 22:15 UTC) it failed (1 run of 1; once in 3
+    suite runs): island a stalled through the cut and nobody was left out. Suspected, not proven
+    from its logs: the keeper (a1) had b's contribution to its own layers from just before the cut
+    and kept b in the round, while b's contribution to a2's layers was still on the cut link, so a2
+    (and a1, its replica) waited for the restore; the keeper decides from its own layers only. Until
+    that is looked into, this runs in the serial half, away from the other tests' load."""
     steps = 260
     s = run_swarm_json("--scenario", "peers/two-sites.toml", "--steps", str(steps), "--sync", "islands",
                        "--chaos", "degrade:a-b:0@step=4", "--chaos", "restore:a-b@after=12", "--run-dir", str(tmp_path))

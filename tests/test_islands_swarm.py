@@ -75,7 +75,7 @@ def test_a_peer_killed_mid_round_costs_its_islands_the_round_and_the_run_finishe
     assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5
 
 
-@pytest.mark.serial  # a cut of a set length against the keeper's leave deadline; see the note below
+@pytest.mark.serial  # a cut of a set length against the keeper's leave deadline
 def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_path):
     """The link between the sites carries nothing for 12 s (well past the keeper's 5 s wait), from
     once every peer has trained 4 steps (a slow start does not move the cut before training): the
@@ -83,12 +83,12 @@ def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_p
     the state it lacks, rejoins, and the run ends with every peer on the same anchor, no round
     merged twice.
 
-    With both cores busy (two shell loops, 2026-11-25 22:15 UTC) it failed (1 run of 1; once in 3
-    suite runs): island a stalled through the cut and nobody was left out. Suspected, not proven
-    from its logs: the keeper (a1) had b's contribution to its own layers from just before the cut
-    and kept b in the round, while b's contribution to a2's layers was still on the cut link, so a2
-    (and a1, its replica) waited for the restore; the keeper decides from its own layers only. Until
-    that is looked into, this runs in the serial half, away from the other tests' load."""
+    With both cores busy (two shell loops, 2026-11-25) it failed 3 times in 5 runs: island a stalled
+    through the cut and nobody was left out. b's contributions of the last round had come just before
+    the cut, so b stayed a member of it, and a's peers waited for their own sends of it to b, stuck
+    on the cut link, before the next round's (``OuterSync._settle_sends``). They now wait for such a
+    send no longer than the keeper waits for an island: 3 of 3 passed with both cores busy. It stays
+    in the serial half, as a cut of a set length against the keeper's deadline."""
     steps = 260
     s = run_swarm_json("--scenario", "peers/two-sites.toml", "--steps", str(steps), "--sync", "islands",
                        "--chaos", "degrade:a-b:0@step=4", "--chaos", "restore:a-b@after=12", "--run-dir", str(tmp_path))

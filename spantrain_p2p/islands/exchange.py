@@ -214,13 +214,18 @@ class OuterSync(Membership):
     async def _settle_sends(self) -> None:
         """Before a round's sends: the last round's to its members are done (merging it waited for
         theirs, and theirs for these), those to islands left out of it go on in the background (a
-        catching-up island merges them), at most ``MAX_STALE_SENDS`` an island."""
+        catching-up island merges them), at most ``MAX_STALE_SENDS`` an island. A send to a member
+        is waited for as long as the keeper waits for an island (``leave_after_s``), no longer: a
+        member whose contributions came just before its link was cut still has ours on that link,
+        and waiting for them would hold this island until the link is back (it goes on in the
+        background; that member, late with the next round, is left out of it and catches up)."""
+        patience = leave_after_s(self._round_s())
         for j, task in self._sending.items():
             if task.done():
                 continue
             if j in self._last_members:
-                await asyncio.wait([task])
-            else:
+                await asyncio.wait([task], timeout=patience)
+            if not task.done():
                 self._stale.append((j, task))
         self._stale = [(j, t) for j, t in self._stale if not t.done()]
         for j in {j for j, _t in self._stale}:

@@ -83,7 +83,7 @@ def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_p
     the state it lacks, rejoins, and the run ends with every peer on the same anchor, no round
     merged twice.
 
-    With both cores busy (two shell loops, 2026-11-25) it failed 3 times in 5 runs: island a stalled
+    With both cores busy (two shell loops, 2026-11-25) it failed 2 times in 4 runs: island a stalled
     through the cut and nobody was left out. b's contributions of the last round had come just before
     the cut, so b stayed a member of it, and a's peers waited for their own sends of it to b, stuck
     on the cut link, before the next round's (``OuterSync._settle_sends``). They now wait for such a

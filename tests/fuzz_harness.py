@@ -27,6 +27,7 @@ import aiohttp
 import torch
 
 from spantrain_p2p.net import framing, handshake
+from spantrain_p2p.net.addresses import address_of
 from spantrain_p2p.net.client import DataPlaneClient
 from spantrain_p2p.net.dataplane import RemoteError
 from spantrain_p2p.net.handshake import Authenticator, HandshakeError
@@ -107,7 +108,7 @@ def frame_bytes(rng: random.Random, header: dict, bufs) -> bytes:
 
 async def send_raw_frame(client: DataPlaneClient, url: str, peer_id: str, kind: str, body: bytes) -> str:
     """Sends ``body`` as a frame of ``kind`` on an authenticated connection, as it is (no encoding)."""
-    addr = client._address(url)
+    addr = address_of(url)
     reader, writer = await client._connection(addr, peer_id)
     try:
         name = kind.encode()

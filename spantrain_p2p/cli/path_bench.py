@@ -47,7 +47,7 @@ async def run(a) -> list[dict]:
             for _ in range(a.reps):
                 await peer.client.send(rec.data_url, PROBE_KIND, header, [payload], timeout=60, peer_id=rec.peer_id)
             took = time.perf_counter() - t0
-            used = peer.paths.used.get(rec.peer_id, {})
+            used = peer.paths.status()["paths"].get(name, {})
             mib_s = a.reps * a.mib / took
             out.append({"from": a.name, "to": name, "path": used.get("path"), "via": used.get("via"),
                         "mib": a.mib, "reps": a.reps, "mib_s": round(mib_s, 1), "mbit_s": round(mib_s * 8 * 1.048576, 1)})

@@ -13,6 +13,7 @@ import ipaddress
 import socket
 import struct
 from typing import Iterable, Optional
+from urllib.parse import urlsplit
 
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
 ALL_LISTEN = "/ip4/0.0.0.0/tcp/0"
@@ -100,6 +101,14 @@ def route_source(host: str) -> Optional[str]:
             return s.getsockname()[0]
     except OSError:
         return None
+
+
+def address_of(url: str) -> tuple[str, int]:
+    """(host, port) of a data-plane URL; ValueError for anything else (URLs come from the network)."""
+    u = urlsplit(url)
+    if u.scheme != "http" or not u.hostname or u.port is None:
+        raise ValueError(f"not a data-plane address: {url!r} (want http://HOST:PORT)")
+    return u.hostname, u.port
 
 
 def url_of(host: str, port: int) -> str:

@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import json
 from typing import Callable, Optional, Sequence
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from . import framing, handshake, secure
+from .addresses import address_of
 from .handshake import Authenticator
 from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, PIECE_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES, RemoteError
 
@@ -64,13 +64,6 @@ class DataPlaneClient:
             with contextlib.suppress(Exception):
                 await w.wait_closed()
 
-    @staticmethod
-    def _address(url: str) -> tuple[str, int]:
-        u = urlsplit(url)
-        if u.scheme != "http" or not u.hostname or u.port is None:
-            raise ValueError(f"not a data-plane address: {url!r} (want http://HOST:PORT)")
-        return u.hostname, u.port
-
     async def _connection(self, addr: tuple[str, int], want: Optional[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """An open connection to ``addr`` (authenticated, and to peer ``want`` when given)."""
         idle = self._idle.get(addr, [])
@@ -107,7 +100,7 @@ class DataPlaneClient:
         """Opens an authenticated connection to ``url`` (kept for later messages) and returns the
         peer at its end (None without an ``Authenticator``); ``HandshakeError`` with the reason if
         that peer refuses us or is not ``peer_id``."""
-        addr = self._address(url)
+        addr = address_of(url)
         async with self._slots:
             conn = await asyncio.wait_for(self._connection(addr, peer_id), timeout)
             self._release(addr, conn)
@@ -147,7 +140,7 @@ class DataPlaneClient:
         ``on_sent()``: called once the request's last byte has left (on an emulated link: passed its
         bandwidth, before its delay), where a caller streaming messages in order may start the next.
         """
-        addr = self._address(url)
+        addr = address_of(url)
         name = kind.encode("ascii")
         if not 0 < len(name) <= MAX_KIND_BYTES:
             raise ValueError(f"message kind must be 1-{MAX_KIND_BYTES} ASCII bytes, not {kind!r}")

@@ -23,11 +23,11 @@ import ipaddress
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
-from urllib.parse import urlsplit
 
 from . import framing
+from .addresses import address_of
 from .preambles import ACK, OBSERVE, RELAY, REVERSE, Relay, Reversals, answer_observe
 from .wire import ANSWER, ANSWER_MAGIC, REQUEST, REQUEST_MAGIC, RemoteError, Retry
 
@@ -50,11 +50,6 @@ def ip_port(v) -> tuple[str, int]:
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"bad port {port!r}")
     return str(host), port
-
-
-def addr_of(url: str) -> tuple[str, int]:
-    u = urlsplit(url)
-    return u.hostname, u.port
 
 
 async def observe(addr: tuple[str, int], local_port: int = 0, timeout: float = CONNECT_S) -> tuple[int, tuple[str, int]]:
@@ -88,11 +83,14 @@ def _bound(local_port: int) -> socket.socket:
     return sock
 
 
-async def raw_connect(addr: tuple[str, int], timeout: float = CONNECT_S) -> socket.socket:
+async def dial(url: str, preamble: bytes, timeout: float = CONNECT_S) -> socket.socket:
+    """A connection to the data plane at ``url`` that opens with ``preamble`` (``preambles``: a
+    reversed connection, a relay's end), as a socket for ``DataPlaneServer.adopt``."""
     loop = asyncio.get_running_loop()
     sock = _bound(0)
     try:
-        await asyncio.wait_for(loop.sock_connect(sock, addr), timeout)
+        await asyncio.wait_for(loop.sock_connect(sock, address_of(url)), timeout)
+        await loop.sock_sendall(sock, preamble)
     except BaseException:
         sock.close()
         raise
@@ -123,8 +121,7 @@ class Link:
     """A standing connection a peer behind NAT opened to us; we are its client (for requests to it)."""
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    lock: asyncio.Lock
-    since: float
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def alive(self) -> bool:
         return not (self.reader.at_eof() or self.writer.is_closing())
@@ -168,8 +165,10 @@ class Paths:
         self.relay = Relay(relay_circuits)
         self.links: dict[str, Link] = {}  # peer behind NAT -> its standing link to us
         self.links_out: dict[str, asyncio.Transport] = {}  # reachable peer -> our standing link to it
-        self.used: dict[str, dict] = {}  # peer -> {"path", "via", "since"} of the last connection opened
+        self.used: dict[str, dict] = {}  # peer -> {"path", "via" (a peer id), "since"} of the last connection opened
         self._punching = 0
+        self._indexed: Optional[dict] = None  # the view ``_by_addr`` was made from
+        self._by_addr: dict[tuple[str, int], str] = {}
         self._link_changed = asyncio.Event()
         server.preambles[OBSERVE] = (0, answer_observe)
         server.preambles[REVERSE] = (16, self.reversals.arrive)
@@ -184,15 +183,23 @@ class Paths:
         return self.records().get(peer)
 
     def _peer_at(self, addr: tuple[str, int]) -> Optional[str]:
-        for pid, rec in self.records().items():
-            if rec.alive and rec.data_url and addr_of(rec.data_url) == addr:
-                return pid
-        return None
+        """The live member serving at ``addr``: an index of the current view's addresses, made again
+        when the peer takes a new view (asked at every connection and page; a member's record is
+        untrusted, so an address that does not parse is left out, not raised)."""
+        view = self.records()
+        if view is not self._indexed:
+            self._by_addr = {}
+            for pid, rec in view.items():
+                if rec.alive and rec.data_url:
+                    with contextlib.suppress(ValueError):
+                        self._by_addr.setdefault(address_of(rec.data_url), pid)
+            self._indexed = view
+        return self._by_addr.get(addr)
 
     def indirect(self, url: str) -> bool:
         """Whether the peer at ``url`` cannot be dialed (behind NAT): HTTP cannot reach it either."""
         try:
-            peer = self._peer_at(addr_of(url))
+            peer = self._peer_at(address_of(url))
         except ValueError:
             return False
         rec = self._rec(peer) if peer else None
@@ -205,8 +212,7 @@ class Paths:
                        and r.peer_id not in skip and r.reach in ("", "direct")), key=lambda r: (r.name, r.peer_id))
 
     def _note(self, peer: str, path: str, via=None) -> None:
-        self.used[peer] = {"path": path, "via": (via.name or via.peer_id) if via is not None else "",
-                           "via_id": via.peer_id if via is not None else "", "since": round(time.time(), 1)}
+        self.used[peer] = {"path": path, "via": via.peer_id if via is not None else "", "since": round(time.time(), 1)}
 
     # ---- the client's hook ----------------------------------------------------------------
     async def open(self, addr: tuple[str, int], want: Optional[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -251,10 +257,10 @@ class Paths:
 
     async def _reversed(self, peer: str):
         link = await self._link(peer, wait=6.0)
-        token, fut = self.reversals.issue(peer, "pool")
+        token, fut = self.reversals.issue(peer)
         try:
             await request(link, "dialme", {"token": token.hex()}, timeout=CONNECT_S * 2)
-            _, _, conn = await asyncio.wait_for(fut, CONNECT_S * 2)
+            _, conn = await asyncio.wait_for(fut, CONNECT_S * 2)
         finally:
             self.reversals.cancel(token)
         self._note(peer, REVERSED)
@@ -264,7 +270,7 @@ class Paths:
         errors = []
         for r in self._reachable_others(peer)[:3]:
             try:
-                local_port, mine = await observe(addr_of(r.data_url))
+                local_port, mine = await observe(address_of(r.data_url))
                 reply = await self.client.send(r.data_url, "punch", {"to": peer, "addr": list(mine)},
                                                timeout=CONNECT_S * 2, peer_id=r.peer_id)
                 sock = await punch(local_port, ip_port(reply[0]["addr"]))
@@ -282,7 +288,7 @@ class Paths:
                 reply = await self.client.send(r.data_url, "relay", {"to": peer}, timeout=CONNECT_S * 2,
                                                peer_id=r.peer_id)
                 token = bytes.fromhex(reply[0]["token"])
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(*addr_of(r.data_url), limit=1 << 20),
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(*address_of(r.data_url), limit=1 << 20),
                                                         CONNECT_S)
                 writer.write(RELAY + token + b"a")
                 if await asyncio.wait_for(reader.readexactly(1), CONNECT_S * 2) != ACK:
@@ -306,9 +312,7 @@ class Paths:
         for r in todo[: max(0, MAX_LINKS - len(self.links_out))]:
             try:
                 reply = await self.client.send(r.data_url, "reverse", {}, timeout=CONNECT_S, peer_id=r.peer_id)
-                token = bytes.fromhex(reply[0]["token"])
-                sock = await raw_connect(addr_of(r.data_url))
-                await asyncio.get_running_loop().sock_sendall(sock, REVERSE + token)
+                sock = await dial(r.data_url, REVERSE + bytes.fromhex(reply[0]["token"]))
                 self.links_out[r.peer_id] = await self.server.adopt(sock)
                 log.info("standing link to %s open (it reaches this peer through it)", r.name or r.peer_id)
             except (OSError, asyncio.TimeoutError, RemoteError, KeyError, TypeError, ValueError) as e:
@@ -318,19 +322,19 @@ class Paths:
     async def _on_reverse(self, header: dict, _):
         """A peer behind NAT asks for a token to open its standing link to us with."""
         peer = header["src"]
-        token, fut = self.reversals.issue(peer, "control")
+        token, fut = self.reversals.issue(peer)
         self.spawn(self._take_link(fut))
         return {"token": token.hex()}, ()
 
     async def _take_link(self, fut: asyncio.Future) -> None:
         try:
-            peer, _, (reader, writer) = await asyncio.wait_for(fut, CONNECT_S * 2)
+            peer, (reader, writer) = await asyncio.wait_for(fut, CONNECT_S * 2)
             reader, writer = await self.client.authenticate(reader, writer, peer)
         except (OSError, asyncio.TimeoutError, asyncio.CancelledError, ConnectionError) as e:
             log.debug("a standing link did not come: %r", e)
             return
         old = self.links.get(peer)
-        self.links[peer] = Link(reader, writer, asyncio.Lock(), time.time())
+        self.links[peer] = Link(reader, writer)
         if old is not None:
             old.writer.close()
         self._link_changed.set()
@@ -343,9 +347,7 @@ class Paths:
 
     async def _on_dialme(self, header: dict, _):
         """A reachable peer asks us (over our standing link) to open a connection to it."""
-        token = bytes.fromhex(str(header["token"]))[:16]
-        sock = await raw_connect(addr_of(self._src_url(header)))
-        await asyncio.get_running_loop().sock_sendall(sock, REVERSE + token)
+        sock = await dial(self._src_url(header), REVERSE + bytes.fromhex(str(header["token"]))[:16])
         await self.server.adopt(sock)
         return None
 
@@ -365,7 +367,7 @@ class Paths:
         remote = ip_port(header.get("addr"))
         if self._punching >= MAX_PUNCHING:
             raise Retry("this peer is punching through to enough peers already")
-        local_port, mine = await observe(addr_of(self._src_url(header)))
+        local_port, mine = await observe(address_of(self._src_url(header)))
         self.spawn(self._punch_and_serve(local_port, remote))
         return {"addr": list(mine)}, ()
 
@@ -395,9 +397,7 @@ class Paths:
         return {"token": token.hex()}, ()
 
     async def _on_relayme(self, header: dict, _):
-        token = bytes.fromhex(str(header["token"]))[:16]
-        sock = await raw_connect(addr_of(self._src_url(header)))
-        await asyncio.get_running_loop().sock_sendall(sock, RELAY + token + b"b")
+        sock = await dial(self._src_url(header), RELAY + bytes.fromhex(str(header["token"]))[:16] + b"b")
         self.spawn(self._serve_relayed(sock))
         return None
 
@@ -414,7 +414,7 @@ class Paths:
     def status(self) -> dict:
         names = {pid: (r.name or pid) for pid, r in self.records().items()}
         return {"reach": self.my_reach(),
-                "paths": {names.get(p, p): {k: v for k, v in u.items() if k != "via_id"}
+                "paths": {names.get(p, p): {**u, "via": names.get(u["via"], u["via"])}
                           for p, u in sorted(self.used.items())},
                 "standing_links_in": sorted(names.get(p, p) for p, lk in self.links.items() if lk.alive()),
                 "standing_links_out": sorted(names.get(p, p) for p, t in self.links_out.items() if not t.is_closing()),

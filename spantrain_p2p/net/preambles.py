@@ -92,7 +92,6 @@ def answer_observe(transport: asyncio.Transport, _: bytes) -> None:
 @dataclass
 class Waiting:
     peer: str  # the peer the token was issued to
-    purpose: str  # "pool" (a connection for messages) or "control" (its standing link)
     future: asyncio.Future
     expires: float
 
@@ -103,15 +102,15 @@ class Reversals:
     def __init__(self, max_waiting: int = 256):
         self.max_waiting = max_waiting
         self._waiting: dict[bytes, Waiting] = {}
-        self.on_control: Optional[Callable[[str, asyncio.Transport], None]] = None
 
-    def issue(self, peer: str, purpose: str) -> tuple[bytes, asyncio.Future]:
+    def issue(self, peer: str) -> tuple[bytes, asyncio.Future]:
+        """A token for ``peer``'s connection, and the future that gets (peer, its streams)."""
         self._expire()
         if len(self._waiting) >= self.max_waiting:
             raise RuntimeError("too many reversed connections awaited")
         token = secrets.token_bytes(TOKEN_BYTES)
         fut = asyncio.get_running_loop().create_future()
-        self._waiting[token] = Waiting(peer, purpose, fut, time.monotonic() + TOKEN_TTL_S)
+        self._waiting[token] = Waiting(peer, fut, time.monotonic() + TOKEN_TTL_S)
         return token, fut
 
     def cancel(self, token: bytes) -> None:
@@ -130,7 +129,7 @@ class Reversals:
             log.warning("closed a reversed connection with an unknown or expired token")
             transport.close()
             return
-        w.future.set_result((w.peer, w.purpose, streams_of(transport)))
+        w.future.set_result((w.peer, streams_of(transport)))
 
 
 class Pipe(asyncio.Protocol):

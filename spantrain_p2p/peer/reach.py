@@ -13,15 +13,14 @@ nobody could send it a tensor, and a member nobody can reach would stall every p
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import time
 from collections import Counter
 from typing import Optional
 
-from ..net.addresses import url_of
-from ..net.paths import CONNECT_S, Paths, addr_of, observe
+from ..net.addresses import address_of, url_of
+from ..net.paths import Paths, observe
 from ..net.connections import REMOTE
 from ..net.client import PAGE_KIND
 from ..net.wire import RemoteError
@@ -33,7 +32,6 @@ DIALBACK_KIND = "dialback"
 HELPERS = 3
 NO_PATH_S = 25.0  # from the peer's start: with the process's own start, the user hears within 30 s
 LINK_EVERY_S = 2.0
-_checking: contextvars.ContextVar = contextvars.ContextVar("checking", default=False)
 
 
 def install(peer) -> Paths:
@@ -46,13 +44,13 @@ def install(peer) -> Paths:
         urls = [u for u in header.get("urls", []) if isinstance(u, str) and u.startswith("http://")][:4]
         remote = REMOTE.get()
         if remote and urls:
-            port = addr_of(urls[0])[1]
+            port = address_of(urls[0])[1]
             urls.append(url_of(remote[0], port))  # a forwarded port, announced or not
         urls = list(dict.fromkeys(urls))
 
         async def one(url: str) -> Optional[str]:
             try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(*addr_of(url)), 3.0)
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(*address_of(url)), 3.0)
             except (OSError, asyncio.TimeoutError, ValueError):
                 return None
             try:
@@ -64,7 +62,7 @@ def install(peer) -> Paths:
             finally:
                 writer.close()
         reached = [u for u in await asyncio.gather(*(one(u) for u in urls)) if u]
-        return {"reached": reached, "observed": remote[0] if remote else ""}, ()
+        return {"reached": reached}, ()
 
     async def page(header: dict, _):
         path = str(header.get("path", ""))
@@ -114,7 +112,7 @@ async def check(peer, final: bool, timeout: float = 12.0) -> str:
     seen, port = [], 0
     for r, _ in heard[:2]:
         try:
-            port, mapped = await observe(addr_of(r.data_url), port)
+            port, mapped = await observe(address_of(r.data_url), port)
             seen.append((port, mapped))
         except (OSError, asyncio.TimeoutError, ConnectionError):
             continue
@@ -176,4 +174,3 @@ async def keep(peer, paths: Paths) -> None:
         await asyncio.sleep(LINK_EVERY_S)
 
 
-__all__ = ["install", "check", "at_start", "keep", "CONNECT_S"]

@@ -139,8 +139,8 @@ class Measuring:
                 m = await probe_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator,
                                      rtt_s=pings.pop(r.peer_id, None))
                 used = self.peer.paths.used.get(r.peer_id, {}) if self.peer.paths is not None else {}
-                if used.get("path") == "relayed" and used.get("via_id"):  # the planner charges the relay
-                    m = replace(m, via=used["via_id"])
+                if used.get("path") == "relayed":  # the planner charges the relay
+                    m = replace(m, via=used["via"])
                 self.probes[r.peer_id] = m
                 if not m.ok:
                     log.warning("link to %s unknown: %s", self.peer.name_of(r.peer_id), m.error)

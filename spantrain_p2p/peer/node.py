@@ -276,11 +276,10 @@ class Peer:
         self._dht = GuardedDHT(node, self.swarm_key, self.allow)
         if self._dht.grouped:
             await self._take_group_key(joining=bool(join))
-        if join:
-            await self._check_admission()
+        view = await self._check_admission() if join else {}
         if check_identity:
             await self._refuse_duplicate()
-        self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
+        self._update_view(view)  # the members a joiner asks to dial it back (a founder alone has none)
         await reach.at_start(self, joining=bool(join))  # before others read an address of ours that may not work
         await self._announce()
         self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
@@ -400,28 +399,29 @@ class Peer:
         self.spawn(group_key.keep_handing_out(dht, cfg.swarm, self.identity, dht.group, min(cfg.poll_s, 1.0)),
                    "group-key")
 
-    async def _check_admission(self) -> None:
+    async def _check_admission(self) -> dict[str, PeerRecord]:
         """PeerError, at once, when this peer cannot take part in the swarm it joins: the swarm's
         records are sealed with a key it lacks (or not sealed while it has one), or its members
-        refuse its connections (not on their allow-list)."""
+        refuse its connections (not on their allow-list). Returns the members it read."""
         view = await membership.read_members(self._dht, self.config.swarm, self._on_bad)
         live = [r for r in view.values() if r.alive and r.peer_id != self.peer_id and r.data_url]
         if not live:
             reason = self._dht.why_locked_out(self.config.swarm)
             if reason:
                 raise PeerError(reason)
-            return
+            return view
         refusals = []
         for rec in live[:3]:
             try:
                 await self.client.hello(rec.data_url, rec.peer_id)
-                return
+                return view
             except HandshakeError as e:
                 refusals.append(f"{membership.describe(rec, rec.peer_id)}: {e}")
             except (OSError, asyncio.TimeoutError):
                 continue  # that member is gone; another may answer, or the heartbeat will tell
         if refusals:
             raise PeerError(f"swarm {self.config.swarm!r} refused this peer ({self.peer_id}): " + "; ".join(refusals))
+        return view
 
     def _record(self) -> PeerRecord:
         from hivemind.utils import get_dht_time

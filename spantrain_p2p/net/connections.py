@@ -208,6 +208,8 @@ class FramedConnection(asyncio.BufferedProtocol):
     def __init__(self, server: Server, transport: asyncio.Transport, session: Optional[Session]):
         self.server, self.transport, self.session = server, transport, session
         self.sender = session.peer_id if session is not None else None
+        raw = getattr(transport, "transport", transport)  # under --encrypt's writer, the socket's transport
+        self.remote = raw.get_extra_info("peername")  # where its requests come from (``REMOTE``)
         self._reserved, self._member = 0, True
         self._loop = asyncio.get_running_loop()
         self._progress = self._loop.time()
@@ -320,8 +322,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         task.add_done_callback(self.server._tasks.discard)
 
     async def _handle(self, kind: str, body) -> None:
-        raw = getattr(self.transport, "transport", self.transport)
-        REMOTE.set(raw.get_extra_info("peername") if hasattr(raw, "get_extra_info") else None)
+        REMOTE.set(self.remote)
         try:
             status, out = await self.server._dispatch(kind, body, self.sender)
         finally:

@@ -22,8 +22,8 @@ def test_chaos_specs_parse(spec, want):
     ("kill:nobody@step=2", "no peer 'nobody'"),
     ("kill:edge-1@t=2", "at a step"),
     ("kill:edge-1@after=2", "at a step"),
-    ("degrade:cloud-mars:0.5@t=1", "REGION-REGION"),
-    ("degrade:cloud-edge@t=1", "needs a factor"),
+    ("degrade:cloud-mars:0.5@step=1", "REGION-REGION"),
+    ("degrade:cloud-edge@step=1", "needs a factor"),
     ("explode:edge-1@step=1", "want kill"),
     ("join:planner@step=1", "no peer 'planner'"),
 ])

@@ -39,8 +39,8 @@ def test_forged_and_misfiled_leases_are_ignored():
     forged = sign_payload({"term": 3, "peer_id": a.peer_id, "expires": 9.0}, b)  # b claims in a's name
     misfiled = sign_payload({"term": 4, "peer_id": a.peer_id, "expires": 9.0}, a)
     bad = []
-    leases = parse_leases({f"{2:012d}": V(good), f"{3:012d}": V(forged), f"{9:012d}": V(misfiled), "x": V(b"?")},
-                          lambda s, r: bad.append(r))
+    leases = parse_leases({f"{2:012d}/{a.peer_id}": V(good), f"{3:012d}/{a.peer_id}": V(forged),
+                           f"{9:012d}/{a.peer_id}": V(misfiled), "x": V(b"?")}, lambda s, r: bad.append(r))
     assert leases == [Lease(2, a.peer_id, 9.0)] and len(bad) == 3
 
 

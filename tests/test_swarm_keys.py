@@ -7,13 +7,14 @@ def test_every_key_of_a_swarm_is_spelled_as_peers_of_this_version_expect():
     assert [keys.measure_key("s1", w) for w in (keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS)] == [
         "spantrain/s1/profiles", "spantrain/s1/links", "spantrain/s1/groups", "spantrain/s1/pings"]
     assert keys.lease_key("s1") == "spantrain/s1/planner"
-    assert keys.job_key("s1") == "spantrain/s1/job" and keys.JOB_SUBKEY == "job"
+    assert keys.job_key("s1") == "spantrain/s1/job"
     assert keys.stagemap_key("s1") == "spantrain/s1/stagemap"
 
 
 def test_term_and_epoch_subkeys_sort_as_their_numbers_do():
-    assert keys.term_subkey(7) == "000000000007" and keys.epoch_subkey(12) == "000000000012"
-    assert sorted(keys.epoch_subkey(e) for e in (10, 9, 100)) == [keys.epoch_subkey(e) for e in (9, 10, 100)]
+    assert keys.term_subkey(7, "Qm1") == "000000000007/Qm1" and keys.epoch_subkey(12, "Qm2") == "000000000012/Qm2"
+    assert sorted(keys.epoch_subkey(e, "Qm") for e in (10, 9, 100)) == [keys.epoch_subkey(e, "Qm") for e in (9, 10, 100)]
+    assert keys.wrap_subkey("QmTo", "QmBy") == "QmTo/QmBy"
 
 
 def test_the_modules_that_store_records_use_these_keys():

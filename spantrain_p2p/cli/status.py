@@ -24,20 +24,21 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_
     p2p = await P2P.create(initial_peers=join, startup_timeout=timeout)
     node = None
     try:
-        node = await asyncio.wait_for(
-            DHTNode.create(p2p=p2p, initial_peers=join, client_mode=True, wait_timeout=3), timeout
-        )
         from ..swarm import group_key
         from ..swarm.guard import GuardedDHT
         from ..swarm.identity import Identity
         from ..swarm.sealing import SwarmKey
+        from ..swarm.validator import SwarmValidator
 
         key = SwarmKey.load(swarm_key_path) if swarm_key_path else None
+        validator = SwarmValidator(swarm, closed=key is not None)  # what members' nodes return is checked too
+        node = await asyncio.wait_for(DHTNode.create(p2p=p2p, initial_peers=join, client_mode=True, wait_timeout=3,
+                                                     record_validator=validator), timeout)
         guard = GuardedDHT(node, key, frozenset(allow) if allow else None)
         if guard.grouped:
             if not identity_path:
                 raise ValueError("a closed swarm with an allow-list is read with --identity PATH (an id on its list)")
-            identity = Identity.load(identity_path)
+            identity = validator.identity = Identity.load(identity_path)
             try:
                 guard.group = await group_key.request(guard, swarm, identity, timeout, 0.5, membership.BadRecordLog())
             except group_key.GroupKeyTimeout as e:

@@ -29,6 +29,7 @@ from ..swarm.bootstrap import BootstrapFailed, bootstrap
 from ..swarm.guard import GuardedDHT
 from ..swarm.sealing import GroupKey, SwarmKey
 from ..swarm.identity import Identity
+from ..swarm.validator import SwarmValidator
 from ..swarm.records import PeerRecord, seal
 from .config import PeerConfig, PeerError
 from ..view import dashboard
@@ -176,8 +177,15 @@ class Peer:
             "device": (self.config.device or {}).get("kind") or (str(self.device) if self.device else None),
             "region": self.emulator.me.region if self.emulator is not None else None,
             "loop_lag": self.loop_lag.status(),
+            "dht_refused": self._dht_refused(),
             **{k: fn() for k, fn in self.status_extras.items()},
         }
+
+    def _dht_refused(self) -> dict[str, int]:
+        """What this peer's DHT node refused to keep or to believe, by reason (``validator``)."""
+        node = getattr(self._dht, "node", self._dht)
+        validator = getattr(getattr(node, "protocol", None), "record_validator", None)
+        return dict(getattr(validator, "refused", {}))
 
     # ---- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> "Peer":
@@ -253,7 +261,8 @@ class Peer:
             raise PeerError(f"p2p daemon failed: {msg}") from None
         self.maddrs = order_maddrs([str(m) for m in await self._p2p.get_visible_maddrs()], self.dataplane.announced)
 
-        node = await DHTNode.create(p2p=self._p2p, wait_timeout=3)
+        validator = SwarmValidator(cfg.swarm, self.identity, closed=self.swarm_key is not None)
+        node = await DHTNode.create(p2p=self._p2p, wait_timeout=3, record_validator=validator)
         self._dht = node  # closed with the peer, even if joining fails below
         try:
             if join:  # retried with backoff: a founder busy starting its job may miss one ping

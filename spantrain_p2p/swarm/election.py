@@ -72,8 +72,8 @@ def parse_leases(raw: Any, on_bad: Callable[[object, str], None]) -> list[Lease]
                 raise BadRecord("lease term must be a positive int")
             if pid != signer or not isinstance(exp, (int, float)):
                 raise BadRecord("lease must be signed by the peer it names")
-            if sub != term_subkey(term):
-                raise BadRecord("lease stored under another term's subkey")
+            if sub != term_subkey(term, pid):
+                raise BadRecord("lease stored under another term's or another peer's subkey")
             out.append(Lease(term, pid, float(exp)))
         except BadRecord as e:
             on_bad(sub, str(e))
@@ -105,12 +105,16 @@ class Election:
         return self.leader is not None and self.leader.peer_id == self.peer.peer_id
 
     async def _read(self) -> list[Lease]:
+        """The valid leases of members: a lease signed by a peer with no live record (one that
+        never joined, say, claiming term 10**9) is not a planner anyone follows."""
         found = await self.peer.dht.get(lease_key(self.peer.config.swarm), latest=True)
-        return parse_leases(found.value if found is not None else None, self._log_bad)
+        members = {r.peer_id for r in self.peer.live_members()} | {self.peer.peer_id}
+        return [l for l in parse_leases(found.value if found is not None else None, self._log_bad)
+                if l.peer_id in members]
 
     async def _write(self, lease: Lease) -> None:
         value = sign_payload(lease.to_dict(), self.peer.identity)
-        await self.peer.dht.store(lease_key(self.peer.config.swarm), value, lease.expires, subkey=term_subkey(lease.term))
+        await self.peer.dht.store(lease_key(self.peer.config.swarm), value, lease.expires, subkey=term_subkey(lease.term, lease.peer_id))
 
     async def tick(self) -> Optional[Lease]:
         """One round: read, then renew, claim or wait. Returns the leader as this peer sees it."""
@@ -123,6 +127,11 @@ class Election:
         cands = self._candidates()
         self.max_term_seen = max(self.max_term_seen, highest_term(leases))
         leader = current_leader(leases, now, cands)
+        mine = self.leader is not None and self.leader.peer_id == self.peer.peer_id
+        if leader is not None and leader.peer_id == self.peer.peer_id and not (mine and self.leader.term == leader.term):
+            # a claim of ours that lost its term's tie, left over when the winner went: one term is
+            # one planner, so it lapses (each claimant's lease has a subkey of its own)
+            leader = None
         if leader is not None and leader.peer_id == self.peer.peer_id:
             renewed = Lease(leader.term, leader.peer_id, now + self.lease_s)
             await self._write(renewed)

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from hivemind.utils import get_dht_time
 
 from .identity import Identity
-from .keys import groupkey_key, keyreq_key
+from .keys import groupkey_key, keyreq_key, wrap_subkey
 from .membership import BadRecordLog, read_members
 from .records import BadRecord, open_payload, sign_payload
 from .sealing import KEY_BYTES, KEY_ID_BYTES, GroupKey
@@ -97,16 +97,19 @@ async def found_wrap(dht, swarm: str, identity: Identity) -> Optional[GroupKey]:
     """The group key wrapped for this peer, if a member has stored it (``dht``: a ``GuardedDHT``
     of a grouped swarm)."""
     found = await dht.get(groupkey_key(swarm), latest=True)
-    item = found.value.get(identity.peer_id) if found is not None and isinstance(found.value, dict) else None
-    if item is None:
-        return None
-    try:
-        signer, group = open_wrap(identity.peer_id, item.value, identity, dht.key.key_id)
-    except BadRecord as e:
-        log.warning("ignoring a group-key wrap: %s", e)
-        return None
-    log.info("got the swarm's group key (id %s) from %s", group.key_id.hex(), signer)
-    return group
+    mine = [(sub, item) for sub, item in (found.value.items() if found is not None and isinstance(found.value, dict)
+                                          else ()) if isinstance(sub, str) and sub.startswith(identity.peer_id + "/")]
+    for sub, item in mine:
+        try:
+            signer, group = open_wrap(identity.peer_id, item.value, identity, dht.key.key_id)
+            if sub != wrap_subkey(identity.peer_id, signer):
+                raise BadRecord(f"a wrap filed under {sub[:40]} is signed by {signer}")
+        except BadRecord as e:
+            log.warning("ignoring a group-key wrap: %s", e)
+            continue
+        log.info("got the swarm's group key (id %s) from %s", group.key_id.hex(), signer)
+        return group
+    return None
 
 
 async def request(dht, swarm: str, identity: Identity, timeout_s: float, poll_s: float,
@@ -151,7 +154,7 @@ async def hand_out(dht, swarm: str, identity: Identity, group: GroupKey, answere
             log.debug("ignoring a group-key request: %s", e)
             continue
         ok = await dht.store(groupkey_key(swarm), wrap_payload(identity, group, peer_id, public_key),
-                             get_dht_time() + WRAP_TTL_S, subkey=peer_id)
+                             get_dht_time() + WRAP_TTL_S, subkey=wrap_subkey(peer_id, identity.peer_id))
         if ok:
             answered[subkey] = expiration
             n += 1

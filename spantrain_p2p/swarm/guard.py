@@ -45,20 +45,25 @@ class GuardedDHT:
         self.refused: Counter[str] = Counter()
         self.other_key_ids: set[str] = set()
         self._log = BadRecordLog("DHT value")
+        validator = getattr(getattr(node, "protocol", None), "record_validator", None)
+        if validator is not None and hasattr(validator, "sealer_for"):  # a ``validator.SwarmValidator``
+            validator.sealer_for = self.sealer_for  # sealed values that do not open are refused at store time
 
     @property
     def grouped(self) -> bool:
         """Whether this swarm's values are sealed with a group key: closed, with an allow-list."""
         return self.key is not None and self.allow is not None
 
-    def _sealer(self, dht_key: str) -> Optional[Sealer]:
+    def sealer_for(self, dht_key: str) -> Optional[Sealer]:
+        """The sealer a value of ``dht_key`` is sealed with (None: an open swarm, or a grouped
+        swarm's value before this peer holds the group key)."""
         if not self.grouped or is_key_exchange(dht_key):
             return self.key
         return self.group
 
     async def store(self, key: str, value: Any, expiration_time: float, subkey: Any = None, **kwargs) -> bool:
         if self.key is not None:
-            sealer = self._sealer(key)
+            sealer = self.sealer_for(key)
             if sealer is None:
                 raise RuntimeError("this peer does not hold the swarm's group key yet: it cannot store anything")
             value = sealer.seal(value, key, subkey, expiration_time)
@@ -84,7 +89,7 @@ class GuardedDHT:
             if is_sealed(value):
                 return self._refuse("sealed-no-key", where, "sealed with a swarm key (this peer has none)")
         else:
-            sealer = self._sealer(key)
+            sealer = self.sealer_for(key)
             if sealer is None:  # a grouped swarm's value, before this peer holds the group key
                 if is_group_sealed(value) and sealed_key_id(value) == self.key.key_id:
                     return self._refuse("no-group-key", where, "sealed with the group key (this peer has none yet)")
@@ -95,7 +100,7 @@ class GuardedDHT:
                 if e.kind == "other-key" and sealer is self.key:
                     self.other_key_ids.add(sealed_key_id(value).hex())
                 return self._refuse(e.kind, where, str(e))
-            if sealer is not self._sealer(key):  # opened with the swarm key where a group key belongs
+            if sealer is not self.sealer_for(key):  # opened with the swarm key where a group key belongs
                 return self._refuse("swarm-sealed", where, "sealed with the swarm key alone (its peer has no allow-list)")
         if self.allow is not None:
             signer = signer_of(value)

@@ -5,11 +5,16 @@ All keys are ``spantrain/<swarm>/<what>``; each holds a dictionary of signed ent
 - ``members``: peer records, subkey = the peer id (``membership``);
 - ``profiles``, ``links``, ``pings``, ``groups``: measurements and grouping votes, subkey = the
   peer id (``measure``);
-- ``planner``: the planner's lease, subkey = its term (``election``);
-- ``job``: the job record, subkey ``"job"``;
-- ``stagemap``: stage maps, subkey = their epoch;
+- ``planner``: the planner's lease, subkey = its term and the claimant (``election``);
+- ``job``: the job record, one copy per member that runs it, subkey = that member's peer id;
+- ``stagemap``: stage maps, subkey = their epoch and the planner that signed it;
 - ``keyreq``, ``groupkey``: a closed swarm's group-key exchange (``group_key``), subkey = the
-  peer id asking and the peer id the key is wrapped for; sealed with the swarm key, not the group key.
+  peer id asking, and the peer id the key is wrapped for with the wrapper's; sealed with the swarm
+  key, not the group key.
+
+Every subkey names the peer that owns it: the peer id itself, or as its last ``/`` part
+(``owned``). The swarm's record validator (``validator``) refuses a value stored under a subkey
+its storer does not own.
 
 The strings are part of the protocol: peers of one version must build the same ones.
 """
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 # what a measurement key holds (``measure_key(swarm, what)``)
 PROFILES, LINKS, GROUPS, PINGS = "profiles", "links", "groups", "pings"
-JOB_SUBKEY = "job"
 
 
 def _key(swarm: str, what: str) -> str:
@@ -40,7 +44,7 @@ def lease_key(swarm: str) -> str:
 
 
 def job_key(swarm: str) -> str:
-    """The swarm's job record, under ``JOB_SUBKEY``."""
+    """The swarm's job record: each member's signed copy under its own peer id."""
     return _key(swarm, "job")
 
 
@@ -67,14 +71,24 @@ def is_key_exchange(dht_key: str) -> bool:
     return dht_key.startswith("spantrain/") and dht_key.rsplit("/", 1)[-1] in KEY_EXCHANGE
 
 
-def term_subkey(term: int) -> str:
-    """The subkey of a lease of ``term``: zero-padded, so subkeys sort as the terms do."""
-    return _padded(term)
+def owned(prefix: str, peer_id: str) -> str:
+    """A subkey that belongs to ``peer_id``: only that peer may store under it."""
+    return f"{prefix}/{peer_id}"
 
 
-def epoch_subkey(epoch: int) -> str:
-    """The subkey of the stage map of ``epoch``: zero-padded, so subkeys sort as the epochs do."""
-    return _padded(epoch)
+def term_subkey(term: int, peer_id: str) -> str:
+    """The subkey of ``peer_id``'s lease of ``term``: zero-padded, so subkeys sort as terms do."""
+    return owned(_padded(term), peer_id)
+
+
+def epoch_subkey(epoch: int, peer_id: str) -> str:
+    """The subkey of the stage map of ``epoch`` signed by ``peer_id``: sorts as epochs do."""
+    return owned(_padded(epoch), peer_id)
+
+
+def wrap_subkey(recipient: str, wrapper: str) -> str:
+    """The subkey of the group key wrapped for ``recipient`` by member ``wrapper``."""
+    return owned(recipient, wrapper)
 
 
 def _padded(n: int) -> str:

@@ -1,8 +1,10 @@
 """The swarm's records of a run in the DHT: the job, the stage maps, and the news of a new map.
 
-The peer that starts the swarm publishes the job; every peer keeps it alive. Stage maps are
-signed and stored one subkey per epoch; the newest valid one (highest (term, epoch)) wins, so a
-stale planner's publications lose to its successor's. After publishing a map the planner sends
+The peer that starts the swarm publishes the job; every peer that runs it stores its own signed
+copy (subkey = its peer id: nobody can store in another's name), so the job outlives its founder,
+and a joiner takes the job most copies agree on. Stage maps are signed and stored one subkey per
+epoch and planner; the newest valid one (highest (term, epoch)) signed by a member wins, so a stale
+planner's publications lose to its successor's and a peer that never joined publishes none. After publishing a map the planner sends
 every peer a "mapnews" message: only a hint to read the DHT (the only source of maps), so that
 peers need not poll it often (every read costs every peer CPU)."""
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from typing import Callable, Optional
 
 from ..plan.stagemap import StageMap
-from ..swarm.keys import JOB_SUBKEY, epoch_subkey, job_key, stagemap_key
+from ..swarm.keys import epoch_subkey, job_key, stagemap_key
 from ..swarm.records import BadRecord, open_payload, sign_payload
 from ..job.spec import JobRefused, JobSpec
 
@@ -51,35 +53,48 @@ class RunRecords:
 
     # ---- the job ----------------------------------------------------------------------------------
     async def publish_job(self, job: JobSpec) -> None:
-        await self.store(job_key(self.swarm), JOB_SUBKEY, sign_payload(job.to_dict(), self.peer.identity))
+        """This peer's signed copy of the job it runs."""
+        await self.store(job_key(self.swarm), self.peer.peer_id, sign_payload(job.to_dict(), self.peer.identity))
 
     async def await_job(self) -> JobSpec:
-        """The swarm's job, once it is in the DHT; an invalid record refuses the run."""
-        waited = 0.0
+        """The swarm's job, once it is in the DHT: the one most live members' copies agree on (ties:
+        the smallest job id, the same on every peer). A copy that does not validate is skipped and
+        logged; only invalid copies refuse the run."""
+        waited, bad = 0.0, ""
         while True:
             found = await self.peer.dht.get(job_key(self.swarm), latest=True)
-            entry = found.value.get(JOB_SUBKEY) if found is not None and isinstance(found.value, dict) else None
-            if entry is not None:
+            members = {r.peer_id for r in self.peer.live_members()}
+            votes: dict[str, list] = {}
+            for sub, entry in (found.value.items() if found is not None and isinstance(found.value, dict) else ()):
+                if sub not in members:  # a copy by a peer that never joined is nobody's job
+                    continue
                 try:
-                    _, payload = open_payload(entry.value)
-                    return JobSpec.from_dict(payload)
+                    signer, payload = open_payload(entry.value)
+                    if signer != sub:
+                        raise BadRecord(f"a copy filed under {str(sub)[:16]} is signed by {signer[:16]}")
+                    job = JobSpec.from_dict(payload)
                 except (BadRecord, ValueError, TypeError) as e:
-                    raise JobRefused(f"the swarm's job record is invalid: {e}") from None
+                    self.log_bad(sub, f"job: {e}")
+                    bad = str(e)
+                    continue
+                votes.setdefault(job.job_id, []).append(job)
+            if votes:
+                if len(votes) > 1:
+                    log.warning("the swarm's job copies disagree (%s): taking the one most members run",
+                                ", ".join(f"{j[:12]}: {len(v)}" for j, v in sorted(votes.items())))
+                return min(votes.values(), key=lambda v: (-len(v), v[0].job_id))[0]
+            if bad:
+                raise JobRefused(f"the swarm's job record is invalid: {bad}")
             if waited == 0.0:
                 log.info("waiting for the swarm's job to appear in the DHT")
             await asyncio.sleep(self.poll_s)
             waited += self.poll_s
 
     async def refresh_job(self) -> None:
-        """Every peer keeps the job record alive, so it outlives the peer that published it."""
-        from hivemind.utils import get_dht_time
-
-        while True:
+        """This peer keeps its copy of the job alive, so the job outlives the peer that started it."""
+        while True:  # at once too: a joiner's copy is one more vote for the job it runs
+            await self.publish_job(self.job)
             await asyncio.sleep(RECORD_TTL_S / 4)
-            found = await self.peer.dht.get(job_key(self.swarm), latest=True)
-            if found is not None and isinstance(found.value, dict) and JOB_SUBKEY in found.value:
-                await self.peer.dht.store(job_key(self.swarm), found.value[JOB_SUBKEY].value,
-                                          get_dht_time() + RECORD_TTL_S, subkey=JOB_SUBKEY)
 
     # ---- stage maps -------------------------------------------------------------------------------
     async def newest_map(self) -> Optional[StageMap]:
@@ -88,6 +103,7 @@ class RunRecords:
         if found is None or not isinstance(found.value, dict):
             return None
         best = None
+        members = {r.peer_id for r in self.peer.live_members()} | {self.peer.peer_id}
         for sub, entry in found.value.items():
             try:
                 signer, payload = open_payload(entry.value, MAX_MAP_BYTES)
@@ -96,6 +112,9 @@ class RunRecords:
                 self.log_bad(sub, f"stage map: {e}")
                 continue
             if smap.job_id != self.job.job_id:
+                continue
+            if signer not in members or sub != epoch_subkey(smap.epoch, signer):
+                self.log_bad(sub, f"stage map of epoch {smap.epoch} signed by {signer[:16]}, not a member's")
                 continue
             if best is None or (smap.term, smap.epoch) > (best.term, best.epoch):
                 best = smap
@@ -122,7 +141,7 @@ class RunRecords:
 
     async def publish_map(self, smap: StageMap) -> None:
         """Signs and stores ``smap`` under its epoch, then tells every live peer (best effort)."""
-        await self.store(stagemap_key(self.swarm), epoch_subkey(smap.epoch),
+        await self.store(stagemap_key(self.swarm), epoch_subkey(smap.epoch, self.peer.peer_id),
                          sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
         self.peer.spawn(self._announce(smap.epoch), "map-news")
 

@@ -1,0 +1,157 @@
+"""An open swarm keeps its records: what a DHT node of the swarm stores is validated at store time
+(``swarm.validator``), so a process that never joined cannot overwrite, outlive or replay them."""
+import asyncio
+import time
+
+import msgpack
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
+from hivemind.utils import get_dht_time
+
+from spantrain_p2p.launch import wait_until
+from spantrain_p2p.swarm import keys
+from spantrain_p2p.swarm.identity import Identity
+from spantrain_p2p.swarm.records import sign_payload
+from spantrain_p2p.swarm.sealing import SwarmKey
+from spantrain_p2p.swarm.validator import SwarmValidator
+from tests.test_hostile import _losses_match_one_process, _training_pair
+from tests.test_train_swarm import wait_done
+
+YEAR = 365 * 86400.0
+
+
+def _record(v: SwarmValidator, dht_key: str, subkey: str, value, expiration: float, signer=None) -> DHTRecord:
+    """The record hivemind would send for ``value``, signed (outer) by ``signer``'s validator."""
+    rec = DHTRecord(DHTID.generate(source=dht_key).to_bytes(), msgpack.packb(subkey), msgpack.packb(value), expiration)
+    signer = signer or v
+    return DHTRecord(rec.key, rec.subkey, signer.sign_value(rec), expiration)
+
+
+def test_a_node_keeps_only_values_signed_by_their_subkeys_owner_with_a_near_expiry():
+    me, other = Identity.generate(), Identity.generate()
+    v, thief = SwarmValidator("s", me), SwarmValidator("s", other)
+    now = get_dht_time()
+    mine = sign_payload({"x": 1}, me)
+    genuine = _record(v, keys.members_key("s"), me.peer_id, mine, now + 10)
+    assert v.validate(genuine)
+    assert msgpack.unpackb(v.strip_value(genuine)) == mine  # readers see the value they always saw
+    lease = _record(v, keys.lease_key("s"), keys.term_subkey(3, me.peer_id), mine, now + 6)
+    assert v.validate(lease)
+
+    refused = {
+        # replayed with a later expiry: the outer signature covers the expiry
+        "replayed": DHTRecord(genuine.key, genuine.subkey, genuine.value, now + YEAR),
+        "replayed-near": DHTRecord(genuine.key, genuine.subkey, genuine.value, now + 20),
+        # moved under another peer's subkey, or signed by someone else under mine
+        "moved": DHTRecord(genuine.key, msgpack.packb(other.peer_id), genuine.value, now + 10),
+        "thief": _record(v, keys.members_key("s"), me.peer_id, sign_payload({"x": 2}, other), now + 10, thief),
+        "thief-lease": _record(v, keys.lease_key("s"), keys.term_subkey(4, me.peer_id), mine, now + 6, thief),
+        # its own subkey, an expiry a year away
+        "far": _record(v, keys.members_key("s"), other.peer_id, sign_payload({}, other), now + YEAR, thief),
+        # no outer signature at all, plain junk, another swarm's key, a payload signed by another key
+        "unsigned": DHTRecord(genuine.key, genuine.subkey, msgpack.packb(mine), now + 10),
+        "junk": DHTRecord(genuine.key, genuine.subkey, b"\x01\x02junk", now + 10),
+        "not-ours": _record(v, keys.members_key("t"), me.peer_id, mine, now + 10),
+        "payload-of-another": _record(v, keys.members_key("s"), me.peer_id, sign_payload({}, other), now + 10),
+    }
+    assert {name: v.validate(r) for name, r in refused.items()} == {name: False for name in refused}
+    assert set(v.refused) == {"far-expiry", "not-owner", "unsigned", "not-this-swarm", "malformed"}
+
+
+def test_a_closed_swarm_node_refuses_values_sealed_with_its_key_that_do_not_open():
+    me, key = Identity.generate(), SwarmKey.generate()
+    v = SwarmValidator("s", me, closed=True)
+    v.sealer_for = lambda dht_key: key
+    now = get_dht_time()
+    dk, sub = keys.members_key("s"), me.peer_id
+    assert v.validate(_record(v, dk, sub, key.seal({"x": 1}, dk, sub, now + 10), now + 10))
+    # sealed for another expiry (a replay), or altered: refused at store time
+    assert not v.validate(_record(v, dk, sub, key.seal({"x": 1}, dk, sub, now + 5), now + 10))
+    sealed = bytearray(key.seal({"x": 1}, dk, sub, now + 10))
+    sealed[-1] ^= 1
+    assert not v.validate(_record(v, dk, sub, bytes(sealed), now + 10))
+    # sealed with another key: kept, so the guard can tell a joiner with that key why it sees nothing
+    assert v.validate(_record(v, dk, sub, SwarmKey.generate().seal({"x": 1}, dk, sub, now + 10), now + 10))
+    assert v.refused == {"forged": 2}
+
+
+async def _attacker(address: str):
+    """A bare hivemind DHT node (no validator: it keeps and serves whatever it is given) that joins
+    through ``address``: it takes part in the DHT as any node does, but never joins the swarm."""
+    from hivemind.dht.node import DHTNode
+    from hivemind.p2p import P2P
+
+    p2p = await P2P.create(initial_peers=[address])
+    node = await DHTNode.create(p2p=p2p, initial_peers=[address], wait_timeout=3)
+    return p2p, node
+
+
+async def _attack(node, swarm: str, victims: list[str], me: SwarmValidator, me_id: Identity) -> int:
+    """Stores, under every key the swarm uses: junk and forged values under the victims' subkeys
+    with an expiry a year away, the victims' own values replayed with that expiry, and well-formed
+    values of its own (a lease of term 10**6, a stage map, another job) with a near expiry."""
+    now = get_dht_time()
+    n = 0
+    own_payload = sign_payload({"term": 10**6, "peer_id": me_id.peer_id, "expires": now + 60}, me_id)
+    for dht_key in (keys.members_key(swarm), keys.lease_key(swarm), keys.job_key(swarm), keys.stagemap_key(swarm),
+                    keys.keyreq_key(swarm), keys.groupkey_key(swarm),
+                    *(keys.measure_key(swarm, w) for w in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS))):
+        found = await node.get(dht_key, latest=True)
+        genuine = found.value if found is not None and isinstance(found.value, dict) else {}
+        subkeys = [*victims, *(keys.term_subkey(t, p) for t in (1, 2, 10**6) for p in victims),
+                   *(keys.epoch_subkey(e, p) for e in (1, 2, 10**6) for p in victims)]
+        for sub in subkeys:
+            await node.store(dht_key, {"junk": True}, now + YEAR, subkey=sub)
+            forged = me.sign_value(DHTRecord(DHTID.generate(source=dht_key).to_bytes(), msgpack.packb(sub),
+                                             msgpack.packb(own_payload), now + 30))
+            await node.store(dht_key, msgpack.unpackb(forged), now + 30, subkey=sub)
+            n += 2
+        for sub, item in genuine.items():  # the genuine values, replayed to live a year
+            await node.store(dht_key, item.value, now + YEAR, subkey=sub)
+            n += 1
+        # its own subkeys, well-formed, near expiry: kept by the DHT, ignored by readers (not a member)
+        for sub in (me_id.peer_id, keys.term_subkey(10**6, me_id.peer_id), keys.epoch_subkey(10**6, me_id.peer_id)):
+            rec = DHTRecord(DHTID.generate(source=dht_key).to_bytes(), msgpack.packb(sub),
+                            msgpack.packb(own_payload), now + 30)
+            await node.store(dht_key, msgpack.unpackb(me.sign_value(rec)), now + 30, subkey=sub)
+            n += 1
+    return n
+
+
+def test_a_process_that_never_joined_cannot_overwrite_outlive_or_replay_the_swarms_records(peers):
+    """Before the second peer joins and again while the swarm trains, a DHT node that never joined
+    stores junk, forgeries and replays expiring in a year under every key the swarm uses: both
+    peers join and train to the end, no step lost, losses equal to one process's, each lists the
+    other as long as it lives, and its DHT node says what it refused."""
+    swarm, steps = "dht-attack", 400
+    a = peers("a", "--swarm", swarm, "--steps", str(steps), "--peers", "2", "--plan", "even")
+    a.wait_ready(60)
+    outsider = Identity.generate()
+    signer = SwarmValidator(swarm, outsider)
+
+    async def attack(victims: list[str]) -> int:
+        p2p, node = await _attacker(a.info["address"])
+        try:
+            return await _attack(node, swarm, victims, signer, outsider)
+        finally:
+            await node.shutdown()
+            await p2p.shutdown()
+
+    stored = asyncio.run(attack([a.info["peer_id"]]))
+    b = peers("b", "--swarm", swarm, "--join", a.info["address"])
+    b.wait_ready(60)
+    wait_until(lambda: all(p.status()["state"] == "training" for p in (a, b)), 90, interval=0.2)
+    stored += asyncio.run(attack([a.info["peer_id"], b.info["peer_id"]]))
+    t_attacked, ids = time.monotonic(), sorted(p.info["peer_id"] for p in (a, b))
+    # past several heartbeats' TTLs: each still lists the other (a junk record with a year's expiry
+    # refused every heartbeat before: the peer fell out of every view after ~15 s)
+    while time.monotonic() - t_attacked < 10 and b.status()["state"] == "training":
+        for p in (a, b):
+            assert sorted(m["peer_id"] for m in p.status()["members"]) == ids
+        time.sleep(1.0)
+    refused = [p.status()["dht_refused"] for p in (a, b)]
+    wait_done([a, b], 60 + steps / 5)
+    _losses_match_one_process([a, b], steps)
+    print(f"\n{stored} hostile stores; refused by a: {refused[0]}, by b: {refused[1]}")
+    assert sum(refused[0].values()) + sum(refused[1].values()) >= stored // 2
+    assert any(r.get("far-expiry") for r in refused) and any(r.get("not-owner") for r in refused)

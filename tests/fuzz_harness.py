@@ -169,7 +169,8 @@ async def dht_value(rng: random.Random, me: Peer, swarm: str) -> str:
         value = sign_payload(body if isinstance(body, dict) else {"x": body}, me.identity, 1 << 16)
     else:
         value = {"body": rng.randbytes(50), "key": me.identity.public_der, "sig": rng.randbytes(256)}
-    subkey = rng.choice([me.peer_id, "job", keys.epoch_subkey(rng.randrange(0, 50)), str(random_value(rng))[:30]])
+    subkey = rng.choice([me.peer_id, "job", keys.epoch_subkey(rng.randrange(0, 50), me.peer_id),
+                         keys.term_subkey(rng.randrange(0, 50), me.peer_id), str(random_value(rng))[:30]])
     from hivemind.utils import get_dht_time
 
     ok = await me.dht.node.store(key, value, get_dht_time() + rng.uniform(1, 20), subkey=subkey)

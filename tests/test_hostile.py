@@ -170,13 +170,17 @@ def _stall_attack(target, stall_s: float) -> None:
     before_rss = _rss_mb(target.proc.pid)
 
     async def attack():
-        conns = []
-        for i in range(100):
-            r, w = await asyncio.open_connection(host, int(port))
-            if i % 5:  # most authenticate first (an open swarm lets anyone); some do not bother
-                await Authenticator(idents[i % 4]).client(r, w)
-            w.write(REQUEST.pack(REQUEST_MAGIC, 3, 256 << 20) + b"act" + os.urandom(1024))
-            await w.drain()
+        conns, throttled = [], []
+        for i in range(100):  # from an address of its own (the per-address limits throttle it: counted as closed)
+            r, w = await asyncio.open_connection(host, int(port), local_addr=("127.0.0.69", 0))
+            try:
+                if i % 5:  # most authenticate first (an open swarm lets anyone); some do not bother
+                    await Authenticator(idents[i % 4]).client(r, w)
+                w.write(REQUEST.pack(REQUEST_MAGIC, 3, 256 << 20) + b"act" + os.urandom(1024))
+                await w.drain()
+            except (HandshakeError, ConnectionError):
+                throttled.append(w)
+                continue
             conns.append((r, w))
         t_sent = time.monotonic()
         await asyncio.sleep(1.0)
@@ -191,7 +195,10 @@ def _stall_attack(target, stall_s: float) -> None:
                 pass
             closed_after.append(time.monotonic() - t_sent)
             w.close()
-        return peak, status, closed_after
+        for w in throttled:
+            w.close()
+        print(f"{len(throttled)} of 100 refused at once by the per-address limits")
+        return peak, status, closed_after or [0.0]
 
     before_step = target.status()["train"]["steps_done"]
     peak, status, closed_after = asyncio.run(attack())

@@ -155,3 +155,121 @@ def test_a_process_that_never_joined_cannot_overwrite_outlive_or_replay_the_swar
     print(f"\n{stored} hostile stores; refused by a: {refused[0]}, by b: {refused[1]}")
     assert sum(refused[0].values()) + sum(refused[1].values()) >= stored // 2
     assert any(r.get("far-expiry") for r in refused) and any(r.get("not-owner") for r in refused)
+
+
+# ---- budgets no one can capture -------------------------------------------------------------
+def test_one_address_takes_only_its_share_of_slots_and_of_handshakes():
+    from spantrain_p2p.net.budget import Budget, Limits
+
+    now = [0.0]
+    b = Budget(Limits(max_handshakes=8, per_address_handshakes=3, max_connections=16, per_address_connections=6,
+                      handshakes_per_s=2.0), clock=lambda: now[0])
+    assert [b.begin_handshake("11.0.0.9") for _ in range(4)][3] is not None  # a 4th at once from one host
+    assert b.begin_handshake("11.0.0.1") is None  # another host still gets in
+    # handshakes' RSA work: a burst of 3 per address, then 2 per second
+    assert [b.handshake_allowed("11.0.0.9") is None for _ in range(4)] == [True, True, True, False]
+    now[0] += 0.5
+    assert b.handshake_allowed("11.0.0.9") is None and b.handshake_allowed("11.0.0.9") is not None
+    assert b.handshake_allowed("11.0.0.1") is None
+    for _ in range(3):
+        b.end_handshake("11.0.0.9")
+    # connections: 6 per address, whatever identity; non-members leave a quarter for members
+    assert [b.connect(f"id{i}", "11.0.0.9", member=False) is None for i in range(7)] == [True] * 6 + [False]
+    assert all(b.connect(f"x{i}", f"11.0.1.{i}", member=False) is None for i in range(6))
+    assert b.connect("y", "11.0.2.1", member=False) is not None  # 12 of 16: the rest is for members
+    assert b.connect("member", "11.0.2.1", member=True) is None
+    b.disconnect("id0", "11.0.0.9")
+    assert b.connect("id6", "11.0.0.9", member=True) is None
+    assert Limits(stall_timeout_s=30, min_rate_bytes_s=1 << 20).frame_deadline_s(10 << 20) == 40
+
+
+async def test_an_idle_connection_and_a_trickled_frame_are_closed():
+    from spantrain_p2p.net.budget import Limits
+    from spantrain_p2p.net.dataplane import DataPlaneServer
+    from spantrain_p2p.net.handshake import Authenticator
+    from spantrain_p2p.net.wire import REQUEST, REQUEST_MAGIC
+
+    srv = DataPlaneServer("127.0.0.1", 0, lambda: {}, auth=Authenticator(Identity.generate()),
+                          limits=Limits(idle_timeout_s=0.5, stall_timeout_s=2.0, min_rate_bytes_s=1000))
+    srv.register("act", lambda header, buffers: None)
+    await srv.start()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        await Authenticator(Identity.generate()).client(r, w)
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(r.read(), 5) == b""  # idle: closed (an EOF, not a reset)
+        assert 0.4 < time.monotonic() - t0 < 2.0
+        w.close()
+        # a 1000-byte frame may take 2 s + 1 s; one byte every 0.3 s is inside the stall timeout
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        await Authenticator(Identity.generate()).client(r, w)
+        w.write(REQUEST.pack(REQUEST_MAGIC, 3, 1000) + b"act")
+        t0 = time.monotonic()
+        closed = None
+        for _ in range(40):
+            try:
+                w.write(b"\0")
+                await w.drain()
+            except ConnectionError:
+                closed = time.monotonic() - t0
+                break
+            if r.at_eof() or w.transport.is_closing():
+                closed = time.monotonic() - t0
+                break
+            await asyncio.sleep(0.3)
+        assert closed is not None and closed < 5.0, closed
+        w.close()
+        assert srv.budget.connections == 0 and srv.budget.total_bytes == 0
+    finally:
+        await srv.stop()
+
+
+def test_budget_attacks_on_a_training_swarm_leave_the_members_training_and_newcomers_a_way_in(peers):
+    """Trickling members (live records, not in the stage map), an idle flood of 8 identities and 64
+    silent sockets, each from an address of its own, against a training pair: the members train on
+    through each (steps advance), a newcomer's handshake gets in during each, no step is lost and
+    the losses equal one process's. (samples/s under each: scripts/budget_figures.py)"""
+    from spantrain_p2p.launch import budget_attacks
+    from spantrain_p2p.peer.config import PeerConfig
+    from spantrain_p2p.peer.node import Peer
+
+    if not budget_attacks.loopback_source_ok("127.0.0.66"):
+        import pytest
+        pytest.skip("this host cannot send from 127.0.0.66")
+    swarm, steps = "budget-attack", 600
+    a, b = _training_pair(peers, swarm, steps)
+    host, port = b.info["data_url"].removeprefix("http://").rsplit(":", 1)
+    tmp = b.run_dir
+
+    async def attacks() -> dict:
+        bare = []
+        try:
+            for i in range(2):
+                path = f"{tmp}/trickler{i}.id"
+                peer = Peer(PeerConfig(join=(a.info["address"],), swarm=swarm, identity_path=path))
+                await peer.start()
+                bare.append(peer)
+            ids = [Identity.load(f"{tmp}/trickler{i}.id") for i in range(2)] + budget_attacks.identities(6)
+            out = {}
+            for attack in budget_attacks.ATTACKS:
+                stop = asyncio.Event()
+                task = asyncio.create_task(budget_attacks.run(attack, host, int(port), stop, ids))
+                await asyncio.sleep(2.0)
+                s0 = (await asyncio.to_thread(a.status))["train"]["steps_done"]
+                got_in = await budget_attacks.newcomer_gets_in(host, int(port))
+                await asyncio.sleep(2.0)
+                s1 = (await asyncio.to_thread(a.status))["train"]["steps_done"]
+                stop.set()
+                out[attack] = (got_in, s1 - s0, (await task).to_dict())
+            return out
+        finally:
+            for peer in bare:
+                await peer.close()
+
+    out = asyncio.run(attacks())
+    print(f"\n{out}")
+    for attack, (got_in, advanced, _) in out.items():
+        assert got_in, attack
+        assert advanced > 0 or b.status()["state"] == "done", attack
+    wait_done([a, b], 60 + steps / 5)
+    _losses_match_one_process([a, b], steps)

@@ -4,15 +4,20 @@ Pure bookkeeping (no sockets), so the limits are tested as plain functions. A re
 handshake said it is (a peer id); connections still in their handshake share a pool of their own,
 so strangers cannot crowd out members. Bytes are reserved when a frame is announced, released when
 its handler is done with it; a reservation over any limit is refused with the reason.
-Members (of the swarm, or the current stage map: the server's ``is_member``) draw on the main
-pool; others on a small ``stranger_bytes`` pool, so a crowd of fresh identities in an open swarm
-cannot take the memory that training needs.
+Members (of the current stage map once there is one, else of the swarm: the server's
+``is_member``) draw on the main pool; others on a small ``stranger_bytes`` pool, so a crowd of
+fresh identities in an open swarm cannot take the memory that training needs.
+
+Every count is also kept per source address (the host part), before and after the handshake, so
+one host holding many sockets (silent, or authenticated as many identities) takes only its share;
+handshakes from one address are rate-limited (a token bucket) before any RSA work is done.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -25,51 +30,107 @@ class Limits:
     max_handshakes: int = 64  # connections not yet authenticated (or still in their first bytes)
     handshake_timeout_s: float = 10.0
     stall_timeout_s: float = 30.0  # a frame that stops arriving for this long closes its connection
+    # a frame must also arrive whole within stall_timeout_s + its size at this rate: one byte every
+    # few seconds no longer holds its reservation for ever
+    min_rate_bytes_s: float = 32 << 10
+    idle_timeout_s: float = 120.0  # an authenticated connection with no request this long is closed
+    per_address_handshakes: int = 16  # of max_handshakes, from one source address
+    per_address_connections: int = 128  # of max_connections, from one source address
+    handshakes_per_s: float = 20.0  # per source address (a burst of per_address_handshakes)
+    # addresses the per-address limits leave alone: every peer of a swarm on one machine connects
+    # from 127.0.0.1 (a process on the same host can do worse than hold sockets anyway); tests and
+    # benchmarks attack from other loopback addresses (127.0.0.66, ...)
+    unlimited_addresses: tuple[str, ...] = ("127.0.0.1", "::1")
 
     def __post_init__(self):
         if min(self.total_bytes, self.per_peer_bytes, self.stranger_bytes, self.max_connections,
-               self.per_peer_connections, self.max_handshakes) <= 0 or min(self.handshake_timeout_s,
-                                                                          self.stall_timeout_s) <= 0:
+               self.per_peer_connections, self.max_handshakes, self.per_address_handshakes,
+               self.per_address_connections) <= 0 or min(self.handshake_timeout_s, self.stall_timeout_s,
+                                                         self.min_rate_bytes_s, self.idle_timeout_s,
+                                                         self.handshakes_per_s) <= 0:
             raise ValueError("every data-plane limit must be positive")
+
+    def frame_deadline_s(self, nbytes: int) -> float:
+        """How long a frame of ``nbytes`` may take to arrive, from its announcement."""
+        return self.stall_timeout_s + nbytes / self.min_rate_bytes_s
 
 
 class Budget:
-    def __init__(self, limits: Limits = Limits()):
+    def __init__(self, limits: Limits = Limits(), clock: Callable[[], float] = time.monotonic):
         self.limits = limits
+        self.clock = clock
         self.bytes_by_peer: Counter[str] = Counter()
         self.conns_by_peer: Counter[str] = Counter()
+        self.handshakes_by_addr: Counter[str] = Counter()
+        self.conns_by_addr: Counter[str] = Counter()
+        self._tokens: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
         self.total_bytes = 0
         self.stranger_bytes = 0
         self.connections = 0
         self.handshakes = 0
 
     # ---- connections ----------------------------------------------------------------------
-    def begin_handshake(self) -> Optional[str]:
-        if self.handshakes >= self.limits.max_handshakes:
+    def begin_handshake(self, addr: str = "") -> Optional[str]:
+        lim = self.limits
+        if self.handshakes >= lim.max_handshakes:
             return f"too many connections being opened ({self.handshakes}); try again later"
-        if self.connections + self.handshakes >= self.limits.max_connections:
-            return f"this peer has {self.limits.max_connections} connections already"
+        capped = addr not in lim.unlimited_addresses
+        if capped and self.handshakes_by_addr[addr] >= lim.per_address_handshakes:
+            return f"too many connections being opened from {addr or 'one address'}; try again later"
+        if self.connections + self.handshakes >= lim.max_connections:
+            return f"this peer has {lim.max_connections} connections already"
+        if capped and self.conns_by_addr[addr] + self.handshakes_by_addr[addr] >= lim.per_address_connections:
+            return f"{addr or 'one address'} has {lim.per_address_connections} connections to this peer already"
         self.handshakes += 1
+        self.handshakes_by_addr[addr] += 1
         return None
 
-    def end_handshake(self) -> None:
+    def end_handshake(self, addr: str = "") -> None:
         self.handshakes -= 1
+        self._drop(self.handshakes_by_addr, addr)
 
-    def connect(self, peer: str) -> Optional[str]:
-        """Counts an authenticated connection of ``peer`` (call ``end_handshake`` first)."""
-        if self.conns_by_peer[peer] >= self.limits.per_peer_connections:
-            return f"{peer} has {self.limits.per_peer_connections} connections to this peer already"
-        if self.connections >= self.limits.max_connections:
-            return f"this peer has {self.limits.max_connections} connections already"
+    def handshake_allowed(self, addr: str = "") -> Optional[str]:
+        """Takes a token for one handshake's RSA work from ``addr``'s bucket; the reason if empty."""
+        lim, now = self.limits, self.clock()
+        if addr in lim.unlimited_addresses:
+            return None
+        tokens, at = self._tokens.get(addr, (float(lim.per_address_handshakes), now))
+        tokens = min(float(lim.per_address_handshakes), tokens + (now - at) * lim.handshakes_per_s)
+        if tokens < 1.0:
+            self._tokens[addr] = (tokens, now)
+            return f"too many handshakes from {addr or 'one address'}; try again later"
+        self._tokens[addr] = (tokens - 1.0, now)
+        if len(self._tokens) > 4096:  # addresses long quiet have full buckets: forget them
+            for a, (t, when) in list(self._tokens.items()):
+                if t + (now - when) * lim.handshakes_per_s >= lim.per_address_handshakes:
+                    del self._tokens[a]
+        return None
+
+    def connect(self, peer: str, addr: str = "", member: bool = True) -> Optional[str]:
+        """Counts an authenticated connection of ``peer`` (call ``end_handshake`` first). Others
+        than members (``Budget.reserve``'s sense) leave a quarter of the slots free for members."""
+        lim = self.limits
+        if self.conns_by_peer[peer] >= lim.per_peer_connections:
+            return f"{peer} has {lim.per_peer_connections} connections to this peer already"
+        if self.connections >= (lim.max_connections if member else lim.max_connections * 3 // 4):
+            return f"this peer has {self.connections} connections already"
+        if addr not in lim.unlimited_addresses and self.conns_by_addr[addr] >= lim.per_address_connections:
+            return f"{addr or 'one address'} has {lim.per_address_connections} connections to this peer already"
         self.conns_by_peer[peer] += 1
+        self.conns_by_addr[addr] += 1
         self.connections += 1
         return None
 
-    def disconnect(self, peer: str) -> None:
-        self.conns_by_peer[peer] -= 1
-        if self.conns_by_peer[peer] <= 0:
-            del self.conns_by_peer[peer]
+    def disconnect(self, peer: str, addr: str = "") -> None:
+        self._drop(self.conns_by_peer, peer)
+        self._drop(self.conns_by_addr, addr)
         self.connections -= 1
+
+    @staticmethod
+    def _drop(counter: Counter, key: str) -> None:
+        counter[key] -= 1
+        if counter[key] <= 0:
+            del counter[key]
 
     # ---- bytes ----------------------------------------------------------------------------
     def reserve(self, peer: str, nbytes: int, member: bool) -> Optional[str]:

@@ -37,6 +37,13 @@ def frame_buffer(n: int) -> bytearray | numpy.ndarray:
     return numpy.empty(n, numpy.uint8) if n >= LAZY_BYTES else bytearray(n)
 
 
+def host_of(transport) -> str:
+    """The source address (host part) of a connection, what per-address limits count by."""
+    raw = getattr(transport, "transport", transport)
+    peer = raw.get_extra_info("peername") if raw is not None else None
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
 def _answer_bytes(status: int, reason: str) -> bytes:
     text = reason.encode("utf-8")[:4096]
     return ANSWER.pack(ANSWER_MAGIC, status, len(text)) + text
@@ -51,10 +58,12 @@ class FirstBytes(asyncio.BufferedProtocol):
         self.transport: Optional[asyncio.Transport] = None
         self._counted = False
         self._timer: Optional[asyncio.TimerHandle] = None
+        self.addr = ""
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        refused = self.server.budget.begin_handshake()
+        self.addr = host_of(transport)
+        refused = self.server.budget.begin_handshake(self.addr)
         if refused:
             log.warning("refused a data-plane connection: %s", refused)
             transport.write(_answer_bytes(503, refused))
@@ -71,7 +80,7 @@ class FirstBytes(asyncio.BufferedProtocol):
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.server.budget.end_handshake()
+            self.server.budget.end_handshake(self.addr)
         if self._timer is not None:
             self._timer.cancel()
 
@@ -85,7 +94,7 @@ class FirstBytes(asyncio.BufferedProtocol):
         auth = self.server.auth
         if self.head == handshake.MAGIC and auth is not None:
             self._timer.cancel()  # the handshake keeps the pool's place and has its own deadline
-            proto = Handshaking(self.server, self.transport, bytes(self.head), self._counted)
+            proto = Handshaking(self.server, self.transport, bytes(self.head), self._counted, self.addr)
             self._counted = False
             self.transport.set_protocol(proto)
         elif self.head == REQUEST_MAGIC and auth is None:
@@ -97,8 +106,9 @@ class FirstBytes(asyncio.BufferedProtocol):
             self._timer.cancel()  # the preamble keeps the pool's place and has its own deadline
             counted, self._counted = self._counted, False
             need, done = self.server.preambles[bytes(self.head)]
+            addr, budget = self.addr, self.server.budget
             self.transport.set_protocol(Preamble(self.transport, need, done,
-                                                 self.server.budget.end_handshake if counted else lambda: None))
+                                                 (lambda: budget.end_handshake(addr)) if counted else lambda: None))
         elif self.head in (REQUEST_MAGIC, handshake.MAGIC):
             self._uncount()
             what = "authenticated connections only (handshake first)" if auth else "no handshake (it has no identity)"
@@ -122,8 +132,8 @@ class Handshaking(asyncio.Protocol):
     """The server's side of a handshake; on success the connection becomes a ``FramedConnection``
     bound to the authenticated peer. Any failure answers ``{error}`` and closes."""
 
-    def __init__(self, server: Server, transport: asyncio.Transport, head: bytes, counted: bool):
-        self.server, self.transport = server, transport
+    def __init__(self, server: Server, transport: asyncio.Transport, head: bytes, counted: bool, addr: str = ""):
+        self.server, self.transport, self.addr = server, transport, addr
         self.buf = bytearray(head)
         self.pending: Optional[handshake.Pending] = None
         self._counted = counted
@@ -135,7 +145,7 @@ class Handshaking(asyncio.Protocol):
     def _done(self) -> None:
         if self._counted:
             self._counted = False
-            self.server.budget.end_handshake()
+            self.server.budget.end_handshake(self.addr)
         self._timer.cancel()
 
     def _fail(self, reason: str) -> None:
@@ -159,6 +169,9 @@ class Handshaking(asyncio.Protocol):
             message, self.buf = bytes(self.buf[:end]), self.buf[end:]
             auth = self.server.auth
             if self.pending is None:
+                refused = self.server.budget.handshake_allowed(self.addr)  # before any RSA work
+                if refused:
+                    raise HandshakeError(refused)
                 answer, self.pending = auth.server_hello(message)
                 self.transport.write(answer)
             else:
@@ -179,7 +192,7 @@ class Handshaking(asyncio.Protocol):
 
     def _accept(self, session: Session) -> None:
         self._done()
-        refused = self.server.budget.connect(session.peer_id)
+        refused = self.server.budget.connect(session.peer_id, self.addr, self.server.is_member(session.peer_id))
         if refused:
             self._fail(refused)
             return
@@ -210,9 +223,11 @@ class FramedConnection(asyncio.BufferedProtocol):
         self.sender = session.peer_id if session is not None else None
         raw = getattr(transport, "transport", transport)  # under --encrypt's writer, the socket's transport
         self.remote = raw.get_extra_info("peername")  # where its requests come from (``REMOTE``)
+        self.addr = host_of(transport)
         self._reserved, self._member = 0, True
         self._loop = asyncio.get_running_loop()
         self._progress = self._loop.time()
+        self._deadline = float("inf")  # when the frame being read must be whole (``Limits.frame_deadline_s``)
         self._stall: Optional[asyncio.TimerHandle] = None
         server._framed.add(self)
         self._expect_request()
@@ -222,6 +237,8 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._buf = bytearray(REQUEST.size)
         self._want = memoryview(self._buf)
         self._drop = 0  # body bytes of a refused message still to come
+        self._deadline = float("inf")
+        self._watch()  # from now on the connection is idle: closed after idle_timeout_s without a request
 
     def take(self, data: bytes | bytearray) -> int:
         """Copies bytes read before this protocol took over into its buffer; returns their count."""
@@ -233,7 +250,7 @@ class FramedConnection(asyncio.BufferedProtocol):
             return memoryview(self.server._scratch)[: min(self._drop, RECV_BYTES)]
         return self._want[:RECV_BYTES]
 
-    # ---- stalls ---------------------------------------------------------------------------
+    # ---- stalls, slow frames and idle connections -------------------------------------------
     def _mid_frame(self) -> bool:
         return self._stage in ("kind", "body") or bool(self._drop) or (
             self._stage == "request" and self._want.nbytes < REQUEST.size)
@@ -241,18 +258,32 @@ class FramedConnection(asyncio.BufferedProtocol):
     def _watch(self) -> None:
         self._progress = self._loop.time()
         if self._stall is None:
-            self._stall = self._loop.call_later(self.server.budget.limits.stall_timeout_s, self._check_stall)
+            lim = self.server.budget.limits
+            self._stall = self._loop.call_later(min(lim.stall_timeout_s, lim.idle_timeout_s), self._check_stall)
 
     def _check_stall(self) -> None:
+        """One timer for three limits: a frame with no byte for stall_timeout_s, a frame not whole
+        by its deadline (a minimum rate: trickling a byte now and then holds no reservation for
+        ever), and a connection with no request for idle_timeout_s (held slots cost the others)."""
         self._stall = None
-        if self.transport.is_closing() or not self._mid_frame():
+        if self.transport.is_closing() or self._stage in ("busy", "closing"):
             return
-        left = self._progress + self.server.budget.limits.stall_timeout_s - self._loop.time()
+        lim, now = self.server.budget.limits, self._loop.time()
+        if self._mid_frame():
+            left = min(self._progress + lim.stall_timeout_s, self._deadline) - now
+            why = (f"its message stalled for {lim.stall_timeout_s:.0f}s" if now >= self._progress + lim.stall_timeout_s
+                   else f"its message arrived slower than {lim.min_rate_bytes_s / 1024:.0f} KiB/s")
+        else:
+            left = self._progress + lim.idle_timeout_s - now
+            why = f"idle for {lim.idle_timeout_s:.0f}s"
         if left > 0:
             self._stall = self._loop.call_later(left, self._check_stall)
             return
-        log.warning("closed a data-plane connection from %s: its message stalled for %.0fs",
-                    self.sender or "an unauthenticated client", self.server.budget.limits.stall_timeout_s)
+        if not self._mid_frame():  # an idle client reads our EOF before it next takes the connection
+            log.info("closed a data-plane connection from %s: %s", self.sender or "an unauthenticated client", why)
+            self.transport.close()
+            return
+        log.warning("closed a data-plane connection from %s: %s", self.sender or "an unauthenticated client", why)
         self.transport.abort()
 
     # ---- requests -------------------------------------------------------------------------
@@ -277,6 +308,7 @@ class FramedConnection(asyncio.BufferedProtocol):
                 self._fail("not a data-plane request (bad magic or kind length)")
                 return
             self._length = length
+            self._deadline = self._loop.time() + self.server.budget.limits.frame_deadline_s(length)
             self._stage, self._buf = "kind", bytearray(kind_len)
             self._want = memoryview(self._buf)
         elif self._stage == "kind":
@@ -365,4 +397,4 @@ class FramedConnection(asyncio.BufferedProtocol):
         if self._stage != "busy":
             self._unreserve()  # a frame that never came whole (a running handler releases its own)
         if self.sender is not None:
-            self.server.budget.disconnect(self.sender)
+            self.server.budget.disconnect(self.sender, self.addr)

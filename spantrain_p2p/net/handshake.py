@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ..swarm.identity import Identity, peer_id_from_public_der, verify
+from ..swarm.identity import Identity, peer_id_from_public_der, public_key, verify
 from ..swarm.sealing import SwarmKey
 
 MAGIC = b"STH1"
@@ -132,6 +132,18 @@ class Authenticator:
         want = hello.get("want")
         if want and want != self.peer_id:
             raise HandshakeError(f"this is peer {self.peer_id}, not {str(want)[:60]}")
+        # cheap checks before the RSA signature this answer costs: the key is one we take, it hashes
+        # to the id claimed, and that id is admitted (the allow-list); the signature comes at finish
+        key, claimed = hello.get("key"), hello.get("id")
+        if not isinstance(key, bytes) or not isinstance(claimed, str) or peer_id_from_public_der(key) != claimed:
+            raise HandshakeError("the client's key does not match the peer id it claims")
+        try:
+            public_key(key)
+        except ValueError as e:
+            raise HandshakeError(f"client key refused: {e}") from None
+        refused = self.admit(claimed)
+        if refused:
+            raise HandshakeError(refused)
         mine, eph = self._hello()
         core_bytes = msgpack.packb(mine, use_bin_type=True)
         transcript = hashlib.sha256(hello_bytes + core_bytes).digest()

@@ -66,6 +66,7 @@ class Peer:
         self.device = None  # profile.virtual.VirtualDevice when emulating
         self._p2p = None
         self._dht = None
+        self.plan_peers: Optional[frozenset[str]] = None  # the current stage map's peers (``in_main_budget``)
         self._advertiser: Optional[discovery.Advertiser] = None
         self._tmpdir: Optional[str] = None
         self._tasks: list[asyncio.Task] = []
@@ -227,7 +228,7 @@ class Peer:
             self.emulator, self.device = start_emulation(cfg.emulate, cfg.emulate_t0)
         self.dataplane = DataPlaneServer(cfg.host, cfg.data_port, self.status, cfg.max_message_bytes,
                                          auth=self.client.auth, limits=Limits(stall_timeout_s=cfg.stall_timeout_s))
-        self.dataplane.is_member = self.is_member
+        self.dataplane.is_member = self.in_main_budget
         self.dataplane.policy = self._message_policy
         self.dataplane.register(PROBE_KIND, handle_probe)
         dashboard.install(self, self.dataplane)
@@ -375,6 +376,14 @@ class Peer:
         if peer_id == self.peer_id or (rec.alive if rec is not None else peer_id in self._last_url):
             return True
         return any(check(peer_id) for check in self.member_checks)
+
+    def in_main_budget(self, peer_id: str) -> bool:
+        """Whether ``peer_id``'s frames draw on the data plane's main byte pool: the peers of the
+        current stage map once there is one (``plan_peers``, set by the trainer), else members.
+        In an open swarm anyone can be a member; only the map's peers carry training's bytes."""
+        if self.plan_peers is not None:
+            return peer_id in self.plan_peers or peer_id == self.peer_id
+        return self.is_member(peer_id)
 
     def _admit(self, peer_id: str) -> Optional[str]:
         """Why a data-plane connection from ``peer_id`` is refused (None: it is not). The swarm key,

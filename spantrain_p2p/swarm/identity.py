@@ -27,12 +27,29 @@ def peer_id_from_public_der(public_der: bytes) -> str:
     return base58.b58encode(digest).decode()
 
 
-def verify(public_der: bytes, data: bytes, signature: bytes) -> bool:
+MIN_KEY_BITS, MAX_KEY_BITS, EXPONENT = 2048, 4096, 65537
+
+
+def public_key(public_der: bytes) -> rsa.RSAPublicKey:
+    """The RSA key of an untrusted DER blob, if it is one this swarm takes: 2048-4096 bits with
+    e = 65537 (a weak key is refused; a huge one or an odd exponent makes every check cost more);
+    ValueError saying why not."""
     try:
         key = serialization.load_der_public_key(public_der)
     except (ValueError, TypeError):
-        return False
-    if not isinstance(key, rsa.RSAPublicKey) or not 1024 <= key.key_size <= 8192:
+        raise ValueError("not a DER public key") from None
+    if not isinstance(key, rsa.RSAPublicKey):
+        raise ValueError("not an RSA key")
+    if not MIN_KEY_BITS <= key.key_size <= MAX_KEY_BITS or key.public_numbers().e != EXPONENT:
+        raise ValueError(f"RSA keys of {MIN_KEY_BITS}-{MAX_KEY_BITS} bits with e = {EXPONENT} only "
+                         f"(got {key.key_size} bits, e = {key.public_numbers().e})")
+    return key
+
+
+def verify(public_der: bytes, data: bytes, signature: bytes) -> bool:
+    try:
+        key = public_key(public_der)
+    except ValueError:
         return False
     try:
         key.verify(signature, data, _PADDING, hashes.SHA256())

@@ -235,6 +235,7 @@ class Trainer:
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
             self.full_map, self.island = smap, smap.island_of(self.peer.peer_id)
+            self.peer.plan_peers = frozenset(p for st in smap.stages for p in st.peers)
             if self.island is not None:  # islands: this peer runs its island's pipeline
                 smap = smap.island_map(self.island)
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)

@@ -46,7 +46,7 @@ NON_DEFAULT = {
     "--precision": "fp16", "--loss-scale": "1024", "--data": "stdlib", "--tokenizer": "/tmp/tok.json", "--data-cache": "/tmp/dc", "--dump-grads": "/tmp/grads",
     "--dump-step": "3", "--device": "cpu", "--workload": "hf:gpt2", "--workload-seq-len": "512",
     "--sync": "islands:12", "--outer-lr": "0.5", "--outer-momentum": "0.8", "--island-split": "5",
-    "--exchange-compression": "int:4",
+    "--exchange-compression": "int:4", "--aggregate": "sum",
 }
 
 
@@ -92,9 +92,10 @@ def test_every_field_of_the_job_and_the_trainer_options_has_its_option(field_of)
                                                                   "data_fingerprint", "tokenizer_fingerprint"}
         declared = {o.job for o in JOB_OPTIONS if o.job}
     else:
-        # set by the command line itself (job, allowed_models) or by tests and the Python API only
+        # set by the command line itself (job, allowed_models, the attack harness's --byzantine) or by
+        # tests and the Python API only
         fields = {f.name for f in dataclasses.fields(TrainOptions)} - {"job", "allowed_models", "profile_cache_dir",
-                                                                       "poll_s"}
+                                                                       "poll_s", "byzantine"}
         declared = {o.train for o in JOB_OPTIONS if o.train}
     assert declared == fields
 

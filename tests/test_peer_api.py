@@ -44,7 +44,9 @@ async def test_a_bad_record_in_the_dht_is_ignored_and_the_peer_keeps_working(cap
                 await asyncio.sleep(1.0)
                 members = await a.members()
             assert sorted(r.name for r in members) == ["a", "b"]
-            assert any("ignoring peer record" in r.message for r in caplog.records)
+            # refused at store time by the nodes (swarm.validator), or ignored on read where one got in
+            refused = sum(a.status()["dht_refused"].values()) + sum(b.status()["dht_refused"].values())
+            assert refused >= 2 or any("ignoring peer record" in r.message for r in caplog.records)
             assert not any(t.done() for t in a._tasks)
 
 

@@ -34,6 +34,8 @@ from ..pipeline.executor import StepFailed
 from ..plan.stagemap import StageMap
 from .members import CATCH_UP_AHEAD, OUTER_MEMBERS, Membership, leave_after_s  # noqa: F401 (re-exported)
 from .outer import Contribution, OuterLayers
+from ..robust import attacks
+from ..robust.verdicts import merge as merge_reports
 from ..models.workload import layer_charge
 
 log = logging.getLogger("spantrain.train")
@@ -58,8 +60,11 @@ def _owners(smap: StageMap, num_layers: int) -> list[list[tuple[str, ...]]]:
 class OuterSync(Membership):
     """One peer's side of the islands' exchange. ``on_event(dict)``: for the run's events."""
 
+    attack: str = ""  # the --byzantine harness (``robust.attacks``); set by the trainer
+
     def __init__(self, peer, on_event: Callable[[dict], None]):
         self.peer, self.on_event = peer, on_event
+        self._previous: dict[int, torch.Tensor] = {}  # the stale attack's pseudo-gradients of the round before
         self.job = self.smap = None
         self.island: Optional[int] = None
         self.outer: Optional[OuterLayers] = None
@@ -94,7 +99,8 @@ class OuterSync(Membership):
         self.job, self.smap, self.island = job, smap, island
         self._owners = _owners(smap, num_layers)
         self._begin_members(smap)
-        self.outer = OuterLayers(layers, smap.exchange_codec, job.outer_lr, job.outer_momentum)
+        self.outer = OuterLayers(layers, smap.exchange_codec, job.outer_lr, job.outer_momentum,
+                                 robust=job.aggregate == "robust")
         for layer, (anchor, momentum) in (state or {}).items():
             self.outer.load(layer, anchor, momentum)
         self.round = self._first_round = start_round
@@ -258,6 +264,8 @@ class OuterSync(Membership):
             # is retrained from it), at the data step round r began with
             self._keep(r, self._round_base[r])
         self.outer.replay(prog)
+        if self.attack:  # the --byzantine harness: what it sends is forged, what it trains on is not
+            prog = self._forge(prog, tokens)
         encoded = self.outer.encode(prog)
         for layer, (_m, _b, dec) in encoded.items():
             self._got[(r, self.island, layer)] = Contribution(tokens, dec)
@@ -278,6 +286,15 @@ class OuterSync(Membership):
             self._keep(r + 1, next_data_step)  # the run's end: the outer state every island ends on
             await self._settle_sends()
         return fig
+
+    def _forge(self, prog: dict[int, torch.Tensor], tokens: int) -> dict[int, torch.Tensor]:
+        """The progress a Byzantine island sends (its pseudo-gradient is ``-progress``); an
+        omniscient attack reads no other island's here: it forges from its own."""
+        out = {}
+        for i, p in prog.items():
+            out[i] = -attacks.forge(self.attack, -p, float(tokens), {}, self._previous.get(i))
+            self._previous[i] = -p
+        return out
 
     async def _merge(self, r: int) -> tuple[float, Optional[tuple[int, int, int]]]:
         """Merges round ``r``: the keeper decides its members (``_decide``), every other peer asks it;
@@ -314,9 +331,13 @@ class OuterSync(Membership):
 
     def _apply(self, r: int, members: list[int], layers: list[int], waited: float) -> None:
         contribs = {layer: [self._got[(r, i, layer)] for i in members] for layer in layers}
+        self.outer.reports.clear()
         self.outer.merge(contribs)
+        # how far each island's pseudo-gradient lay from the robust centre, in clip radii (> 1: clipped)
+        clip = {members[int(j)]: round(x, 3) for j, x in merge_reports(self.outer.reports).ratio.items()}
         self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "members": members,
-                            "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0})
+                            "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0,
+                            **({"clip": clip} if clip else {})})
         for key in [k for k in self._got if k[0] <= r]:
             del self._got[key]
 

@@ -22,6 +22,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from ..robust.aggregate import ClipReport, robust_mean
+
 from ..compress import codecs
 
 OUTER_LR = 0.7  # DiLoCo's outer Nesterov learning rate and momentum
@@ -59,9 +61,11 @@ class OuterLayers:
     ``layers``: the parameter lists of the layers, by layer index."""
 
     def __init__(self, layers: Mapping[int, Sequence[torch.Tensor]], codec: str, lr: float = OUTER_LR,
-                 momentum: float = OUTER_MOMENTUM):
+                 momentum: float = OUTER_MOMENTUM, robust: bool = False):
         codecs.parse_spec(codec)
         self.codec, self.lr, self.mu = codec, lr, momentum
+        self.robust = robust  # CenteredClip of the islands' pseudo-gradients (``robust.aggregate``)
+        self.reports: list[ClipReport] = []  # each robust merge's, per layer (ratios by position in the round)
         self.params = {i: list(ps) for i, ps in layers.items()}
         self.anchor = {i: flat(ps) for i, ps in self.params.items()}
         self.base = {i: a.clone() for i, a in self.anchor.items()}
@@ -93,9 +97,14 @@ class OuterLayers:
             tokens = sum(c.tokens for c in contribs)
             if tokens <= 0:
                 continue
-            g = torch.zeros_like(self.anchor[i])
-            for c in contribs:
-                g.add_(c.delta, alpha=c.tokens / tokens)
+            if self.robust:  # each island's pseudo-gradient is judged as it is (a round's progress)
+                g, report = robust_mean({f"{j:04d}": c.delta * c.tokens for j, c in enumerate(contribs)},
+                                        {f"{j:04d}": float(c.tokens) for j, c in enumerate(contribs)})
+                self.reports.append(report)
+            else:
+                g = torch.zeros_like(self.anchor[i])
+                for c in contribs:
+                    g.add_(c.delta, alpha=c.tokens / tokens)
             m = self.momentum[i].mul_(self.mu).add_(g)
             self.anchor[i].sub_(g.add(m, alpha=self.mu), alpha=self.lr)
         self.merged_rounds += 1

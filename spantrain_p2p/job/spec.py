@@ -30,6 +30,9 @@ BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
 PLANS = PLAN_KINDS
 OPTIMIZERS = ("adam", "sgd")
+# robust: CenteredClip around a robust centre (robust.aggregate; a clean step's sum is the plain one);
+# sum: the plain sum (a closed swarm that trusts its members' arithmetic)
+AGGREGATES = ("robust", "sum")
 
 
 def is_hf_preset(model: str) -> bool:
@@ -73,6 +76,7 @@ class JobSpec:
     outer_momentum: float = 0.9
     island_split: int = 1  # islands: optimizer steps per data step, each on 1/island_split of its micro-batches
     exchange_compression: str = "auto"  # islands: the pseudo-gradients' codec, or auto (the planner's choice)
+    aggregate: str = "robust"  # how replicas' gradients and islands' pseudo-gradients add up (AGGREGATES)
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -107,6 +111,8 @@ class JobSpec:
             raise ValueError("job field 'model' must be a short string")
         if self.model != BUILTIN and self.model.count(":") != 1:
             raise ValueError(f"model {self.model!r} must be {BUILTIN!r}, 'hf:PRESET_OR_DIR' or 'package.module:function'")
+        if self.aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate must be one of {AGGREGATES}, not {self.aggregate!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
         if self.schedule not in SCHEDULES:

@@ -9,6 +9,8 @@ fires them.
     degrade:A-B:F@WHEN        links between regions A and B carry F x bandwidth (F = 0: cut; what is under
                               way waits until they are restored)
     restore:A-B@WHEN          back to the scenario's bandwidth
+    byzantine:PEER:ATTACK     the peer sends forged contributions from its start (``robust.attacks``:
+                              signflip, signflip1000, random1000, alie, ipm, stale, zero)
 
 A link change happens at ``@step=K`` (the swarm completed K steps), ``@t=S`` (S seconds after every
 peer of the first stage map completed its first step: training's start, however slowly the swarm
@@ -36,6 +38,7 @@ class Chaos:
     at_t: Optional[float] = None  # seconds after training's start
     factor: float = 1.0
     after_s: Optional[float] = None  # seconds after the event listed before this one fired
+    attack: str = ""  # byzantine: what the peer forges
 
     @property
     def regions(self) -> tuple[str, str]:
@@ -45,12 +48,24 @@ class Chaos:
     def describe(self) -> str:
         when = (f"step {self.at_step}" if self.at_step is not None else f"t={self.at_t:g}s" if self.at_t is not None
                 else f"{self.after_s:g}s after the event before")
-        extra = f" x{self.factor:g}" if self.action == "degrade" else ""
+        extra = f" x{self.factor:g}" if self.action == "degrade" else f" ({self.attack})" if self.attack else ""
         return f"{self.action} {self.target}{extra} at {when}"
+
+
+_BYZANTINE = re.compile(r"^byzantine:([A-Za-z0-9_.\-]+):([a-z0-9]+)$")
 
 
 def parse(spec: str, peers: list[str], regions: list[str]) -> Chaos:
     """One --chaos spec, checked against the scenario's peer and region names."""
+    b = _BYZANTINE.match(spec.strip())
+    if b:
+        from ..robust.attacks import ATTACKS
+
+        if b.group(1) not in peers:
+            raise ValueError(f"--chaos {spec!r}: no peer {b.group(1)!r} in the scenario")
+        if b.group(2) not in ATTACKS:
+            raise ValueError(f"--chaos {spec!r}: attack {b.group(2)!r} is not one of {', '.join(ATTACKS)}")
+        return Chaos("byzantine", b.group(1), at_step=0, attack=b.group(2))
     m = _RE.match(spec.strip())
     if not m:
         raise ValueError(f"--chaos {spec!r}: want kill:PEER@step=K, kill:planner@step=K, join:PEER@step=K, "

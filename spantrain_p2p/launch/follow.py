@@ -27,7 +27,8 @@ class RunFollower:
                  time_dilation: float = 1.0):
         self.procs, self.args, self.say = procs, args, say
         self.k = time_dilation  # the progress shows tokens/s in real time
-        self.chaos = list(enumerate(chaos))  # (place on the command line, event) of those not fired yet
+        # (place on the command line, event) of those not fired yet; a Byzantine peer attacks from its start
+        self.chaos = [(i, c) for i, c in enumerate(chaos) if c.action != "byzantine"]
         self.fired_at: dict[int, float] = {}  # place on the command line -> when it fired (an @after counts from it)
         self.launch_peer = launch_peer
         self.t0 = time.monotonic()

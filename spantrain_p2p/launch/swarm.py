@@ -23,13 +23,16 @@ from .report import measure_and_report
 
 def launch_scenario(scenario_path: str, run_dir: str, heartbeat: float = 2.0, swarm: Optional[str] = None,
                     extra_args: tuple[str, ...] = (), first_args: tuple[str, ...] = (),
-                    hold: tuple[str, ...] = ()) -> list[PeerProcess]:
+                    hold: tuple[str, ...] = (), per_peer: Optional[dict[str, tuple[str, ...]]] = None
+                    ) -> list[PeerProcess]:
     """Starts one peer per scenario peer: the first one alone (with ``first_args``), the rest joining it.
-    Peers named in ``hold`` are prepared (with --join) but not started: ``start()`` them later."""
+    Peers named in ``hold`` are prepared (with --join) but not started: ``start()`` them later;
+    ``per_peer``: more flags for some peers by name (``--byzantine`` of the attack harness)."""
     s = sc.load(scenario_path)
     swarm = swarm or f"{s.name}-{os.getpid()}-{int(time.time())}"
     common = ["--swarm", swarm, "--heartbeat", str(heartbeat), *extra_args]
-    procs = [PeerProcess(p.name, ["--emulate", f"{scenario_path}:{p.name}", *common], run_dir) for p in s.peers]
+    procs = [PeerProcess(p.name, ["--emulate", f"{scenario_path}:{p.name}", *common,
+                                  *(per_peer or {}).get(p.name, ())], run_dir) for p in s.peers]
     starting = [p for p in procs if p.name not in hold]
     starting[0].args += list(first_args)
     try:
@@ -101,7 +104,8 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
         if getattr(args, "verbose", 0) > 1:  # -vv: the peers log at debug level too
             every_args.append("-" + "v" * args.verbose)
         procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat, extra_args=tuple(every_args),
-                                first_args=tuple(first_args), hold=held)
+                                first_args=tuple(first_args), hold=held,
+                                per_peer={c.target: ("--byzantine", c.attack) for c in chaos if c.action == "byzantine"})
         all_procs = procs
         procs = [p for p in procs if p.name not in held]
         n = len(procs)

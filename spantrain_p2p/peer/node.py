@@ -67,6 +67,7 @@ class Peer:
         self._p2p = None
         self._dht = None
         self.plan_peers: Optional[frozenset[str]] = None  # the current stage map's peers (``in_main_budget``)
+        self.evicted: set[str] = set()  # peers convicted of attacking the job: refused as members
         self._advertiser: Optional[discovery.Advertiser] = None
         self._tmpdir: Optional[str] = None
         self._tasks: list[asyncio.Task] = []
@@ -372,10 +373,17 @@ class Peer:
 
     def is_member(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is this peer or one whose live record it has seen (and no tombstone since)."""
+        if peer_id in self.evicted:
+            return False
         rec = self._view.get(peer_id)
         if peer_id == self.peer_id or (rec.alive if rec is not None else peer_id in self._last_url):
             return True
         return any(check(peer_id) for check in self.member_checks)
+
+    def ever_member(self, peer_id: str) -> bool:
+        """Whether this peer has seen a record of ``peer_id`` in this run (a planner that died
+        since still signed the maps the swarm runs on; a process that never joined did not)."""
+        return peer_id == self.peer_id or peer_id in self._view or peer_id in self._last_url
 
     def in_main_budget(self, peer_id: str) -> bool:
         """Whether ``peer_id``'s frames draw on the data plane's main byte pool: the peers of the

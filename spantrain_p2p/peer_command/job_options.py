@@ -157,6 +157,10 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--recv-timeout", "upper bound of every activation/gradient receive; below it the deadline follows "
               "the recent waits (default %(default)s)", type=float, default=60.0, metavar="S", job="recv_timeout_s",
               to=EVERY),
+    JobOption("--aggregate", "how the replicas' gradients (and islands' pseudo-gradients) add up: robust "
+              "(CenteredClip around a robust centre: one peer's arithmetic cannot wreck the model; a clean step "
+              "equals the plain sum) or sum (plain; a closed swarm that trusts its members) (default robust)",
+              default="robust", choices=("robust", "sum"), job="aggregate"),
     JobOption("--compression", "activations/gradients between stages: none, fp16, int8, int:BITS (2-7), topk:R or "
               "adaptive (default none)", default="none", job="compression"),
     JobOption("--stages", "pipeline depth: 0 = one peer per stage; N = peers share N stages as data-parallel "

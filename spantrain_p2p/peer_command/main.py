@@ -65,6 +65,9 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--encrypt", action="store_true", help="encrypt this peer's data-plane connections")
     p.add_argument("--stall-timeout", type=float, default=30.0, metavar="S",
                    help="close a data-plane connection whose message stops arriving for S seconds (default: 30)")
+    p.add_argument("--byzantine", default="", metavar="ATTACK",
+                   help="testing an open swarm's defences: this peer sends forged contributions (signflip, "
+                   "signflip1000, random1000, alie, ipm, stale, zero); `spantrain swarm --chaos byzantine:PEER:ATTACK`")
     p.add_argument("--ready-file", metavar="PATH", help="write a JSON line here once joined (for launchers)")
     t = p.add_argument_group("training job (only on the peer that starts the swarm; joiners adopt it)")
     add_job_arguments(t)
@@ -94,7 +97,10 @@ def train_options(a: argparse.Namespace):
         except Exception as e:
             raise ValueError(str(e) if isinstance(e, ValueError) else f"--model {a.model!r} failed to build: {e!r}") \
                 from None
-    return TrainOptions(job=job, allowed_models=allowed, **train_fields(a))
+    from ..robust.attacks import check
+
+    return TrainOptions(job=job, allowed_models=allowed, byzantine=check(a.byzantine) if a.byzantine else "",
+                        **train_fields(a))
 
 
 def config_from_args(a: argparse.Namespace):

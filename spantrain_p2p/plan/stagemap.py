@@ -55,6 +55,8 @@ class StageMap:
     # with islands, ``start_step`` is the round the islands start at (from the outer state of that
     # round, ``islands.exchange``) and this the first data step of that round
     start_data_step: int = 0
+    # peers convicted of attacking the job (``robust.verdicts``): refused by every peer from this map on
+    evicted: tuple[str, ...] = ()
 
     @property
     def num_stages(self) -> int:
@@ -101,7 +103,8 @@ class StageMap:
                 "compression": list(self.compression), "reason": self.reason,
                 **({"islands": [x.to_dict() for x in self.islands], "exchange_codec": self.exchange_codec,
                     "start_data_step": self.start_data_step} if self.islands else {}),
-                **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
+                **({"sync_reason": self.sync_reason} if self.sync_reason else {}),
+                **({"evicted": list(self.evicted)} if self.evicted else {})}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
@@ -115,7 +118,8 @@ class StageMap:
                                                                    for p in st.peers)}
                                 for x, (a, b) in zip(self.islands, self.island_ranges())],
                     "exchange_codec": self.exchange_codec} if self.islands else {}),
-                **({"sync_reason": self.sync_reason} if self.sync_reason else {})}
+                **({"sync_reason": self.sync_reason} if self.sync_reason else {}),
+                **({"evicted": [self.name_of(p) for p in self.evicted]} if self.evicted else {})}
 
     @classmethod
     def from_dict(cls, d: Any, num_layers: int) -> "StageMap":
@@ -193,8 +197,12 @@ class StageMap:
         sds = d.get("start_data_step", 0)
         if not (isinstance(sds, int) and not isinstance(sds, bool) and 0 <= sds < 2**62):
             raise ValueError("stage map start_data_step must be a non-negative int")
+        evicted = d.get("evicted", [])
+        if not isinstance(evicted, list) or len(evicted) > MAX_STAGES or not all(
+                isinstance(p, str) and len(p) <= 128 for p in evicted) or seen & set(evicted):
+            raise ValueError("stage map evicted must be a list of peer ids not in its stages")
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
-                   float(pred), bottleneck, error, comp, reason, islands, codec, why, sds)
+                   float(pred), bottleneck, error, comp, reason, islands, codec, why, sds, tuple(evicted))
 
 
 def _ranges(islands: tuple[Island, ...]) -> list[tuple[int, int]]:

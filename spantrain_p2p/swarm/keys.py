@@ -3,8 +3,8 @@
 All keys are ``spantrain/<swarm>/<what>``; each holds a dictionary of signed entries, one per subkey:
 
 - ``members``: peer records, subkey = the peer id (``membership``);
-- ``profiles``, ``links``, ``pings``, ``groups``: measurements and grouping votes, subkey = the
-  peer id (``measure``);
+- ``profiles``, ``links``, ``pings``, ``groups``, ``accuse``: measurements, grouping votes and
+  accusations, subkey = the peer id (``measure``);
 - ``planner``: the planner's lease, subkey = its term and the claimant (``election``);
 - ``job``: the job record, one copy per member that runs it, subkey = that member's peer id;
 - ``stagemap``: stage maps, subkey = their epoch and the planner that signed it;
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 # what a measurement key holds (``measure_key(swarm, what)``)
 PROFILES, LINKS, GROUPS, PINGS = "profiles", "links", "groups", "pings"
+ACCUSE = "accuse"  # the peers a replica convicted of attacking the job (``train.defence``)
 
 
 def _key(swarm: str, what: str) -> str:

@@ -59,7 +59,8 @@ def _measure(what: str) -> Callable[[str], str]:
 
 RULES = (
     KeyRule(keys.members_key, 600.0, OWN),  # a record lives a few heartbeats (--heartbeat up to 200 s)
-    *(KeyRule(_measure(what), 3600.0, OWN) for what in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS)),
+    *(KeyRule(_measure(what), 3600.0, OWN) for what in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS,
+                                                         keys.ACCUSE)),
     KeyRule(keys.lease_key, 120.0, SUFFIX),  # a lease: seconds
     KeyRule(keys.job_key, 600.0, OWN),
     KeyRule(keys.stagemap_key, 600.0, SUFFIX),

@@ -19,10 +19,12 @@ from ..plan.islands import IslandsPlan
 from ..plan.stagemap import StageMap, placeholder_map
 from ..swarm import grouping, measure
 from ..swarm.election import Election
+from .defence import evictions, read_accusations
 from . import planning
 from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
 from .liveness import is_alive
 
+ACCUSATIONS_EVERY_S = 2.0  # how often the planner reads the replicas' accusations
 log = logging.getLogger("spantrain.train")
 
 PLAN_PROBE_S = 5.0  # a re-plan leaves out a peer of the broken map that does not answer /status in this long
@@ -32,7 +34,7 @@ READY_STATES = ("ready", "training", "recovering", "done")
 
 def ready_peers(peer) -> list:
     """The live members that measured and can take a stage."""
-    return [r for r in peer.live_members() if r.state in READY_STATES]
+    return [r for r in peer.live_members() if r.state in READY_STATES and r.peer_id not in peer.evicted]
 
 
 class Coordinator:
@@ -46,6 +48,7 @@ class Coordinator:
         self.measure_links, self.poll_s = measure_links, poll_s
         self.job = self.handle = None
         self.has_map = lambda: False
+        self._accusations_read = 0.0
         self.election: Optional[Election] = None
         self.outer = None  # the trainer's islands.exchange.OuterSync: where a map with islands resumes from
         self.groups_digest: Optional[str] = None
@@ -121,6 +124,10 @@ class Coordinator:
             try:
                 current = await self.records.newest_map()
                 inherited = current is not None and current.term < self.election.leader.term
+                evicting = current is not None and not current.error and await self._evictions(current)
+                if evicting:
+                    await self._plan_and_publish(current, reason=evicting, evicting=True)
+                    continue
                 if current is not None and not current.error and not inherited and not await self._epoch_broken(current):
                     if await self._worth_replanning(current):
                         gain, new_s, cur = self._gain_key[1:] if self._gain_key else (0.0, 0.0, 0.0)
@@ -213,17 +220,36 @@ class Coordinator:
         step, error = resume_point(invs, self.handle.num_layers, stages)
         return step, step or 0, error
 
-    async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False, reason: str = "") -> None:
+    async def _evictions(self, current: StageMap) -> str:
+        """Peers of ``current`` that most other replicas of their stage accuse: added to the evicted
+        (for the job) and named in the returned reason to re-plan ("" if none). Read every few seconds."""
+        now = time.monotonic()
+        if now - self._accusations_read < ACCUSATIONS_EVERY_S:
+            return ""
+        self._accusations_read = now
+        found = evictions(await read_accusations(self.peer, self.log_bad), [st.peers for st in current.stages],
+                          current.job_id)
+        new = {p: n for p, n in found.items() if p not in self.peer.evicted}
+        if not new:
+            return ""
+        self.peer.evicted.update(new)
+        why = ", ".join(f"{current.name_of(p)} (accused by {n} replicas of its stage)" for p, n in sorted(new.items()))
+        log.warning("evicting %s for the rest of the job", why)
+        return f"evicted {why}"
+
+    async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False, reason: str = "",
+                                evicting: bool = False) -> None:
         """Plans from the live swarm and publishes the stage map as the next epoch. ``improve``: the
         current map still runs and a better one is expected; a plan that would only reload the
-        same layers on the same peers is not published."""
+        same layers on the same peers is not published. ``evicting``: the peers' grouping votes
+        still count the evicted peer, so no quorum on them is waited for."""
         job = self.job
         measured = job.plan != "even" and self.measure_links and planning.model_profile(job) is not None
         if measured:
             ids, profiles, links = await self._measured_snapshot()
             if current is None and len(ids) < job.peers:
                 return
-            if not ids or self.groups_digest is None or not await self._quorum(ids, self.groups_digest):
+            if not ids or (not evicting and (self.groups_digest is None or not await self._quorum(ids, self.groups_digest))):
                 return
         else:
             ids = sorted(r.peer_id for r in ready_peers(self.peer))
@@ -269,6 +295,10 @@ class Coordinator:
         else:
             smap = replace(placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names,
                                            start_step=start, num_stages=job.stages), term=term)
+        evicted = tuple(sorted(self.peer.evicted))
+        named = dict(smap.names)
+        smap = replace(smap, evicted=evicted, names=smap.names + tuple(
+            (p, names[p]) for p in evicted if names.get(p) and p not in named))  # people read the evicted by name
         await self.records.publish_map(replace(smap, reason=reason[:300]))
         self.replans += current is not None
         log.info("published stage map epoch %d (term %d)", smap.epoch, term)

@@ -10,6 +10,8 @@ from ..pipeline.executor import StepFailed
 from ..pipeline.hostcopy import HostCopier
 from ..pipeline.loss_scale import sanitized
 from ..pipeline.messages import GSUM
+from ..robust import attacks
+from ..robust.aggregate import ClipReport, robust_sum
 
 BUCKET_BYTES = 4 << 20
 
@@ -43,13 +45,25 @@ class GradientSum:
     replica's part up in peer-id order (every replica ends with bit-identical gradients) and sets
     them. ``transport`` sends and receives the parts (``send_to``, ``receive``). With
     ``sanitize`` (fp16), a part that overflowed is sent as zeros and sets ``overflowed`` (the wire
-    takes no inf; the step is skipped everywhere)."""
+    takes no inf; the step is skipped everywhere).
+
+    With ``weights`` (replica -> its micro-batches this step), the parts are added up by
+    ``robust.aggregate.robust_sum`` (CenteredClip: a clean step's sum is the plain one, bit for
+    bit); ``reports`` then holds each bucket's ``ClipReport``. ``attack`` (the ``--byzantine``
+    harness) makes this replica send forged parts instead of its own; ``previous`` keeps its honest
+    parts of the step before (the ``stale`` attack)."""
 
     def __init__(self, transport, me: str, step: int, params: list[torch.nn.Parameter],
-                 buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str], sanitize: bool = False):
+                 buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str], sanitize: bool = False,
+                 weights: Optional[dict[str, float]] = None, attack: str = "",
+                 previous: Optional[dict[int, torch.Tensor]] = None):
         self.transport, self.me, self.step, self.params, self.buckets, self.others = \
             transport, me, step, params, buckets, others
         self.sanitize = sanitize
+        self.weights, self.attack = weights, attack
+        self.previous = previous if previous is not None else {}
+        self.reports: list[ClipReport] = []
+        self._early: dict[int, dict[str, torch.Tensor]] = {}  # parts an omniscient attacker read first
         self.overflowed = False
         self._copier = HostCopier(params[0].device if params else torch.device("cpu"))
         self.local: list[Optional[asyncio.Future]] = [None] * len(buckets)  # each bucket's part, in host memory
@@ -68,10 +82,23 @@ class GradientSum:
             if self.sanitize:
                 part, bad = sanitized(part)
                 self.overflowed |= bad
+            if self.attack and k < len(self.buckets):
+                part = await self._forge(k, part)
             self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part))
                            for dst in self.others]
             return part
         self.local[k] = asyncio.ensure_future(ready())
+
+    async def _forge(self, k: int, honest: torch.Tensor) -> torch.Tensor:
+        weights = self.weights or {}
+        others = {}
+        if self.attack in attacks.OMNISCIENT:  # it reads the honest parts first (they come unasked)
+            self._early[k] = {src: await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
+                              for src in self.others}
+            others = {src: (t, float(weights.get(src, 1))) for src, t in self._early[k].items()}
+        forged = attacks.forge(self.attack, honest, float(weights.get(self.me, 1)), others, self.previous.get(k))
+        self.previous[k] = honest
+        return forged
 
     def layer_done(self, layer: int) -> None:
         for k in self.by_layer.get(layer, ()):
@@ -91,11 +118,17 @@ class GradientSum:
             for k, part in enumerate(self.local):
                 mine = await part
                 parts = {self.me: mine}
+                early = self._early.pop(k, {})
                 for src in self.others:
-                    parts[src] = await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
-                total = torch.zeros_like(mine)
-                for src in sorted(parts):
-                    total += parts[src]
+                    parts[src] = early[src] if src in early else \
+                        await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
+                if self.weights is not None and k < len(self.buckets):
+                    total, report = robust_sum(parts, self.weights)
+                    self.reports.append(report)
+                else:
+                    total = torch.zeros_like(mine)
+                    for src in sorted(parts):
+                        total += parts[src]
                 summed.append(total)
             for (_, bucket), total in zip(self.buckets, summed):
                 offset = 0

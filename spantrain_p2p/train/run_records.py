@@ -103,7 +103,6 @@ class RunRecords:
         if found is None or not isinstance(found.value, dict):
             return None
         best = None
-        members = {r.peer_id for r in self.peer.live_members()} | {self.peer.peer_id}
         for sub, entry in found.value.items():
             try:
                 signer, payload = open_payload(entry.value, MAX_MAP_BYTES)
@@ -113,8 +112,8 @@ class RunRecords:
                 continue
             if smap.job_id != self.job.job_id:
                 continue
-            if signer not in members or sub != epoch_subkey(smap.epoch, signer):
-                self.log_bad(sub, f"stage map of epoch {smap.epoch} signed by {signer[:16]}, not a member's")
+            if not self.peer.ever_member(signer) or sub != epoch_subkey(smap.epoch, signer):
+                self.log_bad(sub, f"stage map of epoch {smap.epoch} signed by {signer[:16]}, never a member")
                 continue
             if best is None or (smap.term, smap.epoch) > (best.term, best.epoch):
                 best = smap

@@ -32,6 +32,7 @@ from .coordinator import Coordinator, ready_peers
 from ..data.share import MANIFEST, SHARD, DataShare
 from ..job.dataset import open_data, with_data
 from ..models.devices import peak_flops, resolve_device
+from .defence import Defence
 from .gradsum import GradientSum, layer_buckets
 from ..job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
@@ -66,6 +67,7 @@ class TrainOptions:
     measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
     profile_cache_dir: Optional[str] = None
     poll_s: float = 0.5
+    byzantine: str = ""  # the attack harness: send forged contributions (robust.attacks); "" honest
 
 
 @dataclass
@@ -83,6 +85,7 @@ class _Stage:
     replicas: tuple[str, ...]
     is_last: bool
     scale: Optional[LossScale] = None  # fp16's loss scale (the same on every peer)
+    weights: Optional[dict] = None  # replica -> its micro-batches of a step (the robust sum's weights)
 
 
 class Trainer:
@@ -125,6 +128,8 @@ class Trainer:
         self.data_share = DataShare(peer)
         self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
         self.outer = OuterSync(peer, self.events.append)  # islands: the exchange between them
+        self.defence = Defence(peer, self.events.append)  # the replicas' verdicts on each other
+        self.outer.attack = options.byzantine
         # the step being run -> (the data step it trains on, its first micro-batch there): islands train
         # data steps not their own, and with --island-split a part of one
         self._data_of: dict[int, tuple[int, int]] = {}
@@ -236,6 +241,8 @@ class Trainer:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
             self.full_map, self.island = smap, smap.island_of(self.peer.peer_id)
             self.peer.plan_peers = frozenset(p for st in smap.stages for p in st.peers)
+            self.peer.evicted.update(smap.evicted)
+            self.defence.job_id, self.defence.name_of = self.job.job_id, smap.name_of
             if self.island is not None:  # islands: this peer runs its island's pipeline
                 smap = smap.island_map(self.island)
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)
@@ -334,7 +341,9 @@ class Trainer:
         actions = peer_actions(assignments, schedule).get((k, me), [])  # this peer's micro-batches, in order
         self.transport.open(expect)
         self.work = run_report.stage_work(job, first, last, actions)
-        return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None, scale)
+        weights = {p: float(assignments[k].count(p)) for p in replicas} if job.aggregate == "robust" else None
+        return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None, scale,
+                      weights)
 
     async def _train(self) -> None:
         st = await self._setup_stage()
@@ -420,7 +429,9 @@ class Trainer:
         gsum = None
         if len(st.replicas) > 1:
             gsum = GradientSum(self.transport, me, step, st.params, st.buckets, [p for p in st.replicas if p != me],
-                               sanitize=st.scale is not None)
+                               sanitize=st.scale is not None, weights=st.weights,
+                               attack=self.opts.byzantine if self.island is None else "",  # islands: their exchange
+                               previous=self.defence.previous)
         st.executor.loss_scale = st.scale.scale if st.scale is not None else None
         try:
             result = await st.executor.run_step(step, st.actions, gsum.layer_done if gsum else None)
@@ -434,6 +445,7 @@ class Trainer:
             total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
             if total is not None:
                 loss_sum, loss_count = total
+            self.defence.judge(step, gsum.reports)
         skip = False
         if st.scale is not None:  # fp16: every peer skips the step if any overflowed, or none does
             found = st.executor.overflowed or gsum is not None and gsum.overflowed or \

@@ -1,0 +1,79 @@
+"""A replica's defence against the other replicas of its stage: it judges each step's clip reports
+(``robust.verdicts``) and, when one replica is convicted, publishes its accusation in the DHT
+(``measure`` kind ``accuse``, signed, under its own peer id). The planner evicts a peer that more
+than half of the other replicas of its stage accuse (``evictions``): a lone liar evicts nobody.
+
+Pure bookkeeping and one DHT write per conviction; the evicted peer is refused by every peer that
+adopts the stage map listing it (``Peer.evicted``)."""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Mapping
+
+from ..robust.aggregate import ClipReport
+from ..robust.verdicts import Verdicts, merge
+from ..swarm import measure
+from ..swarm.keys import ACCUSE
+
+log = logging.getLogger("spantrain.train")
+
+
+
+class Defence:
+    def __init__(self, peer, events: Callable[[dict], None]):
+        self.peer, self.events = peer, events
+        self.verdicts = Verdicts()
+        self.previous: dict = {}  # the --byzantine harness's honest parts of the step before (``stale``)
+        self.job_id = ""
+        self.name_of: Callable[[str], str] = lambda p: p[:12]
+
+    def judge(self, step: int, reports: list[ClipReport]) -> None:
+        judged = [r for r in reports if r.radius > 0 or r.clipped]
+        if not judged:
+            return
+        new = self.verdicts.add(step, merge(judged))
+        for peer_id in new:
+            summary = self.verdicts.summary()
+            log.warning("step %d: convicting %s: its gradient lay far outside the other replicas' (%.0f x the "
+                        "clip radius) in %d of its last %d steps; accusing it", step, self.name_of(peer_id),
+                        summary["max_ratio"].get(peer_id, 0.0), self.verdicts.convict_of, self.verdicts.window)
+            self.events({"kind": "accused", "peer": self.name_of(peer_id), "step": step})
+            self.peer.spawn(self._accuse(), "accuse")
+
+    async def _accuse(self) -> None:
+        try:
+            await measure.publish(self.peer, ACCUSE, {"job": self.job_id, "peers": sorted(self.verdicts.convicted)})
+        except Exception as e:
+            log.warning("publishing an accusation failed: %s", e)
+
+    def status(self) -> dict:
+        return self.verdicts.summary()
+
+
+def evictions(accusations: Mapping[str, tuple[str, list[str]]], stages: list[tuple[str, ...]], job_id: str
+              ) -> dict[str, int]:
+    """{peer: how many accused it} for each peer that more than half of the *other* replicas of its
+    stage accuse (``accusations``: accuser -> (job id, accused peers)); only accusations of this job
+    by a replica of the accused's own stage count."""
+    out = {}
+    for peers in stages:
+        if len(peers) < 3:
+            continue  # two replicas cannot tell which one lies
+        for x in peers:
+            by = [a for a in peers if a != x and accusations.get(a, ("", []))[0] == job_id
+                  and x in accusations.get(a, ("", []))[1]]
+            if 2 * len(by) > len(peers) - 1:
+                out[x] = len(by)
+    return out
+
+
+def parse_accusation(d: dict) -> tuple[str, list[str]]:
+    job, peers = d.get("job"), d.get("peers")
+    if not isinstance(job, str) or not isinstance(peers, list) or len(peers) > 64 or not all(
+            isinstance(p, str) and len(p) <= 128 for p in peers):
+        raise ValueError("an accusation is {job, peers: [peer id, ...]}")
+    return job, peers
+
+
+async def read_accusations(peer, log_bad) -> dict:
+    return await measure.read(peer, ACCUSE, parse_accusation, log_bad)

@@ -1,0 +1,103 @@
+"""Robust aggregation (``robust.aggregate``), verdicts and the attack harness's forgeries: pure
+functions over tensors."""
+import torch
+
+from spantrain_p2p.robust import attacks
+from spantrain_p2p.robust.aggregate import robust_mean, robust_sum
+from spantrain_p2p.robust.verdicts import Verdicts, merge
+from spantrain_p2p.train.defence import evictions
+
+
+def _honest(n: int, dim: int = 2000, seed: int = 0, weight: float = 2.0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    true = torch.randn(dim, generator=g)
+    return {f"p{i}": (true + torch.randn(dim, generator=g)) * weight for i in range(n)}
+
+
+def test_a_clean_step_sums_exactly_as_the_plain_sum():
+    parts = _honest(4)
+    total, report = robust_sum(parts, {p: 2.0 for p in parts})
+    plain = torch.zeros(2000)
+    for p in sorted(parts):
+        plain += parts[p]
+    assert torch.equal(total, plain) and report.clipped == () and report.radius > 0
+    assert max(report.ratio.values()) < 1.0
+
+
+def test_one_of_four_scaled_or_random_contributions_is_clipped_to_honest_size():
+    parts = _honest(4)
+    honest_mean = sum(parts[p] for p in ("p0", "p1", "p2")) / 6.0
+    w = {p: 2.0 for p in parts}
+    for attack in ("signflip1000", "random1000"):
+        forged = dict(parts, p3=attacks.forge(attack, parts["p3"], 2.0, generator=torch.Generator().manual_seed(1)))
+        total, report = robust_sum(forged, w)
+        plain = sum(forged.values())
+        assert report.clipped == ("p3",) and report.ratio["p3"] > 100
+        err_robust = torch.linalg.vector_norm(total / 8.0 - honest_mean) / torch.linalg.vector_norm(honest_mean)
+        err_plain = torch.linalg.vector_norm(plain / 8.0 - honest_mean) / torch.linalg.vector_norm(honest_mean)
+        assert err_robust < 1.0 < 100 * err_robust < err_plain, (attack, float(err_robust), float(err_plain))
+
+
+def test_two_contributions_are_summed_plainly_and_idle_peers_must_send_zeros():
+    parts = _honest(2)
+    total, report = robust_sum(parts, {"p0": 2.0, "p1": 2.0})
+    assert torch.equal(total, parts["p0"] + parts["p1"]) and report.radius == 0.0
+    parts = dict(_honest(3), idle=torch.ones(2000))
+    total, report = robust_sum(parts, {"p0": 2.0, "p1": 2.0, "p2": 2.0, "idle": 0.0})
+    assert "idle" in report.clipped and torch.equal(total, parts["p0"] + parts["p1"] + parts["p2"])
+    mean, _ = robust_mean(_honest(3), {p: 2.0 for p in ("p0", "p1", "p2")})
+    assert mean.shape == (2000,)
+
+
+def test_unequal_shares_are_judged_per_sample():
+    parts = _honest(4, weight=1.0)
+    parts["p0"] = parts["p0"] * 5.0  # p0 ran 5 micro-batches: its sum is 5 means
+    total, report = robust_sum(parts, {"p0": 5.0, "p1": 1.0, "p2": 1.0, "p3": 1.0})
+    assert report.clipped == ()
+
+
+def test_the_omniscient_attacks_stay_inside_the_honest_spread_and_are_not_convicted():
+    parts = _honest(4)
+    others = {p: (parts[p], 2.0) for p in ("p0", "p1", "p2")}
+    for attack in ("alie", "ipm"):
+        forged = dict(parts, p3=attacks.forge(attack, parts["p3"], 2.0, others))
+        _, report = robust_sum(forged, {p: 2.0 for p in forged})
+        assert report.ratio["p3"] < 3.0, attack  # bounded, not judged: see verdicts
+
+
+def test_a_peer_far_out_in_3_of_5_steps_is_convicted_and_one_odd_step_convicts_nobody():
+    v = Verdicts()
+    parts = _honest(4)
+    w = {p: 2.0 for p in parts}
+    assert v.add(1, merge([robust_sum(dict(parts, p3=parts["p3"] * -1000), w)[1]])) == []
+    for step in range(2, 6):
+        assert v.add(step, merge([robust_sum(_honest(4, seed=step), w)[1]])) == []
+    new = []
+    for step in range(6, 9):
+        new += v.add(step, merge([robust_sum(dict(parts, p3=parts["p3"] * -1000), w)[1]]))
+    assert new == ["p3"] and v.convicted == {"p3": 8}
+
+
+def test_a_peer_is_evicted_by_most_other_replicas_of_its_stage_and_a_lone_liar_evicts_nobody():
+    stages = [("a", "b", "c", "d"), ("e", "f")]
+    acc = {"a": ("job", ["d"]), "b": ("job", ["d"]), "c": ("job", ["d"]), "d": ("job", ["a"]),
+           "e": ("job", ["a"]), "f": ("job", ["e"])}
+    assert evictions(acc, stages, "job") == {"d": 3}
+    assert evictions({"a": ("job", ["d"])}, stages, "job") == {}  # 1 of 3
+    assert evictions({"a": ("other", ["d"]), "b": ("other", ["d"])}, stages, "job") == {}
+
+
+def test_a_byzantine_replica_is_clipped_convicted_and_evicted_and_the_run_loses_no_step(tmp_path):
+    """One of 4 replicas of a stage sends -1000 x its gradient from the first step: the robust sum
+    clips it, the other three convict it within a few steps, the planner evicts it, the step in
+    flight is redone without it, and the run trains to its end."""
+    from tests._helpers import run_swarm_json
+
+    s = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", "30", "--plan", "even", "--stages", "1",
+                       "--chaos", "byzantine:p3:signflip1000", "--run-dir", str(tmp_path))
+    assert s["steps"] == 30 and s["lost_steps"] == 0
+    evicting = [e for e in s["epochs"] if any(p.get("evicted") for p in s["plans"] if p["epoch"] == e["epoch"])]
+    assert evicting and evicting[0]["first_step"] <= 10, s["epochs"]
+    assert s["plans"][-1]["evicted"] == ["p3"] and "p3" not in str(s["plans"][-1]["stages"])
+    losses = s["losses"]
+    assert max(losses) < 10 and losses[-1] < losses[0]  # undefended, the loss explodes (scripts/attack_figures.py)

@@ -55,7 +55,7 @@ def test_link_changes_fire_at_their_step_at_training_s_start_and_after_the_event
     clock = [1000.0]
     monkeypatch.setattr(follow.time, "monotonic", lambda: clock[0])
     sent = []
-    monkeypatch.setattr(follow, "set_link_factor", lambda urls, regions, factor: sent.append(factor) or [None])
+    monkeypatch.setattr(follow, "set_link_factor", lambda urls, regions, factor, operator="": sent.append(factor) or [None])
 
     class Proc:
         name, info, proc = "a1", {"data_url": "http://x"}, object()

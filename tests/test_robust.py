@@ -101,3 +101,15 @@ def test_a_byzantine_replica_is_clipped_convicted_and_evicted_and_the_run_loses_
     assert s["plans"][-1]["evicted"] == ["p3"] and "p3" not in str(s["plans"][-1]["stages"])
     losses = s["losses"]
     assert max(losses) < 10 and losses[-1] < losses[0]  # undefended, the loss explodes (scripts/attack_figures.py)
+
+
+def test_a_sign_flipped_replica_is_convicted_by_direction_though_not_far():
+    v = Verdicts()
+    new = []
+    for step in range(8):
+        parts = _honest(4, seed=step)
+        parts["p3"] = -parts["p3"]  # an honest-sized gradient, pointing away
+        report = merge([robust_sum(parts, {p: 2.0 for p in parts})[1]])
+        assert report.cos["p3"] < 0 < min(report.cos[p] for p in ("p0", "p1", "p2"))
+        new += v.add(step, report)
+    assert new == ["p3"] and v.convicted["p3"] <= 4

@@ -99,9 +99,11 @@ def check_order(chaos: list[Chaos]) -> None:
                          "listed before it, and this is the first")
 
 
-def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) -> list[Optional[Exception]]:
+def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float,
+                    operator_path: str = "") -> list[Optional[Exception]]:
     """Tells every peer to run its emulated links between two regions at ``factor`` x bandwidth;
-    the error of each peer that did not take it (None where it did)."""
+    the error of each peer that did not take it (None where it did). ``operator_path``: the
+    launcher's identity file (its peer id went to the peers as ``--operator``)."""
     import asyncio
 
     from ..net.client import DataPlaneClient
@@ -110,7 +112,8 @@ def set_link_factor(urls: list[str], regions: tuple[str, str], factor: float) ->
 
     async def send_all():
         # peers take messages on authenticated connections only: the launcher has an identity of its own
-        client = DataPlaneClient(auth=Authenticator(Identity.generate()))
+        me = Identity.load(operator_path) if operator_path else Identity.generate()
+        client = DataPlaneClient(auth=Authenticator(me))
         try:
             header = {"regions": list(regions), "factor": factor}
             return await asyncio.gather(*(client.send(u, CHAOS_KIND, header, timeout=5) for u in urls),

@@ -128,7 +128,8 @@ class RunFollower:
                 self.pending_recovery.append(ev)
             else:
                 peers = [p for p in self.live() if p.info]
-                errors = set_link_factor([p.info["data_url"] for p in peers], c.regions, c.factor)
+                errors = set_link_factor([p.info["data_url"] for p in peers], c.regions, c.factor,
+                                         getattr(self.args, "operator_identity", ""))
                 for p, err in zip(peers, errors):
                     if err is not None:
                         self.say(f"chaos: {p.name} did not take {c.describe()}: {err}")

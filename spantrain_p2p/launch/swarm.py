@@ -101,6 +101,15 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
             args.steps = 0
         first_args, every_args = job_args(args, len(s.peers) - len(held)) if training else ([], [])
         every_args += ["--emulate-t0", str(time.monotonic())]
+        # chaos comes from this launcher only: its identity, its peer id on every peer's command line
+        from ..swarm.identity import Identity
+
+        operator = Identity.generate()
+        args.operator_identity = os.path.join(run_dir, "operator.id")
+        if os.path.exists(args.operator_identity):
+            os.remove(args.operator_identity)
+        operator.save(args.operator_identity)
+        every_args += ["--operator", operator.peer_id]
         if getattr(args, "verbose", 0) > 1:  # -vv: the peers log at debug level too
             every_args.append("-" + "v" * args.verbose)
         procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat, extra_args=tuple(every_args),

@@ -65,7 +65,10 @@ class DataPlaneClient:
                 await w.wait_closed()
 
     async def _connection(self, addr: tuple[str, int], want: Optional[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """An open connection to ``addr`` (authenticated, and to peer ``want`` when given)."""
+        """An open connection to ``addr`` (authenticated, and to peer ``want``: when not given, the
+        peer whose record serves at ``addr``, where one does: a client always names whom it dials)."""
+        if want is None and self.paths is not None and self.auth is not None:
+            want = self.paths.peer_at(addr)
         idle = self._idle.get(addr, [])
         while idle:
             reader, writer = idle.pop()

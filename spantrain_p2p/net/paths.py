@@ -168,7 +168,7 @@ class Paths:
         self.used: dict[str, dict] = {}  # peer -> {"path", "via" (a peer id), "since"} of the last connection opened
         self._punching = 0
         self._indexed: Optional[dict] = None  # the view ``_by_addr`` was made from
-        self._by_addr: dict[tuple[str, int], str] = {}
+        self._by_addr: dict[tuple[str, int], Optional[str]] = {}
         self._link_changed = asyncio.Event()
         server.preambles[OBSERVE] = (0, answer_observe)
         server.preambles[REVERSE] = (16, self.reversals.arrive)
@@ -185,16 +185,23 @@ class Paths:
     def _peer_at(self, addr: tuple[str, int]) -> Optional[str]:
         """The live member serving at ``addr``: an index of the current view's addresses, made again
         when the peer takes a new view (asked at every connection and page; a member's record is
-        untrusted, so an address that does not parse is left out, not raised)."""
+        untrusted, so an address that does not parse is left out, not raised, and an address two
+        records claim names nobody: a record may claim another's address)."""
         view = self.records()
         if view is not self._indexed:
             self._by_addr = {}
             for pid, rec in view.items():
                 if rec.alive and rec.data_url:
                     with contextlib.suppress(ValueError):
-                        self._by_addr.setdefault(address_of(rec.data_url), pid)
+                        a = address_of(rec.data_url)
+                        self._by_addr[a] = pid if a not in self._by_addr else None
             self._indexed = view
         return self._by_addr.get(addr)
+
+    def peer_at(self, addr: tuple[str, int]) -> Optional[str]:
+        """The peer id a connection to ``addr`` must authenticate as (None: no single live record
+        serves there). Every client of a peer pins it (``DataPlaneClient``)."""
+        return self._peer_at(addr)
 
     def indirect(self, url: str) -> bool:
         """Whether the peer at ``url`` cannot be dialed (behind NAT): HTTP cannot reach it either."""

@@ -31,6 +31,7 @@ class PeerConfig:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     emulate: str = ""  # "SCENARIO:PEER": shape outgoing links and pad compute like that scenario peer
     emulate_t0: Optional[float] = None  # CLOCK_MONOTONIC origin of the scenario's bandwidth traces
+    operator: str = ""  # the peer id whose chaos messages an emulated peer takes (its launcher's); "": none
     swarm_key_path: str = ""  # a closed swarm's key file ("": an open swarm)
     allow: tuple[str, ...] = ()  # peer ids this peer takes part with (empty: anyone of the swarm)
     group_key_timeout_s: float = 20.0  # how long a joiner of a closed swarm with --allow waits for its key

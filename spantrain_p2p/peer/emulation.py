@@ -38,12 +38,16 @@ def emulated_link(emulator, name: str):
         return None
 
 
-def chaos_handler(get_emulator: Callable[[], object]):
+def chaos_handler(get_emulator: Callable[[], object], operator: str = ""):
     """The data-plane handler of ``CHAOS_KIND``: fault injection by the local launcher, which changes the
-    emulated links between two regions (``{'regions': [A, B], 'factor': F}``, F x bandwidth)."""
+    emulated links between two regions (``{'regions': [A, B], 'factor': F}``, F x bandwidth). Taken
+    from ``operator`` only (the launcher's peer id, ``--operator``): a member cannot cut links."""
 
     async def on_chaos(header: dict, buffers) -> tuple[dict, list]:
         from ..net.framing import FrameError
+
+        if not operator or header.get("src") != operator:
+            raise FrameError("chaos is taken from this peer's operator only (--operator)")
 
         regions, factor = header.get("regions"), header.get("factor")
         if not (isinstance(regions, list) and len(regions) == 2 and all(isinstance(r, str) for r in regions)

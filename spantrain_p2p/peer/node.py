@@ -234,7 +234,7 @@ class Peer:
         self.dataplane.register(PROBE_KIND, handle_probe)
         dashboard.install(self, self.dataplane)
         if self.emulator is not None:
-            self.dataplane.register(CHAOS_KIND, chaos_handler(lambda: self.emulator))
+            self.dataplane.register(CHAOS_KIND, chaos_handler(lambda: self.emulator, cfg.operator))
         for hook in self._before_serving:
             hook(self)
         try:

@@ -50,6 +50,8 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="", help="a human name for this peer, shown to others")
     p.add_argument("--emulate", metavar="SCENARIO:PEER",
                    help="behave as PEER of the scenario file SCENARIO (name and device class)")
+    p.add_argument("--operator", default="", metavar="PEER_ID",
+                   help="an emulated peer takes chaos (link changes) from this peer id only (the launcher's)")
     p.add_argument("--emulate-t0", type=float, default=None, metavar="T",
                    help="CLOCK_MONOTONIC time the scenario's bandwidth traces count from (default: peer start)")
     p.add_argument("--heartbeat", type=float, default=2.0, metavar="S",
@@ -138,7 +140,7 @@ def config_from_args(a: argparse.Namespace):
     return PeerConfig(join=join, swarm=a.swarm, listen=listen, host=host, data_port=a.data_port,
                       announce=tuple(a.announce), relay_circuits=max(0, a.relay),
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
-                      emulate=a.emulate or "", emulate_t0=a.emulate_t0, swarm_key_path=a.swarm_key or "",
+                      emulate=a.emulate or "", emulate_t0=a.emulate_t0, operator=a.operator, swarm_key_path=a.swarm_key or "",
                       allow=allow, encrypt=a.encrypt, stall_timeout_s=a.stall_timeout)
 
 

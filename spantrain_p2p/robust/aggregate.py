@@ -37,16 +37,26 @@ class ClipReport:
     radius: float  # 0: nothing judged (fewer than MIN_PEERS, or no spread)
     ratio: Mapping[str, float] = field(default_factory=dict)  # distance from the centre over the radius
     clipped: tuple[str, ...] = ()
+    # cosine of each mean with the robust centre: an honest gradient points the centre's way (> 0),
+    # a flipped one (a sign flip, inner-product manipulation) against it
+    cos: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"radius": self.radius, "ratio": {p: round(r, 3) for p, r in self.ratio.items()},
-                "clipped": list(self.clipped)}
+                "clipped": list(self.clipped), "cos": {p: round(c, 3) for p, c in self.cos.items()}}
 
 
 def _median(stacked: torch.Tensor) -> torch.Tensor:
-    """Coordinate-wise median over dim 0 (the mean of the two middle values for an even count)."""
+    """Coordinate-wise median over dim 0 (the mean of the two middle values for an even count);
+    3 and 4 rows (a stage's usual replicas) by elementwise min and max, ~10x faster than a sort."""
+    n = stacked.shape[0]
+    if n == 3:
+        a, b, c = stacked[0], stacked[1], stacked[2]
+        return torch.maximum(torch.minimum(a, b), torch.minimum(torch.maximum(a, b), c))
+    if n == 4:
+        total = stacked.sum(0)
+        return (total - stacked.max(0).values - stacked.min(0).values) / 2
     s = stacked.sort(dim=0).values
-    n = s.shape[0]
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
@@ -81,14 +91,17 @@ def robust_sum(parts: Mapping[str, torch.Tensor], weights: Mapping[str, float], 
     radius = tau_factor * sorted(dist)[len(dist) // 2 - (0 if len(dist) % 2 else 1)]
     if radius <= 0.0 or not all(d == d for d in dist):  # no spread at all (identical parts): nothing to judge
         return plain, ClipReport(0.0, dict(idle), tuple(sorted(idle)))
+    c_norm = float(torch.linalg.vector_norm(centre))
+    cos = {p: float(torch.dot(means[i], centre)) / max(float(torch.linalg.vector_norm(means[i])) * c_norm, 1e-30)
+           for i, p in enumerate(judged)}
     if max(dist) <= radius:
         ratio = {p: d / radius for p, d in zip(judged, dist)}
         if not idle:
-            return plain, ClipReport(radius, ratio, ())
+            return plain, ClipReport(radius, ratio, (), cos)
         out = torch.zeros_like(plain)
         for p in judged:
             out += parts[p]
-        return out, ClipReport(radius, {**ratio, **idle}, tuple(sorted(idle)))
+        return out, ClipReport(radius, {**ratio, **idle}, tuple(sorted(idle)), cos)
     w = torch.tensor([float(weights[p]) for p in judged], dtype=torch.float32)
     total = float(w.sum())
     v = centre
@@ -101,7 +114,7 @@ def robust_sum(parts: Mapping[str, torch.Tensor], weights: Mapping[str, float], 
     ratio = {p: float(torch.linalg.vector_norm(means[i] - v)) * scale[i] / radius for i, p in enumerate(judged)}
     ratio.update(idle)
     clipped = tuple(sorted(p for p, r in ratio.items() if r > 1.0))
-    return (v * total).to(plain.dtype), ClipReport(radius, ratio, clipped)
+    return (v * total).to(plain.dtype), ClipReport(radius, ratio, clipped, cos)
 
 
 def robust_mean(parts: Mapping[str, torch.Tensor], weights: Mapping[str, float], **kw) -> tuple[torch.Tensor, ClipReport]:

@@ -1,13 +1,17 @@
 """From clip reports to a verdict: which peer is attacking, by evidence that honest float noise does
 not produce.
 
-A contribution is *far* in a step when its distance from the robust centre is more than
-``FAR_RATIO`` radii (the radius is 3 median distances and an honest replica's mean lies within about
-one: far means 9 median distances or more, what scaled or random vectors give, never float noise). A peer is *convicted* when it
-was far in ``CONVICT_OF`` of its last ``WINDOW`` judged steps: one odd step (a rare outlier batch)
-convicts nobody. What is not far (a sign flip of an honest-sized gradient, a little-is-enough
-shift) is clipped or bounded but not judged: its damage is at most one honest contribution's worth
-per step.
+Two kinds of evidence:
+- *far*: the contribution's distance from the robust centre is more than ``FAR_RATIO`` radii (the
+  radius is 3 median distances and an honest replica's mean lies within about one: far means 9
+  median distances or more, what scaled or random vectors give); convicted when far in
+  ``CONVICT_OF`` of its last ``WINDOW`` judged steps: one odd step (an outlier batch, seen up to
+  ~4 radii) convicts nobody;
+- *opposed*: its cosine with the robust centre is under ``OPPOSED_SHARE`` of the step's median
+  cosine (an honest gradient points the others' way; a sign flip, inner-product manipulation or a
+  free rider's zeros do not); convicted when opposed in ``OPPOSED_OF`` of its last ``WINDOW`` steps.
+What is neither (a little-is-enough shift, a stale gradient) is clipped or bounded but not judged:
+its damage is at most one honest contribution's worth per step.
 
 ``Verdicts`` is plain bookkeeping, the same on every honest replica (they see the same parts).
 """
@@ -21,6 +25,11 @@ from .aggregate import ClipReport
 FAR_RATIO = 3.0
 WINDOW = 5
 CONVICT_OF = 3
+# a contribution *opposed* to the others: its cosine with the robust centre under half the median
+# cosine of the step's contributions (honest ones cluster: 0.2-0.9 in the built-in model's runs,
+# a sign flip sits near 0 or below); convicted when opposed in OPPOSED_OF of the last WINDOW steps
+OPPOSED_SHARE = 0.5
+OPPOSED_OF = 4
 
 
 @dataclass
@@ -28,36 +37,63 @@ class Verdicts:
     far_ratio: float = FAR_RATIO
     window: int = WINDOW
     convict_of: int = CONVICT_OF
+    opposed_of: int = OPPOSED_OF
+    opposed: dict[str, deque] = field(default_factory=dict)
     history: dict[str, deque] = field(default_factory=dict)
     convicted: dict[str, int] = field(default_factory=dict)  # peer -> the step it was convicted at
     clipped_steps: dict[str, int] = field(default_factory=dict)  # peer -> steps it was clipped in
     max_ratio: dict[str, float] = field(default_factory=dict)
+    recent: dict[str, deque] = field(default_factory=dict)  # each peer's last ratios, for people
+    judged_steps: dict[str, int] = field(default_factory=dict)
+    recent_cos: dict[str, deque] = field(default_factory=dict)
 
     def add(self, step: int, report: ClipReport) -> list[str]:
         """Records one step's report (of every bucket, merged by the caller); the peers newly convicted."""
         new = []
+        mid = _median(list(report.cos.values()))
         for peer, ratio in report.ratio.items():
             h = self.history.setdefault(peer, deque(maxlen=self.window))
             far = ratio > self.far_ratio
             h.append(far)
+            c = report.cos.get(peer)
+            o = self.opposed.setdefault(peer, deque(maxlen=self.window))
+            o.append(c is not None and mid > 0 and c < OPPOSED_SHARE * mid)
+            if c is not None:
+                self.recent_cos.setdefault(peer, deque(maxlen=20)).append(round(c, 2))
             if ratio > 1.0:
                 self.clipped_steps[peer] = self.clipped_steps.get(peer, 0) + 1
             self.max_ratio[peer] = max(self.max_ratio.get(peer, 0.0), ratio)
-            if peer not in self.convicted and sum(h) >= self.convict_of:
+            self.recent.setdefault(peer, deque(maxlen=20)).append(round(ratio, 2))
+            self.judged_steps[peer] = self.judged_steps.get(peer, 0) + 1
+            if peer not in self.convicted and (sum(h) >= self.convict_of or sum(o) >= self.opposed_of):
                 self.convicted[peer] = step
                 new.append(peer)
         return new
 
     def summary(self) -> dict:
         return {"convicted": dict(self.convicted), "clipped_steps": dict(self.clipped_steps),
-                "max_ratio": {p: round(r, 2) for p, r in self.max_ratio.items()}}
+                "judged_steps": dict(self.judged_steps),
+                "max_ratio": {p: round(r, 2) for p, r in self.max_ratio.items()},
+                "recent_ratio": {p: list(r) for p, r in self.recent.items()},
+                "recent_cos": {p: list(r) for p, r in self.recent_cos.items()}}
+
+
+def _median(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def merge(reports: list[ClipReport]) -> ClipReport:
     """One step's reports of several buckets as one: each peer's largest ratio."""
     ratio: dict[str, float] = {}
+    cos: dict[str, float] = {}
     for r in reports:
         for p, x in r.ratio.items():
             ratio[p] = max(ratio.get(p, 0.0), x)
+        for p, x in r.cos.items():
+            cos[p] = cos.get(p, 0.0) + x / len(reports)  # the buckets' mean
     return ClipReport(max((r.radius for r in reports), default=0.0), ratio,
-                      tuple(sorted(p for p, x in ratio.items() if x > 1.0)))
+                      tuple(sorted(p for p, x in ratio.items() if x > 1.0)), cos)

@@ -35,7 +35,10 @@ class Recovery:
     def __init__(self, peer, rtt_ms: Callable[[str], float], on_event: Callable[[dict], None]):
         self.peer, self.rtt_ms, self.on_event = peer, rtt_ms, on_event
         self.job = self.handle = self.checkpoints = None
-        self.store = layer_state.Store(keep_steps=3)  # own snapshots and a buddy's copies, by (layer, step)
+        self.store = layer_state.Store(keep_steps=3)  # own snapshots, by (layer, step)
+        # copies buddies sent, kept apart: a copy is taken only from the peer the map gives that layer
+        self.copies = layer_state.Store(keep_steps=3)
+        self._maps: list = []  # the stage maps this peer ran lately (a copy may come from the one before)
         self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
         self._buddy_push: Optional[asyncio.Task] = None
         self.charges = None  # models.workload.Charges with a workload: a fetched layer is the workload's layer
@@ -51,6 +54,8 @@ class Recovery:
     def inventory(self) -> dict[int, list[int]]:
         """What this peer holds: layer -> steps (its snapshots, a buddy's copies, a checkpoint's)."""
         inv = self.store.inventory()
+        for layer, steps in self.copies.inventory().items():
+            inv[layer] = sorted(set(inv.get(layer, [])) | set(steps))
         if self.checkpoints is not None:
             for layer, steps in self.checkpoints.inventory().items():
                 inv[layer] = sorted(set(inv.get(layer, [])) | set(steps))
@@ -59,9 +64,16 @@ class Recovery:
     def _held(self, layer: int, step: int):
         """The state of (layer, step) this peer holds, in memory or in its checkpoint directory."""
         st = self.store.get(layer, step)
+        if st is None:
+            st = self.copies.get(layer, step)
         if st is None and self.checkpoints is not None:
             st = self.checkpoints.load(layer, step, self._expected_layer_shapes(layer))
         return st
+
+    def adopt(self, smap: StageMap) -> None:
+        """The map this peer runs now (buddy copies are checked against it and the one before)."""
+        if not self._maps or self._maps[-1] is not smap:
+            self._maps = [*self._maps[-1:], smap]
 
     # ---- after each step --------------------------------------------------------------------------
     def snapshot(self, smap: StageMap, stage: int, layers, opt, first: int, step: int,
@@ -69,6 +81,7 @@ class Recovery:
         """Keeps the state after ``step`` completed steps (with ``run``'s scalars of the whole run
         in every layer's), and sends a copy to the buddy peer (with ``loss_rows``, this peer's
         recent [step, loss sum, count, epoch]). Returns the (layer, state) pairs."""
+        self.adopt(smap)
         states = [(first + i, layer_state.capture(layer, opt, run)) for i, layer in enumerate(layers)]
         for i, st in states:
             self.store.put(i, step, st)
@@ -167,9 +180,21 @@ class Recovery:
     async def on_ckpt(self, header: dict, buffers) -> None:
         """A buddy's copy of one of its layers after a step: held for recovery."""
         layer, step = self._check_layer_header(header)
-        self.store.put(layer, step, layer_state.decode(header, buffers, self._expected_layer_shapes(layer)))
+        src = header.get("src")
+        if not any(self._owns_alone(m, src, layer) for m in self._maps):
+            raise FrameError(f"a copy of layer {layer} from {str(src)[:16]}, which the stage map does not give it alone")
+        self.copies.put(layer, step, layer_state.decode(header, buffers, self._expected_layer_shapes(layer)))
         self._hold_losses(header.get("losses"))
         return None
+
+    @staticmethod
+    def _owns_alone(smap: StageMap, peer: object, layer: int) -> bool:
+        """Whether ``peer`` holds ``layer`` alone in ``smap`` (only such a peer sends buddy copies)."""
+        k = smap.stage_of(peer) if isinstance(peer, str) else None
+        if k is None:
+            return False
+        st = smap.stages[k]
+        return len(st.peers) == 1 and st.layers[0] <= layer < st.layers[1]
 
     def _hold_losses(self, rows) -> None:
         """Keeps a buddy's recent (step, loss sum, count, epoch) rows, so that if it dies before its

@@ -246,6 +246,7 @@ class Trainer:
             if self.island is not None:  # islands: this peer runs its island's pipeline
                 smap = smap.island_map(self.island)
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)
+            self.recovery.adopt(smap)
             self.epochs_adopted.add(smap.epoch)
             self.transport.begin_epoch(smap, self.stage)
             self.step = smap.start_step

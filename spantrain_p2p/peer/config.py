@@ -35,6 +35,8 @@ class PeerConfig:
     swarm_key_path: str = ""  # a closed swarm's key file ("": an open swarm)
     allow: tuple[str, ...] = ()  # peer ids this peer takes part with (empty: anyone of the swarm)
     group_key_timeout_s: float = 20.0  # how long a joiner of a closed swarm with --allow waits for its key
-    encrypt: bool = False  # encrypt data-plane connections (either end asking is enough)
+    # encrypt data-plane connections (either end asking is enough): AES-256-GCM records, which bind
+    # every message to its connection (an on-path attacker can neither read nor inject); on by default
+    encrypt: bool = True
     relay_circuits: int = 16  # circuits this peer relays at once for peers that reach each other no other way
     stall_timeout_s: float = 30.0  # a message that stops arriving this long closes its connection

@@ -64,7 +64,9 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--relay", type=int, default=16, metavar="N",
                    help="relay at most N circuits at once for peers behind NAT that reach each other no other way "
                    "(a reachable peer only; 0: never; default: %(default)s)")
-    p.add_argument("--encrypt", action="store_true", help="encrypt this peer's data-plane connections")
+    p.add_argument("--encrypt", action="store_true",
+                   help="(always on now: every data-plane connection is encrypted and integrity-protected; "
+                   "the flag is kept for old scripts)")
     p.add_argument("--stall-timeout", type=float, default=30.0, metavar="S",
                    help="close a data-plane connection whose message stops arriving for S seconds (default: 30)")
     p.add_argument("--byzantine", default="", metavar="ATTACK",
@@ -141,7 +143,7 @@ def config_from_args(a: argparse.Namespace):
                       announce=tuple(a.announce), relay_circuits=max(0, a.relay),
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
                       emulate=a.emulate or "", emulate_t0=a.emulate_t0, operator=a.operator, swarm_key_path=a.swarm_key or "",
-                      allow=allow, encrypt=a.encrypt, stall_timeout_s=a.stall_timeout)
+                      allow=allow, encrypt=True, stall_timeout_s=a.stall_timeout)
 
 
 def allow_list(items: list[str]) -> tuple[str, ...]:

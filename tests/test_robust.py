@@ -113,3 +113,12 @@ def test_a_sign_flipped_replica_is_convicted_by_direction_though_not_far():
         assert report.cos["p3"] < 0 < min(report.cos[p] for p in ("p0", "p1", "p2"))
         new += v.add(step, report)
     assert new == ["p3"] and v.convicted["p3"] <= 4
+
+
+def test_with_islands_a_peer_is_evicted_by_most_peers_of_the_other_islands():
+    islands = [("a1", "a2"), ("b1", "b2"), ("c1", "c2"), ("d1", "d2")]
+    honest = {p: ("job", ["d1", "d2"]) for isl in islands[:3] for p in isl}
+    liar = {"d1": ("job", ["a1"]), "d2": ("job", ["a1"])}
+    assert evictions({**honest, **liar}, [], "job", islands) == {"d1": 6, "d2": 6}
+    assert evictions(liar, [], "job", islands) == {}  # 2 of 6 others
+    assert evictions(honest, [], "job", islands[:2]) == {}  # two islands cannot tell which one lies

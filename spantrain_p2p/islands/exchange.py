@@ -35,6 +35,7 @@ from ..plan.stagemap import StageMap
 from .members import CATCH_UP_AHEAD, OUTER_MEMBERS, Membership, leave_after_s  # noqa: F401 (re-exported)
 from .outer import Contribution, OuterLayers
 from ..robust import attacks
+from ..robust.aggregate import ClipReport
 from ..robust.verdicts import merge as merge_reports
 from ..models.workload import layer_charge
 
@@ -61,6 +62,7 @@ class OuterSync(Membership):
     """One peer's side of the islands' exchange. ``on_event(dict)``: for the run's events."""
 
     attack: str = ""  # the --byzantine harness (``robust.attacks``); set by the trainer
+    on_verdict = None  # (round, ClipReport by island) after each robust merge; set by the trainer
 
     def __init__(self, peer, on_event: Callable[[dict], None]):
         self.peer, self.on_event = peer, on_event
@@ -334,7 +336,11 @@ class OuterSync(Membership):
         self.outer.reports.clear()
         self.outer.merge(contribs)
         # how far each island's pseudo-gradient lay from the robust centre, in clip radii (> 1: clipped)
-        clip = {members[int(j)]: round(x, 3) for j, x in merge_reports(self.outer.reports).ratio.items()}
+        merged = merge_reports(self.outer.reports)
+        clip = {members[int(j)]: round(x, 3) for j, x in merged.ratio.items()}
+        if merged.ratio and self.on_verdict is not None:  # judged by island (``train.defence``)
+            self.on_verdict(r, ClipReport(merged.radius, {str(members[int(j)]): x for j, x in merged.ratio.items()},
+                                          (), {str(members[int(j)]): x for j, x in merged.cos.items()}))
         self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "members": members,
                             "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0,
                             **({"clip": clip} if clip else {})})

@@ -227,13 +227,15 @@ class Coordinator:
         if now - self._accusations_read < ACCUSATIONS_EVERY_S:
             return ""
         self._accusations_read = now
+        islands = [sorted({p for st in current.stages[a:b] for p in st.peers}) for a, b in current.island_ranges()] \
+            if current.islands else []
         found = evictions(await read_accusations(self.peer, self.log_bad), [st.peers for st in current.stages],
-                          current.job_id)
+                          current.job_id, islands)
         new = {p: n for p, n in found.items() if p not in self.peer.evicted}
         if not new:
             return ""
         self.peer.evicted.update(new)
-        why = ", ".join(f"{current.name_of(p)} (accused by {n} replicas of its stage)" for p, n in sorted(new.items()))
+        why = ", ".join(f"{current.name_of(p)} (accused by {n} peers that hold its layers)" for p, n in sorted(new.items()))
         log.warning("evicting %s for the rest of the job", why)
         return f"evicted {why}"
 

@@ -8,7 +8,7 @@ adopts the stage map listing it (``Peer.evicted``)."""
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from ..robust.aggregate import ClipReport
 from ..robust.verdicts import Verdicts, merge
@@ -23,6 +23,8 @@ class Defence:
     def __init__(self, peer, events: Callable[[dict], None]):
         self.peer, self.events = peer, events
         self.verdicts = Verdicts()
+        # islands: by island index, one judgment per round (a round is many steps of evidence)
+        self.island_verdicts = Verdicts(window=3, convict_of=2, opposed_of=3)
         self.previous: dict = {}  # the --byzantine harness's honest parts of the step before (``stale``)
         self.job_id = ""
         self.name_of: Callable[[str], str] = lambda p: p[:12]
@@ -31,12 +33,22 @@ class Defence:
         judged = [r for r in reports if r.radius > 0 or r.clipped]
         if not judged:
             return
-        new = self.verdicts.add(step, merge(judged))
+        self._convict(step, self.verdicts.add(step, merge(judged)))
+
+    def judge_islands(self, round_: int, report: ClipReport, island_peers: Callable[[int], list[str]]) -> None:
+        """One round's merge, judged by island (``report`` keyed by island index): a convicted
+        island's peers are accused, every one of them (they sent what it forged)."""
+        new = self.island_verdicts.add(round_, report)
+        peers = [p for i in new for p in island_peers(int(i))]
+        if peers:
+            self.verdicts.convicted.update({p: round_ for p in peers})
+            self._convict(round_, peers, "round")
+
+    def _convict(self, step: int, new: list[str], what: str = "step") -> None:
         for peer_id in new:
-            summary = self.verdicts.summary()
-            log.warning("step %d: convicting %s: its gradient lay far outside the other replicas' (%.0f x the "
-                        "clip radius) in %d of its last %d steps; accusing it", step, self.name_of(peer_id),
-                        summary["max_ratio"].get(peer_id, 0.0), self.verdicts.convict_of, self.verdicts.window)
+            log.warning("%s %d: convicting %s: what it sent lay far outside the others' (up to %.0f x the clip "
+                        "radius) or pointed away from them; accusing it", what, step, self.name_of(peer_id),
+                        self.verdicts.max_ratio.get(peer_id, 0.0))
             self.events({"kind": "accused", "peer": self.name_of(peer_id), "step": step})
             self.peer.spawn(self._accuse(), "accuse")
 
@@ -47,15 +59,31 @@ class Defence:
             log.warning("publishing an accusation failed: %s", e)
 
     def status(self) -> dict:
-        return self.verdicts.summary()
+        out = self.verdicts.summary()
+        if self.island_verdicts.history:
+            out["islands"] = self.island_verdicts.summary()
+        return out
 
 
-def evictions(accusations: Mapping[str, tuple[str, list[str]]], stages: list[tuple[str, ...]], job_id: str
-              ) -> dict[str, int]:
+def evictions(accusations: Mapping[str, tuple[str, list[str]]], stages: list[tuple[str, ...]], job_id: str,
+              islands: Sequence[Sequence[str]] = ()) -> dict[str, int]:
     """{peer: how many accused it} for each peer that more than half of the *other* replicas of its
     stage accuse (``accusations``: accuser -> (job id, accused peers)); only accusations of this job
-    by a replica of the accused's own stage count."""
+    by a replica of the accused's own stage count. With ``islands`` (each island's peers), a peer is
+    judged by the peers of the other islands instead: more than half of them must accuse it (with
+    fewer than 3 islands, nobody is judged)."""
     out = {}
+    if islands:
+        if len(islands) < 3:
+            return out
+        for isl in islands:
+            others = [a for other in islands if other is not isl for a in other]
+            for x in isl:
+                by = [a for a in others if accusations.get(a, ("", []))[0] == job_id
+                      and x in accusations.get(a, ("", []))[1]]
+                if 2 * len(by) > len(others):
+                    out[x] = len(by)
+        return out
     for peers in stages:
         if len(peers) < 3:
             continue  # two replicas cannot tell which one lies

@@ -130,6 +130,7 @@ class Trainer:
         self.outer = OuterSync(peer, self.events.append)  # islands: the exchange between them
         self.defence = Defence(peer, self.events.append)  # the replicas' verdicts on each other
         self.outer.attack = options.byzantine
+        self.outer.on_verdict = lambda r, report: self.defence.judge_islands(r, report, self._island_peers)
         # the step being run -> (the data step it trains on, its first micro-batch there): islands train
         # data steps not their own, and with --island-split a part of one
         self._data_of: dict[int, tuple[int, int]] = {}
@@ -153,6 +154,14 @@ class Trainer:
         peer.status_extras["train"] = self.status
         # a peer of the current stage map is a member, even before this peer's next look at the DHT
         peer.member_checks.append(lambda pid: self.full_map is not None and self.full_map.stage_of(pid) is not None)
+
+    def _island_peers(self, island: int) -> list[str]:
+        """The peers of ``island`` in the map as published (the exchange judges by island)."""
+        m = self.full_map
+        if m is None or not m.islands or not 0 <= island < len(m.islands):
+            return []
+        a, b = m.island_ranges()[island]
+        return sorted({p for st in m.stages[a:b] for p in st.peers})
 
     # ---- what the outside sees ----------------------------------------------------------------------
     def status(self) -> dict:

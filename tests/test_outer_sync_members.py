@@ -66,7 +66,7 @@ def _world(steps_per_round=(2, 1), split_second=False):
     smap = SimpleNamespace(islands=islands, island_map=lambda k: SimpleNamespace(stages=stages[k]),
                            exchange_codec="int8", epoch=1, name_of=lambda p: p, start_data_step=0,
                            predicted_step_s=0.01)
-    job = SimpleNamespace(job_id="j", recv_timeout_s=3.0, outer_lr=0.7, outer_momentum=0.9, steps=10_000)
+    job = SimpleNamespace(job_id="j", recv_timeout_s=3.0, outer_lr=0.7, outer_momentum=0.9, steps=10_000, aggregate="robust")
     net = _Net()
     peers = {}
     for k, lay in layouts.items():

@@ -123,3 +123,18 @@ def test_with_islands_a_peer_is_evicted_by_most_peers_of_the_other_islands():
     assert evictions({**honest, **liar}, [], "job", islands) == {"d1": 6, "d2": 6}
     assert evictions(liar, [], "job", islands) == {}  # 2 of 6 others
     assert evictions(honest, [], "job", islands[:2]) == {}  # two islands cannot tell which one lies
+
+
+def test_a_replayed_part_and_a_convicted_peer_are_left_out_by_every_honest_replica():
+    from spantrain_p2p.train.defence import Defence
+
+    d = Defence(peer=None, events=lambda e: None)
+    d.peer = type("P", (), {"spawn": lambda self, coro, name: coro.close()})()
+    d.judge(1, [], ["p3"])
+    assert not d.verdicts.convicted
+    d.judge(2, [], ["p3"])  # the second replay convicts
+    assert d.verdicts.convicted == {"p3": 2}
+    assert d.weights({"p0": 1.0, "p3": 1.0}) == {"p0": 1.0, "p3": 0.0}
+    parts = _honest(4)
+    total, report = robust_sum({p: t for p, t in parts.items() if p != "p3"}, d.weights({p: 2.0 for p in parts}))
+    assert torch.equal(total, parts["p0"] + parts["p1"] + parts["p2"]) and "p3" not in report.ratio

@@ -8,7 +8,7 @@ adopts the stage map listing it (``Peer.evicted``)."""
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from ..robust.aggregate import ClipReport
 from ..robust.verdicts import Verdicts, merge
@@ -19,6 +19,9 @@ log = logging.getLogger("spantrain.train")
 
 
 
+REPLAYS = 2  # steps a replica may send its part of the step before again (a stale, replayed gradient)
+
+
 class Defence:
     def __init__(self, peer, events: Callable[[dict], None]):
         self.peer, self.events = peer, events
@@ -26,14 +29,29 @@ class Defence:
         # islands: by island index, one judgment per round (a round is many steps of evidence)
         self.island_verdicts = Verdicts(window=3, convict_of=2, opposed_of=3)
         self.previous: dict = {}  # the --byzantine harness's honest parts of the step before (``stale``)
+        self.seen: dict = {}  # digests of the other replicas' parts of the step before (``GradientSum``)
+        self.replays: dict[str, int] = {}  # peer -> steps it sent a part of the step before again
         self.job_id = ""
         self.name_of: Callable[[str], str] = lambda p: p[:12]
 
-    def judge(self, step: int, reports: list[ClipReport]) -> None:
+    def weights(self, weights: Optional[dict]) -> Optional[dict]:
+        """A stage's robust-sum weights with the peers this replica convicted at 0: every honest
+        replica convicts at the same step from the same parts, so all leave them out alike."""
+        if weights is None or not self.verdicts.convicted:
+            return weights
+        return {p: (0.0 if p in self.verdicts.convicted else w) for p, w in weights.items()}
+
+    def judge(self, step: int, reports: list[ClipReport], replayed: Sequence[str] = ()) -> None:
+        new = []
+        for p in replayed:  # a part sent again bit for bit: a replay, convicted at the second
+            self.replays[p] = self.replays.get(p, 0) + 1
+            if self.replays[p] >= REPLAYS and p not in self.verdicts.convicted:
+                self.verdicts.convicted[p] = step
+                new.append(p)
         judged = [r for r in reports if r.radius > 0 or r.clipped]
-        if not judged:
-            return
-        self._convict(step, self.verdicts.add(step, merge(judged)))
+        if judged:
+            new += self.verdicts.add(step, merge(judged))
+        self._convict(step, new)
 
     def judge_islands(self, round_: int, report: ClipReport, island_peers: Callable[[int], list[str]]) -> None:
         """One round's merge, judged by island (``report`` keyed by island index): a convicted
@@ -60,6 +78,7 @@ class Defence:
 
     def status(self) -> dict:
         out = self.verdicts.summary()
+        out["replays"] = dict(self.replays)
         if self.island_verdicts.history:
             out["islands"] = self.island_verdicts.summary()
         return out

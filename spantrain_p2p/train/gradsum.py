@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Optional
 
 import torch
@@ -37,6 +38,15 @@ def layer_buckets(layer_numels: list[list[int]], bucket_bytes: int = BUCKET_BYTE
     return out
 
 
+def _fingerprint(t: torch.Tensor) -> bytes:
+    """Cheap and exact enough to tell a part sent again bit for bit: 4096 strided elements and the
+    sum (hashing a whole large model's gradient every step would cost more than the step)."""
+    flat = t.reshape(-1)
+    sample = flat[:: max(1, flat.numel() // 4096)][:4096].contiguous()
+    return hashlib.blake2b(sample.view(torch.uint8).numpy().tobytes() + repr(float(flat.sum())).encode(),
+                           digest_size=16).digest()
+
+
 class GradientSum:
     """One step's all-reduce (sum) of a stage's weight gradients among its replicas, bucket by
     bucket: a layer's buckets go to the other replicas as soon as the executor says its gradients
@@ -56,13 +66,17 @@ class GradientSum:
     def __init__(self, transport, me: str, step: int, params: list[torch.nn.Parameter],
                  buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str], sanitize: bool = False,
                  weights: Optional[dict[str, float]] = None, attack: str = "",
-                 previous: Optional[dict[int, torch.Tensor]] = None):
+                 previous: Optional[dict[int, torch.Tensor]] = None, seen: Optional[dict] = None):
         self.transport, self.me, self.step, self.params, self.buckets, self.others = \
             transport, me, step, params, buckets, others
         self.sanitize = sanitize
         self.weights, self.attack = weights, attack
         self.previous = previous if previous is not None else {}
         self.reports: list[ClipReport] = []
+        # (peer, bucket) -> digest of the part it sent the step before: a part sent again bit for bit
+        # (a replayed, stale gradient) is reported; honest parts differ every step (other data)
+        self.seen = seen if seen is not None else {}
+        self.replayed: set[str] = set()
         self._early: dict[int, dict[str, torch.Tensor]] = {}  # parts an omniscient attacker read first
         self.overflowed = False
         self._copier = HostCopier(params[0].device if params else torch.device("cpu"))
@@ -123,7 +137,15 @@ class GradientSum:
                     parts[src] = early[src] if src in early else \
                         await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
                 if self.weights is not None and k < len(self.buckets):
-                    total, report = robust_sum(parts, self.weights)
+                    for src, t in parts.items():
+                        if src != self.me:
+                            digest = _fingerprint(t)
+                            if self.seen.get((src, k)) == digest and bool(t.any()):
+                                self.replayed.add(src)
+                            self.seen[(src, k)] = digest
+                    # a convicted peer's part is left out at once (weight 0), before the planner evicts it
+                    total, report = robust_sum({p: t for p, t in parts.items() if self.weights.get(p, 1) > 0},
+                                               self.weights)
                     self.reports.append(report)
                 else:
                     total = torch.zeros_like(mine)

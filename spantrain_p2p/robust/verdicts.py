@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .aggregate import ClipReport
+from .aggregate import DROP_RATIO, ClipReport
 
-FAR_RATIO = 3.0
+FAR_RATIO = DROP_RATIO  # what is dropped from a step counts as far
 WINDOW = 5
 CONVICT_OF = 3
 # a contribution *opposed* to the others: its cosine with the robust centre under half the median

@@ -336,11 +336,12 @@ class OuterSync(Membership):
         self.outer.reports.clear()
         self.outer.merge(contribs)
         # how far each island's pseudo-gradient lay from the robust centre, in clip radii (> 1: clipped)
-        merged = merge_reports(self.outer.reports)
-        clip = {members[int(j)]: round(x, 3) for j, x in merged.ratio.items()}
-        if merged.ratio and self.on_verdict is not None:  # judged by island (``train.defence``)
-            self.on_verdict(r, ClipReport(merged.radius, {str(members[int(j)]): x for j, x in merged.ratio.items()},
-                                          (), {str(members[int(j)]): x for j, x in merged.cos.items()}))
+        merged = merge_reports(self.outer.reports)  # keyed by position in the round: by island from here
+        by_island = ClipReport(merged.radius, {str(members[int(j)]): x for j, x in merged.ratio.items()}, (),
+                               {str(members[int(j)]): x for j, x in merged.cos.items()})
+        clip = {int(i): round(x, 3) for i, x in by_island.ratio.items()}
+        if clip and self.on_verdict is not None:  # judged by island (``train.defence``)
+            self.on_verdict(r, by_island)
         self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "members": members,
                             "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0,
                             **({"clip": clip} if clip else {})})

@@ -74,7 +74,7 @@ class Budget:
         lim = self.limits
         if self.handshakes >= lim.max_handshakes:
             return f"too many connections being opened ({self.handshakes}); try again later"
-        capped = addr not in lim.unlimited_addresses
+        capped = self._capped(addr)
         if capped and self.handshakes_by_addr[addr] >= lim.per_address_handshakes:
             return f"too many connections being opened from {addr or 'one address'}; try again later"
         if self.connections + self.handshakes >= lim.max_connections:
@@ -92,7 +92,7 @@ class Budget:
     def handshake_allowed(self, addr: str = "") -> Optional[str]:
         """Takes a token for one handshake's RSA work from ``addr``'s bucket; the reason if empty."""
         lim, now = self.limits, self.clock()
-        if addr in lim.unlimited_addresses:
+        if not self._capped(addr):
             return None
         tokens, at = self._tokens.get(addr, (float(lim.per_address_handshakes), now))
         tokens = min(float(lim.per_address_handshakes), tokens + (now - at) * lim.handshakes_per_s)
@@ -114,7 +114,7 @@ class Budget:
             return f"{peer} has {lim.per_peer_connections} connections to this peer already"
         if self.connections >= (lim.max_connections if member else lim.max_connections * 3 // 4):
             return f"this peer has {self.connections} connections already"
-        if addr not in lim.unlimited_addresses and self.conns_by_addr[addr] >= lim.per_address_connections:
+        if self._capped(addr) and self.conns_by_addr[addr] >= lim.per_address_connections:
             return f"{addr or 'one address'} has {lim.per_address_connections} connections to this peer already"
         self.conns_by_peer[peer] += 1
         self.conns_by_addr[addr] += 1
@@ -125,6 +125,10 @@ class Budget:
         self._drop(self.conns_by_peer, peer)
         self._drop(self.conns_by_addr, addr)
         self.connections -= 1
+
+    def _capped(self, addr: str) -> bool:
+        """Whether the per-address limits apply to ``addr``."""
+        return addr not in self.limits.unlimited_addresses
 
     @staticmethod
     def _drop(counter: Counter, key: str) -> None:

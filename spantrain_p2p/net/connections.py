@@ -37,11 +37,9 @@ def frame_buffer(n: int) -> bytearray | numpy.ndarray:
     return numpy.empty(n, numpy.uint8) if n >= LAZY_BYTES else bytearray(n)
 
 
-def host_of(transport) -> str:
-    """The source address (host part) of a connection, what per-address limits count by."""
-    raw = getattr(transport, "transport", transport)
-    peer = raw.get_extra_info("peername") if raw is not None else None
-    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+def host_of(peername) -> str:
+    """The source address (host part) of a connection's peername, what per-address limits count by."""
+    return str(peername[0]) if isinstance(peername, tuple) and peername else ""
 
 
 def _answer_bytes(status: int, reason: str) -> bytes:
@@ -62,7 +60,7 @@ class FirstBytes(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.addr = host_of(transport)
+        self.addr = host_of(transport.get_extra_info("peername"))
         refused = self.server.budget.begin_handshake(self.addr)
         if refused:
             log.warning("refused a data-plane connection: %s", refused)
@@ -223,7 +221,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         self.sender = session.peer_id if session is not None else None
         raw = getattr(transport, "transport", transport)  # under --encrypt's writer, the socket's transport
         self.remote = raw.get_extra_info("peername")  # where its requests come from (``REMOTE``)
-        self.addr = host_of(transport)
+        self.addr = host_of(self.remote)
         self._reserved, self._member = 0, True
         self._loop = asyncio.get_running_loop()
         self._progress = self._loop.time()

@@ -75,6 +75,10 @@ class StageMap:
     def island_ranges(self) -> list[tuple[int, int]]:
         return _ranges(self.islands)
 
+    def island_peers(self) -> list[list[str]]:
+        """Each island's peers, sorted (none without islands)."""
+        return [sorted({p for st in self.stages[a:b] for p in st.peers}) for a, b in self.island_ranges()]
+
     def island_map(self, i: int) -> "StageMap":
         """Island ``i``'s own pipeline as a stage map of the same epoch (what its peers run)."""
         first, last = self.island_ranges()[i]

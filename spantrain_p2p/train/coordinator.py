@@ -227,10 +227,8 @@ class Coordinator:
         if now - self._accusations_read < ACCUSATIONS_EVERY_S:
             return ""
         self._accusations_read = now
-        islands = [sorted({p for st in current.stages[a:b] for p in st.peers}) for a, b in current.island_ranges()] \
-            if current.islands else []
         found = evictions(await read_accusations(self.peer, self.log_bad), [st.peers for st in current.stages],
-                          current.job_id, islands)
+                          current.job_id, current.island_peers())
         new = {p: n for p, n in found.items() if p not in self.peer.evicted}
         if not new:
             return ""

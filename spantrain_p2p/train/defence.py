@@ -17,8 +17,6 @@ from ..swarm.keys import ACCUSE
 
 log = logging.getLogger("spantrain.train")
 
-
-
 REPLAYS = 2  # steps a replica may send its part of the step before again (a stale, replayed gradient)
 
 
@@ -91,26 +89,16 @@ def evictions(accusations: Mapping[str, tuple[str, list[str]]], stages: list[tup
     by a replica of the accused's own stage count. With ``islands`` (each island's peers), a peer is
     judged by the peers of the other islands instead: more than half of them must accuse it (with
     fewer than 3 islands, nobody is judged)."""
+    if islands:  # two islands (or replicas) cannot tell which one lies
+        judges = {x: [a for other in islands if other is not isl for a in other]
+                  for isl in islands for x in isl} if len(islands) >= 3 else {}
+    else:
+        judges = {x: [a for a in peers if a != x] for peers in stages if len(peers) >= 3 for x in peers}
     out = {}
-    if islands:
-        if len(islands) < 3:
-            return out
-        for isl in islands:
-            others = [a for other in islands if other is not isl for a in other]
-            for x in isl:
-                by = [a for a in others if accusations.get(a, ("", []))[0] == job_id
-                      and x in accusations.get(a, ("", []))[1]]
-                if 2 * len(by) > len(others):
-                    out[x] = len(by)
-        return out
-    for peers in stages:
-        if len(peers) < 3:
-            continue  # two replicas cannot tell which one lies
-        for x in peers:
-            by = [a for a in peers if a != x and accusations.get(a, ("", []))[0] == job_id
-                  and x in accusations.get(a, ("", []))[1]]
-            if 2 * len(by) > len(peers) - 1:
-                out[x] = len(by)
+    for x, by_whom in judges.items():
+        by = [a for a in by_whom if (acc := accusations.get(a, ("", [])))[0] == job_id and x in acc[1]]
+        if 2 * len(by) > len(by_whom):
+            out[x] = len(by)
     return out
 
 

@@ -181,7 +181,7 @@ class GradientSum:
         self.reports.append(report)
         out, offset = [], 0
         for b in buckets:
-            n = b[keep[0]].numel() if keep else 0
+            n = b[keep[0]].numel()
             out.append(total[offset:offset + n])
             offset += n
         return out

@@ -81,7 +81,6 @@ class Recovery:
         """Keeps the state after ``step`` completed steps (with ``run``'s scalars of the whole run
         in every layer's), and sends a copy to the buddy peer (with ``loss_rows``, this peer's
         recent [step, loss sum, count, epoch]). Returns the (layer, state) pairs."""
-        self.adopt(smap)
         states = [(first + i, layer_state.capture(layer, opt, run)) for i, layer in enumerate(layers)]
         for i, st in states:
             self.store.put(i, step, st)

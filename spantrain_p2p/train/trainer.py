@@ -157,11 +157,8 @@ class Trainer:
 
     def _island_peers(self, island: int) -> list[str]:
         """The peers of ``island`` in the map as published (the exchange judges by island)."""
-        m = self.full_map
-        if m is None or not m.islands or not 0 <= island < len(m.islands):
-            return []
-        a, b = m.island_ranges()[island]
-        return sorted({p for st in m.stages[a:b] for p in st.peers})
+        islands = self.full_map.island_peers() if self.full_map is not None else []
+        return islands[island] if 0 <= island < len(islands) else []
 
     # ---- what the outside sees ----------------------------------------------------------------------
     def status(self) -> dict:

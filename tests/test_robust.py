@@ -5,7 +5,7 @@ import torch
 from spantrain_p2p.robust import attacks
 from spantrain_p2p.robust.aggregate import robust_mean, robust_sum
 from spantrain_p2p.robust.verdicts import Verdicts, merge
-from spantrain_p2p.train.defence import evictions
+from spantrain_p2p.train.defence import Accusation as A, evictions
 
 
 def _honest(n: int, dim: int = 2000, seed: int = 0, weight: float = 2.0) -> dict[str, torch.Tensor]:
@@ -80,11 +80,11 @@ def test_a_peer_far_out_in_3_of_5_steps_is_convicted_and_one_odd_step_convicts_n
 
 def test_a_peer_is_evicted_by_most_other_replicas_of_its_stage_and_a_lone_liar_evicts_nobody():
     stages = [("a", "b", "c", "d"), ("e", "f")]
-    acc = {"a": ("job", ["d"]), "b": ("job", ["d"]), "c": ("job", ["d"]), "d": ("job", ["a"]),
-           "e": ("job", ["a"]), "f": ("job", ["e"])}
+    acc = {"a": A("job", ["d"]), "b": A("job", ["d"]), "c": A("job", ["d"]), "d": A("job", ["a"]),
+           "e": A("job", ["a"]), "f": A("job", ["e"])}
     assert evictions(acc, stages, "job") == {"d": 3}
-    assert evictions({"a": ("job", ["d"])}, stages, "job") == {}  # 1 of 3
-    assert evictions({"a": ("other", ["d"]), "b": ("other", ["d"])}, stages, "job") == {}
+    assert evictions({"a": A("job", ["d"])}, stages, "job") == {}  # 1 of 3
+    assert evictions({"a": A("other", ["d"]), "b": A("other", ["d"])}, stages, "job") == {}
 
 
 def test_a_byzantine_replica_is_clipped_convicted_and_evicted_and_the_run_loses_no_step(tmp_path):
@@ -118,8 +118,8 @@ def test_a_sign_flipped_replica_is_convicted_by_direction_though_not_far():
 
 def test_with_islands_a_peer_is_evicted_by_most_peers_of_the_other_islands():
     islands = [("a1", "a2"), ("b1", "b2"), ("c1", "c2"), ("d1", "d2")]
-    honest = {p: ("job", ["d1", "d2"]) for isl in islands[:3] for p in isl}
-    liar = {"d1": ("job", ["a1"]), "d2": ("job", ["a1"])}
+    honest = {p: A("job", ["d1", "d2"]) for isl in islands[:3] for p in isl}
+    liar = {"d1": A("job", ["a1"]), "d2": A("job", ["a1"])}
     assert evictions({**honest, **liar}, [], "job", islands) == {"d1": 6, "d2": 6}
     assert evictions(liar, [], "job", islands) == {}  # 2 of 6 others
     assert evictions(honest, [], "job", islands[:2]) == {}  # two islands cannot tell which one lies

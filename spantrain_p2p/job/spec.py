@@ -77,6 +77,7 @@ class JobSpec:
     island_split: int = 1  # islands: optimizer steps per data step, each on 1/island_split of its micro-batches
     exchange_compression: str = "auto"  # islands: the pseudo-gradients' codec, or auto (the planner's choice)
     aggregate: str = "robust"  # how replicas' gradients and islands' pseudo-gradients add up (AGGREGATES)
+    verify: float = 0.05  # with the robust defences: how often a replica recomputes another's micro-batch (robust.verify)
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -111,6 +112,8 @@ class JobSpec:
             raise ValueError("job field 'model' must be a short string")
         if self.model != BUILTIN and self.model.count(":") != 1:
             raise ValueError(f"model {self.model!r} must be {BUILTIN!r}, 'hf:PRESET_OR_DIR' or 'package.module:function'")
+        if isinstance(self.verify, bool) or not isinstance(self.verify, (int, float)) or not 0 <= self.verify <= 1:
+            raise ValueError(f"job field 'verify' must be a probability in [0, 1], not {self.verify!r}")
         if self.aggregate not in AGGREGATES:
             raise ValueError(f"aggregate must be one of {AGGREGATES}, not {self.aggregate!r}")
         if self.optimizer not in OPTIMIZERS:

@@ -161,6 +161,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               "(CenteredClip around a robust centre: one peer's arithmetic cannot wreck the model; a clean step "
               "equals the plain sum) or sum (plain; a closed swarm that trusts its members) (default robust)",
               default="robust", choices=("robust", "sum"), job="aggregate"),
+    JobOption("--verify", "with --aggregate robust: the probability that a replica recomputes one micro-batch of "
+              "another in a step and compares (verified computation; 0: never; default %(default)s)", type=float,
+              default=0.05, metavar="P", job="verify"),
     JobOption("--compression", "activations/gradients between stages: none, fp16, int8, int:BITS (2-7), topk:R or "
               "adaptive (default none)", default="none", job="compression"),
     JobOption("--stages", "pipeline depth: 0 = one peer per stage; N = peers share N stages as data-parallel "

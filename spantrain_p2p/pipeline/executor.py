@@ -294,6 +294,21 @@ class StageExecutor:
         result.compute_s = t_compute
         return result
 
+    async def recompute(self, step: int, mb: int, x: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]) -> dict:
+        """Micro-batch ``mb`` of ``step`` again, on this stage's layers as they are, from a received
+        activation ``x`` (the data on the first stage) and output gradient ``grad_out`` (none on the
+        last): what would be sent, as ``_send`` sends it ({"send/act": ..., "send/grad": ...}). The
+        weights' gradients are untouched (B alone); on a virtual device the ops take their time."""
+        st = _Mb(inp=None if self.is_first else self._here(x).requires_grad_(True))
+        wire = (lambda t: t.detach()) if self.compute_dtype is None else (lambda t: t.detach().to(self.compute_dtype))
+        await self._compute("F", self._forward, step, mb, st)
+        out = {} if self.is_last else {"send/act": wire(st.out)}
+        if not self.is_first:
+            st.grad_out = self._here(grad_out)
+            await self._compute("B", self._backward_input, st)
+            out["send/grad"] = wire(st.grad_in)
+        return out
+
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None

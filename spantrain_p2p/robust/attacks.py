@@ -12,6 +12,10 @@ attacker: it waits for the honest parts, which honest peers send as soon as they
 - ``ipm`` (inner-product manipulation, Xie et al. 2020): -0.5 x the honest mean;
 - ``stale``: the part it sent at the previous step (its gradient of old weights);
 - ``zero``: zeros (a free rider).
+
+And on the pipeline (what the peer sends its neighbours: activations forward, their gradients
+back; its gradient-sum parts stay honest): ``zeroact``: zeros; ``scaleact``: x ``ACT_SCALE``;
+``noiseact``: its tensor plus noise of the same norm (the norm then rises only sqrt(2) x).
 Every attack keeps the wire format (shape, dtype, finite values): only the numbers lie.
 """
 from __future__ import annotations
@@ -20,10 +24,12 @@ from typing import Mapping, Optional
 
 import torch
 
-ATTACKS = ("signflip", "signflip1000", "random1000", "alie", "ipm", "stale", "zero")
+BOUNDARY = ("zeroact", "scaleact", "noiseact")
+ATTACKS = ("signflip", "signflip1000", "random1000", "alie", "ipm", "stale", "zero") + BOUNDARY
 OMNISCIENT = ("alie", "ipm")
 ALIE_Z = 1.0
 IPM_EPS = 0.5
+ACT_SCALE = 100.0
 
 
 def check(attack: str) -> str:
@@ -55,3 +61,16 @@ def forge(attack: str, mine: torch.Tensor, weight: float, others: Mapping[str, t
         sigma = stacked.std(0, unbiased=False) if len(means) > 1 else torch.zeros_like(mu)
         return (mu - ALIE_Z * sigma) * weight
     raise ValueError(f"unknown Byzantine attack {attack!r}")
+
+
+def forge_boundary(attack: str, t: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """What a Byzantine stage sends its neighbour in place of ``t`` (an activation or its gradient)."""
+    if attack == "zeroact":
+        return torch.zeros_like(t)
+    if attack == "scaleact":
+        return t * ACT_SCALE
+    if attack == "noiseact":
+        d = torch.randn(t.shape, generator=generator, dtype=torch.float32)
+        scale = float(torch.linalg.vector_norm(t.float())) / max(float(torch.linalg.vector_norm(d)), 1e-30)
+        return (t.float() + d * scale).to(t.dtype)
+    return t

@@ -30,6 +30,11 @@ CONVICT_OF = 3
 # a sign flip sits near 0 or below); convicted when opposed in OPPOSED_OF of the last WINDOW steps
 OPPOSED_SHARE = 0.5
 OPPOSED_OF = 4
+# a replica whose received activations or gradients were odd this step (its gate named or refused
+# one: its part is then off through its neighbour's fault) is not judged for the step, at most
+# EXCUSES times in its last EXCUSE_WINDOW judged steps (a liar cannot excuse itself for ever)
+EXCUSES = 5
+EXCUSE_WINDOW = 20
 
 
 @dataclass
@@ -46,18 +51,31 @@ class Verdicts:
     recent: dict[str, deque] = field(default_factory=dict)  # each peer's last ratios, for people
     judged_steps: dict[str, int] = field(default_factory=dict)
     recent_cos: dict[str, deque] = field(default_factory=dict)
+    excuses: dict[str, deque] = field(default_factory=dict)  # peer -> the steps it was excused at
 
-    def add(self, step: int, report: ClipReport) -> list[str]:
-        """Records one step's report (of every bucket, merged by the caller); the peers newly convicted."""
+    def add(self, step: int, report: ClipReport, excused: set[str] = frozenset()) -> list[str]:
+        """Records one step's report (of every bucket, merged by the caller); the peers newly convicted.
+        ``excused``: the replicas that said their inputs were odd this step."""
         new = []
         mid = _median(list(report.cos.values()))
         for peer, ratio in report.ratio.items():
+            if peer in excused:
+                ex = self.excuses.setdefault(peer, deque())
+                while ex and ex[0] <= step - EXCUSE_WINDOW:
+                    ex.popleft()
+                if len(ex) < EXCUSES:
+                    ex.append(step)
+                    continue
+            # (step, verdict) pairs: a step redone (its epoch abandoned, re-planned) is judged anew,
+            # not once more: the same data's outlier judged three times is still one outlier
             h = self.history.setdefault(peer, deque(maxlen=self.window))
-            far = ratio > self.far_ratio
-            h.append(far)
-            c = report.cos.get(peer)
             o = self.opposed.setdefault(peer, deque(maxlen=self.window))
-            o.append(c is not None and mid > 0 and c < OPPOSED_SHARE * mid)
+            for q in (h, o):
+                while q and q[-1][0] >= step:
+                    q.pop()
+            h.append((step, ratio > self.far_ratio))
+            c = report.cos.get(peer)
+            o.append((step, c is not None and mid > 0 and c < OPPOSED_SHARE * mid))
             if c is not None:
                 self.recent_cos.setdefault(peer, deque(maxlen=20)).append(round(c, 2))
             if ratio > 1.0:
@@ -65,7 +83,8 @@ class Verdicts:
             self.max_ratio[peer] = max(self.max_ratio.get(peer, 0.0), ratio)
             self.recent.setdefault(peer, deque(maxlen=20)).append(round(ratio, 2))
             self.judged_steps[peer] = self.judged_steps.get(peer, 0) + 1
-            if peer not in self.convicted and (sum(h) >= self.convict_of or sum(o) >= self.opposed_of):
+            if peer not in self.convicted and (sum(x for _, x in h) >= self.convict_of or
+                                               sum(x for _, x in o) >= self.opposed_of):
                 self.convicted[peer] = step
                 new.append(peer)
         return new

@@ -19,7 +19,7 @@ from ..plan.islands import IslandsPlan
 from ..plan.stagemap import StageMap, placeholder_map
 from ..swarm import grouping, measure
 from ..swarm.election import Election
-from .defence import evictions, read_accusations
+from .defence import evictions, gate_evictions, read_accusations, receivers
 from . import planning
 from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
 from .liveness import is_alive
@@ -49,6 +49,7 @@ class Coordinator:
         self.job = self.handle = None
         self.has_map = lambda: False
         self._accusations_read = 0.0
+        self._lone_accusers: set[str] = set()  # gate accusers whose lone accusation evicted a peer
         self.election: Optional[Election] = None
         self.outer = None  # the trainer's islands.exchange.OuterSync: where a map with islands resumes from
         self.groups_digest: Optional[str] = None
@@ -124,11 +125,15 @@ class Coordinator:
             try:
                 current = await self.records.newest_map()
                 inherited = current is not None and current.term < self.election.leader.term
-                evicting = current is not None and not current.error and await self._evictions(current)
+                live = current is not None and not current.error
+                evicting = live and await self._evictions(current)
+                broken = live and not evicting and not inherited and await self._epoch_broken(current)
+                if broken:  # a tensor the gate refused fails its step: its sender's accusation is out by then
+                    evicting = await self._evictions(current, force=True)
                 if evicting:
                     await self._plan_and_publish(current, reason=evicting, evicting=True)
                     continue
-                if current is not None and not current.error and not inherited and not await self._epoch_broken(current):
+                if live and not inherited and not broken:
                     if await self._worth_replanning(current):
                         gain, new_s, cur = self._gain_key[1:] if self._gain_key else (0.0, 0.0, 0.0)
                         await self._plan_and_publish(current, improve=True, reason=(
@@ -220,22 +225,39 @@ class Coordinator:
         step, error = resume_point(invs, self.handle.num_layers, stages)
         return step, step or 0, error
 
-    async def _evictions(self, current: StageMap) -> str:
-        """Peers of ``current`` that most other replicas of their stage accuse: added to the evicted
-        (for the job) and named in the returned reason to re-plan ("" if none). Read every few seconds."""
+    async def _evictions(self, current: StageMap, force: bool = False) -> str:
+        """Peers of ``current`` that most other replicas of their stage accuse, or most of the peers
+        receiving their tensors (the gate): added to the evicted (for the job) and named in the
+        returned reason to re-plan ("" if none). Read every few seconds, and at once (``force``)
+        before re-planning a broken epoch."""
         now = time.monotonic()
-        if now - self._accusations_read < ACCUSATIONS_EVERY_S:
+        if not force and now - self._accusations_read < ACCUSATIONS_EVERY_S:
             return ""
         self._accusations_read = now
-        found = evictions(await read_accusations(self.peer, self.log_bad), [st.peers for st in current.stages],
-                          current.job_id, current.island_peers())
-        new = {p: n for p, n in found.items() if p not in self.peer.evicted}
+        accusations = await read_accusations(self.peer, self.log_bad)
+        found = {p: f"accused by {n} peers that hold its layers" for p, n in evictions(
+            accusations, [st.peers for st in current.stages], current.job_id, current.island_peers()).items()}
+        by_gate = gate_evictions(accusations, self._receivers(current), current.job_id, self._lone_accusers)
+        for p, by in by_gate.items():
+            found.setdefault(p, f"its tensors refused by {', '.join(current.name_of(a) for a in by)}")
+        new = {p: why for p, why in found.items() if p not in self.peer.evicted}
         if not new:
             return ""
+        self._lone_accusers.update(by[0] for p, by in by_gate.items() if p in new and len(by) == 1)
         self.peer.evicted.update(new)
-        why = ", ".join(f"{current.name_of(p)} (accused by {n} peers that hold its layers)" for p, n in sorted(new.items()))
+        why = ", ".join(f"{current.name_of(p)} ({w})" for p, w in sorted(new.items()))
         log.warning("evicting %s for the rest of the job", why)
         return f"evicted {why}"
+
+    def _receivers(self, current: StageMap) -> dict[str, set[str]]:
+        """Who receives each peer's tensors in ``current`` (each island's pipeline on its own)."""
+        if not current.islands:
+            return receivers([st.assign(self.job.num_micro_batches) for st in current.stages])
+        out: dict[str, set[str]] = {}
+        m = self.job.num_micro_batches // self.job.island_split
+        for i in range(len(current.islands)):
+            out.update(receivers([st.assign(m) for st in current.island_map(i).stages]))
+        return out
 
     async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False, reason: str = "",
                                 evicting: bool = False) -> None:

@@ -66,7 +66,7 @@ class GradientSum:
     def __init__(self, transport, me: str, step: int, params: list[torch.nn.Parameter],
                  buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str], sanitize: bool = False,
                  weights: Optional[dict[str, float]] = None, attack: str = "",
-                 previous: Optional[dict[int, torch.Tensor]] = None, seen: Optional[dict] = None):
+                 previous: Optional[dict[int, torch.Tensor]] = None, seen: Optional[dict] = None, gate=None):
         self.transport, self.me, self.step, self.params, self.buckets, self.others = \
             transport, me, step, params, buckets, others
         self.sanitize = sanitize
@@ -85,6 +85,8 @@ class GradientSum:
         for k, (layer, _) in enumerate(buckets):
             self.by_layer.setdefault(layer, []).append(k)
         self.sends: list[asyncio.Task] = []
+        self.gate = gate  # robust.gate.Gate: its boundary medians ride along, for the other replicas' gates
+        self.odd_inputs: set[str] = set()  # replicas whose received tensors were odd this step (not judged)
 
     def _start(self, k: int, t: torch.Tensor) -> None:
         """Copies bucket ``k`` to host memory (on a CUDA device, while the backward goes on) and
@@ -128,6 +130,10 @@ class GradientSum:
             if loss is not None:
                 self.local.append(None)
                 self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
+            shared = len(self.local) if self.gate is not None else -1
+            if self.gate is not None:
+                self.local.append(None)
+                self._start(shared, torch.tensor(self.gate.shared(self.step), dtype=torch.float32))
             summed, robust_parts = [], []
             for k, part in enumerate(self.local):
                 mine = await part
@@ -136,6 +142,9 @@ class GradientSum:
                 for src in self.others:
                     parts[src] = early[src] if src in early else \
                         await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
+                if k == shared:  # the others' boundary medians: taken, not summed
+                    self.odd_inputs = self.gate.take_shared({src: t.tolist() for src, t in parts.items()}, self.me)
+                    continue
                 if self.weights is not None and k < len(self.buckets):
                     for src, t in parts.items():
                         if src != self.me:

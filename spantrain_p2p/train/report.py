@@ -27,14 +27,14 @@ def status(t) -> dict:
             "links_mbps": {t.peer.name_of(d): round(v, 2) for d in t.measuring.passive.destinations()
                            if (v := t.measuring.passive.estimate_mbps(d)) is not None},
             **({"island": t.island, "round": t.outer.round} if t.island is not None else {}),
-            "defence": t.defence.status()}
+            "defence": {**t.defence.status(), "verify": t.verifier.status()}}
 
 
 def report(t) -> dict:
     """The trainer's whole run, for ``/report``."""
     smap, job, tr = t.smap, t.job, t.transport
     durations = [e - s for _, s, e, _ in t.step_times]
-    return {"peer_id": t.peer.peer_id, "name": t.peer.config.name, "stage": t.stage, "defence": t.defence.status(),
+    return {"peer_id": t.peer.peer_id, "name": t.peer.config.name, "stage": t.stage, "defence": {**t.defence.status(), "verify": t.verifier.status()},
             "layers": list(smap.stages[t.stage].layers) if smap and t.stage is not None else None,
             "plan": smap.summary() if smap else None, "job": job.to_dict() if job else None,
             "steps_done": t.steps_done, "losses": [[s, loss] for s, loss in sorted(t.losses.items())],

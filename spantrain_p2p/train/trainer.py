@@ -23,6 +23,7 @@ from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
 from ..pipeline.loss_scale import LossScale, nonfinite, unscale_
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
+from ..robust.attacks import BOUNDARY
 from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
@@ -33,6 +34,7 @@ from ..data.share import MANIFEST, SHARD, DataShare
 from ..job.dataset import open_data, with_data
 from ..models.devices import peak_flops, resolve_device
 from .defence import Defence
+from .verifier import FETCH_KIND, MANIFEST_KIND, SUSPECT_KIND, Verifier
 from .gradsum import GradientSum, layer_buckets
 from ..job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
@@ -86,6 +88,10 @@ class _Stage:
     is_last: bool
     scale: Optional[LossScale] = None  # fp16's loss scale (the same on every peer)
     weights: Optional[dict] = None  # replica -> its micro-batches of a step (the robust sum's weights)
+    k: int = 0  # the stage's index in the (island's) map
+    assignments: Optional[list] = None  # per stage, the peer of each micro-batch
+    shapes: Optional[list] = None  # the model's boundary shapes (ModelHandle.boundary_shapes)
+    wire: str = "float32"  # the dtype activations and their gradients cross in
 
 
 class Trainer:
@@ -129,7 +135,10 @@ class Trainer:
         self.coordinator = Coordinator(peer, self.records, self.recovery, log_bad, options.measure, options.poll_s)
         self.outer = OuterSync(peer, self.events.append)  # islands: the exchange between them
         self.defence = Defence(peer, self.events.append)  # the replicas' verdicts on each other
-        self.outer.attack = options.byzantine
+        self.verifier = Verifier(peer, self.defence, self.transport)  # and their checks of each other's work
+        self.transport.sent_hook, self.transport.received_hook = self.verifier.sent, self.verifier.received
+        self.defence.on_suspect = self.verifier.name_suspect
+        self.outer.attack = options.byzantine if options.byzantine not in BOUNDARY else ""
         self.outer.on_verdict = lambda r, report: self.defence.judge_islands(r, report, self._island_peers)
         # the step being run -> (the data step it trains on, its first micro-batch there): islands train
         # data steps not their own, and with --island-split a part of one
@@ -140,6 +149,9 @@ class Trainer:
     def _install(self, peer) -> None:
         for kind in (ACT, GRAD, GSUM, AMP):
             peer.dataplane.register(kind, self.transport.on_tensor)
+        peer.dataplane.register(MANIFEST_KIND, self.verifier.on_manifest)
+        peer.dataplane.register(FETCH_KIND, self.verifier.on_fetch)
+        peer.dataplane.register(SUSPECT_KIND, self.verifier.on_suspect)
         peer.dataplane.register("ckpt", self.recovery.on_ckpt)
         peer.dataplane.register("fetch", self.recovery.on_fetch)
         peer.dataplane.register("mapnews", self.records.on_news)
@@ -210,6 +222,9 @@ class Trainer:
         self.data_share.start(self.data)
         self.records.start(self.job, self.handle.num_layers)
         self.transport.start(self.job)
+        self.defence.start(self.job)
+        self.verifier.start(self.job)
+        self.transport.check = self.defence.check_boundary
         if self.job.workload:  # the emulated world trains the workload: its bytes on the links
             self.transport.charges = await asyncio.to_thread(workload.charges, self.job, self.handle)
             self.recovery.charges = self.outer.charges = self.transport.charges
@@ -255,6 +270,7 @@ class Trainer:
             self.recovery.adopt(smap)
             self.epochs_adopted.add(smap.epoch)
             self.transport.begin_epoch(smap, self.stage)
+            self.verifier.begin_epoch(smap)
             self.step = smap.start_step
             if self.stage is None:
                 log.info("not in stage map epoch %d: standing by as a spare", smap.epoch)
@@ -316,7 +332,8 @@ class Trainer:
         buckets = []
         if len(replicas) > 1:
             buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers])
-            sizes = [(sum(n for _, n in b),) for _, b in buckets] + ([(2,)] if nxt is None else [])
+            sizes = [(sum(n for _, n in b),) for _, b in buckets] + ([(2,)] if nxt is None else []) + \
+                ([(len(self.defence.gate.shared()),)] if self.defence.gate is not None else [])
             self.transport.bucket_layers = [first + layer for layer, _ in buckets]
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(replicas) - {me}, (),
                                   len(sizes), shapes_by_mb=tuple(sizes))
@@ -329,8 +346,8 @@ class Trainer:
             sample = (ids if k == 0 else torch.randn(shapes[first])).to(self.torch_device)
             tgt = tgt.to(self.torch_device) if k == n - 1 else None
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt)
-        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch,
-                                 recv=self.transport.recv, send=self.transport.send, device=self.peer.device,
+        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch, recv=self.transport.recv,
+                                 send=self.defence.sender(self.transport.send, self.opts.byzantine), device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
         opt = make_optimizer(job, executor.params)
         # islands start from their outer state (``_train_rounds``): the layers are built fresh here
@@ -350,7 +367,7 @@ class Trainer:
         self.work = run_report.stage_work(job, first, last, actions)
         weights = {p: float(assignments[k].count(p)) for p in replicas} if job.aggregate == "robust" else None
         return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None, scale,
-                      weights)
+                      weights, k, assignments, shapes, wire)
 
     async def _train(self) -> None:
         st = await self._setup_stage()
@@ -437,8 +454,8 @@ class Trainer:
         if len(st.replicas) > 1:
             gsum = GradientSum(self.transport, me, step, st.params, st.buckets, [p for p in st.replicas if p != me],
                                sanitize=st.scale is not None, weights=self.defence.weights(st.weights),
-                               attack=self.opts.byzantine if self.island is None else "",  # islands: their exchange
-                               previous=self.defence.previous, seen=self.defence.seen)
+                               attack=self.outer.attack if self.island is None else "",  # islands: their exchange
+                               previous=self.defence.previous, seen=self.defence.seen, gate=self.defence.gate)
         st.executor.loss_scale = st.scale.scale if st.scale is not None else None
         try:
             result = await st.executor.run_step(step, st.actions, gsum.layer_done if gsum else None)
@@ -449,10 +466,12 @@ class Trainer:
         t_pipe = time.time()
         loss_sum, loss_count = sum(result.losses), len(result.losses)
         if gsum is not None:
+            self.verifier.publish(step, [p for p in st.replicas if p != me])
             total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
             if total is not None:
                 loss_sum, loss_count = total
-            self.defence.judge(step, gsum.reports, sorted(gsum.replayed))
+            self.defence.judge(step, gsum.reports, sorted(gsum.replayed), gsum.odd_inputs)
+            await self.verifier.check(step, st)  # before the optimizer step: the replicas' weights are equal
         skip = False
         if st.scale is not None:  # fp16: every peer skips the step if any overflowed, or none does
             found = st.executor.overflowed or gsum is not None and gsum.overflowed or \

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 import aiohttp
 import torch
@@ -95,6 +95,11 @@ class PipelineTransport:
         # each gradient-sum bucket of this stage (its parts are charged as that layer's parameters)
         self.charges = None
         self.bucket_layers: list[int] = []
+        # (kind, sender, step, micro-batch, tensor) -> None, or raises StepFailed: the defence's gate
+        self.check: Optional[Callable[[str, str, int, int, torch.Tensor], Awaitable[None]]] = None
+        # (peer, header, buffers) of each message as it crossed the wire: the verifier's ledger
+        self.sent_hook: Optional[Callable] = None
+        self.received_hook: Optional[Callable] = None
 
     def start(self, job) -> None:
         self.job = job
@@ -160,6 +165,8 @@ class PipelineTransport:
             # ``src`` is the authenticated sender (the data plane checked it): a neighbour, but not
             # the one this micro-batch comes from
             raise FrameError(f"{kind} of micro-batch {mb} from {header['src'][:16]}…, which does not send it")
+        if self.received_hook is not None:
+            self.received_hook(header["src"], header, buffers)
         self.inbox.put((f"{kind}/{header['src']}" if kind in (GSUM, AMP) else kind, step, mb), t)
         return None
 
@@ -167,7 +174,10 @@ class PipelineTransport:
         """A micro-batch's activation (ACT) or output gradient (GRAD), for the executor."""
         # activations of a micro-batch come from the peer its gradients go back to, and vice versa
         src = self._route[GRAD if kind == ACT else ACT][mb]
-        return await self.receive((kind, step, mb), kind, src)
+        t = await self.receive((kind, step, mb), kind, src)
+        if self.check is not None:
+            await self.check(kind, src, step, mb, t)
+        return t
 
     async def receive(self, key: tuple[str, int, int], kind: str, src: str) -> torch.Tensor:
         """The message ``key`` from ``src``. Past the adaptive deadline (a multiple of the recent
@@ -241,6 +251,8 @@ class PipelineTransport:
         lossy_grad = kind == GRAD and codec.startswith("topk")
         header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t, codec,
                                      self._feedback if lossy_grad else None, (dst, mb))
+        if self.sent_hook is not None:
+            self.sent_hook(dst, header, bufs)
         if kind != AMP:  # one flag a step: no codec to speak of
             self.codecs_used[f"{kind}->{self.smap.name_of(dst)}"] = codec
         if self.charges is not None and kind in (ACT, GRAD):

@@ -1,0 +1,142 @@
+"""The statistical gate at a stage boundary: a receiver's cheap check of every activation and
+activation gradient it takes from a neighbour, before it computes with it.
+
+A tensor is judged by its RMS (one pass over it), in log space, against two references:
+- **its sender's own past** at this boundary: the median of the last ``window`` tensors of that
+  kind the sender had accepted (an honest stream drifts slowly; an attack that starts mid-run jumps);
+- **the others crossing the same boundary**: the medians of this receiver's other senders and the
+  medians its replicas share each step (``shared``/``take_shared``, through the gradient sum), once
+  there are at least 3 of them (a median of 3 is not moved by one liar). This is what catches an
+  attacker that scales from its very first message to a receiver it alone feeds.
+A tensor further than ``refuse`` (x or /) from either is refused, and so is an all-zero one (an
+honest activation or gradient never is; fp16 sends an overflowed one as zeros: ``zeros_ok``); one
+further than ``suspect`` is taken, and its sender named for the verifier (its replicas recompute
+its work). Gradients are data-dependent: an honest micro-batch's was seen 17x its sender's recent
+ones, so only what no data gives is refused. A tensor refused at a (step, micro-batch) is taken
+when that step is redone with another peer sending it: then it was the data, not the sender.
+
+Norms catch scaled, zeroed and noise-flooded tensors; a forgery that keeps the norm passes (what
+spot recomputation is for). Pure bookkeeping: no I/O."""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+SUSPECT = 8.0  # x or / this far from a reference: its sender is checked (clean spread: attack_figures.py --clean-steps)
+REFUSE = 64.0  # x or / this far: refused
+WINDOW = 48  # tensors of a sender's past kept per kind
+WARMUP = 4  # tensors a sender's own past needs before it judges
+SHARE_WARMUP = 1  # tensors a receiver shares a median of (the others' reference: from the first step on)
+MIN_OTHERS = 3  # references from other senders needed before they judge
+KINDS = ("act", "grad")
+
+
+def log_rms(t: torch.Tensor) -> float:
+    """log of the tensor's root mean square (-inf for an all-zero one), in float32 arithmetic."""
+    if t.numel() == 0:
+        return float("-inf")
+    r = float(torch.linalg.vector_norm(t.detach().float())) / math.sqrt(t.numel())
+    return math.log(r) if r > 0 else float("-inf")
+
+
+class Gate:
+    def __init__(self, suspect: float = SUSPECT, refuse: float = REFUSE, window: int = WINDOW, warmup: int = WARMUP,
+                 zeros_ok: bool = False):
+        self.suspect_limit, self.refuse_limit = math.log(suspect), math.log(refuse)
+        self.window, self.warmup, self.zeros_ok = window, warmup, zeros_ok
+        self.hist: dict[tuple[str, str], deque] = {}  # (kind, sender) -> log RMS of its accepted tensors
+        self.seen_at: dict[tuple[str, str], int] = {}  # (kind, sender) -> ``accepted`` when last taken
+        self.shared_by: dict[str, dict[str, float]] = {}  # kind -> replica -> the median it shared
+        self.refused: dict[str, int] = {}  # sender -> tensors refused
+        self.suspected: dict[str, int] = {}  # sender -> tensors taken but named to the verifier
+        self._refused_at: dict[tuple[str, int, int], str] = {}  # (kind, step, mb) -> the sender refused
+        self.accepted = 0
+        self.odd: set[int] = set()  # steps whose received tensors were named or refused (the excuse shared)
+        self.max_dev: dict[str, float] = {}  # kind -> the largest |log ratio| a tensor taken unnamed had
+
+    def _median(self, kind: str, src: str, warmup: Optional[int] = None) -> Optional[float]:
+        h = self.hist.get((kind, src))
+        return statistics.median(h) if h is not None and len(h) >= (self.warmup if warmup is None else warmup) else None
+
+    def references(self, kind: str, src: str) -> tuple[Optional[float], Optional[float]]:
+        """(the sender's own past median, the median of the others' medians) at this boundary; the
+        others are the senders heard from lately (a peer gone since says nothing of now)."""
+        own = self._median(kind, src)
+        recent = self.accepted - 4 * self.window
+        others = [m for (k, s), at in self.seen_at.items()
+                  if k == kind and s != src and at >= recent and (m := self._median(k, s)) is not None]
+        others += list(self.shared_by.get(kind, {}).values())
+        return own, (statistics.median(others) if len(others) >= MIN_OTHERS else None)
+
+    def judge(self, kind: str, src: str, t: torch.Tensor, step: int = -1, mb: int = -1) -> Optional[tuple[str, str]]:
+        """None if ``t`` (a ``kind`` tensor from ``src``, of ``step`` and micro-batch ``mb``) passes
+        and is remembered; ("suspect", why) if it is taken but its sender should be checked;
+        ("refuse", why) if it is refused."""
+        lr = log_rms(t)
+        if lr == float("-inf"):
+            if self.zeros_ok or t.numel() == 0:
+                return None
+            return self._refuse(kind, src, step, mb, f"an all-zero {kind}")
+        own, others = self.references(kind, src)
+        worst = (0.0, None, "")
+        for ref, what in ((own, "its own recent ones"), (others, "the others' at this boundary")):
+            if ref is not None and abs(lr - ref) > abs(worst[0]):
+                worst = (lr - ref, ref, what)
+        dev, ref, what = worst
+        why = "" if ref is None else (f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} of RMS {math.exp(lr):.3g}, {math.exp(abs(dev)):.3g}x "
+                                      f"{'above' if dev > 0 else 'below'} {what} ({math.exp(ref):.3g})")
+        if abs(dev) > self.refuse_limit:
+            return self._refuse(kind, src, step, mb, why)
+        self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
+        self.accepted += 1
+        self.seen_at[(kind, src)] = self.accepted
+        if abs(dev) > self.suspect_limit:
+            self.suspected[src] = self.suspected.get(src, 0) + 1
+            self.odd.add(step)
+            return "suspect", why
+        self.max_dev[kind] = max(self.max_dev.get(kind, 0.0), abs(dev))
+        return None
+
+    def _refuse(self, kind: str, src: str, step: int, mb: int, why: str) -> Optional[tuple[str, str]]:
+        first = self._refused_at.setdefault((kind, step, mb), src)
+        if first != src and step >= 0:  # the step redone, another sender, the same tensor: the data's
+            return None
+        self.odd.add(step)
+        self.refused[src] = self.refused.get(src, 0) + 1
+        if len(self._refused_at) > 1024:
+            self._refused_at.pop(next(iter(self._refused_at)))
+        return "refuse", why
+
+    # ---- what replicas of a stage share ---------------------------------------------------------
+    def shared(self, step: int = -1) -> list[float]:
+        """What this receiver tells its replicas at ``step``'s gradient sum: [median, count] for each of
+        ``KINDS`` (0, 0 where it has seen nothing yet), and 1.0 if a tensor it received for the step
+        was odd (its own part may then be off through no fault of its own: not judged this step)."""
+        out = []
+        for kind in KINDS:
+            ms = [m for (k, s) in self.hist if k == kind and (m := self._median(k, s, SHARE_WARMUP)) is not None]
+            out += [statistics.median(ms), float(len(ms))] if ms else [0.0, 0.0]
+        return out + [1.0 if step in self.odd else 0.0]
+
+    def take_shared(self, by_peer: Mapping[str, Sequence[float]], me: str = "") -> set[str]:
+        """What the replicas shared this step (``shared``; ``me``'s own is not a reference),
+        malformed ones ignored; returns the replicas that said their inputs were odd."""
+        for i, kind in enumerate(KINDS):
+            got = {}
+            for peer, v in by_peer.items():
+                if peer == me:
+                    continue
+                if len(v) == 2 * len(KINDS) + 1 and v[2 * i + 1] >= 1 and math.isfinite(v[2 * i]) and abs(v[2 * i]) < 200:
+                    got[peer] = float(v[2 * i])
+            self.shared_by[kind] = got
+        if len(self.odd) > 64:
+            self.odd = set(sorted(self.odd)[-32:])
+        return {p for p, v in by_peer.items() if len(v) == 2 * len(KINDS) + 1 and v[-1] == 1.0}
+
+    def status(self) -> dict:
+        return {"accepted": self.accepted, "refused": dict(self.refused), "suspected": dict(self.suspected),
+                "max_deviation": {k: round(math.exp(v), 3) for k, v in self.max_dev.items()}}

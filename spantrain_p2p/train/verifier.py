@@ -1,0 +1,304 @@
+"""Verified computation on the wire (``robust.verify`` has the pure parts and the protocol).
+
+Each peer of a job with the defences on keeps its pipeline messages (``ledger``, fed by the
+transport), signs a manifest of their digests at the end of each step and sends it to its replicas
+and to the neighbours it exchanged tensors with (``publish``). A neighbour checks the manifest
+against what it saw (a peer that signs something other than what it sent is accused like a tensor
+the gate refuses). At its gradient sum, a replica runs the step's checks (``check``): for each
+chosen micro-batch of another replica, it fetches the messages from the neighbours at both ends
+(``vfetch``: they answer a replica of that peer's stage only), with their copies of the peer's
+manifest; a manifest signed twice differently, or a recomputation (the same layers, weights and
+inputs, on this peer's compute thread) further than the tolerance from what the peer sent,
+convicts it (``Defence``: judged with the robust sum's verdicts, by the stage's other replicas).
+Fetched messages that disagree with the peer's signed digests convict nobody (the neighbour, or
+the peer, lies: the manifests' check at the neighbours accuses the peer when it is the peer).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from typing import Optional
+
+from ..net.framing import FrameError
+from ..pipeline.executor import _Mb
+from ..pipeline.messages import ACT, GRAD, Expect, decode_tensor
+from ..robust import verify as vf
+from ..swarm.records import BadRecord, open_payload, sign_payload
+
+log = logging.getLogger("spantrain.train")
+
+MANIFEST_KIND, FETCH_KIND, SUSPECT_KIND = "vmanifest", "vfetch", "vsuspect"
+NAMED_STEPS = 20  # a peer named a suspect is checked every step for this many steps
+MAX_SUSPECTS = 2  # suspects checked in one step (a liar naming everyone costs a bounded share)
+MAX_MANIFEST_BYTES = 256 * 1024
+KEEP_MANIFESTS = 64  # (peer, step) manifests kept
+
+
+class Verifier:
+    def __init__(self, peer, defence, transport):
+        self.peer, self.defence, self.transport = peer, defence, transport
+        self.ledger = vf.Ledger()
+        self.on = False  # the job's defences are on and it verifies (``start``)
+        self.p = 0.0
+        self.tolerance = 0.0
+        self.job = None
+        self.smap = None
+        self.rng = random.Random()  # no seed: the peer checked cannot guess which micro-batch
+        self.manifests: dict[tuple[str, int], tuple[dict, dict, list]] = {}  # (peer, step) -> (signed, mbs, suspects)
+        self._arrived: dict[tuple[str, int], asyncio.Event] = {}
+        self.named: dict[str, int] = {}  # suspects named by other replicas' manifests or a gate -> step
+        self.targeted: dict[tuple[str, int], int] = {}  # (suspect, step) -> the micro-batch a gate found odd
+        self.checks = 0
+        self.skipped: dict[str, int] = {}  # why checks were not made
+        self.failed: dict[str, int] = {}  # peer -> checks it failed
+        self.max_error = 0.0  # the largest relative error a passed check had (the float noise seen)
+
+    def start(self, job) -> None:
+        self.job = job
+        self.on = job.aggregate == "robust" and job.verify > 0
+        self.p = float(job.verify)
+        self.tolerance = vf.TOLERANCE.get(job.precision, 0.1)
+
+    def begin_epoch(self, smap) -> None:
+        self.smap = smap
+        self.ledger.clear()
+        self.manifests.clear()
+
+    # ---- what the transport tells ---------------------------------------------------------------------
+    def sent(self, dst: str, header: dict, buffers) -> None:
+        if self.on and header.get("kind") in (ACT, GRAD):
+            self.ledger.put(f"send/{header['kind']}", dst, header, buffers)
+
+    def received(self, src: str, header: dict, buffers) -> None:
+        if self.on and header.get("kind") in (ACT, GRAD):
+            self.ledger.put(f"recv/{header['kind']}", src, header, buffers)
+
+    # ---- manifests --------------------------------------------------------------------------------------
+    def publish(self, step: int, to: list[str]) -> None:
+        """Signs this step's manifest and sends it to ``to`` (its replicas) and the peers it exchanged
+        tensors with; in the background (a late manifest only delays a check)."""
+        if not self.on:
+            return
+        mine = self.ledger.mine(step)
+        dests = sorted(set(to) | self.ledger.peers(step))
+        suspects = sorted({**self.defence.verdicts.convicted, **self.defence.verified})
+        signed = sign_payload(vf.manifest(self.job.job_id, self.smap.epoch, step, mine, suspects),
+                              self.peer.identity, MAX_MANIFEST_BYTES)
+        header = {"job": self.job.job_id, "epoch": self.smap.epoch, "step": step}
+        bufs = [signed["body"], signed["key"], signed["sig"]]
+        for dst in dests:
+            self.peer.spawn(self._send(dst, header, bufs), "manifest")
+
+    async def _send(self, dst: str, header: dict, bufs) -> None:
+        url = self.peer.data_url_of(dst)
+        if url is None:
+            return
+        try:
+            await self.peer.client.send(url, MANIFEST_KIND, dict(header), bufs, timeout=self.job.recv_timeout_s,
+                                        link=self.peer.link_to(dst), peer_id=dst)
+        except Exception as e:
+            log.debug("manifest to %s failed: %s", self.peer.name_of(dst), e)
+
+    async def on_manifest(self, header: dict, buffers):
+        src = header["src"]
+        smap = self.smap
+        if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
+            raise FrameError("no manifest is taken for that job or epoch")
+        if smap.stage_of(src) is None or len(buffers) != 3 or sum(b.nbytes for b in buffers) > MAX_MANIFEST_BYTES + 4096:
+            raise FrameError("a manifest is 3 buffers (body, key, signature) from a peer of the stage map")
+        signed = {"body": bytes(buffers[0]), "key": bytes(buffers[1]), "sig": bytes(buffers[2])}
+        try:
+            signer, payload = open_payload(signed, MAX_MANIFEST_BYTES)
+            job, epoch, step, mbs, suspects = vf.parse_manifest(payload)
+        except (BadRecord, ValueError) as e:
+            raise FrameError(f"bad manifest: {e}") from None
+        if signer != src or job != self.job.job_id or epoch != smap.epoch or header.get("step") != step:
+            raise FrameError("a manifest must be its sender's own, of this job, epoch and step")
+        key = (src, step)
+        self.manifests[key] = (signed, mbs, suspects)
+        for old in sorted(self.manifests, key=lambda k: k[1])[:max(0, len(self.manifests) - KEEP_MANIFESTS)]:
+            del self.manifests[old]
+        self._arrived.setdefault(key, asyncio.Event()).set()
+        for s in suspects:
+            if s != self.peer.peer_id and smap.stage_of(s) == smap.stage_of(self.peer.peer_id):
+                self.named.setdefault(s, step)
+        # the messages it exchanged with this peer: its signed digests must be what crossed the wire
+        exchanged = self.ledger.exchanged(step, src)
+        wrong = vf.disagreements(mbs, self.ledger.mine(step), exchanged)
+        if wrong:
+            self.defence.accuse_neighbour(src, step, f"its signed manifest of step {step} says other than what "
+                                                     f"it exchanged with this peer ({wrong[0]})")
+        return None
+
+    # ---- suspects a gate names ------------------------------------------------------------------------------
+    def name_suspect(self, whom: str, step: int, mb: int) -> None:
+        """A neighbour's tensor was odd (the gate): its replicas check that micro-batch, and it, from now on."""
+        smap = self.smap
+        k = smap.stage_of(whom) if self.on and smap is not None else None
+        if k is None:
+            return
+        header = {"job": self.job.job_id, "epoch": smap.epoch, "step": step, "mb": mb, "peer": whom}
+        for dst in smap.stages[k].peers:
+            if dst != whom:
+                self.peer.spawn(self._note(dst, header), "suspect")
+
+    async def _note(self, dst: str, header: dict) -> None:
+        url = self.peer.data_url_of(dst)
+        try:
+            if url is not None:
+                await self.peer.client.send(url, SUSPECT_KIND, dict(header), timeout=self.job.recv_timeout_s,
+                                            link=self.peer.link_to(dst), peer_id=dst)
+        except Exception as e:
+            log.debug("suspect note to %s failed: %s", self.peer.name_of(dst), e)
+
+    async def on_suspect(self, header: dict, buffers):
+        smap, me = self.smap, self.peer.peer_id
+        step, mb, whom = header.get("step"), header.get("mb"), header.get("peer")
+        if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
+            raise FrameError("no suspect is taken for that job or epoch")
+        if not isinstance(step, int) or not isinstance(mb, int) or not isinstance(whom, str) or whom == me \
+                or smap.stage_of(whom) is None or smap.stage_of(whom) != smap.stage_of(me) or smap.stage_of(header["src"]) is None:
+            raise FrameError("a suspect is another replica of this peer's stage, named by a peer of the map")
+        self.named[whom] = max(step, self.named.get(whom, step))
+        self.targeted[(whom, step)] = mb
+        if len(self.targeted) > 256:
+            self.targeted.pop(next(iter(self.targeted)))
+        return None
+
+    # ---- a replica's checks -------------------------------------------------------------------------------
+    async def on_fetch(self, header: dict, buffers):
+        """A replica of ``peer``'s stage asks for the messages this peer exchanged with ``peer`` in
+        (step, mb), and for ``peer``'s manifest of that step as this peer got it."""
+        src, smap = header["src"], self.smap
+        step, mb, whom = header.get("step"), header.get("mb"), header.get("peer")
+        if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
+            raise FrameError("no check is served for that job or epoch")
+        if not isinstance(step, int) or not isinstance(mb, int) or not isinstance(whom, str):
+            raise FrameError("a check asks for {step, mb, peer}")
+        k = smap.stage_of(whom)
+        if k is None or whom == src or smap.stage_of(src) != k:
+            raise FrameError("only a replica of that peer's stage may check it")
+        entries, bufs = [], []
+        for slot in vf.SLOTS:
+            got = self.ledger.get(step, mb, slot, whom)
+            if got is not None:
+                entries.append({"slot": slot, "header": got[0], "n": len(got[1])})
+                bufs += got[1]
+        m = self.manifests.get((whom, step))
+        if m is not None:
+            bufs += [m[0]["body"], m[0]["key"], m[0]["sig"]]
+        return {"entries": entries, "manifest": m is not None}, bufs
+
+    def _mbs_of(self, st) -> dict[str, list[int]]:
+        row = st.assignments[st.k]
+        return {p: [m for m, x in enumerate(row) if x == p] for p in st.replicas if p != self.peer.peer_id}
+
+    async def check(self, step: int, st) -> None:
+        """This step's checks of the other replicas of this stage (before this peer's optimizer step:
+        its weights are still theirs). ``st``: the trainer's stage."""
+        if not self.on or len(st.replicas) < 2 or self.job.precision == "fp16":
+            return
+        named = [p for p, at in self.named.items() if at >= step - NAMED_STEPS]
+        suspects = [p for p in {**dict.fromkeys(named), **self.defence.verdicts.convicted, **self.defence.verified}
+                    if p in st.replicas and p != self.peer.peer_id]
+        if len(suspects) > MAX_SUSPECTS:
+            suspects = self.rng.sample(suspects, MAX_SUSPECTS)
+        for whom, mb in vf.choose(self.rng, self.p, self._mbs_of(st), suspects):
+            mb = self.targeted.pop((whom, step), mb)
+            try:
+                await self._check_one(step, st, whom, mb)
+            except Exception as e:  # a check that cannot be made convicts nobody
+                self.skipped[type(e).__name__] = self.skipped.get(type(e).__name__, 0) + 1
+                log.info("step %d: no check of %s's micro-batch %d: %s", step, self.smap.name_of(whom), mb, e)
+
+    async def _manifest_of(self, whom: str, step: int) -> tuple[dict, dict]:
+        key = (whom, step)
+        if key not in self.manifests:
+            ev = self._arrived.setdefault(key, asyncio.Event())
+            try:
+                await asyncio.wait_for(ev.wait(), self.transport.timeout_s())
+            finally:
+                self._arrived.pop(key, None)
+        signed, mbs, _ = self.manifests[key]
+        return signed, mbs
+
+    async def _fetch(self, at: str, step: int, mb: int, whom: str) -> tuple[dict, Optional[dict]]:
+        """slot -> (header, buffers) of the messages ``at`` exchanged with ``whom``; and ``whom``'s
+        manifest as ``at`` got it (its mbs), or None."""
+        reply = await self.peer.client.send(
+            self.peer.data_url_of(at), FETCH_KIND,
+            {"job": self.job.job_id, "epoch": self.smap.epoch, "step": step, "mb": mb, "peer": whom},
+            timeout=self.transport.timeout_s(), link=self.peer.link_to(at), peer_id=at)
+        if reply is None:
+            raise FrameError("no reply")
+        header, bufs = reply
+        entries, i, out = header.get("entries"), 0, {}
+        if not isinstance(entries, list) or len(entries) > len(vf.SLOTS):
+            raise FrameError("a check's reply lists at most 4 messages")
+        for e in entries:
+            n = e.get("n") if isinstance(e, dict) else None
+            if not isinstance(n, int) or not 0 <= n <= 16 or e.get("slot") not in vf.SLOTS or not isinstance(e.get("header"), dict):
+                raise FrameError("bad entry in a check's reply")
+            out[vf.OTHER_END[e["slot"]]] = (e["header"], bufs[i:i + n])  # the slot as ``whom`` names it
+            i += n
+        theirs = None
+        if header.get("manifest") is True and len(bufs) == i + 3:
+            signer, payload = open_payload({"body": bytes(bufs[i]), "key": bytes(bufs[i + 1]), "sig": bytes(bufs[i + 2])},
+                                           MAX_MANIFEST_BYTES)
+            if signer != whom:
+                raise FrameError("the manifest it kept is not the checked peer's")
+            theirs = vf.parse_manifest(payload)[3]
+        return out, theirs
+
+    async def _check_one(self, step: int, st, whom: str, mb: int) -> None:
+        k, n = st.k, len(st.assignments)
+        name = self.smap.name_of(whom)
+        _signed, mbs = await self._manifest_of(whom, step)
+        said = mbs.get(mb)
+        if said is None:
+            raise FrameError(f"its manifest of step {step} names no micro-batch {mb}")
+        ends = [st.assignments[j][mb] for j in (k - 1, k + 1) if 0 <= j < n]
+        fetched = await asyncio.gather(*(self._fetch(at, step, mb, whom) for at in ends))
+        msgs = {}
+        for at, (got, theirs) in zip(ends, fetched):
+            if theirs is not None and theirs.get(mb) != said:  # two manifests it signed for one step: a proof
+                return self._convict(whom, step, f"it signed two manifests of step {step} that differ on "
+                                                 f"micro-batch {mb} (one to this peer, one to {self.smap.name_of(at)})")
+            for slot, (h, bufs) in got.items():
+                if vf.digest(h, bufs) != said.get(slot):  # the neighbour, or the peer, lies: no conviction
+                    raise FrameError(f"{self.smap.name_of(at)}'s {slot} of micro-batch {mb} is not what {name} signed")
+                if "comp" in h:
+                    raise FrameError("compressed messages are not recomputed")
+                msgs[slot] = h, bufs
+        shapes, wire = st.shapes, st.wire
+        ins = [("recv/act", ACT, st.assignments[k - 1][mb], st.shapes[st.first])] if k > 0 else []
+        ins += [("recv/grad", GRAD, st.assignments[k + 1][mb], shapes[st.last])] if k < n - 1 else []
+        outs = [("send/act", ACT, whom, shapes[st.last])] if k < n - 1 else []
+        outs += [("send/grad", GRAD, whom, shapes[st.first])] if k > 0 else []
+        t = {}
+        for slot, kind, src, shape in ins + outs:
+            if slot not in msgs:
+                raise FrameError(f"no {slot} of micro-batch {mb} was kept")
+            h, bufs = msgs[slot]
+            expect = Expect(kind, self.job.job_id, self.smap.epoch, frozenset([src]), tuple(shape), len(st.assignments[k]),
+                            dtype=wire)
+            t[slot] = decode_tensor(h, [memoryview(b) for b in bufs], expect, (step, step))[2]
+        mine = await st.executor.recompute(step, mb, t.get("recv/act"), t.get("recv/grad"))
+        self.checks += 1
+        for slot, _kind, _src, _shape in outs:
+            err = vf.relative_error(t[slot], mine[slot])
+            if not math.isfinite(err) or err > self.tolerance:
+                return self._convict(whom, step, f"its {slot[5:]} of micro-batch {mb} at step {step} is {err:.3g} "
+                                                 f"(relative) from this peer's recomputation (tolerance {self.tolerance:g})")
+            self.max_error = max(self.max_error, err)
+
+    def _convict(self, whom: str, step: int, why: str) -> None:
+        self.failed[whom] = self.failed.get(whom, 0) + 1
+        self.defence.convict_verified(whom, step, why)
+
+    def status(self) -> dict:
+        return {"p": self.p, "checks": self.checks, "failed": {self.peer.name_of(p): n for p, n in self.failed.items()},
+                "skipped": dict(self.skipped), "max_relative_error": float(f"{self.max_error:.3g}"),
+                "tolerance": self.tolerance}

@@ -1,0 +1,91 @@
+"""The statistical gate at stage boundaries (robust.gate) and the evictions it leads to
+(train.defence: receivers, gate_evictions): pure logic."""
+import torch
+
+from spantrain_p2p.robust import attacks
+from spantrain_p2p.robust.gate import Gate
+from spantrain_p2p.train.defence import Accusation as A, gate_evictions, receivers
+
+
+def _act(seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def test_honest_tensors_pass_an_odd_one_is_named_and_what_no_data_gives_is_refused():
+    g = Gate()
+    for i in range(40):  # an honest stream, drifting slowly (x 1.02 a tensor: x 2.2 in all)
+        assert g.judge("act", "b", _act(i, 1.02 ** i)) is None
+    what, why = g.judge("act", "b", _act(98, 2.2 * 20))  # an odd one (an honest gradient was seen 17x)
+    assert what == "suspect" and why.startswith("an act of RMS 42.6") and "above its own recent ones" in why
+    assert g.judge("act", "b", attacks.forge_boundary("scaleact", _act(99, 2.2)), step=5, mb=1)[0] == "refuse"
+    assert g.judge("act", "b", attacks.forge_boundary("zeroact", _act(100)), step=5, mb=2) == ("refuse", "an all-zero act")
+    assert g.refused == {"b": 2} and g.suspected == {"b": 1}
+    assert g.judge("act", "b", _act(101, 2.2)) is None  # refused tensors are not remembered
+
+
+def test_a_refused_tensor_is_taken_when_its_step_is_redone_with_another_sender():
+    """The step redone after the planner evicted its first sender: the same data, the same odd
+    tensor, another peer: it was the data, not the sender (the run must not stall)."""
+    g = Gate()
+    for i in range(8):
+        g.judge("grad", "b", _act(i))
+        g.judge("grad", "c", _act(20 + i))
+    assert g.judge("grad", "b", _act(9, 100.0), step=45, mb=0)[0] == "refuse"
+    assert g.judge("grad", "b", _act(9, 100.0), step=45, mb=0)[0] == "refuse"  # the same sender again
+    assert g.judge("grad", "c", _act(9, 100.0), step=45, mb=0) is None
+
+
+def test_an_attacker_scaling_from_its_first_tensor_is_refused_against_the_others_at_the_boundary():
+    g = Gate()
+    for i in range(8):  # it alone feeds this receiver: its own past is the attack
+        assert g.judge("act", "b", _act(i, 100.0)) is None
+    # the receiver's replicas share their medians (three honest ones): from then on, it is refused
+    shared = {r: Gate() for r in ("r1", "r2", "r3")}
+    for r, other in shared.items():
+        for i in range(6):
+            other.judge("act", f"s-{r}", _act(50 + i))
+    g.take_shared({r: other.shared() for r, other in shared.items()})
+    what, why = g.judge("act", "b", _act(9, 100.0))
+    assert what == "refuse" and "above the others' at this boundary" in why
+
+
+def test_one_lying_replica_does_not_move_the_shared_reference():
+    honest = Gate()
+    for i in range(6):
+        honest.judge("act", "s", _act(i))
+    g = Gate()
+    for i in range(6):
+        g.judge("act", "me", _act(10 + i))
+    liar = [50.0, 1.0, 0.0, 0.0, 0.0]  # log RMS e^50
+    g.take_shared({"r1": honest.shared(), "r2": honest.shared(), "r3": liar, "r4": [float("nan")] * 5})
+    assert g.judge("act", "me", _act(20)) is None and g.judge("act", "new", _act(21)) is None
+
+
+def test_fp16_overflow_zeros_pass_where_allowed():
+    assert Gate(zeros_ok=True).judge("grad", "b", torch.zeros(8)) is None
+    assert Gate().judge("grad", "b", torch.zeros(8)) == ("refuse", "an all-zero grad")
+
+
+def test_noise_of_the_same_norm_passes_the_gate():
+    """What norms cannot see (spot recomputation's job): the forgery keeps the norm within sqrt 2."""
+    g = Gate()
+    for i in range(8):
+        g.judge("act", "b", _act(i))
+    assert g.judge("act", "b", attacks.forge_boundary("noiseact", _act(9), torch.Generator().manual_seed(0))) is None
+
+
+def test_receivers_follow_the_micro_batches_through_the_stages():
+    # 2 stages x 2 replicas, 4 micro-batches: a0 a0 a1 a1 | b0 b1 b0 b1
+    rx = receivers([["a0", "a0", "a1", "a1"], ["b0", "b1", "b0", "b1"]])
+    assert rx == {"a0": {"b0", "b1"}, "a1": {"b0", "b1"}, "b0": {"a0", "a1"}, "b1": {"a0", "a1"}}
+    assert receivers([["a", "a"], ["b", "b"], ["c", "c"]])["b"] == {"a", "c"}
+
+
+def test_the_gate_evicts_by_most_receivers_and_a_lone_accuser_evicts_once():
+    rx = {"x": {"r1", "r2", "r3"}, "y": {"r1"}, "z": {"r1"}}
+    acc = {"r1": A("job", [], ["x", "y", "z"]), "r2": A("job", [], ["x"])}
+    got = gate_evictions(acc, rx, "job")
+    assert got == {"x": ["r1", "r2"], "y": ["r1"]}  # r1 alone: one eviction, not two
+    assert gate_evictions(acc, rx, "job", spent={"r1"}) == {"x": ["r1", "r2"]}
+    assert gate_evictions({"r1": A("job", [], ["x"])}, rx, "job") == {}  # 1 of 3
+    assert gate_evictions({"r1": A("other", [], ["y"])}, rx, "job") == {}

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Issue 29's attack figures: each attack of the harness (``--chaos byzantine:PEER:ATTACK``,
 ``spantrain_p2p/robust/attacks.py``) against (1) one replica among 4 replicas of a stage
-(peers/lan-4.toml, --plan even --stages 1: p3 attacks) and (2) one island among 4
-(peers/four-sites.toml, --sync islands: both peers of site d forge their pseudo-gradients), with
+(peers/lan-4.toml, --plan even --stages 1: p3 attacks its gradient-sum parts), (2) one island among 4
+(peers/four-sites.toml, --sync islands: both peers of site d forge their pseudo-gradients) and (3)
+one pipeline replica among 4 of a stage (peers/lan-8.toml, --plan even --stages 2: p5 forges the
+activations or gradients it sends its neighbours: the boundary gate and verified computation), with
 the defences (--aggregate robust, the default) and without (--aggregate sum), next to the clean
 runs. Per run: the final loss (mean of the last 20 steps' losses), its distance from the clean
 defended run's, the step the attacker was evicted at (the first step of the map without it),
@@ -11,8 +13,9 @@ samples/s.
     .venv/bin/python scripts/attack_figures.py [--steps 300] [--world replicas|islands|both]
         [--attacks a,b,...] [--clean-steps 1000 --precision fp32|bf16] [--json]
 
-``--clean-steps N``: instead, N clean steps of the replicas' world with the defences on: the
-evictions (there must be none) and the largest clip ratio any replica reached.
+``--clean-steps N``: instead, N clean steps of the replicas' (or, with --world pipeline, the
+pipeline's) world with the defences on: the evictions (there must be none), the largest clip ratio
+any replica reached, the gate's largest deviation per kind and the verifier's largest relative error.
 """
 from __future__ import annotations
 
@@ -28,12 +31,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from spantrain_p2p.robust.attacks import ATTACKS  # noqa: E402
+from spantrain_p2p.robust.attacks import ATTACKS, BOUNDARY  # noqa: E402
 
 WORLDS = {
     "replicas": (["--scenario", "peers/lan-4.toml", "--plan", "even", "--stages", "1"], ["p3"]),
     "islands": (["--scenario", "peers/four-sites.toml", "--sync", "islands"], ["d1", "d2"]),
+    "pipeline": (["--scenario", "peers/lan-8.toml", "--plan", "even", "--stages", "2"], ["p5"]),
 }
+GRADIENT_ATTACKS = [a for a in ATTACKS if a not in BOUNDARY]
 
 
 def run(world: str, steps: int, aggregate: str, attack: str, precision: str = "fp32") -> dict:
@@ -57,11 +62,12 @@ def run(world: str, steps: int, aggregate: str, attack: str, precision: str = "f
         if plan.get("evicted") and evicted_at is None:
             evicted_at = e["first_step"]
     clip = _max_clip(run_dir, world)
+    checks = _checks(run_dir)
     return {"world": world, "attack": attack or "clean", "aggregate": aggregate, "precision": precision,
             "steps": s.get("steps"), "lost_steps": s.get("lost_steps"),
             "final_loss": round(statistics.mean(losses[-20:]), 4) if losses else None,
             "evicted_at_step": evicted_at, "evicted": sorted({n for p in s.get("plans", []) for n in p.get("evicted", [])}),
-            "samples_per_s": s.get("samples_per_s"), "max_clip_ratio": clip, "wall_s": round(wall, 1), "run_dir": run_dir}
+            "samples_per_s": s.get("samples_per_s"), "max_clip_ratio": clip, **checks, "wall_s": round(wall, 1), "run_dir": run_dir}
 
 
 def _max_clip(run_dir: str, world: str) -> dict:
@@ -81,11 +87,32 @@ def _max_clip(run_dir: str, world: str) -> dict:
     return out
 
 
+def _checks(run_dir: str) -> dict:
+    """The gate's largest deviation per kind and what it refused or named, and the verifier's checks
+    and largest relative error (of passed checks), over the peers' reports."""
+    dev: dict = {}
+    out = {"refused": 0, "named": 0, "checks": 0, "failed_checks": 0, "max_relative_error": 0.0}
+    rep_dir = os.path.join(run_dir, "reports")
+    for name in sorted(os.listdir(rep_dir)) if os.path.isdir(rep_dir) else ():
+        with open(os.path.join(rep_dir, name)) as f:
+            d = json.load(f).get("defence") or {}
+        g, v = d.get("gate") or {}, d.get("verify") or {}
+        for kind, x in (g.get("max_deviation") or {}).items():
+            dev[kind] = max(dev.get(kind, 0.0), x)
+        out["refused"] += sum((g.get("refused") or {}).values())
+        out["named"] += sum((g.get("suspected") or {}).values())
+        out["checks"] += v.get("checks", 0)
+        out["failed_checks"] += sum((v.get("failed") or {}).values())
+        out["max_relative_error"] = max(out["max_relative_error"], v.get("max_relative_error", 0.0))
+    return {"gate_max_deviation": dev, **out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--world", choices=("replicas", "islands", "both"), default="both")
-    ap.add_argument("--attacks", default=",".join(ATTACKS))
+    ap.add_argument("--world", choices=("replicas", "islands", "pipeline", "all"), default="all")
+    ap.add_argument("--attacks", default="", help="default: the gradient attacks (replicas, islands), the "
+                    "pipeline ones (pipeline)")
     ap.add_argument("--clean-steps", type=int, default=0)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--json", action="store_true")
@@ -97,14 +124,15 @@ def main() -> int:
         print(json.dumps(r), flush=True)
 
     if args.clean_steps:
-        say(run("replicas", args.clean_steps, "robust", "", args.precision))
+        say(run("pipeline" if args.world == "pipeline" else "replicas", args.clean_steps, "robust", "", args.precision))
         return 0
-    worlds = ["replicas", "islands"] if args.world == "both" else [args.world]
+    worlds = ["replicas", "islands", "pipeline"] if args.world == "all" else [args.world]
     for world in worlds:
         clean = run(world, args.steps, "robust", "")
         say(clean)
         say(run(world, args.steps, "sum", ""))
-        for attack in [a for a in args.attacks.split(",") if a]:
+        attacks = args.attacks.split(",") if args.attacks else list(BOUNDARY if world == "pipeline" else GRADIENT_ATTACKS)
+        for attack in [a for a in attacks if a]:
             for aggregate in ("robust", "sum"):
                 r = run(world, args.steps, aggregate, attack)
                 if r.get("final_loss") is not None and clean.get("final_loss"):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 29's figures of an open swarm under attack, on loopback: the budget attacks (trickling
 # members, idle floods, silent sockets) against a training pair, then every Byzantine attack of
-# the harness against 1 of 4 replicas and 1 of 4 islands, defended and not, then 1,000 clean steps
-# in fp32 and in bf16 with the defences on (evictions: none expected).
-# Usage: scripts/attack_figures.sh [STEPS]   (default 300; ~45 minutes on 2 cores)
+# the harness against 1 of 4 replicas, 1 of 4 islands and 1 of 4 pipeline replicas, defended and
+# not, then 1,000 clean steps in fp32 and in bf16 with the defences on (evictions: none expected).
+# Usage: scripts/attack_figures.sh [STEPS]   (default 300; ~75 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh >/dev/null
@@ -13,4 +13,5 @@ echo "== budget attacks"; $py scripts/budget_figures.py
 echo "== Byzantine attacks, $steps steps"; $py scripts/attack_figures.py --steps "$steps"
 for p in fp32 bf16; do
   echo "== 1000 clean steps, $p"; $py scripts/attack_figures.py --clean-steps 1000 --precision "$p"
+  echo "== 1000 clean pipeline steps, $p"; $py scripts/attack_figures.py --world pipeline --clean-steps 1000 --precision "$p"
 done

@@ -138,3 +138,21 @@ def test_a_replayed_part_and_a_convicted_peer_are_left_out_by_every_honest_repli
     parts = _honest(4)
     total, report = robust_sum({p: t for p, t in parts.items() if p != "p3"}, d.weights({p: 2.0 for p in parts}))
     assert torch.equal(total, parts["p0"] + parts["p1"] + parts["p2"]) and "p3" not in report.ratio
+
+
+def test_pipeline_replicas_forging_what_they_send_are_refused_or_recomputed_and_evicted(tmp_path):
+    """Two stages of four replicas; one replica sends its neighbours 100 x its tensors (the gate at
+    the receiver refuses the first one: evicted at once), another adds noise of the same norm (the
+    gate cannot see it: the replicas' spot recomputations, --verify 0.5 here to be quick, convict
+    it). Both are evicted, the steps they were in are redone, and the run trains to its end."""
+    from tests._helpers import run_swarm_json
+
+    s = run_swarm_json("--scenario", "peers/lan-8.toml", "--steps", "30", "--plan", "even", "--stages", "2",
+                       "--verify", "0.5", "--chaos", "byzantine:p5:scaleact", "--chaos", "byzantine:p2:noiseact",
+                       "--run-dir", str(tmp_path))
+    assert s["steps"] == 30 and s["lost_steps"] == 0
+    reasons = " ".join(p.get("reason", "") for p in s["plans"])
+    assert s["plans"][-1]["evicted"] == ["p2", "p5"], reasons
+    assert "p5 (its tensors refused by" in reasons and "p2 (accused by" in reasons
+    assert not any(p in str(s["plans"][-1]["stages"]) for p in ("'p2'", "'p5'"))
+    assert max(s["losses"]) < 10 and s["losses"][-1] < s["losses"][0]

@@ -70,8 +70,10 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-timeout", type=float, default=30.0, metavar="S",
                    help="close a data-plane connection whose message stops arriving for S seconds (default: 30)")
     p.add_argument("--byzantine", default="", metavar="ATTACK",
-                   help="testing an open swarm's defences: this peer sends forged contributions (signflip, "
-                   "signflip1000, random1000, alie, ipm, stale, zero); `spantrain swarm --chaos byzantine:PEER:ATTACK`")
+                   help="testing an open swarm's defences: this peer sends forged contributions (gradient-sum "
+                   "parts and pseudo-gradients: signflip, signflip1000, random1000, alie, ipm, stale, zero; what it "
+                   "sends its pipeline neighbours: zeroact, scaleact, noiseact); "
+                   "`spantrain swarm --chaos byzantine:PEER:ATTACK`")
     p.add_argument("--ready-file", metavar="PATH", help="write a JSON line here once joined (for launchers)")
     t = p.add_argument_group("training job (only on the peer that starts the swarm; joiners adopt it)")
     add_job_arguments(t)

@@ -27,7 +27,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 SUSPECT = 8.0  # x or / this far from a reference: its sender is checked (clean spread: attack_figures.py --clean-steps)
-REFUSE = 64.0  # x or / this far: refused
+REFUSE = 32.0  # x or / this far: refused (the clean spread: 2.7x at most in 1,000 steps)
 WINDOW = 48  # tensors of a sender's past kept per kind
 WARMUP = 4  # tensors a sender's own past needs before it judges
 SHARE_WARMUP = 1  # tensors a receiver shares a median of (the others' reference: from the first step on)

@@ -33,7 +33,7 @@ OPPOSED_OF = 4
 # a replica whose received activations or gradients were odd this step (its gate named or refused
 # one: its part is then off through its neighbour's fault) is not judged for the step, at most
 # EXCUSES times in its last EXCUSE_WINDOW judged steps (a liar cannot excuse itself for ever)
-EXCUSES = 5
+EXCUSES = 10
 EXCUSE_WINDOW = 20
 
 

@@ -24,7 +24,7 @@ from . import planning
 from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
 from .liveness import is_alive
 
-ACCUSATIONS_EVERY_S = 2.0  # how often the planner reads the replicas' accusations
+ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
 log = logging.getLogger("spantrain.train")
 
 PLAN_PROBE_S = 5.0  # a re-plan leaves out a peer of the broken map that does not answer /status in this long

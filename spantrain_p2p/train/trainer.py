@@ -467,11 +467,19 @@ class Trainer:
         loss_sum, loss_count = sum(result.losses), len(result.losses)
         if gsum is not None:
             self.verifier.publish(step, [p for p in st.replicas if p != me])
-            total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
+            # the checks of the other replicas run while the sum waits for their parts (the compute
+            # thread is idle then), and end before the optimizer step: the replicas' weights are equal
+            checks = asyncio.create_task(self.verifier.check(step, st))
+            try:
+                total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
+            except BaseException:
+                checks.cancel()
+                await asyncio.gather(checks, return_exceptions=True)
+                raise
             if total is not None:
                 loss_sum, loss_count = total
             self.defence.judge(step, gsum.reports, sorted(gsum.replayed), gsum.odd_inputs)
-            await self.verifier.check(step, st)  # before the optimizer step: the replicas' weights are equal
+            await checks
         skip = False
         if st.scale is not None:  # fp16: every peer skips the step if any overflowed, or none does
             found = st.executor.overflowed or gsum is not None and gsum.overflowed or \

@@ -32,6 +32,8 @@ log = logging.getLogger("spantrain.train")
 MANIFEST_KIND, FETCH_KIND, SUSPECT_KIND = "vmanifest", "vfetch", "vsuspect"
 NAMED_STEPS = 20  # a peer named a suspect is checked every step for this many steps
 MAX_SUSPECTS = 2  # suspects checked in one step (a liar naming everyone costs a bounded share)
+MANIFEST_WAIT_S = 5.0  # how long a check waits for the checked peer's manifest (honest ones come with its sum)
+WITHHELD = 3  # checks in a row that found no manifest of a peer: it withholds them (convicted)
 MAX_MANIFEST_BYTES = 256 * 1024
 KEEP_MANIFESTS = 64  # (peer, step) manifests kept
 
@@ -54,6 +56,8 @@ class Verifier:
         self.skipped: dict[str, int] = {}  # why checks were not made
         self.failed: dict[str, int] = {}  # peer -> checks it failed
         self.max_error = 0.0  # the largest relative error a passed check had (the float noise seen)
+        self.missing: dict[str, int] = {}  # peer -> checks in a row that found no manifest of it
+        self.active = False  # this epoch's map has a stage with replicas (else nothing is kept)
 
     def start(self, job) -> None:
         self.job = job
@@ -63,16 +67,17 @@ class Verifier:
 
     def begin_epoch(self, smap) -> None:
         self.smap = smap
+        self.active = self.on and any(len(st.peers) >= 2 for st in smap.stages)
         self.ledger.clear()
         self.manifests.clear()
 
     # ---- what the transport tells ---------------------------------------------------------------------
     def sent(self, dst: str, header: dict, buffers) -> None:
-        if self.on and header.get("kind") in (ACT, GRAD):
+        if self.active and header.get("kind") in (ACT, GRAD):
             self.ledger.put(f"send/{header['kind']}", dst, header, buffers)
 
     def received(self, src: str, header: dict, buffers) -> None:
-        if self.on and header.get("kind") in (ACT, GRAD):
+        if self.active and header.get("kind") in (ACT, GRAD):
             self.ledger.put(f"recv/{header['kind']}", src, header, buffers)
 
     # ---- manifests --------------------------------------------------------------------------------------
@@ -120,7 +125,8 @@ class Verifier:
         self.manifests[key] = (signed, mbs, suspects)
         for old in sorted(self.manifests, key=lambda k: k[1])[:max(0, len(self.manifests) - KEEP_MANIFESTS)]:
             del self.manifests[old]
-        self._arrived.setdefault(key, asyncio.Event()).set()
+        if (ev := self._arrived.get(key)) is not None:  # a check waits for it
+            ev.set()
         for s in suspects:
             if s != self.peer.peer_id and smap.stage_of(s) == smap.stage_of(self.peer.peer_id):
                 self.named.setdefault(s, step)
@@ -213,16 +219,25 @@ class Verifier:
                 self.skipped[type(e).__name__] = self.skipped.get(type(e).__name__, 0) + 1
                 log.info("step %d: no check of %s's micro-batch %d: %s", step, self.smap.name_of(whom), mb, e)
 
-    async def _manifest_of(self, whom: str, step: int) -> tuple[dict, dict]:
+    async def _manifest_of(self, whom: str, step: int) -> Optional[dict]:
+        """``whom``'s manifest of ``step`` (its micro-batches' digests), waited for a while; None if
+        it did not come (``WITHHELD`` such checks in a row convict it)."""
         key = (whom, step)
         if key not in self.manifests:
             ev = self._arrived.setdefault(key, asyncio.Event())
             try:
-                await asyncio.wait_for(ev.wait(), self.transport.timeout_s())
+                await asyncio.wait_for(ev.wait(), min(MANIFEST_WAIT_S, self.transport.timeout_s()))
+            except TimeoutError:
+                pass
             finally:
                 self._arrived.pop(key, None)
-        signed, mbs, _ = self.manifests[key]
-        return signed, mbs
+        if key not in self.manifests:
+            self.missing[whom] = self.missing.get(whom, 0) + 1
+            if self.missing[whom] >= WITHHELD:
+                self._convict(whom, step, f"no manifest of its steps came in {WITHHELD} checks in a row")
+            return None
+        self.missing.pop(whom, None)
+        return self.manifests[key][1]
 
     async def _fetch(self, at: str, step: int, mb: int, whom: str) -> tuple[dict, Optional[dict]]:
         """slot -> (header, buffers) of the messages ``at`` exchanged with ``whom``; and ``whom``'s
@@ -255,7 +270,9 @@ class Verifier:
     async def _check_one(self, step: int, st, whom: str, mb: int) -> None:
         k, n = st.k, len(st.assignments)
         name = self.smap.name_of(whom)
-        _signed, mbs = await self._manifest_of(whom, step)
+        mbs = await self._manifest_of(whom, step)
+        if mbs is None:
+            raise FrameError(f"no manifest of step {step} came")
         said = mbs.get(mb)
         if said is None:
             raise FrameError(f"its manifest of step {step} names no micro-batch {mb}")

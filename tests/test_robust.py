@@ -125,7 +125,10 @@ def test_with_islands_a_peer_is_evicted_by_most_peers_of_the_other_islands():
     assert evictions(honest, [], "job", islands[:2]) == {}  # two islands cannot tell which one lies
 
 
-def test_a_replayed_part_and_a_convicted_peer_are_left_out_by_every_honest_replica():
+def test_a_replayed_part_convicts_and_the_sum_stays_what_every_replica_adds_up():
+    """A replica's convictions depend on what it has seen (a replica new to the stage after a
+    re-plan has seen less): they go to the planner as accusations, and never into the sum, which
+    every replica must compute alike from the step's parts alone (else their weights part ways)."""
     from spantrain_p2p.train.defence import Defence
 
     d = Defence(peer=None, events=lambda e: None)
@@ -134,10 +137,7 @@ def test_a_replayed_part_and_a_convicted_peer_are_left_out_by_every_honest_repli
     assert not d.verdicts.convicted
     d.judge(2, [], ["p3"])  # the second replay convicts
     assert d.verdicts.convicted == {"p3": 2}
-    assert d.weights({"p0": 1.0, "p3": 1.0}) == {"p0": 1.0, "p3": 0.0}
-    parts = _honest(4)
-    total, report = robust_sum({p: t for p, t in parts.items() if p != "p3"}, d.weights({p: 2.0 for p in parts}))
-    assert torch.equal(total, parts["p0"] + parts["p1"] + parts["p2"]) and "p3" not in report.ratio
+    assert not hasattr(d, "weights")
 
 
 def test_pipeline_replicas_forging_what_they_send_are_refused_or_recomputed_and_evicted(tmp_path):
@@ -153,6 +153,6 @@ def test_pipeline_replicas_forging_what_they_send_are_refused_or_recomputed_and_
     assert s["steps"] == 30 and s["lost_steps"] == 0
     reasons = " ".join(p.get("reason", "") for p in s["plans"])
     assert s["plans"][-1]["evicted"] == ["p2", "p5"], reasons
-    assert "p5 (its tensors refused by" in reasons and "p2 (accused by" in reasons
+    assert "p2 (accused by" in reasons  # (p5: refused by the gate, or recomputed first)
     assert not any(p in str(s["plans"][-1]["stages"]) for p in ("'p2'", "'p5'"))
     assert max(s["losses"]) < 10 and s["losses"][-1] < s["losses"][0]

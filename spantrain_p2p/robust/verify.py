@@ -4,14 +4,14 @@ how a check decides.
 Every peer keeps the pipeline messages it sent and received in the last few steps (``Ledger``: the
 header and the bytes, as they crossed the wire) and, at the end of each step, signs a manifest of
 their digests (``manifest``): per micro-batch it ran, what came in and what went out. The manifest
-goes to its replicas and to its pipeline neighbours. A neighbour checks the entries of the messages
-it exchanged with the peer against its own digests (``disagreements``): a peer that commits to
-something other than what it sent is caught by the one it sent it to. A replica picks, with
+goes to its replicas. A neighbour shown it checks the entries of the messages it exchanged with the
+peer against its own digests (``disagreements``): a peer that commits to something other than what
+it sent is caught by the one it sent it to. A replica picks, with
 probability p a step, one micro-batch of another replica (``choose``), fetches its inputs and
 outputs from the neighbours that sent and received them, checks them against the peer's signed
 digests and recomputes it with the same weights (the replicas' weights are equal until the step's
 optimizer step); outputs further than the tolerance from its own (``relative_error``) convict the
-peer. Two manifests the peer signed for the same step with different digests are a proof too.
+peer.
 """
 from __future__ import annotations
 
@@ -34,11 +34,11 @@ _DIGEST_FIELDS = ("kind", "job", "epoch", "step", "mb", "src", "dtype", "shape",
 
 def digest(header: Mapping, buffers: Sequence) -> str:
     """The digest of one message as it crossed the wire: its identifying fields and its bytes."""
-    h = hashlib.blake2b(digest_size=16)
+    h = hashlib.sha256()  # (SHA-NI: 1.9 GB/s here, blake2b 1.2)
     h.update(repr([header.get(k) for k in _DIGEST_FIELDS]).encode())
     for b in buffers:
         h.update(b)
-    return h.hexdigest()
+    return h.hexdigest()[:32]
 
 
 class Ledger:
@@ -47,7 +47,7 @@ class Ledger:
 
     def __init__(self, keep_steps: int = KEEP_STEPS):
         self.keep = keep_steps
-        self._msgs: "OrderedDict[tuple, tuple[dict, list[bytes], str]]" = OrderedDict()
+        self._msgs: "OrderedDict[tuple, tuple[dict, list[memoryview], str]]" = OrderedDict()
         self._mine: dict[int, dict[int, dict[str, str]]] = {}
 
     def put(self, slot: str, peer: str, header: Mapping, buffers: Sequence) -> str:
@@ -56,7 +56,9 @@ class Ledger:
         if step < newest - self.keep:
             return ""
         d = digest(header, buffers)
-        self._msgs[(step, mb, slot, peer)] = (dict(header), [bytes(b) for b in buffers], d)
+        # the buffers as they are (not copied): a received frame's memory is its own, a sent
+        # tensor's is never written again
+        self._msgs[(step, mb, slot, peer)] = (dict(header), [memoryview(b) for b in buffers], d)
         self._mine.setdefault(step, {}).setdefault(mb, {})[slot] = d
         for old in [s for s in self._mine if s < step - self.keep]:
             del self._mine[old]
@@ -64,7 +66,7 @@ class Ledger:
                 del self._msgs[key]
         return d
 
-    def get(self, step: int, mb: int, slot: str, peer: str) -> Optional[tuple[dict, list[bytes], str]]:
+    def get(self, step: int, mb: int, slot: str, peer: str) -> Optional[tuple[dict, list[memoryview], str]]:
         return self._msgs.get((step, mb, slot, peer))
 
     def peers(self, step: int) -> set[str]:

@@ -109,13 +109,6 @@ class Defence:
             await send(kind, step, mb, attacks.forge_boundary(attack, t, g))
         return forged
 
-    def weights(self, weights: Optional[dict]) -> Optional[dict]:
-        """A stage's robust-sum weights with the peers this replica convicted at 0: every honest
-        replica convicts at the same step from the same parts, so all leave them out alike."""
-        if weights is None or not self.verdicts.convicted:
-            return weights
-        return {p: (0.0 if p in self.verdicts.convicted else w) for p, w in weights.items()}
-
     def judge(self, step: int, reports: list[ClipReport], replayed: Sequence[str] = (), excused: set[str] = frozenset()) -> None:
         new = []
         for p in replayed:  # a part sent again bit for bit: a replay, convicted at the second

@@ -100,6 +100,8 @@ class GradientSum:
                 self.overflowed |= bad
             if self.attack and k < len(self.buckets):
                 part = await self._forge(k, part)
+            if self.gate is not None and k == len(self.buckets) - 1:  # the gate's medians ride on the last bucket
+                part = torch.cat([part, torch.tensor(self.gate.shared(self.step), dtype=part.dtype)])
             self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part))
                            for dst in self.others]
             return part
@@ -111,7 +113,8 @@ class GradientSum:
         if self.attack in attacks.OMNISCIENT:  # it reads the honest parts first (they come unasked)
             self._early[k] = {src: await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
                               for src in self.others}
-            others = {src: (t, float(weights.get(src, 1))) for src, t in self._early[k].items()}
+            tail = len(self.gate.shared()) if self.gate is not None and k == len(self.buckets) - 1 else 0
+            others = {src: (t[:t.numel() - tail], float(weights.get(src, 1))) for src, t in self._early[k].items()}
         forged = attacks.forge(self.attack, honest, float(weights.get(self.me, 1)), others, self.previous.get(k))
         self.previous[k] = honest
         return forged
@@ -130,10 +133,7 @@ class GradientSum:
             if loss is not None:
                 self.local.append(None)
                 self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
-            shared = len(self.local) if self.gate is not None else -1
-            if self.gate is not None:
-                self.local.append(None)
-                self._start(shared, torch.tensor(self.gate.shared(self.step), dtype=torch.float32))
+            tail = len(self.gate.shared()) if self.gate is not None and self.buckets else 0
             summed, robust_parts = [], []
             for k, part in enumerate(self.local):
                 mine = await part
@@ -142,9 +142,10 @@ class GradientSum:
                 for src in self.others:
                     parts[src] = early[src] if src in early else \
                         await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
-                if k == shared:  # the others' boundary medians: taken, not summed
-                    self.odd_inputs = self.gate.take_shared({src: t.tolist() for src, t in parts.items()}, self.me)
-                    continue
+                if tail and k == len(self.buckets) - 1:  # the replicas' boundary medians: taken, not summed
+                    self.odd_inputs = self.gate.take_shared({src: t[-tail:].tolist() for src, t in parts.items()}, self.me)
+                    parts = {src: t[:-tail] for src, t in parts.items()}
+                    mine = parts[self.me]
                 if self.weights is not None and k < len(self.buckets):
                     for src, t in parts.items():
                         if src != self.me:
@@ -181,7 +182,7 @@ class GradientSum:
     def _robust(self, buckets: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """The buckets' robust sums, judged on each replica's whole gradient at once (one clip
         factor per replica, and one pass: per bucket, a small model paid 10 % of its step in
-        the fixed cost of many small operations). A convicted peer's part is left out (weight 0)."""
+        the fixed cost of many small operations). A part of weight 0 is left out."""
         keep = [p for p in buckets[0] if self.weights.get(p, 1) > 0]
         if not keep:
             return [torch.zeros_like(next(iter(b.values()))) for b in buckets]

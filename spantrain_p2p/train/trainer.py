@@ -332,8 +332,10 @@ class Trainer:
         buckets = []
         if len(replicas) > 1:
             buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers])
-            sizes = [(sum(n for _, n in b),) for _, b in buckets] + ([(2,)] if nxt is None else []) + \
-                ([(len(self.defence.gate.shared()),)] if self.defence.gate is not None else [])
+            sizes = [(sum(n for _, n in b),) for _, b in buckets]
+            if self.defence.gate is not None and sizes:  # the gate's medians ride on the last bucket
+                sizes[-1] = (sizes[-1][0] + len(self.defence.gate.shared()),)
+            sizes += [(2,)] if nxt is None else []
             self.transport.bucket_layers = [first + layer for layer, _ in buckets]
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(replicas) - {me}, (),
                                   len(sizes), shapes_by_mb=tuple(sizes))
@@ -453,7 +455,7 @@ class Trainer:
         gsum = None
         if len(st.replicas) > 1:
             gsum = GradientSum(self.transport, me, step, st.params, st.buckets, [p for p in st.replicas if p != me],
-                               sanitize=st.scale is not None, weights=self.defence.weights(st.weights),
+                               sanitize=st.scale is not None, weights=st.weights,
                                attack=self.outer.attack if self.island is None else "",  # islands: their exchange
                                previous=self.defence.previous, seen=self.defence.seen, gate=self.defence.gate)
         st.executor.loss_scale = st.scale.scale if st.scale is not None else None

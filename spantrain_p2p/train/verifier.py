@@ -1,17 +1,17 @@
 """Verified computation on the wire (``robust.verify`` has the pure parts and the protocol).
 
 Each peer of a job with the defences on keeps its pipeline messages (``ledger``, fed by the
-transport), signs a manifest of their digests at the end of each step and sends it to its replicas
-and to the neighbours it exchanged tensors with (``publish``). A neighbour checks the manifest
-against what it saw (a peer that signs something other than what it sent is accused like a tensor
-the gate refuses). At its gradient sum, a replica runs the step's checks (``check``): for each
-chosen micro-batch of another replica, it fetches the messages from the neighbours at both ends
-(``vfetch``: they answer a replica of that peer's stage only), with their copies of the peer's
-manifest; a manifest signed twice differently, or a recomputation (the same layers, weights and
-inputs, on this peer's compute thread) further than the tolerance from what the peer sent,
+transport) and, where its stage has replicas, signs a manifest of their digests at the end of each
+step for them (``publish``). At its gradient sum, a replica runs the step's checks (``check``): for
+each chosen micro-batch of another replica, it sends that peer's signed manifest to the neighbours
+at both ends of the micro-batch (``vfetch``: they answer a replica of that peer's stage only); each
+checks the manifest against what crossed the wire between them (a peer that signed other than what
+it sent or received is accused, as a tensor the gate refuses) and answers with the messages. The
+replica checks them against the signed digests and recomputes the micro-batch (the same layers,
+weights and inputs, on its compute thread): further than the tolerance from what the peer sent
 convicts it (``Defence``: judged with the robust sum's verdicts, by the stage's other replicas).
-Fetched messages that disagree with the peer's signed digests convict nobody (the neighbour, or
-the peer, lies: the manifests' check at the neighbours accuses the peer when it is the peer).
+Fetched messages that disagree with the signed digests convict nobody here (the neighbour, or the
+peer, lies: the neighbour has accused the peer when it is the peer).
 """
 from __future__ import annotations
 
@@ -82,12 +82,12 @@ class Verifier:
 
     # ---- manifests --------------------------------------------------------------------------------------
     def publish(self, step: int, to: list[str]) -> None:
-        """Signs this step's manifest and sends it to ``to`` (its replicas) and the peers it exchanged
-        tensors with; in the background (a late manifest only delays a check)."""
+        """Signs this step's manifest and sends it to ``to`` (its replicas), in the background (a late
+        manifest only delays a check)."""
         if not self.on:
             return
         mine = self.ledger.mine(step)
-        dests = sorted(set(to) | self.ledger.peers(step))
+        dests = sorted(to)
         suspects = sorted({**self.defence.verdicts.convicted, **self.defence.verified})
         signed = sign_payload(vf.manifest(self.job.job_id, self.smap.epoch, step, mine, suspects),
                               self.peer.identity, MAX_MANIFEST_BYTES)
@@ -111,14 +111,9 @@ class Verifier:
         smap = self.smap
         if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
             raise FrameError("no manifest is taken for that job or epoch")
-        if smap.stage_of(src) is None or len(buffers) != 3 or sum(b.nbytes for b in buffers) > MAX_MANIFEST_BYTES + 4096:
-            raise FrameError("a manifest is 3 buffers (body, key, signature) from a peer of the stage map")
-        signed = {"body": bytes(buffers[0]), "key": bytes(buffers[1]), "sig": bytes(buffers[2])}
-        try:
-            signer, payload = open_payload(signed, MAX_MANIFEST_BYTES)
-            job, epoch, step, mbs, suspects = vf.parse_manifest(payload)
-        except (BadRecord, ValueError) as e:
-            raise FrameError(f"bad manifest: {e}") from None
+        if smap.stage_of(src) is None:
+            raise FrameError("a manifest comes from a peer of the stage map")
+        signed, signer, (job, epoch, step, mbs, suspects) = self._open(buffers)
         if signer != src or job != self.job.job_id or epoch != smap.epoch or header.get("step") != step:
             raise FrameError("a manifest must be its sender's own, of this job, epoch and step")
         key = (src, step)
@@ -130,13 +125,19 @@ class Verifier:
         for s in suspects:
             if s != self.peer.peer_id and smap.stage_of(s) == smap.stage_of(self.peer.peer_id):
                 self.named.setdefault(s, step)
-        # the messages it exchanged with this peer: its signed digests must be what crossed the wire
-        exchanged = self.ledger.exchanged(step, src)
-        wrong = vf.disagreements(mbs, self.ledger.mine(step), exchanged)
-        if wrong:
-            self.defence.accuse_neighbour(src, step, f"its signed manifest of step {step} says other than what "
-                                                     f"it exchanged with this peer ({wrong[0]})")
         return None
+
+    @staticmethod
+    def _open(buffers) -> tuple[dict, str, tuple]:
+        """(signed value, signer, parsed manifest) of a manifest's 3 buffers; FrameError saying why not."""
+        if len(buffers) != 3 or sum(b.nbytes for b in buffers) > MAX_MANIFEST_BYTES + 4096:
+            raise FrameError("a manifest is 3 buffers (body, key, signature)")
+        signed = {"body": bytes(buffers[0]), "key": bytes(buffers[1]), "sig": bytes(buffers[2])}
+        try:
+            signer, payload = open_payload(signed, MAX_MANIFEST_BYTES)
+            return signed, signer, vf.parse_manifest(payload)
+        except (BadRecord, ValueError) as e:
+            raise FrameError(f"bad manifest: {e}") from None
 
     # ---- suspects a gate names ------------------------------------------------------------------------------
     def name_suspect(self, whom: str, step: int, mb: int) -> None:
@@ -176,7 +177,8 @@ class Verifier:
     # ---- a replica's checks -------------------------------------------------------------------------------
     async def on_fetch(self, header: dict, buffers):
         """A replica of ``peer``'s stage asks for the messages this peer exchanged with ``peer`` in
-        (step, mb), and for ``peer``'s manifest of that step as this peer got it."""
+        (step, mb), showing ``peer``'s signed manifest of that step: where it says other than what
+        crossed the wire between them, ``peer`` is accused (it signed a lie)."""
         src, smap = header["src"], self.smap
         step, mb, whom = header.get("step"), header.get("mb"), header.get("peer")
         if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
@@ -186,16 +188,20 @@ class Verifier:
         k = smap.stage_of(whom)
         if k is None or whom == src or smap.stage_of(src) != k:
             raise FrameError("only a replica of that peer's stage may check it")
+        _signed, signer, (job, epoch, m_step, mbs, _s) = self._open(buffers)
+        if signer != whom or job != self.job.job_id or epoch != smap.epoch or m_step != step:
+            raise FrameError("the manifest shown is not that peer's of this job, epoch and step")
+        wrong = vf.disagreements({mb: mbs.get(mb, {})}, self.ledger.mine(step), {mb: self.ledger.exchanged(step, whom).get(mb, [])})
+        if wrong:
+            self.defence.accuse_neighbour(whom, step, f"its signed manifest of step {step} says other than what "
+                                                      f"it exchanged with this peer ({wrong[0]})")
         entries, bufs = [], []
         for slot in vf.SLOTS:
             got = self.ledger.get(step, mb, slot, whom)
             if got is not None:
                 entries.append({"slot": slot, "header": got[0], "n": len(got[1])})
                 bufs += got[1]
-        m = self.manifests.get((whom, step))
-        if m is not None:
-            bufs += [m[0]["body"], m[0]["key"], m[0]["sig"]]
-        return {"entries": entries, "manifest": m is not None}, bufs
+        return {"entries": entries}, bufs
 
     def _mbs_of(self, st) -> dict[str, list[int]]:
         row = st.assignments[st.k]
@@ -219,7 +225,7 @@ class Verifier:
                 self.skipped[type(e).__name__] = self.skipped.get(type(e).__name__, 0) + 1
                 log.info("step %d: no check of %s's micro-batch %d: %s", step, self.smap.name_of(whom), mb, e)
 
-    async def _manifest_of(self, whom: str, step: int) -> Optional[dict]:
+    async def _manifest_of(self, whom: str, step: int) -> Optional[tuple[dict, dict]]:
         """``whom``'s manifest of ``step`` (its micro-batches' digests), waited for a while; None if
         it did not come (``WITHHELD`` such checks in a row convict it)."""
         key = (whom, step)
@@ -237,14 +243,14 @@ class Verifier:
                 self._convict(whom, step, f"no manifest of its steps came in {WITHHELD} checks in a row")
             return None
         self.missing.pop(whom, None)
-        return self.manifests[key][1]
+        return self.manifests[key][:2]
 
-    async def _fetch(self, at: str, step: int, mb: int, whom: str) -> tuple[dict, Optional[dict]]:
-        """slot -> (header, buffers) of the messages ``at`` exchanged with ``whom``; and ``whom``'s
-        manifest as ``at`` got it (its mbs), or None."""
+    async def _fetch(self, at: str, step: int, mb: int, whom: str, manifest: list) -> dict:
+        """slot (as ``whom`` names it) -> (header, buffers) of the messages ``at`` exchanged with
+        ``whom`` in (step, mb); ``manifest``: ``whom``'s signed manifest, shown to ``at``."""
         reply = await self.peer.client.send(
             self.peer.data_url_of(at), FETCH_KIND,
-            {"job": self.job.job_id, "epoch": self.smap.epoch, "step": step, "mb": mb, "peer": whom},
+            {"job": self.job.job_id, "epoch": self.smap.epoch, "step": step, "mb": mb, "peer": whom}, manifest,
             timeout=self.transport.timeout_s(), link=self.peer.link_to(at), peer_id=at)
         if reply is None:
             raise FrameError("no reply")
@@ -256,33 +262,25 @@ class Verifier:
             n = e.get("n") if isinstance(e, dict) else None
             if not isinstance(n, int) or not 0 <= n <= 16 or e.get("slot") not in vf.SLOTS or not isinstance(e.get("header"), dict):
                 raise FrameError("bad entry in a check's reply")
-            out[vf.OTHER_END[e["slot"]]] = (e["header"], bufs[i:i + n])  # the slot as ``whom`` names it
+            out[vf.OTHER_END[e["slot"]]] = (e["header"], bufs[i:i + n])
             i += n
-        theirs = None
-        if header.get("manifest") is True and len(bufs) == i + 3:
-            signer, payload = open_payload({"body": bytes(bufs[i]), "key": bytes(bufs[i + 1]), "sig": bytes(bufs[i + 2])},
-                                           MAX_MANIFEST_BYTES)
-            if signer != whom:
-                raise FrameError("the manifest it kept is not the checked peer's")
-            theirs = vf.parse_manifest(payload)[3]
-        return out, theirs
+        return out
 
     async def _check_one(self, step: int, st, whom: str, mb: int) -> None:
         k, n = st.k, len(st.assignments)
         name = self.smap.name_of(whom)
-        mbs = await self._manifest_of(whom, step)
-        if mbs is None:
+        got_manifest = await self._manifest_of(whom, step)
+        if got_manifest is None:
             raise FrameError(f"no manifest of step {step} came")
+        signed, mbs = got_manifest
         said = mbs.get(mb)
         if said is None:
             raise FrameError(f"its manifest of step {step} names no micro-batch {mb}")
         ends = [st.assignments[j][mb] for j in (k - 1, k + 1) if 0 <= j < n]
-        fetched = await asyncio.gather(*(self._fetch(at, step, mb, whom) for at in ends))
+        shown = [signed["body"], signed["key"], signed["sig"]]
+        fetched = await asyncio.gather(*(self._fetch(at, step, mb, whom, shown) for at in ends))
         msgs = {}
-        for at, (got, theirs) in zip(ends, fetched):
-            if theirs is not None and theirs.get(mb) != said:  # two manifests it signed for one step: a proof
-                return self._convict(whom, step, f"it signed two manifests of step {step} that differ on "
-                                                 f"micro-batch {mb} (one to this peer, one to {self.smap.name_of(at)})")
+        for at, got in zip(ends, fetched):
             for slot, (h, bufs) in got.items():
                 if vf.digest(h, bufs) != said.get(slot):  # the neighbour, or the peer, lies: no conviction
                     raise FrameError(f"{self.smap.name_of(at)}'s {slot} of micro-batch {mb} is not what {name} signed")

@@ -152,7 +152,7 @@ def test_pipeline_replicas_forging_what_they_send_are_refused_or_recomputed_and_
                        "--run-dir", str(tmp_path))
     assert s["steps"] == 30 and s["lost_steps"] == 0
     reasons = " ".join(p.get("reason", "") for p in s["plans"])
-    assert s["plans"][-1]["evicted"] == ["p2", "p5"], reasons
+    assert sorted(s["plans"][-1]["evicted"]) == ["p2", "p5"], reasons
     assert "p2 (accused by" in reasons  # (p5: refused by the gate, or recomputed first)
     assert not any(p in str(s["plans"][-1]["stages"]) for p in ("'p2'", "'p5'"))
     assert max(s["losses"]) < 10 and s["losses"][-1] < s["losses"][0]

@@ -459,29 +459,31 @@ class Trainer:
                                attack=self.outer.attack if self.island is None else "",  # islands: their exchange
                                previous=self.defence.previous, seen=self.defence.seen, gate=self.defence.gate)
         st.executor.loss_scale = st.scale.scale if st.scale is not None else None
+        checks = self.verifier.begin_checks(step, st) if gsum is not None else None  # beside the step
         try:
             result = await st.executor.run_step(step, st.actions, gsum.layer_done if gsum else None)
         except BaseException:
             if gsum is not None:
                 await gsum.cancel()
+            if checks is not None:
+                checks.cancel()
+                await asyncio.gather(checks, return_exceptions=True)
             raise
         t_pipe = time.time()
         loss_sum, loss_count = sum(result.losses), len(result.losses)
         if gsum is not None:
             self.verifier.publish(step, [p for p in st.replicas if p != me])
-            # the checks of the other replicas run while the sum waits for their parts (the compute
-            # thread is idle then), and end before the optimizer step: the replicas' weights are equal
-            checks = asyncio.create_task(self.verifier.check(step, st))
             try:
                 total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
             except BaseException:
-                checks.cancel()
-                await asyncio.gather(checks, return_exceptions=True)
+                if checks is not None:
+                    checks.cancel()
+                    await asyncio.gather(checks, return_exceptions=True)
                 raise
             if total is not None:
                 loss_sum, loss_count = total
             self.defence.judge(step, gsum.reports, sorted(gsum.replayed), gsum.odd_inputs)
-            await checks
+            await self.verifier.end_checks(step, st, checks)  # before the optimizer step: the weights are equal
         skip = False
         if st.scale is not None:  # fp16: every peer skips the step if any overflowed, or none does
             found = st.executor.overflowed or gsum is not None and gsum.overflowed or \

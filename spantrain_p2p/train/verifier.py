@@ -2,7 +2,7 @@
 
 Each peer of a job with the defences on keeps its pipeline messages (``ledger``, fed by the
 transport) and, where its stage has replicas, signs a manifest of their digests at the end of each
-step for them (``publish``). At its gradient sum, a replica runs the step's checks (``check``): for
+step for them (``publish``). At its gradient sum, a replica runs the step's checks (``begin_checks``, ``end_checks``): for
 each chosen micro-batch of another replica, it sends that peer's signed manifest to the neighbours
 at both ends of the micro-batch (``vfetch``: they answer a replica of that peer's stage only); each
 checks the manifest against what crossed the wire between them (a peer that signed other than what
@@ -32,6 +32,7 @@ log = logging.getLogger("spantrain.train")
 MANIFEST_KIND, FETCH_KIND, SUSPECT_KIND = "vmanifest", "vfetch", "vsuspect"
 NAMED_STEPS = 20  # a peer named a suspect is checked every step for this many steps
 MAX_SUSPECTS = 2  # suspects checked in one step (a liar naming everyone costs a bounded share)
+FETCH_WAIT_S = 30.0  # how long a neighbour holds a check's fetch for messages not kept yet
 MANIFEST_WAIT_S = 5.0  # how long a check waits for the checked peer's manifest (honest ones come with its sum)
 WITHHELD = 3  # checks in a row that found no manifest of a peer: it withholds them (convicted)
 MAX_MANIFEST_BYTES = 256 * 1024
@@ -58,6 +59,7 @@ class Verifier:
         self.max_error = 0.0  # the largest relative error a passed check had (the float noise seen)
         self.missing: dict[str, int] = {}  # peer -> checks in a row that found no manifest of it
         self.active = False  # this epoch's map has a stage with replicas (else nothing is kept)
+        self._changed = asyncio.Event()
 
     def start(self, job) -> None:
         self.job = job
@@ -66,6 +68,7 @@ class Verifier:
         self.tolerance = vf.TOLERANCE.get(job.precision, 0.1)
 
     def begin_epoch(self, smap) -> None:
+        self._kept()  # the fetches waiting on the old epoch's messages end
         self.smap = smap
         self.active = self.on and any(len(st.peers) >= 2 for st in smap.stages)
         self.ledger.clear()
@@ -75,10 +78,17 @@ class Verifier:
     def sent(self, dst: str, header: dict, buffers) -> None:
         if self.active and header.get("kind") in (ACT, GRAD):
             self.ledger.put(f"send/{header['kind']}", dst, header, buffers)
+            self._kept()
 
     def received(self, src: str, header: dict, buffers) -> None:
         if self.active and header.get("kind") in (ACT, GRAD):
             self.ledger.put(f"recv/{header['kind']}", src, header, buffers)
+            self._kept()
+
+    def _kept(self) -> None:
+        """Wakes the fetches waiting for a message to be kept."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     # ---- manifests --------------------------------------------------------------------------------------
     def publish(self, step: int, to: list[str]) -> None:
@@ -177,8 +187,9 @@ class Verifier:
     # ---- a replica's checks -------------------------------------------------------------------------------
     async def on_fetch(self, header: dict, buffers):
         """A replica of ``peer``'s stage asks for the messages this peer exchanged with ``peer`` in
-        (step, mb), showing ``peer``'s signed manifest of that step: where it says other than what
-        crossed the wire between them, ``peer`` is accused (it signed a lie)."""
+        (step, mb): answered once both are here (a check starts with its step), or when the wait
+        ends. Shown ``peer``'s signed manifest of that step (a checker whose fetched messages did
+        not match it): where it says other than what crossed the wire, ``peer`` is accused."""
         src, smap = header["src"], self.smap
         step, mb, whom = header.get("step"), header.get("mb"), header.get("peer")
         if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
@@ -188,39 +199,64 @@ class Verifier:
         k = smap.stage_of(whom)
         if k is None or whom == src or smap.stage_of(src) != k:
             raise FrameError("only a replica of that peer's stage may check it")
-        _signed, signer, (job, epoch, m_step, mbs, _s) = self._open(buffers)
-        if signer != whom or job != self.job.job_id or epoch != smap.epoch or m_step != step:
-            raise FrameError("the manifest shown is not that peer's of this job, epoch and step")
-        wrong = vf.disagreements({mb: mbs.get(mb, {})}, self.ledger.mine(step), {mb: self.ledger.exchanged(step, whom).get(mb, [])})
-        if wrong:
-            self.defence.accuse_neighbour(whom, step, f"its signed manifest of step {step} says other than what "
-                                                      f"it exchanged with this peer ({wrong[0]})")
+        if buffers:
+            _signed, signer, (job, epoch, m_step, mbs, _s) = self._open(buffers)
+            if signer != whom or job != self.job.job_id or epoch != smap.epoch or m_step != step:
+                raise FrameError("the manifest shown is not that peer's of this job, epoch and step")
+            wrong = vf.disagreements({mb: mbs.get(mb, {})}, self.ledger.mine(step),
+                                     {mb: self.ledger.exchanged(step, whom).get(mb, [])})
+            if wrong:
+                self.defence.accuse_neighbour(whom, step, f"its signed manifest of step {step} says other than "
+                                                          f"what it exchanged with this peer ({wrong[0]})")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + min(FETCH_WAIT_S, self.transport.timeout_s())
+        while len(kept := [(slot, got) for slot in vf.SLOTS if (got := self.ledger.get(step, mb, slot, whom))]) < 2 \
+                and loop.time() < end and self.smap is smap:  # (a neighbour exchanges 2 messages a micro-batch)
+            try:
+                await asyncio.wait_for(self._changed.wait(), end - loop.time())
+            except TimeoutError:
+                break
         entries, bufs = [], []
-        for slot in vf.SLOTS:
-            got = self.ledger.get(step, mb, slot, whom)
-            if got is not None:
-                entries.append({"slot": slot, "header": got[0], "n": len(got[1])})
-                bufs += got[1]
+        for slot, got in kept:
+            entries.append({"slot": slot, "header": got[0], "n": len(got[1])})
+            bufs += got[1]
         return {"entries": entries}, bufs
 
     def _mbs_of(self, st) -> dict[str, list[int]]:
         row = st.assignments[st.k]
         return {p: [m for m, x in enumerate(row) if x == p] for p in st.replicas if p != self.peer.peer_id}
 
-    async def check(self, step: int, st) -> None:
-        """This step's checks of the other replicas of this stage (before this peer's optimizer step:
-        its weights are still theirs). ``st``: the trainer's stage."""
-        if not self.on or len(st.replicas) < 2 or self.job.precision == "fp16":
-            return
+    def begin_checks(self, step: int, st) -> Optional[asyncio.Task]:
+        """At the start of a step: its checks of the other replicas of this stage (suspects, and
+        one at random with probability p), running beside the step (they wait for the messages and
+        recompute as these come: not in the step's way). ``st``: the trainer's stage."""
+        if not self.active or len(st.replicas) < 2 or self.job.precision == "fp16":
+            return None
         named = [p for p, at in self.named.items() if at >= step - NAMED_STEPS]
         suspects = [p for p in {**dict.fromkeys(named), **self.defence.verdicts.convicted, **self.defence.verified}
                     if p in st.replicas and p != self.peer.peer_id]
         if len(suspects) > MAX_SUSPECTS:
             suspects = self.rng.sample(suspects, MAX_SUSPECTS)
-        for whom, mb in vf.choose(self.rng, self.p, self._mbs_of(st), suspects):
-            mb = self.targeted.pop((whom, step), mb)
+        picks = vf.choose(self.rng, self.p, self._mbs_of(st), suspects)
+        return asyncio.create_task(self._checks(step, st, picks)) if picks else None
+
+    async def end_checks(self, step: int, st, started: Optional[asyncio.Task]) -> None:
+        """Before this peer's optimizer step (its weights are still the checked peers'): the
+        micro-batches a gate named during the step are checked, and every check ends."""
+        late = [(whom, mb) for (whom, s), mb in list(self.targeted.items()) if s == step and whom in st.replicas]
+        for key in [(whom, step) for whom, _ in late]:
+            self.targeted.pop(key, None)
+        if late and self.active and self.job.precision != "fp16":
+            await self._checks(step, st, late)
+        if started is not None:
+            await started
+
+    async def _checks(self, step: int, st, picks: list[tuple[str, int]]) -> None:
+        for whom, mb in picks:
             try:
                 await self._check_one(step, st, whom, mb)
+            except asyncio.CancelledError:
+                raise
             except Exception as e:  # a check that cannot be made convicts nobody
                 self.skipped[type(e).__name__] = self.skipped.get(type(e).__name__, 0) + 1
                 log.info("step %d: no check of %s's micro-batch %d: %s", step, self.smap.name_of(whom), mb, e)
@@ -245,7 +281,7 @@ class Verifier:
         self.missing.pop(whom, None)
         return self.manifests[key][:2]
 
-    async def _fetch(self, at: str, step: int, mb: int, whom: str, manifest: list) -> dict:
+    async def _fetch(self, at: str, step: int, mb: int, whom: str, manifest: list = ()) -> dict:
         """slot (as ``whom`` names it) -> (header, buffers) of the messages ``at`` exchanged with
         ``whom`` in (step, mb); ``manifest``: ``whom``'s signed manifest, shown to ``at``."""
         reply = await self.peer.client.send(
@@ -267,28 +303,16 @@ class Verifier:
         return out
 
     async def _check_one(self, step: int, st, whom: str, mb: int) -> None:
+        """Fetches the micro-batch's messages from both ends, recomputes it, then holds both against
+        ``whom``'s signed manifest: what it sent, further than the tolerance from the recomputation,
+        convicts it."""
         k, n = st.k, len(st.assignments)
         name = self.smap.name_of(whom)
-        got_manifest = await self._manifest_of(whom, step)
-        if got_manifest is None:
-            raise FrameError(f"no manifest of step {step} came")
-        signed, mbs = got_manifest
-        said = mbs.get(mb)
-        if said is None:
-            raise FrameError(f"its manifest of step {step} names no micro-batch {mb}")
         ends = [st.assignments[j][mb] for j in (k - 1, k + 1) if 0 <= j < n]
-        shown = [signed["body"], signed["key"], signed["sig"]]
-        fetched = await asyncio.gather(*(self._fetch(at, step, mb, whom, shown) for at in ends))
-        msgs = {}
-        for at, got in zip(ends, fetched):
-            for slot, (h, bufs) in got.items():
-                if vf.digest(h, bufs) != said.get(slot):  # the neighbour, or the peer, lies: no conviction
-                    raise FrameError(f"{self.smap.name_of(at)}'s {slot} of micro-batch {mb} is not what {name} signed")
-                if "comp" in h:
-                    raise FrameError("compressed messages are not recomputed")
-                msgs[slot] = h, bufs
-        shapes, wire = st.shapes, st.wire
-        ins = [("recv/act", ACT, st.assignments[k - 1][mb], st.shapes[st.first])] if k > 0 else []
+        fetched = await asyncio.gather(*(self._fetch(at, step, mb, whom) for at in ends))
+        msgs = {slot: (at, h, bufs) for at, got in zip(ends, fetched) for slot, (h, bufs) in got.items()}
+        shapes = st.shapes
+        ins = [("recv/act", ACT, st.assignments[k - 1][mb], shapes[st.first])] if k > 0 else []
         ins += [("recv/grad", GRAD, st.assignments[k + 1][mb], shapes[st.last])] if k < n - 1 else []
         outs = [("send/act", ACT, whom, shapes[st.last])] if k < n - 1 else []
         outs += [("send/grad", GRAD, whom, shapes[st.first])] if k > 0 else []
@@ -296,11 +320,22 @@ class Verifier:
         for slot, kind, src, shape in ins + outs:
             if slot not in msgs:
                 raise FrameError(f"no {slot} of micro-batch {mb} was kept")
-            h, bufs = msgs[slot]
-            expect = Expect(kind, self.job.job_id, self.smap.epoch, frozenset([src]), tuple(shape), len(st.assignments[k]),
-                            dtype=wire)
+            _at, h, bufs = msgs[slot]
+            if "comp" in h:
+                raise FrameError("compressed messages are not recomputed")
+            expect = Expect(kind, self.job.job_id, self.smap.epoch, frozenset([src]), tuple(shape),
+                            len(st.assignments[k]), dtype=st.wire)
             t[slot] = decode_tensor(h, [memoryview(b) for b in bufs], expect, (step, step))[2]
         mine = await st.executor.recompute(step, mb, t.get("recv/act"), t.get("recv/grad"))
+        got_manifest = await self._manifest_of(whom, step)
+        if got_manifest is None:
+            raise FrameError(f"no manifest of step {step} came")
+        signed, mbs = got_manifest
+        said = mbs.get(mb, {})
+        for slot, (at, h, bufs) in msgs.items():
+            if vf.digest(h, bufs) != said.get(slot):  # the neighbour, or the peer, lies: shown, the neighbour knows
+                await self._fetch(at, step, mb, whom, [signed["body"], signed["key"], signed["sig"]])
+                raise FrameError(f"{self.smap.name_of(at)}'s {slot} of micro-batch {mb} is not what {name} signed")
         self.checks += 1
         for slot, _kind, _src, _shape in outs:
             err = vf.relative_error(t[slot], mine[slot])

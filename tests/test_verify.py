@@ -1,4 +1,4 @@
-"""Verified computation's pure parts (robust.verify): digests, the ledger, manifests, what a
+"""Verified computation's pure parts (robust.verify): digests, the ledger, attestations, what a
 neighbour finds wrong in one, the checks' choice and the comparison."""
 import random
 
@@ -33,16 +33,16 @@ def test_the_ledger_keeps_a_few_steps_and_says_what_this_peer_signs():
     assert led.peers(5) == {"a", "c"} and led.exchanged(5, "c") == {1: ["send/act"]}
 
 
-def test_a_manifest_round_trips_and_bad_ones_are_refused():
-    m = vf.manifest("job", 2, 7, {1: {"recv/act": "0" * 32, "send/act": "f" * 32}}, ["x"])
-    assert vf.parse_manifest(m) == ("job", 2, 7, {1: {"recv/act": "0" * 32, "send/act": "f" * 32}}, ["x"])
-    for bad in ({**m, "mbs": {"1": {"other/slot": "0" * 32}}}, {**m, "mbs": {"-1": {}}}, {**m, "step": "7"},
-                {**m, "mbs": {"1": {"recv/act": "short"}}}, {**m, "suspects": ["x"] * 17}):
+def test_an_attestation_round_trips_and_bad_ones_are_refused():
+    a = vf.attestation("job", 2, 7, 1, {"recv/act": "0" * 32, "send/act": "f" * 32})
+    assert vf.parse_attestation(a) == ("job", 2, 7, 1, {"recv/act": "0" * 32, "send/act": "f" * 32})
+    for bad in ({**a, "slots": {"other/slot": "0" * 32}}, {**a, "mb": "1"}, {**a, "step": True},
+                {**a, "slots": {"recv/act": "short"}}, {**a, "slots": ["recv/act"]}):
         with pytest.raises(ValueError):
-            vf.parse_manifest(bad)
+            vf.parse_attestation(bad)
 
 
-def test_a_neighbour_finds_a_manifest_that_says_other_than_what_it_sent():
+def test_a_neighbour_finds_an_attestation_that_says_other_than_what_it_sent():
     mine = {0: {"recv/act": "a" * 32, "send/grad": "b" * 32}}
     honest = {0: {"send/act": "a" * 32, "recv/grad": "b" * 32, "recv/act": "c" * 32}}
     assert vf.disagreements(honest, mine, {0: ["recv/act", "send/grad"]}) == []

@@ -1,17 +1,15 @@
-"""Verified computation, the pure parts: what a peer commits to, what it keeps for the checks, and
+"""Verified computation, the pure parts: what a peer keeps for the checks, what it attests, and
 how a check decides.
 
 Every peer keeps the pipeline messages it sent and received in the last few steps (``Ledger``: the
-header and the bytes, as they crossed the wire) and, at the end of each step, signs a manifest of
-their digests (``manifest``): per micro-batch it ran, what came in and what went out. The manifest
-goes to its replicas. A neighbour shown it checks the entries of the messages it exchanged with the
-peer against its own digests (``disagreements``): a peer that commits to something other than what
-it sent is caught by the one it sent it to. A replica picks, with
+header and the bytes, as they crossed the wire, and their digests). A replica picks, with
 probability p a step, one micro-batch of another replica (``choose``), fetches its inputs and
-outputs from the neighbours that sent and received them, checks them against the peer's signed
-digests and recomputes it with the same weights (the replicas' weights are equal until the step's
-optimizer step); outputs further than the tolerance from its own (``relative_error``) convict the
-peer.
+outputs from the neighbours that sent and received them and recomputes it with the same weights
+(the replicas' weights are equal until the step's optimizer step); the peer then signs the digests
+of what it received and sent for it (``attestation``). Outputs further than the tolerance from the
+recomputation (``relative_error``), on inputs the peer attests, convict it. A neighbour shown the
+attestation checks it against its own digests (``disagreements``): a peer that signs other than
+what it sent is caught by the one it sent it to.
 """
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ import torch
 TOLERANCE = {"fp32": 1e-3, "bf16": 0.1, "fp16": 0.1}
 P_DEFAULT = 0.05  # a replica checks one micro-batch of another this often (per step)
 KEEP_STEPS = 3  # steps of messages a peer keeps for its neighbours' replicas' checks
-SLOTS = ("recv/act", "send/act", "recv/grad", "send/grad")  # per micro-batch, what a manifest names
+SLOTS = ("recv/act", "send/act", "recv/grad", "send/grad")  # per micro-batch, what an attestation names
 _DIGEST_FIELDS = ("kind", "job", "epoch", "step", "mb", "src", "dtype", "shape", "comp")
 
 
@@ -43,7 +41,7 @@ def digest(header: Mapping, buffers: Sequence) -> str:
 
 class Ledger:
     """The pipeline messages of the last ``KEEP_STEPS`` steps: (step, mb, slot, peer) -> (header,
-    bytes); ``mine(step)``: per micro-batch, slot -> digest (what this peer's manifest says)."""
+    bytes); ``mine(step)``: per micro-batch, slot -> digest (what this peer attests)."""
 
     def __init__(self, keep_steps: int = KEEP_STEPS):
         self.keep = keep_steps
@@ -89,34 +87,29 @@ class Ledger:
         self._mine.clear()
 
 
-def manifest(job: str, epoch: int, step: int, mbs: Mapping[int, Mapping[str, str]], suspects: Sequence[str] = ()) -> dict:
-    """What a peer signs at the end of a step (``records.sign_payload``)."""
-    return {"job": job, "epoch": epoch, "step": step, "suspects": sorted(suspects)[:16],
-            "mbs": {str(m): dict(v) for m, v in sorted(mbs.items())}}
+def attestation(job: str, epoch: int, step: int, mb: int, slots: Mapping[str, str]) -> dict:
+    """What a peer signs when a replica checks one of its micro-batches (``records.sign_payload``):
+    the digests of what it received and sent for it."""
+    return {"job": job, "epoch": epoch, "step": step, "mb": mb, "slots": dict(slots)}
 
 
-def parse_manifest(d: Mapping, max_mbs: int = 4096) -> tuple[str, int, int, dict[int, dict[str, str]], list[str]]:
-    """(job, epoch, step, mbs, suspects) of an untrusted manifest; ValueError saying why not."""
-    job, epoch, step, mbs, sus = d.get("job"), d.get("epoch"), d.get("step"), d.get("mbs"), d.get("suspects", [])
-    if not isinstance(job, str) or not isinstance(epoch, int) or not isinstance(step, int) or not isinstance(mbs, dict) \
-            or len(mbs) > max_mbs or not isinstance(sus, list) or len(sus) > 16 or not all(isinstance(s, str) for s in sus):
-        raise ValueError("a manifest is {job, epoch, step, mbs: {mb: {slot: digest}}, suspects}")
-    out = {}
-    for m, v in mbs.items():
-        if not (isinstance(m, str) and m.isdigit() and isinstance(v, dict) and set(v) <= set(SLOTS)
-                and all(isinstance(x, str) and len(x) == 32 for x in v.values())):
-            raise ValueError(f"bad manifest entry for micro-batch {str(m)[:8]!r}")
-        out[int(m)] = dict(v)
-    return job, epoch, step, out, list(sus)
+def parse_attestation(d: Mapping) -> tuple[str, int, int, int, dict[str, str]]:
+    """(job, epoch, step, mb, slot -> digest) of an untrusted attestation; ValueError saying why not."""
+    job, epoch, step, mb, slots = d.get("job"), d.get("epoch"), d.get("step"), d.get("mb"), d.get("slots")
+    if not isinstance(job, str) or not all(isinstance(x, int) and not isinstance(x, bool) for x in (epoch, step, mb)) \
+            or not isinstance(slots, dict) or not set(slots) <= set(SLOTS) \
+            or not all(isinstance(x, str) and len(x) == 32 for x in slots.values()):
+        raise ValueError("an attestation is {job, epoch, step, mb, slots: {slot: digest}}")
+    return job, epoch, step, mb, dict(slots)
 
 
-# what a slot of the sender's manifest is, seen from the peer at the other end of the message
+# what a slot of the sender's attestation is, seen from the peer at the other end of the message
 OTHER_END = {"send/act": "recv/act", "recv/act": "send/act", "send/grad": "recv/grad", "recv/grad": "send/grad"}
 
 
 def disagreements(theirs: Mapping[int, Mapping[str, str]], mine: Mapping[int, Mapping[str, str]],
                   exchanged: Mapping[int, Sequence[str]]) -> list[str]:
-    """Where a neighbour's manifest contradicts this peer's own record of the messages they
+    """Where a neighbour's signed digests contradict this peer's own record of the messages they
     exchanged (``exchanged``: micro-batch -> this peer's slots of messages with that neighbour)."""
     out = []
     for m, slots in exchanged.items():

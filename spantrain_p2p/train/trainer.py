@@ -34,7 +34,7 @@ from ..data.share import MANIFEST, SHARD, DataShare
 from ..job.dataset import open_data, with_data
 from ..models.devices import peak_flops, resolve_device
 from .defence import Defence
-from .verifier import FETCH_KIND, MANIFEST_KIND, SUSPECT_KIND, Verifier
+from .verifier import ATTEST_KIND, FETCH_KIND, SUSPECT_KIND, Verifier
 from .gradsum import GradientSum, layer_buckets
 from ..job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
@@ -149,7 +149,7 @@ class Trainer:
     def _install(self, peer) -> None:
         for kind in (ACT, GRAD, GSUM, AMP):
             peer.dataplane.register(kind, self.transport.on_tensor)
-        peer.dataplane.register(MANIFEST_KIND, self.verifier.on_manifest)
+        peer.dataplane.register(ATTEST_KIND, self.verifier.on_attest)
         peer.dataplane.register(FETCH_KIND, self.verifier.on_fetch)
         peer.dataplane.register(SUSPECT_KIND, self.verifier.on_suspect)
         peer.dataplane.register("ckpt", self.recovery.on_ckpt)
@@ -472,7 +472,6 @@ class Trainer:
         t_pipe = time.time()
         loss_sum, loss_count = sum(result.losses), len(result.losses)
         if gsum is not None:
-            self.verifier.publish(step, [p for p in st.replicas if p != me])
             try:
                 total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
             except BaseException:

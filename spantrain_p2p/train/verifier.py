@@ -1,17 +1,19 @@
 """Verified computation on the wire (``robust.verify`` has the pure parts and the protocol).
 
-Each peer of a job with the defences on keeps its pipeline messages (``ledger``, fed by the
-transport) and, where its stage has replicas, signs a manifest of their digests at the end of each
-step for them (``publish``). At its gradient sum, a replica runs the step's checks (``begin_checks``, ``end_checks``): for
-each chosen micro-batch of another replica, it sends that peer's signed manifest to the neighbours
-at both ends of the micro-batch (``vfetch``: they answer a replica of that peer's stage only); each
-checks the manifest against what crossed the wire between them (a peer that signed other than what
-it sent or received is accused, as a tensor the gate refuses) and answers with the messages. The
-replica checks them against the signed digests and recomputes the micro-batch (the same layers,
-weights and inputs, on its compute thread): further than the tolerance from what the peer sent
-convicts it (``Defence``: judged with the robust sum's verdicts, by the stage's other replicas).
-Fetched messages that disagree with the signed digests convict nobody here (the neighbour, or the
-peer, lies: the neighbour has accused the peer when it is the peer).
+Each peer of a job with the defences on keeps its pipeline messages of the last few steps
+(``ledger``, fed by the transport). A replica runs checks of the other replicas of its stage
+beside each step (``begin_checks``, ``end_checks``): for each chosen micro-batch of another replica
+it fetches the messages from the neighbours at both ends of it (``vfetch``: they answer a replica
+of that peer's stage only, once the messages are there), recomputes the micro-batch on its compute
+thread (the same layers, weights and inputs: before its optimizer step), then asks the peer to
+sign the digests of what it received and sent for that micro-batch (``vattest``). If they are the
+fetched messages' and the recomputation is further than the tolerance from what the peer sent,
+the peer is convicted (``Defence``: judged by the stage's other replicas, whom the checker tells
+to check it at every step from then on). If they are not, the neighbour whose messages differ is
+shown the signed digests: it accuses the peer if the peer signed a lie about their messages (as a
+tensor the gate refuses), and nobody is convicted by the checker (the neighbour may be the liar).
+A peer that does not attest in 3 checks in a row is convicted. One signature per check, none per
+step: a step's work is the digests of its messages (SHA-256 of each, at both ends).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import math
 import random
 from typing import Optional
 
+from ..net.dataplane import RemoteError
 from ..net.framing import FrameError
 from ..pipeline.executor import _Mb
 from ..pipeline.messages import ACT, GRAD, Expect, decode_tensor
@@ -29,14 +32,13 @@ from ..swarm.records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.train")
 
-MANIFEST_KIND, FETCH_KIND, SUSPECT_KIND = "vmanifest", "vfetch", "vsuspect"
+ATTEST_KIND, FETCH_KIND, SUSPECT_KIND = "vattest", "vfetch", "vsuspect"
 NAMED_STEPS = 20  # a peer named a suspect is checked every step for this many steps
 MAX_SUSPECTS = 2  # suspects checked in one step (a liar naming everyone costs a bounded share)
 FETCH_WAIT_S = 30.0  # how long a neighbour holds a check's fetch for messages not kept yet
-MANIFEST_WAIT_S = 5.0  # how long a check waits for the checked peer's manifest (honest ones come with its sum)
-WITHHELD = 3  # checks in a row that found no manifest of a peer: it withholds them (convicted)
-MAX_MANIFEST_BYTES = 256 * 1024
-KEEP_MANIFESTS = 64  # (peer, step) manifests kept
+ATTEST_WAIT_S = 5.0  # how long a check waits for the checked peer's signed digests
+WITHHELD = 3  # checks in a row a peer did not attest: it withholds them (convicted)
+MAX_ATTEST_BYTES = 4096
 
 
 class Verifier:
@@ -49,15 +51,13 @@ class Verifier:
         self.job = None
         self.smap = None
         self.rng = random.Random()  # no seed: the peer checked cannot guess which micro-batch
-        self.manifests: dict[tuple[str, int], tuple[dict, dict, list]] = {}  # (peer, step) -> (signed, mbs, suspects)
-        self._arrived: dict[tuple[str, int], asyncio.Event] = {}
-        self.named: dict[str, int] = {}  # suspects named by other replicas' manifests or a gate -> step
+        self.named: dict[str, int] = {}  # suspects named by a checker or a gate -> the step
         self.targeted: dict[tuple[str, int], int] = {}  # (suspect, step) -> the micro-batch a gate found odd
         self.checks = 0
         self.skipped: dict[str, int] = {}  # why checks were not made
         self.failed: dict[str, int] = {}  # peer -> checks it failed
         self.max_error = 0.0  # the largest relative error a passed check had (the float noise seen)
-        self.missing: dict[str, int] = {}  # peer -> checks in a row that found no manifest of it
+        self.missing: dict[str, int] = {}  # peer -> checks in a row it did not attest
         self.active = False  # this epoch's map has a stage with replicas (else nothing is kept)
         self._changed = asyncio.Event()
 
@@ -72,7 +72,6 @@ class Verifier:
         self.smap = smap
         self.active = self.on and any(len(st.peers) >= 2 for st in smap.stages)
         self.ledger.clear()
-        self.manifests.clear()
 
     # ---- what the transport tells ---------------------------------------------------------------------
     def sent(self, dst: str, header: dict, buffers) -> None:
@@ -90,64 +89,54 @@ class Verifier:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    # ---- manifests --------------------------------------------------------------------------------------
-    def publish(self, step: int, to: list[str]) -> None:
-        """Signs this step's manifest and sends it to ``to`` (its replicas), in the background (a late
-        manifest only delays a check)."""
-        if not self.on:
-            return
-        mine = self.ledger.mine(step)
-        dests = sorted(to)
-        suspects = sorted({**self.defence.verdicts.convicted, **self.defence.verified})
-        signed = sign_payload(vf.manifest(self.job.job_id, self.smap.epoch, step, mine, suspects),
-                              self.peer.identity, MAX_MANIFEST_BYTES)
-        header = {"job": self.job.job_id, "epoch": self.smap.epoch, "step": step}
-        bufs = [signed["body"], signed["key"], signed["sig"]]
-        for dst in dests:
-            self.peer.spawn(self._send(dst, header, bufs), "manifest")
-
-    async def _send(self, dst: str, header: dict, bufs) -> None:
-        url = self.peer.data_url_of(dst)
-        if url is None:
-            return
-        try:
-            await self.peer.client.send(url, MANIFEST_KIND, dict(header), bufs, timeout=self.job.recv_timeout_s,
-                                        link=self.peer.link_to(dst), peer_id=dst)
-        except Exception as e:
-            log.debug("manifest to %s failed: %s", self.peer.name_of(dst), e)
-
-    async def on_manifest(self, header: dict, buffers):
-        src = header["src"]
-        smap = self.smap
+    # ---- attestations -------------------------------------------------------------------------------------
+    async def on_attest(self, header: dict, buffers):
+        """A replica of this peer's stage checks one of its micro-batches: the digests of what this
+        peer received and sent for it, signed."""
+        src, smap = header["src"], self.smap
+        step, mb = header.get("step"), header.get("mb")
         if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
-            raise FrameError("no manifest is taken for that job or epoch")
-        if smap.stage_of(src) is None:
-            raise FrameError("a manifest comes from a peer of the stage map")
-        signed, signer, (job, epoch, step, mbs, suspects) = self._open(buffers)
-        if signer != src or job != self.job.job_id or epoch != smap.epoch or header.get("step") != step:
-            raise FrameError("a manifest must be its sender's own, of this job, epoch and step")
-        key = (src, step)
-        self.manifests[key] = (signed, mbs, suspects)
-        for old in sorted(self.manifests, key=lambda k: k[1])[:max(0, len(self.manifests) - KEEP_MANIFESTS)]:
-            del self.manifests[old]
-        if (ev := self._arrived.get(key)) is not None:  # a check waits for it
-            ev.set()
-        for s in suspects:
-            if s != self.peer.peer_id and smap.stage_of(s) == smap.stage_of(self.peer.peer_id):
-                self.named.setdefault(s, step)
-        return None
+            raise FrameError("no attestation for that job or epoch")
+        if not isinstance(step, int) or not isinstance(mb, int):
+            raise FrameError("an attestation is asked for {step, mb}")
+        k = smap.stage_of(self.peer.peer_id)
+        if k is None or src == self.peer.peer_id or smap.stage_of(src) != k:
+            raise FrameError("only a replica of this peer's stage may ask")
+        signed = sign_payload(vf.attestation(self.job.job_id, smap.epoch, step, mb, self.ledger.mine(step).get(mb, {})),
+                              self.peer.identity, MAX_ATTEST_BYTES)
+        return {}, [signed["body"], signed["key"], signed["sig"]]
+
+    async def _attested(self, whom: str, step: int, mb: int) -> Optional[tuple[list, dict]]:
+        """(the signed value's 3 buffers, slot -> digest) that ``whom`` signed for (step, mb); None if
+        it did not answer in time (``WITHHELD`` such checks in a row convict it)."""
+        try:
+            reply = await self.peer.client.send(
+                self.peer.data_url_of(whom), ATTEST_KIND, {"job": self.job.job_id, "epoch": self.smap.epoch,
+                                                           "step": step, "mb": mb},
+                timeout=min(ATTEST_WAIT_S, self.transport.timeout_s()), link=self.peer.link_to(whom), peer_id=whom)
+            bufs = reply[1] if reply is not None else []
+            signed, signer, (job, epoch, a_step, a_mb, slots) = self._open(bufs)
+            if signer != whom or job != self.job.job_id or epoch != self.smap.epoch or (a_step, a_mb) != (step, mb):
+                raise FrameError("an attestation of another peer, job, epoch or micro-batch")
+        except (OSError, asyncio.TimeoutError, FrameError, RemoteError) as e:
+            self.missing[whom] = self.missing.get(whom, 0) + 1
+            if self.missing[whom] >= WITHHELD:
+                self._convict(whom, step, f"it did not attest its micro-batches in {WITHHELD} checks in a row ({e})")
+            return None
+        self.missing.pop(whom, None)
+        return [signed["body"], signed["key"], signed["sig"]], slots
 
     @staticmethod
     def _open(buffers) -> tuple[dict, str, tuple]:
-        """(signed value, signer, parsed manifest) of a manifest's 3 buffers; FrameError saying why not."""
-        if len(buffers) != 3 or sum(b.nbytes for b in buffers) > MAX_MANIFEST_BYTES + 4096:
-            raise FrameError("a manifest is 3 buffers (body, key, signature)")
+        """(signed value, signer, parsed attestation) of its 3 buffers; FrameError saying why not."""
+        if len(buffers) != 3 or sum(b.nbytes for b in buffers) > MAX_ATTEST_BYTES + 4096:
+            raise FrameError("an attestation is 3 buffers (body, key, signature)")
         signed = {"body": bytes(buffers[0]), "key": bytes(buffers[1]), "sig": bytes(buffers[2])}
         try:
-            signer, payload = open_payload(signed, MAX_MANIFEST_BYTES)
-            return signed, signer, vf.parse_manifest(payload)
+            signer, payload = open_payload(signed, MAX_ATTEST_BYTES)
+            return signed, signer, vf.parse_attestation(payload)
         except (BadRecord, ValueError) as e:
-            raise FrameError(f"bad manifest: {e}") from None
+            raise FrameError(f"bad attestation: {e}") from None
 
     # ---- suspects a gate names ------------------------------------------------------------------------------
     def name_suspect(self, whom: str, step: int, mb: int) -> None:
@@ -179,7 +168,8 @@ class Verifier:
                 or smap.stage_of(whom) is None or smap.stage_of(whom) != smap.stage_of(me) or smap.stage_of(header["src"]) is None:
             raise FrameError("a suspect is another replica of this peer's stage, named by a peer of the map")
         self.named[whom] = max(step, self.named.get(whom, step))
-        self.targeted[(whom, step)] = mb
+        if mb >= 0:  # a gate's: that very micro-batch (a checker's conviction names none)
+            self.targeted[(whom, step)] = mb
         if len(self.targeted) > 256:
             self.targeted.pop(next(iter(self.targeted)))
         return None
@@ -188,8 +178,8 @@ class Verifier:
     async def on_fetch(self, header: dict, buffers):
         """A replica of ``peer``'s stage asks for the messages this peer exchanged with ``peer`` in
         (step, mb): answered once both are here (a check starts with its step), or when the wait
-        ends. Shown ``peer``'s signed manifest of that step (a checker whose fetched messages did
-        not match it): where it says other than what crossed the wire, ``peer`` is accused."""
+        ends. Shown what ``peer`` signed for them (a checker whose fetched messages did not match
+        it): where it says other than what crossed the wire, ``peer`` is accused."""
         src, smap = header["src"], self.smap
         step, mb, whom = header.get("step"), header.get("mb"), header.get("peer")
         if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
@@ -200,14 +190,14 @@ class Verifier:
         if k is None or whom == src or smap.stage_of(src) != k:
             raise FrameError("only a replica of that peer's stage may check it")
         if buffers:
-            _signed, signer, (job, epoch, m_step, mbs, _s) = self._open(buffers)
-            if signer != whom or job != self.job.job_id or epoch != smap.epoch or m_step != step:
-                raise FrameError("the manifest shown is not that peer's of this job, epoch and step")
-            wrong = vf.disagreements({mb: mbs.get(mb, {})}, self.ledger.mine(step),
+            _signed, signer, (job, epoch, a_step, a_mb, slots) = self._open(buffers)
+            if signer != whom or job != self.job.job_id or epoch != smap.epoch or (a_step, a_mb) != (step, mb):
+                raise FrameError("the attestation shown is not that peer's of this job, epoch and micro-batch")
+            wrong = vf.disagreements({mb: slots}, self.ledger.mine(step),
                                      {mb: self.ledger.exchanged(step, whom).get(mb, [])})
             if wrong:
-                self.defence.accuse_neighbour(whom, step, f"its signed manifest of step {step} says other than "
-                                                          f"what it exchanged with this peer ({wrong[0]})")
+                self.defence.accuse_neighbour(whom, step, f"it signed for step {step} other than what it "
+                                                          f"exchanged with this peer ({wrong[0]})")
         loop = asyncio.get_running_loop()
         end = loop.time() + min(FETCH_WAIT_S, self.transport.timeout_s())
         while len(kept := [(slot, got) for slot in vf.SLOTS if (got := self.ledger.get(step, mb, slot, whom))]) < 2 \
@@ -261,32 +251,12 @@ class Verifier:
                 self.skipped[type(e).__name__] = self.skipped.get(type(e).__name__, 0) + 1
                 log.info("step %d: no check of %s's micro-batch %d: %s", step, self.smap.name_of(whom), mb, e)
 
-    async def _manifest_of(self, whom: str, step: int) -> Optional[tuple[dict, dict]]:
-        """``whom``'s manifest of ``step`` (its micro-batches' digests), waited for a while; None if
-        it did not come (``WITHHELD`` such checks in a row convict it)."""
-        key = (whom, step)
-        if key not in self.manifests:
-            ev = self._arrived.setdefault(key, asyncio.Event())
-            try:
-                await asyncio.wait_for(ev.wait(), min(MANIFEST_WAIT_S, self.transport.timeout_s()))
-            except TimeoutError:
-                pass
-            finally:
-                self._arrived.pop(key, None)
-        if key not in self.manifests:
-            self.missing[whom] = self.missing.get(whom, 0) + 1
-            if self.missing[whom] >= WITHHELD:
-                self._convict(whom, step, f"no manifest of its steps came in {WITHHELD} checks in a row")
-            return None
-        self.missing.pop(whom, None)
-        return self.manifests[key][:2]
-
-    async def _fetch(self, at: str, step: int, mb: int, whom: str, manifest: list = ()) -> dict:
+    async def _fetch(self, at: str, step: int, mb: int, whom: str, shown: list = ()) -> dict:
         """slot (as ``whom`` names it) -> (header, buffers) of the messages ``at`` exchanged with
-        ``whom`` in (step, mb); ``manifest``: ``whom``'s signed manifest, shown to ``at``."""
+        ``whom`` in (step, mb); ``shown``: what ``whom`` signed for them, shown to ``at``."""
         reply = await self.peer.client.send(
             self.peer.data_url_of(at), FETCH_KIND,
-            {"job": self.job.job_id, "epoch": self.smap.epoch, "step": step, "mb": mb, "peer": whom}, manifest,
+            {"job": self.job.job_id, "epoch": self.smap.epoch, "step": step, "mb": mb, "peer": whom}, shown,
             timeout=self.transport.timeout_s(), link=self.peer.link_to(at), peer_id=at)
         if reply is None:
             raise FrameError("no reply")
@@ -303,9 +273,9 @@ class Verifier:
         return out
 
     async def _check_one(self, step: int, st, whom: str, mb: int) -> None:
-        """Fetches the micro-batch's messages from both ends, recomputes it, then holds both against
-        ``whom``'s signed manifest: what it sent, further than the tolerance from the recomputation,
-        convicts it."""
+        """Fetches the micro-batch's messages from both ends, recomputes it, then holds them against
+        what ``whom`` signs for them: what it sent, further than the tolerance from the
+        recomputation, convicts it."""
         k, n = st.k, len(st.assignments)
         name = self.smap.name_of(whom)
         ends = [st.assignments[j][mb] for j in (k - 1, k + 1) if 0 <= j < n]
@@ -327,14 +297,13 @@ class Verifier:
                             len(st.assignments[k]), dtype=st.wire)
             t[slot] = decode_tensor(h, [memoryview(b) for b in bufs], expect, (step, step))[2]
         mine = await st.executor.recompute(step, mb, t.get("recv/act"), t.get("recv/grad"))
-        got_manifest = await self._manifest_of(whom, step)
-        if got_manifest is None:
-            raise FrameError(f"no manifest of step {step} came")
-        signed, mbs = got_manifest
-        said = mbs.get(mb, {})
+        attested = await self._attested(whom, step, mb)
+        if attested is None:
+            raise FrameError(f"{name} did not attest micro-batch {mb} of step {step}")
+        shown, said = attested
         for slot, (at, h, bufs) in msgs.items():
             if vf.digest(h, bufs) != said.get(slot):  # the neighbour, or the peer, lies: shown, the neighbour knows
-                await self._fetch(at, step, mb, whom, [signed["body"], signed["key"], signed["sig"]])
+                await self._fetch(at, step, mb, whom, shown)
                 raise FrameError(f"{self.smap.name_of(at)}'s {slot} of micro-batch {mb} is not what {name} signed")
         self.checks += 1
         for slot, _kind, _src, _shape in outs:
@@ -346,7 +315,10 @@ class Verifier:
 
     def _convict(self, whom: str, step: int, why: str) -> None:
         self.failed[whom] = self.failed.get(whom, 0) + 1
+        first = whom not in self.defence.verified
         self.defence.convict_verified(whom, step, why)
+        if first:  # the stage's other replicas check it at every step from now on
+            self.name_suspect(whom, step, -1)
 
     def status(self) -> dict:
         return {"p": self.p, "checks": self.checks, "failed": {self.peer.name_of(p): n for p, n in self.failed.items()},

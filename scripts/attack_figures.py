@@ -11,7 +11,7 @@ defended run's, the step the attacker was evicted at (the first step of the map 
 samples/s.
 
     .venv/bin/python scripts/attack_figures.py [--steps 300] [--world replicas|islands|both]
-        [--attacks a,b,...] [--clean-steps 1000 --precision fp32|bf16] [--json]
+        [--attacks a,b,...] [--aggregates robust,sum] [--clean-steps 1000 --precision fp32|bf16] [--json]
 
 ``--clean-steps N``: instead, N clean steps of the replicas' (or, with --world pipeline, the
 pipeline's) world with the defences on: the evictions (there must be none), the largest clip ratio
@@ -113,6 +113,7 @@ def main() -> int:
     ap.add_argument("--world", choices=("replicas", "islands", "pipeline", "all"), default="all")
     ap.add_argument("--attacks", default="", help="default: the gradient attacks (replicas, islands), the "
                     "pipeline ones (pipeline)")
+    ap.add_argument("--aggregates", default="robust,sum", help="robust (defended), sum (undefended) or both")
     ap.add_argument("--clean-steps", type=int, default=0)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--json", action="store_true")
@@ -128,12 +129,14 @@ def main() -> int:
         return 0
     worlds = ["replicas", "islands", "pipeline"] if args.world == "all" else [args.world]
     for world in worlds:
+        aggregates = args.aggregates.split(",")
         clean = run(world, args.steps, "robust", "")
         say(clean)
-        say(run(world, args.steps, "sum", ""))
+        if "sum" in aggregates:
+            say(run(world, args.steps, "sum", ""))
         attacks = args.attacks.split(",") if args.attacks else list(BOUNDARY if world == "pipeline" else GRADIENT_ATTACKS)
         for attack in [a for a in attacks if a]:
-            for aggregate in ("robust", "sum"):
+            for aggregate in aggregates:
                 r = run(world, args.steps, aggregate, attack)
                 if r.get("final_loss") is not None and clean.get("final_loss"):
                     r["vs_clean"] = round(r["final_loss"] / clean["final_loss"] - 1, 4)

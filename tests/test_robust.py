@@ -93,7 +93,7 @@ def test_a_byzantine_replica_is_clipped_convicted_and_evicted_and_the_run_loses_
     flight is redone without it, and the run trains to its end."""
     from tests._helpers import run_swarm_json
 
-    s = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", "40", "--plan", "even", "--stages", "1",
+    s = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", "40", "--plan", "even", "--stages", "1", "--no-measure",
                        "--chaos", "byzantine:p3:signflip1000", "--run-dir", str(tmp_path))
     assert s["steps"] == 40 and s["lost_steps"] == 0
     evicting = [e for e in s["epochs"] if any(p.get("evicted") for p in s["plans"] if p["epoch"] == e["epoch"])]
@@ -147,7 +147,7 @@ def test_pipeline_replicas_forging_what_they_send_are_refused_or_recomputed_and_
     it). Both are evicted, the steps they were in are redone, and the run trains to its end."""
     from tests._helpers import run_swarm_json
 
-    s = run_swarm_json("--scenario", "peers/lan-8.toml", "--steps", "30", "--plan", "even", "--stages", "2",
+    s = run_swarm_json("--scenario", "peers/lan-8.toml", "--steps", "30", "--plan", "even", "--stages", "2", "--no-measure",
                        "--verify", "0.5", "--chaos", "byzantine:p5:scaleact", "--chaos", "byzantine:p2:noiseact",
                        "--run-dir", str(tmp_path))
     assert s["steps"] == 30 and s["lost_steps"] == 0

@@ -24,6 +24,7 @@ from . import planning
 from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
 from .liveness import is_alive
 
+LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
 ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
 log = logging.getLogger("spantrain.train")
 
@@ -50,6 +51,7 @@ class Coordinator:
         self.has_map = lambda: False
         self._accusations_read = 0.0
         self._lone_accusers: set[str] = set()  # gate accusers whose lone accusation evicted a peer
+        self._lone_seen: dict[tuple[str, str], float] = {}  # (accused, lone accuser) -> when first read
         self.election: Optional[Election] = None
         self.outer = None  # the trainer's islands.exchange.OuterSync: where a map with islands resumes from
         self.groups_digest: Optional[str] = None
@@ -238,6 +240,14 @@ class Coordinator:
         found = {p: f"accused by {n} peers that hold its layers" for p, n in evictions(
             accusations, [st.peers for st in current.stages], current.job_id, current.island_peers()).items()}
         by_gate = gate_evictions(accusations, self._receivers(current), current.job_id, self._lone_accusers)
+        # a lone receiver's word waits a moment, and counts only while nobody accuses the accuser (an
+        # attacker's honest neighbours answer its forgeries with odd tensors of their own)
+        accused = {x for acc in accusations.values() if acc.job == current.job_id for x in (*acc.peers, *acc.gate)}
+        for p, by in list(by_gate.items()):
+            if len(by) == 1:
+                first = self._lone_seen.setdefault((p, by[0]), now)
+                if by[0] in accused or now - first < LONE_WAIT_S:
+                    del by_gate[p]
         for p, by in by_gate.items():
             found.setdefault(p, f"its tensors refused by {', '.join(current.name_of(a) for a in by)}")
         new = {p: why for p, why in found.items() if p not in self.peer.evicted}

@@ -73,8 +73,8 @@ class GradientSum:
         self.weights, self.attack = weights, attack
         self.previous = previous if previous is not None else {}
         self.reports: list[ClipReport] = []
-        # (peer, bucket) -> digest of the part it sent the step before: a part sent again bit for bit
-        # (a replayed, stale gradient) is reported; honest parts differ every step (other data)
+        # (peer, bucket) -> (step, digest) of the part it sent last: a part sent again bit for bit at
+        # another step (a replayed, stale gradient) is reported; honest parts differ every step (other data)
         self.seen = seen if seen is not None else {}
         self.replayed: set[str] = set()
         self._early: dict[int, dict[str, torch.Tensor]] = {}  # parts an omniscient attacker read first
@@ -149,10 +149,12 @@ class GradientSum:
                 if self.weights is not None and k < len(self.buckets):
                     for src, t in parts.items():
                         if src != self.me:
+                            # (a step redone after a re-plan brings the same parts again: not a replay)
                             digest = _fingerprint(t)
-                            if self.seen.get((src, k)) == digest and bool(t.any()):
+                            before = self.seen.get((src, k))
+                            if before is not None and before[1] == digest and before[0] != self.step and bool(t.any()):
                                 self.replayed.add(src)
-                            self.seen[(src, k)] = digest
+                            self.seen[(src, k)] = (self.step, digest)
                     robust_parts.append(parts)  # judged once, the whole gradient together (below)
                     continue
                 total = torch.zeros_like(mine)

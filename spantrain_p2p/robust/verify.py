@@ -116,7 +116,7 @@ def disagreements(theirs: Mapping[int, Mapping[str, str]], mine: Mapping[int, Ma
         for slot in slots:
             have = mine.get(m, {}).get(slot)
             said = theirs.get(m, {}).get(OTHER_END[slot])
-            if have is not None and said != have:
+            if have is not None and said is not None and said != have:  # (left out: not yet there, or withheld)
                 out.append(f"micro-batch {m} {OTHER_END[slot]}: signed {str(said)[:8]}, was {have[:8]}")
     return out
 

@@ -102,6 +102,16 @@ class Verifier:
         k = smap.stage_of(self.peer.peer_id)
         if k is None or src == self.peer.peer_id or smap.stage_of(src) != k:
             raise FrameError("only a replica of this peer's stage may ask")
+        # what it attests must all be here: a checker may ask before a gradient sent to this peer
+        # has arrived (its sender keeps it once sent)
+        want = 2 * ((k > 0) + (k < smap.num_stages - 1))
+        loop = asyncio.get_running_loop()
+        end = loop.time() + ATTEST_WAIT_S - 1.0
+        while len(self.ledger.mine(step).get(mb, {})) < want and loop.time() < end and self.smap is smap:
+            try:
+                await asyncio.wait_for(self._changed.wait(), end - loop.time())
+            except TimeoutError:
+                break
         signed = sign_payload(vf.attestation(self.job.job_id, smap.epoch, step, mb, self.ledger.mine(step).get(mb, {})),
                               self.peer.identity, MAX_ATTEST_BYTES)
         return {}, [signed["body"], signed["key"], signed["sig"]]
@@ -119,12 +129,16 @@ class Verifier:
             if signer != whom or job != self.job.job_id or epoch != self.smap.epoch or (a_step, a_mb) != (step, mb):
                 raise FrameError("an attestation of another peer, job, epoch or micro-batch")
         except (OSError, asyncio.TimeoutError, FrameError, RemoteError) as e:
-            self.missing[whom] = self.missing.get(whom, 0) + 1
-            if self.missing[whom] >= WITHHELD:
-                self._convict(whom, step, f"it did not attest its micro-batches in {WITHHELD} checks in a row ({e})")
+            self._not_attested(whom, step, f"it did not attest ({e})")
             return None
-        self.missing.pop(whom, None)
         return [signed["body"], signed["key"], signed["sig"]], slots
+
+    def _not_attested(self, whom: str, step: int, why: str) -> None:
+        """A check that got no attestation from ``whom``, or one its neighbours' messages contradict:
+        ``WITHHELD`` in a row convict it (an honest peer attests what crossed the wire)."""
+        self.missing[whom] = self.missing.get(whom, 0) + 1
+        if self.missing[whom] >= WITHHELD:
+            self._convict(whom, step, f"{WITHHELD} checks in a row without a true attestation: {why}")
 
     @staticmethod
     def _open(buffers) -> tuple[dict, str, tuple]:
@@ -304,8 +318,10 @@ class Verifier:
         for slot, (at, h, bufs) in msgs.items():
             if vf.digest(h, bufs) != said.get(slot):  # the neighbour, or the peer, lies: shown, the neighbour knows
                 await self._fetch(at, step, mb, whom, shown)
+                self._not_attested(whom, step, "what it attested did not match what its neighbours kept")
                 raise FrameError(f"{self.smap.name_of(at)}'s {slot} of micro-batch {mb} is not what {name} signed")
         self.checks += 1
+        self.missing.pop(whom, None)
         for slot, _kind, _src, _shape in outs:
             err = vf.relative_error(t[slot], mine[slot])
             if not math.isfinite(err) or err > self.tolerance:

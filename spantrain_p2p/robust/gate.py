@@ -33,6 +33,7 @@ WARMUP = 4  # tensors a sender's own past needs before it judges
 SHARE_WARMUP = 1  # tensors a receiver shares a median of (the others' reference: from the first step on)
 MIN_OTHERS = 3  # references from other senders needed before they judge
 KINDS = ("act", "grad")
+SHARED = 2 * len(KINDS) + 1  # the floats ``shared`` gives: [median, count] per kind, and the odd flag
 
 
 def log_rms(t: torch.Tensor) -> float:
@@ -130,12 +131,12 @@ class Gate:
             for peer, v in by_peer.items():
                 if peer == me:
                     continue
-                if len(v) == 2 * len(KINDS) + 1 and v[2 * i + 1] >= 1 and math.isfinite(v[2 * i]) and abs(v[2 * i]) < 200:
+                if len(v) == SHARED and v[2 * i + 1] >= 1 and math.isfinite(v[2 * i]) and abs(v[2 * i]) < 200:
                     got[peer] = float(v[2 * i])
             self.shared_by[kind] = got
         if len(self.odd) > 64:
             self.odd = set(sorted(self.odd)[-32:])
-        return {p for p, v in by_peer.items() if len(v) == 2 * len(KINDS) + 1 and v[-1] == 1.0}
+        return {p for p, v in by_peer.items() if len(v) == SHARED and v[-1] == 1.0}
 
     def status(self) -> dict:
         return {"accepted": self.accepted, "refused": dict(self.refused), "suspected": dict(self.suspected),

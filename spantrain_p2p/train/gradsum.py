@@ -12,6 +12,7 @@ from ..pipeline.hostcopy import HostCopier
 from ..pipeline.loss_scale import sanitized
 from ..pipeline.messages import GSUM
 from ..robust import attacks
+from ..robust.gate import SHARED
 from ..robust.aggregate import ClipReport, robust_sum
 
 BUCKET_BYTES = 4 << 20
@@ -113,7 +114,7 @@ class GradientSum:
         if self.attack in attacks.OMNISCIENT:  # it reads the honest parts first (they come unasked)
             self._early[k] = {src: await self.transport.receive((f"{GSUM}/{src}", self.step, k), GSUM, src)
                               for src in self.others}
-            tail = len(self.gate.shared()) if self.gate is not None and k == len(self.buckets) - 1 else 0
+            tail = SHARED if self.gate is not None and k == len(self.buckets) - 1 else 0
             others = {src: (t[:t.numel() - tail], float(weights.get(src, 1))) for src, t in self._early[k].items()}
         forged = attacks.forge(self.attack, honest, float(weights.get(self.me, 1)), others, self.previous.get(k))
         self.previous[k] = honest
@@ -133,7 +134,7 @@ class GradientSum:
             if loss is not None:
                 self.local.append(None)
                 self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
-            tail = len(self.gate.shared()) if self.gate is not None and self.buckets else 0
+            tail = SHARED if self.gate is not None and self.buckets else 0
             summed, robust_parts = [], []
             for k, part in enumerate(self.local):
                 mine = await part

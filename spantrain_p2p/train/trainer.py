@@ -24,6 +24,7 @@ from ..pipeline.loss_scale import LossScale, nonfinite, unscale_
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
 from ..pipeline.assignment import peer_actions
 from ..robust.attacks import BOUNDARY
+from ..robust.gate import SHARED
 from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
@@ -334,7 +335,7 @@ class Trainer:
             buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers])
             sizes = [(sum(n for _, n in b),) for _, b in buckets]
             if self.defence.gate is not None and sizes:  # the gate's medians ride on the last bucket
-                sizes[-1] = (sizes[-1][0] + len(self.defence.gate.shared()),)
+                sizes[-1] = (sizes[-1][0] + SHARED,)
             sizes += [(2,)] if nxt is None else []
             self.transport.bucket_layers = [first + layer for layer, _ in buckets]
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(replicas) - {me}, (),

@@ -89,13 +89,17 @@ class Verifier:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def _ours(self, header: dict, smap) -> bool:
+        """A request of this job and this peer's current epoch (while it verifies)."""
+        return self.on and smap is not None and header.get("job") == self.job.job_id and header.get("epoch") == smap.epoch
+
     # ---- attestations -------------------------------------------------------------------------------------
     async def on_attest(self, header: dict, buffers):
         """A replica of this peer's stage checks one of its micro-batches: the digests of what this
         peer received and sent for it, signed."""
         src, smap = header["src"], self.smap
         step, mb = header.get("step"), header.get("mb")
-        if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
+        if not self._ours(header, smap):
             raise FrameError("no attestation for that job or epoch")
         if not isinstance(step, int) or not isinstance(mb, int):
             raise FrameError("an attestation is asked for {step, mb}")
@@ -176,7 +180,7 @@ class Verifier:
     async def on_suspect(self, header: dict, buffers):
         smap, me = self.smap, self.peer.peer_id
         step, mb, whom = header.get("step"), header.get("mb"), header.get("peer")
-        if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
+        if not self._ours(header, smap):
             raise FrameError("no suspect is taken for that job or epoch")
         if not isinstance(step, int) or not isinstance(mb, int) or not isinstance(whom, str) or whom == me \
                 or smap.stage_of(whom) is None or smap.stage_of(whom) != smap.stage_of(me) or smap.stage_of(header["src"]) is None:
@@ -196,7 +200,7 @@ class Verifier:
         it): where it says other than what crossed the wire, ``peer`` is accused."""
         src, smap = header["src"], self.smap
         step, mb, whom = header.get("step"), header.get("mb"), header.get("peer")
-        if not self.on or smap is None or header.get("job") != self.job.job_id or header.get("epoch") != smap.epoch:
+        if not self._ours(header, smap):
             raise FrameError("no check is served for that job or epoch")
         if not isinstance(step, int) or not isinstance(mb, int) or not isinstance(whom, str):
             raise FrameError("a check asks for {step, mb, peer}")

@@ -3,9 +3,16 @@ import signal
 import subprocess
 
 import pytest
+import torch
 
 from spantrain_p2p.launch import zygote
 from spantrain_p2p.launch import PeerProcess
+
+# The test process shares two cores with the other xdist worker and with the peers it starts (each
+# peer computes on one thread). With torch's default of one thread per core, two workers computing
+# at once (two reference runs of 400 steps) spin against each other: 145 s each instead of 7 s, which
+# timed out two tests in CI. One thread is as fast alone (6.7 s against 7.1 s) and stays so side by side.
+torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -28,7 +28,10 @@ def wait_done(procs, timeout):
         errors = [s["train"]["error"] for s in sts if s.get("train", {}).get("error")]
         assert not errors, errors
         return all(s["state"] == "done" for s in sts)
-    wait_until(all_done, timeout, interval=0.3)
+    try:
+        wait_until(all_done, timeout, interval=0.3)
+    except TimeoutError as e:  # say where each peer stood (a CI run keeps no logs)
+        raise TimeoutError(f"{e}\n" + "\n".join(f"--- {p.name}:\n{p.log_tail(40)}" for p in procs)) from None
 
 
 def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_path):

@@ -13,8 +13,8 @@ samples/s.
     .venv/bin/python scripts/attack_figures.py [--steps 300] [--world replicas|islands|both]
         [--attacks a,b,...] [--aggregates robust,sum] [--clean-steps 1000 --precision fp32|bf16] [--json]
 
-``--clean-steps N``: instead, N clean steps of the replicas' (or, with --world pipeline, the
-pipeline's) world with the defences on: the evictions (there must be none), the largest clip ratio
+``--clean-steps N``: instead, N clean steps of the replicas' (or, with --world pipeline|islands,
+that) world with the defences on: the evictions (there must be none), the largest clip ratio
 any replica reached, the gate's largest deviation per kind and the verifier's largest relative error.
 """
 from __future__ import annotations
@@ -61,18 +61,21 @@ def run(world: str, steps: int, aggregate: str, attack: str, precision: str = "f
         plan = next((p for p in s.get("plans", []) if p.get("epoch") == e["epoch"]), {})
         if plan.get("evicted") and evicted_at is None:
             evicted_at = e["first_step"]
-    clip = _max_clip(run_dir, world)
+    clip, cos = _max_clip(run_dir, world)
     checks = _checks(run_dir)
     return {"world": world, "attack": attack or "clean", "aggregate": aggregate, "precision": precision,
             "steps": s.get("steps"), "lost_steps": s.get("lost_steps"),
             "final_loss": round(statistics.mean(losses[-20:]), 4) if losses else None,
             "evicted_at_step": evicted_at, "evicted": sorted({n for p in s.get("plans", []) for n in p.get("evicted", [])}),
-            "samples_per_s": s.get("samples_per_s"), "max_clip_ratio": clip, **checks, "wall_s": round(wall, 1), "run_dir": run_dir}
+            "samples_per_s": s.get("samples_per_s"), "max_clip_ratio": clip,
+            **({"min_cos": cos} if cos else {}), **checks, "wall_s": round(wall, 1), "run_dir": run_dir}
 
 
-def _max_clip(run_dir: str, world: str) -> dict:
-    """The largest clip ratio each contributor reached, from the peers' reports."""
+def _max_clip(run_dir: str, world: str) -> tuple[dict, dict]:
+    """The largest clip ratio each contributor reached, from the peers' reports (and, for islands,
+    each island's smallest cosine with the robust centre)."""
     out: dict = {}
+    cos: dict = {}
     rep_dir = os.path.join(run_dir, "reports")
     for name in sorted(os.listdir(rep_dir)) if os.path.isdir(rep_dir) else ():
         with open(os.path.join(rep_dir, name)) as f:
@@ -81,10 +84,12 @@ def _max_clip(run_dir: str, world: str) -> dict:
             for row in (r.get("islands") or {}).get("rounds", []):
                 for isl, x in (row.get("clip") or {}).items():
                     out[f"island{isl}"] = max(out.get(f"island{isl}", 0.0), x)
+                for isl, x in (row.get("cos") or {}).items():
+                    cos[f"island{isl}"] = min(cos.get(f"island{isl}", 1.0), x)
         else:
             for peer, x in ((r.get("defence") or {}).get("max_ratio") or {}).items():
                 out[peer] = max(out.get(peer, 0.0), x)
-    return out
+    return out, cos
 
 
 def _checks(run_dir: str) -> dict:
@@ -125,7 +130,7 @@ def main() -> int:
         print(json.dumps(r), flush=True)
 
     if args.clean_steps:
-        say(run("pipeline" if args.world == "pipeline" else "replicas", args.clean_steps, "robust", "", args.precision))
+        say(run("replicas" if args.world == "all" else args.world, args.clean_steps, "robust", "", args.precision))
         return 0
     worlds = ["replicas", "islands", "pipeline"] if args.world == "all" else [args.world]
     for world in worlds:

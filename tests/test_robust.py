@@ -116,6 +116,29 @@ def test_a_sign_flipped_replica_is_convicted_by_direction_though_not_far():
     assert new == ["p3"] and v.convicted["p3"] <= 4
 
 
+def test_an_island_pointing_against_the_others_is_dropped_from_the_merge_and_convicted_in_one_round():
+    """Islands (``drop_opposed``): a sign-flipped pseudo-gradient of honest size lies within the drop
+    distance and, clipped, would still pull the anchor backwards; it is dropped (the centre stands
+    in) and one round convicts. An honest island's round is never dropped, and the replicas' rule
+    (opposed in 4 of 5 steps) is unchanged."""
+    parts = _honest(4)
+    honest_mean = sum(parts[p] for p in ("p0", "p1", "p2")) / 6.0
+    w = {p: 2.0 for p in parts}
+    flipped = dict(parts, p3=-parts["p3"])
+    clipped, _ = robust_mean(flipped, w)
+    dropped, report = robust_mean(flipped, w, drop_opposed=True)
+    assert report.ratio["p3"] < 3.0 and "p3" in report.clipped  # not far: only its direction gives it away
+    err = lambda m: float(torch.linalg.vector_norm(m - honest_mean) / torch.linalg.vector_norm(honest_mean))
+    assert err(dropped) < 0.5 * err(clipped), (err(dropped), err(clipped))
+    clean, clean_report = robust_mean(parts, w, drop_opposed=True)
+    assert clean_report.clipped == () and torch.equal(clean, robust_mean(parts, w)[0])
+    islands = Verdicts(window=3, convict_of=1, opposed_of=3, against_of=1)
+    assert islands.add(0, merge([robust_mean(parts, w, drop_opposed=True)[1]])) == []
+    assert islands.add(1, merge([report])) == ["p3"]
+    replicas = Verdicts()
+    assert replicas.add(0, merge([report])) == []
+
+
 def test_with_islands_a_peer_is_evicted_by_most_peers_of_the_other_islands():
     islands = [("a1", "a2"), ("b1", "b2"), ("c1", "c2"), ("d1", "d2")]
     honest = {p: A("job", ["d1", "d2"]) for isl in islands[:3] for p in isl}

@@ -340,11 +340,12 @@ class OuterSync(Membership):
         by_island = ClipReport(merged.radius, {str(members[int(j)]): x for j, x in merged.ratio.items()}, (),
                                {str(members[int(j)]): x for j, x in merged.cos.items()})
         clip = {int(i): round(x, 3) for i, x in by_island.ratio.items()}
+        cos = {int(i): round(x, 3) for i, x in by_island.cos.items()}
         if clip and self.on_verdict is not None:  # judged by island (``train.defence``)
             self.on_verdict(r, by_island)
         self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "members": members,
                             "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0,
-                            **({"clip": clip} if clip else {})})
+                            **({"clip": clip, "cos": cos} if clip else {})})
         for key in [k for k in self._got if k[0] <= r]:
             del self._got[key]
 

@@ -99,7 +99,8 @@ class OuterLayers:
                 continue
             if self.robust:  # each island's pseudo-gradient is judged as it is (a round's progress)
                 g, report = robust_mean({f"{j:04d}": c.delta * c.tokens for j, c in enumerate(contribs)},
-                                        {f"{j:04d}": float(c.tokens) for j, c in enumerate(contribs)})
+                                        {f"{j:04d}": float(c.tokens) for j, c in enumerate(contribs)},
+                                        drop_opposed=True)
                 self.reports.append(report)
             else:
                 g = torch.zeros_like(self.anchor[i])

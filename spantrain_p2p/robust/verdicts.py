@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .aggregate import DROP_RATIO, ClipReport
+from .aggregate import DROP_RATIO, ClipReport, median_of
 
 FAR_RATIO = DROP_RATIO  # what is dropped from a step counts as far
 WINDOW = 5
@@ -43,6 +43,11 @@ class Verdicts:
     window: int = WINDOW
     convict_of: int = CONVICT_OF
     opposed_of: int = OPPOSED_OF
+    # *against*: a cosine <= 0 with the centre while the step's median is positive (what
+    # ``robust_sum(drop_opposed=True)`` drops); convicted when against in ``against_of`` of the
+    # last ``window`` (0: not judged apart from *opposed*)
+    against_of: int = 0
+    against: dict[str, deque] = field(default_factory=dict)
     opposed: dict[str, deque] = field(default_factory=dict)
     history: dict[str, deque] = field(default_factory=dict)
     convicted: dict[str, int] = field(default_factory=dict)  # peer -> the step it was convicted at
@@ -57,7 +62,7 @@ class Verdicts:
         """Records one step's report (of every bucket, merged by the caller); the peers newly convicted.
         ``excused``: the replicas that said their inputs were odd this step."""
         new = []
-        mid = _median(list(report.cos.values()))
+        mid = median_of(list(report.cos.values()))
         for peer, ratio in report.ratio.items():
             if peer in excused:
                 ex = self.excuses.setdefault(peer, deque())
@@ -70,12 +75,14 @@ class Verdicts:
             # not once more: the same data's outlier judged three times is still one outlier
             h = self.history.setdefault(peer, deque(maxlen=self.window))
             o = self.opposed.setdefault(peer, deque(maxlen=self.window))
-            for q in (h, o):
+            a = self.against.setdefault(peer, deque(maxlen=self.window))
+            for q in (h, o, a):
                 while q and q[-1][0] >= step:
                     q.pop()
             h.append((step, ratio > self.far_ratio))
             c = report.cos.get(peer)
             o.append((step, c is not None and mid > 0 and c < OPPOSED_SHARE * mid))
+            a.append((step, c is not None and mid > 0 and c <= 0.0))
             if c is not None:
                 self.recent_cos.setdefault(peer, deque(maxlen=20)).append(round(c, 2))
             if ratio > 1.0:
@@ -84,7 +91,8 @@ class Verdicts:
             self.recent.setdefault(peer, deque(maxlen=20)).append(round(ratio, 2))
             self.judged_steps[peer] = self.judged_steps.get(peer, 0) + 1
             if peer not in self.convicted and (sum(x for _, x in h) >= self.convict_of or
-                                               sum(x for _, x in o) >= self.opposed_of):
+                                               sum(x for _, x in o) >= self.opposed_of or
+                                               0 < self.against_of <= sum(x for _, x in a)):
                 self.convicted[peer] = step
                 new.append(peer)
         return new
@@ -95,14 +103,6 @@ class Verdicts:
                 "max_ratio": {p: round(r, 2) for p, r in self.max_ratio.items()},
                 "recent_ratio": {p: list(r) for p, r in self.recent.items()},
                 "recent_cos": {p: list(r) for p, r in self.recent_cos.items()}}
-
-
-def _median(xs: list[float]) -> float:
-    if not xs:
-        return 0.0
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def merge(reports: list[ClipReport]) -> ClipReport:

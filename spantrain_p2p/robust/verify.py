@@ -67,10 +67,6 @@ class Ledger:
     def get(self, step: int, mb: int, slot: str, peer: str) -> Optional[tuple[dict, list[memoryview], str]]:
         return self._msgs.get((step, mb, slot, peer))
 
-    def peers(self, step: int) -> set[str]:
-        """The peers this one exchanged tensors with in ``step``."""
-        return {k[3] for k in self._msgs if k[0] == step}
-
     def exchanged(self, step: int, peer: str) -> dict[int, list[str]]:
         """micro-batch -> this peer's slots of the messages it exchanged with ``peer`` in ``step``."""
         out: dict[int, list[str]] = {}

@@ -36,7 +36,9 @@ class Defence:
         self.peer, self.events = peer, events
         self.verdicts = Verdicts()
         # islands: by island index, one judgment per round (a round is many steps of evidence)
-        self.island_verdicts = Verdicts(window=3, convict_of=2, opposed_of=3)
+        # (an honest island's pseudo-gradient lay within 0.5 radii at cosine >= 0.83 in every clean
+        # round measured; far or against once is a round's worth of steps, and convicts)
+        self.island_verdicts = Verdicts(window=3, convict_of=1, opposed_of=3, against_of=1)
         self.previous: dict = {}  # the --byzantine harness's honest parts of the step before (``stale``)
         self.seen: dict = {}  # digests of the other replicas' parts of the step before (``GradientSum``)
         self.replays: dict[str, int] = {}  # peer -> steps it sent a part of the step before again

@@ -466,9 +466,7 @@ class Trainer:
         except BaseException:
             if gsum is not None:
                 await gsum.cancel()
-            if checks is not None:
-                checks.cancel()
-                await asyncio.gather(checks, return_exceptions=True)
+            await self.verifier.drop_checks(checks)
             raise
         t_pipe = time.time()
         loss_sum, loss_count = sum(result.losses), len(result.losses)
@@ -476,9 +474,7 @@ class Trainer:
             try:
                 total = await gsum.finish((loss_sum, loss_count) if st.is_last else None)
             except BaseException:
-                if checks is not None:
-                    checks.cancel()
-                    await asyncio.gather(checks, return_exceptions=True)
+                await self.verifier.drop_checks(checks)
                 raise
             if total is not None:
                 loss_sum, loss_count = total

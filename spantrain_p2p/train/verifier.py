@@ -248,6 +248,13 @@ class Verifier:
         picks = vf.choose(self.rng, self.p, self._mbs_of(st), suspects)
         return asyncio.create_task(self._checks(step, st, picks)) if picks else None
 
+    @staticmethod
+    async def drop_checks(started: Optional[asyncio.Task]) -> None:
+        """A step that failed: its checks are cancelled (and awaited, so none writes a verdict later)."""
+        if started is not None:
+            started.cancel()
+            await asyncio.gather(started, return_exceptions=True)
+
     async def end_checks(self, step: int, st, started: Optional[asyncio.Task]) -> None:
         """Before this peer's optimizer step (its weights are still the checked peers'): the
         micro-batches a gate named during the step are checked, and every check ends."""

@@ -46,7 +46,7 @@ NON_DEFAULT = {
     "--precision": "fp16", "--loss-scale": "1024", "--data": "stdlib", "--tokenizer": "/tmp/tok.json", "--data-cache": "/tmp/dc", "--dump-grads": "/tmp/grads",
     "--dump-step": "3", "--device": "cpu", "--workload": "hf:gpt2", "--workload-seq-len": "512",
     "--sync": "islands:12", "--outer-lr": "0.5", "--outer-momentum": "0.8", "--island-split": "5",
-    "--exchange-compression": "int:4", "--aggregate": "sum", "--verify": "0.25",
+    "--exchange-compression": "int:4", "--aggregate": "sum", "--verify": "0.25", "--recompute": "full",
 }
 
 

@@ -6,13 +6,12 @@ import torch
 
 from spantrain_p2p.pipeline import schedule as sched
 from spantrain_p2p.pipeline.executor import StageExecutor, StepFailed
-from spantrain_p2p.pipeline.messages import ACT, GRAD, Inbox
+from spantrain_p2p.pipeline.messages import Inbox
 from spantrain_p2p.pipeline.assignment import assign_microbatches, peer_actions
-from spantrain_p2p.plan.stagemap import even_split
 from spantrain_p2p.data import generated as data
 from spantrain_p2p.job.spec import JobSpec, ModelHandle
-from spantrain_p2p.job.optim import make_optimizer
 from spantrain_p2p.job.reference import reference_run
+from spantrain_p2p.job.inprocess import run_pipeline
 
 JOB = JobSpec(model_args={"dim": 32, "depth": 4, "heads": 2}, seq_len=16, micro_batch_size=2, num_micro_batches=4,
               steps=4, lr=1e-3)
@@ -20,61 +19,6 @@ JOB = JobSpec(model_args={"dim": 32, "depth": 4, "heads": 2}, seq_len=16, micro_
 
 def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-
-
-async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int = 0, widths=None, shares=None,
-                       compute_dtype=None, sent_dtypes=None):
-    """In-process pipeline: stage k has widths[k] replicas; replicas sum their gradients each step.
-    ``sent_dtypes`` (a set) collects the dtypes of the tensors that cross between stages."""
-    handle = ModelHandle(job)
-    ranges = even_split(handle.num_layers, num_stages)
-    widths = widths or [1] * num_stages
-    M = job.num_micro_batches
-    assigns = [assign_microbatches([f"{k}.{i}" for i in range(w)], (shares or [1.0] * w)[:w] if shares else [1.0] * w, M)
-               for k, w in enumerate(widths)]
-    plan = peer_actions(assigns, job.schedule)
-    inboxes = {key: Inbox(64) for key in plan}
-    execs = {}
-    for (k, peer) in plan:
-        a, b = ranges[k]
-
-        async def recv(kind, step, mb, key=(k, peer)):
-            return await inboxes[key].get((kind, step, mb), 10)
-
-        async def send(kind, step, mb, t, k=k):
-            if sent_dtypes is not None:
-                sent_dtypes.add(t.dtype)
-            dst = k + 1 if kind == ACT else k - 1
-            inboxes[(dst, assigns[dst][mb])].put((kind, step, mb), t.clone())
-
-        execs[(k, peer)] = StageExecutor(handle.build(a, b), k == 0, k == num_stages - 1, M,
-                                         lambda s, m: data.batch(job.seed, s, m, job.micro_batch_size, job.seq_len),
-                                         recv, send, compute_dtype=compute_dtype)
-    opts = {key: make_optimizer(job, e.params) for key, e in execs.items()}
-    losses, grads = [], {}
-    for step in range(steps):
-        keys = list(execs)
-        results = await asyncio.gather(*[execs[key].run_step(step, plan[key]) for key in keys])
-        last = [r.losses for key, r in zip(keys, results) if key[0] == num_stages - 1]
-        losses.append(sum(sum(l) for l in last) / M)
-        for k in range(num_stages):  # the replicas' all-reduce, in peer order
-            reps = sorted(key for key in execs if key[0] == k)
-            for ps in zip(*[execs[key].params for key in reps]):
-                total = sum((p.grad if p.grad is not None else torch.zeros_like(p)) for p in ps)
-                for p in ps:
-                    p.grad = total.clone()
-        if step == grads_at:
-            for (k, peer), e in execs.items():
-                a = ranges[k][0]
-                for i, layer in enumerate(e.layers):
-                    for n, p in layer.named_parameters():
-                        grads[f"{a + i}.{n}"] = p.grad.clone()
-        for o in opts.values():
-            o.step()
-            o.zero_grad(set_to_none=True)
-    for e in execs.values():
-        e.close()
-    return losses, grads
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])

@@ -33,6 +33,7 @@ OPTIMIZERS = ("adam", "sgd")
 # robust: CenteredClip around a robust centre (robust.aggregate; a clean step's sum is the plain one);
 # sum: the plain sum (a closed swarm that trusts its members' arithmetic)
 AGGREGATES = ("robust", "sum")
+RECOMPUTE = ("none", "full")  # as pipeline.memory.RECOMPUTE (tests/test_memory_levers.py ties them)
 
 
 def is_hf_preset(model: str) -> bool:
@@ -78,6 +79,7 @@ class JobSpec:
     exchange_compression: str = "auto"  # islands: the pseudo-gradients' codec, or auto (the planner's choice)
     aggregate: str = "robust"  # how replicas' gradients and islands' pseudo-gradients add up (AGGREGATES)
     verify: float = 0.05  # with the robust defences: how often a replica recomputes another's micro-batch (robust.verify)
+    recompute: str = "none"  # what every stage keeps of its forwards: none or full (pipeline.memory)
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -114,6 +116,8 @@ class JobSpec:
             raise ValueError(f"model {self.model!r} must be {BUILTIN!r}, 'hf:PRESET_OR_DIR' or 'package.module:function'")
         if isinstance(self.verify, bool) or not isinstance(self.verify, (int, float)) or not 0 <= self.verify <= 1:
             raise ValueError(f"job field 'verify' must be a probability in [0, 1], not {self.verify!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, not {self.recompute!r}")
         if self.aggregate not in AGGREGATES:
             raise ValueError(f"aggregate must be one of {AGGREGATES}, not {self.aggregate!r}")
         if self.optimizer not in OPTIMIZERS:

@@ -20,6 +20,7 @@ from torch import nn
 from . import schedule as sched
 from .hostcopy import HostCopier
 from .loss_scale import sanitized, scaled
+from .memory import StashMeter, layer_call
 from .messages import ACT, GRAD
 
 Recv = Callable[[str, int, int], Awaitable[torch.Tensor]]
@@ -42,6 +43,8 @@ class _Mb:
     ins: Optional[list] = None
     outs: Optional[list] = None
     gouts: Optional[list] = None
+    stash: Optional[dict] = None  # storage -> bytes this micro-batch's forward keeps (``memory.StashMeter``)
+    held: int = 0  # their sum, held until its backward is done
 
 
 @dataclass
@@ -51,6 +54,9 @@ class StepResult:
     # what the peer did, in order: (action, micro-batch, unix start, unix end): F/B/W/BW its compute,
     # RECV_F/RECV_B the wait for a tensor, SEND_F/SEND_B a send from its start to its delivery
     timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # activations kept for the backward (``memory.StashMeter``): the most at once, and one micro-batch's most
+    stash_peak_bytes: int = 0
+    stash_mb_bytes: int = 0
 
 
 LayerDone = Callable[[int], None]  # called with a layer's index once its step's weight gradients are final
@@ -60,7 +66,7 @@ class StageExecutor:
     def __init__(self, layers: list[nn.Module], is_first: bool, is_last: bool, num_microbatches: int,
                  batch: Batch, recv: Recv, send: Send, device=None,
                  layer_flops: Optional[list[dict[str, float]]] = None,
-                 compute_dtype: Optional[torch.dtype] = None):
+                 compute_dtype: Optional[torch.dtype] = None, recompute: str = "none"):
         """``device`` (a profile.virtual.VirtualDevice) pads each op to the FLOPs of one micro-batch
         through the stage, from ``layer_flops`` (per layer, F, B and W: ``stage_layer_flops``),
         which also say when within the step's last weight-grad op each layer is done on the device
@@ -70,7 +76,8 @@ class StageExecutor:
         where its layers are (``--device``): batches and received tensors are moved there, and
         what it sends is copied to host memory on a side stream (``hostcopy``). ``loss_scale`` (fp16, set before each step): the
         last stage scales its loss by it; a tensor that overflowed leaves as zeros and sets
-        ``overflowed`` (``pipeline.loss_scale``: the step is then skipped everywhere)."""
+        ``overflowed`` (``pipeline.loss_scale``: the step is then skipped everywhere). ``recompute``:
+        none or full (``pipeline.memory``), what the stage keeps of its forwards."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
@@ -87,6 +94,9 @@ class StageExecutor:
         self._copier = HostCopier(self.torch_device)
         self.loss_scale: Optional[float] = None
         self.overflowed = False  # this step sent a tensor that overflowed (fp16)
+        self.recompute = recompute
+        self._call = layer_call(recompute)
+        self.meter = StashMeter(self.params)
 
     def _autocast(self):
         if self.compute_dtype is None:
@@ -161,18 +171,22 @@ class StageExecutor:
         st.ins, st.outs = [], []
         n = len(self.layers)
         loss = None
-        with self._autocast():
+        st.stash = {}
+        with self._autocast(), self.meter.saving(st.stash):
             for i, layer in enumerate(self.layers):
                 if i > 0 and x.is_floating_point():
                     x = x.detach().requires_grad_(True)
                 st.ins.append(x)
                 if self.is_last and i == n - 1:
-                    loss = layer(x, targets)
+                    loss = self._call(layer, x, targets)
                     # micro-batch gradients sum to the global-batch mean (times the loss scale)
                     x = scaled(loss / self.num_microbatches, self.loss_scale)
                 else:
-                    x = layer(x)
+                    x = self._call(layer, x)
                 st.outs.append(x)
+        for t in st.outs:  # the outputs are kept too (each the next layer's input: one storage)
+            st.stash[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        st.held = self.meter.kept(st.stash)
         st.out = x
         return None if loss is None else float(loss.detach())
 
@@ -207,7 +221,8 @@ class StageExecutor:
                 torch.autograd.backward(st.outs[i], st.gouts[i], inputs=self._layer_params[i])
             if done is not None:
                 done(i)
-        st.out = st.inp = st.ins = st.outs = st.gouts = None
+        st.out = st.inp = st.ins = st.outs = st.gouts = st.stash = None
+        self.meter.freed(st.held)
 
     def _backward_full(self, st: _Mb, done=None) -> None:
         """B and W at once, layer by layer from the last."""
@@ -224,7 +239,8 @@ class StageExecutor:
             g = st.ins[i].grad
         if not self.is_first:
             st.grad_in = g
-        st.out = st.inp = st.ins = st.outs = None
+        st.out = st.inp = st.ins = st.outs = st.stash = None
+        self.meter.freed(st.held)
         if done is not None:  # layers below the first that needs no input gradient (none in practice)
             for j in range(i - 1, -1, -1):
                 done(j)
@@ -239,6 +255,7 @@ class StageExecutor:
         sends: list[asyncio.Task] = []
         result = StepResult()
         self.overflowed = False
+        self.meter.reset()
         loop = asyncio.get_running_loop()
         t_compute = 0.0
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
@@ -292,6 +309,7 @@ class StageExecutor:
                 raise
             raise StepFailed(f"step {step} failed: {e}") from e
         result.compute_s = t_compute
+        result.stash_peak_bytes, result.stash_mb_bytes = self.meter.peak, self.meter.largest
         return result
 
     async def recompute(self, step: int, mb: int, x: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]) -> dict:
@@ -307,6 +325,7 @@ class StageExecutor:
             st.grad_out = self._here(grad_out)
             await self._compute("B", self._backward_input, st)
             out["send/grad"] = wire(st.grad_in)
+        self.meter.freed(st.held)
         return out
 
     def zero_grad(self) -> None:

@@ -47,6 +47,7 @@ def report(t) -> dict:
             "device_stats": t.peer.device.stats().to_dict() if t.peer.device else None,
             "train_device": train_device_stats(t.peer.device, t.device_base),
             "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
+            "recompute": job.recompute if job else None, "stash_peak_bytes": t.stash_peak_bytes,
             "deadlines": tr.deadline_report() if job else {},
             "deadline_extensions": tr.deadline_extensions,
             "data_fetched": list(t.data_share.fetched),

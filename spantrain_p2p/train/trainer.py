@@ -111,6 +111,7 @@ class Trainer:
         self.loss_sums: dict[int, tuple[float, int, int]] = {}  # step -> (sum of micro-batch losses, count, epoch)
         self.step_times: list[tuple[int, float, float, int]] = []  # (step, start unix, end unix, epoch)
         self.compute_s: list[float] = []
+        self.stash_peak_bytes = 0  # the most activation bytes held at once in any step (``pipeline.memory``)
         self.events: list[dict] = []  # recoveries, for the run summary
         self.timelines: dict[int, dict] = {}  # the last KEEP_TIMELINES steps: what this peer did when
         self.epochs_adopted: set[int] = set()  # the stage-map epochs this peer followed
@@ -351,7 +352,8 @@ class Trainer:
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt)
         executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch, recv=self.transport.recv,
                                  send=self.defence.sender(self.transport.send, self.opts.byzantine), device=self.peer.device,
-                                 layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision))
+                                 layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
+                                 recompute=job.recompute)
         opt = make_optimizer(job, executor.params)
         # islands start from their outer state (``_train_rounds``): the layers are built fresh here
         run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0)
@@ -510,6 +512,7 @@ class Trainer:
         for old in [k for k in self.timelines if k <= step - KEEP_TIMELINES]:
             del self.timelines[old]
         self.compute_s.append(result.compute_s)
+        self.stash_peak_bytes = max(self.stash_peak_bytes, result.stash_peak_bytes)
         if st.actions:
             self.transport.observe_compute(result.compute_s / max(1, sum(a.op is sched.Op.F for a in st.actions)))
         self.steps_done += 1

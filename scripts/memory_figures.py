@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Issue 30's recomputation figures: what full activation recomputation saves and costs.
+
+A whole pipeline in this process (``spantrain_p2p.job.inprocess``: 2 stages x 2 replicas of a
+transformers Llama, fp32), each schedule run without and with ``--recompute full``, back to back,
+``--pairs`` times. Per run: whether the losses equal the run without recomputation to the last bit,
+each stage's most activation bytes held at once (``pipeline.memory.StashMeter``: what autograd keeps,
+as it keeps it; the largest of the stage's replicas) and the compute seconds per step of all peers
+together (the executors' F, B, W time; the box has 2 cores, the 4 peers share them).
+
+    .venv/bin/python scripts/memory_figures.py [--model hf:llama-tiny] [--steps 20] [--pairs 3] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from spantrain_p2p.job.inprocess import run_pipeline  # noqa: E402
+from spantrain_p2p.job.spec import JobSpec  # noqa: E402
+
+
+def one(job: JobSpec, steps: int, recompute: str) -> tuple[list[float], dict, float]:
+    stash: dict = {}
+    losses, _ = asyncio.run(run_pipeline(job, 2, steps, widths=[2, 2], recompute=recompute, stash=stash))
+    by_stage: dict[int, int] = {}
+    for (k, _peer), (peak, _) in stash.items():
+        by_stage[k] = max(by_stage.get(k, 0), peak)
+    compute = sum(secs for _, secs in stash.values()) / steps
+    return losses, by_stage, compute
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="hf:llama-tiny")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--schedules", default="1f1b,zb-h1")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # as in a peer process
+    job = JobSpec(model=args.model, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+                  num_micro_batches=args.micro_batches, steps=args.steps, lr=1e-3)
+    rows = []
+    for schedule in args.schedules.split(","):
+        j = replace(job, schedule=schedule)
+        pairs = []
+        for _ in range(args.pairs):
+            base, kept, t_none = one(j, args.steps, "none")
+            losses, recomputed, t_full = one(j, args.steps, "full")
+            pairs.append({"identical": losses == base, "stash_none": kept, "stash_full": recomputed,
+                          "compute_none_s": round(t_none, 4), "compute_full_s": round(t_full, 4),
+                          "extra_compute": round(t_full / t_none - 1, 3)})
+        saved = {k: round(1 - pairs[0]["stash_full"][k] / pairs[0]["stash_none"][k], 4) for k in pairs[0]["stash_none"]}
+        row = {"schedule": schedule, "model": args.model, "identical": all(p["identical"] for p in pairs),
+               "stash_bytes_none": pairs[0]["stash_none"], "stash_bytes_full": pairs[0]["stash_full"],
+               "activation_memory_saved": saved,
+               "extra_compute_median": statistics.median(p["extra_compute"] for p in pairs),
+               "pairs": [{k: p[k] for k in ("compute_none_s", "compute_full_s", "extra_compute")} for p in pairs]}
+        rows.append(row)
+        print(json.dumps(row) if args.json else
+              f"{schedule}: losses {'bit-identical' if row['identical'] else 'DIFFER'}; activations held at most, "
+              f"per stage: {row['stash_bytes_none']} -> {row['stash_bytes_full']} bytes "
+              f"(saved {', '.join(f'{v:.1%}' for v in saved.values())}); compute per step "
+              f"{[p['compute_none_s'] for p in row['pairs']]} -> {[p['compute_full_s'] for p in row['pairs']]} s, "
+              f"extra median {row['extra_compute_median']:+.1%}", flush=True)
+    print(f"{time.strftime('%H:%M', time.gmtime())} UTC", file=sys.stderr)
+    return 0 if all(r["identical"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
 """Memory levers (``pipeline.memory``): activation recomputation is exact, and what a stage keeps of
 its forwards is measured as autograd keeps it."""
+import math
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,7 @@ from torch import nn
 from spantrain_p2p.job import spec
 from spantrain_p2p.job.spec import JobSpec
 from spantrain_p2p.pipeline import memory
+from spantrain_p2p.plan import levers, types
 
 from spantrain_p2p.job.inprocess import run_pipeline
 
@@ -16,7 +18,9 @@ LLAMA = JobSpec(model="hf:llama-tiny", seq_len=64, micro_batch_size=4, num_micro
 
 
 def test_the_job_and_the_executor_know_the_same_recompute_modes():
-    assert spec.RECOMPUTE == memory.RECOMPUTE
+    assert memory.RECOMPUTE == types.RECOMPUTE and spec.RECOMPUTE == levers.MODES == ("auto", *types.RECOMPUTE)
+    with pytest.raises(ValueError, match="recompute"):
+        types.Stage(("a",), (0, 1), recompute="half")
     with pytest.raises(ValueError, match="recompute"):
         JobSpec(recompute="some")
     with pytest.raises(ValueError, match="recompute"):
@@ -52,3 +56,65 @@ async def test_full_recomputation_trains_bit_identically_on_a_fraction_of_the_ac
     assert kept.keys() == recomputed.keys()
     for peer, (peak, _) in kept.items():
         assert recomputed[peer][0] <= 0.4 * peak, (peer, recomputed[peer][0], peak)
+
+
+# ---- the planner's choice ------------------------------------------------------------------------
+def _snapshot(n: int, memory: float):
+    from spantrain_p2p.plan.types import Link, Network, PeerInfo, Snapshot
+
+    peers = tuple(PeerInfo(f"p{i}", 1e12, memory) for i in range(n))
+    return Snapshot(peers, Network({(a.id, b.id): Link(0.0, 1e12) for a in peers for b in peers if a.id != b.id}))
+
+
+def _profile(layers: int = 4):
+    from spantrain_p2p.plan.types import LayerProfile, ModelProfile
+
+    # per sample: 1 MB handed on, 16 MB kept for the backward (a transformer block keeps ~17 activations)
+    return ModelProfile(tuple(LayerProfile(1e12, 1e12, 1e12, 1e6, 1e6, 16e6) for _ in range(layers)))
+
+
+def _two_stages(schedule: str = "1f1b", recompute: str = "none"):
+    from spantrain_p2p.plan.types import Plan, Stage
+
+    return Plan((Stage(("p0",), (0, 2), (1.0,), recompute), Stage(("p1",), (2, 4), (1.0,), recompute)),
+                schedule, 1, 8)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_a_stage_that_cannot_hold_its_activations_recomputes_and_is_priced_for_it(schedule):
+    """Peers of 60 MB: two layers' state (~16 MB) and the stash of the micro-batches 1F1B holds at
+    once (2 x 32 MB on the first stage) do not fit; with full recomputation (3 MB a micro-batch, one
+    layer's 16 MB once) they do. ``levers.fit`` turns it on where it is short, the cost model prices
+    the forward again in each backward pass (once in 1F1B's fused BW, twice in ZB-H1's B and W), and
+    a peer with room enough keeps its stage as it is."""
+    from spantrain_p2p.plan.cost import estimate
+    from spantrain_p2p.plan.layout import LinkTable
+
+    prof, tight, roomy = _profile(), _snapshot(2, 60e6), _snapshot(2, 1e12)
+    plan = _two_stages(schedule)
+    assert estimate(plan, tight, prof).bottleneck.startswith("memory:")
+    fitted = levers.fit(plan, "auto", tight, prof, LinkTable(tight))
+    assert fitted.stages[0].recompute == "full"
+    e = estimate(fitted, tight, prof)
+    assert math.isfinite(e.step_s)
+    assert levers.fit(plan, "auto", roomy, prof, LinkTable(roomy)) is plan  # fits: unchanged, bit for bit
+    assert levers.fit(plan, "none", tight, prof, LinkTable(tight)) is plan
+    # priced: every stage recomputing, with memory to spare, against none: F + B + W of 3 s per layer and
+    # micro-batch become 4 s (1F1B: 72 s against 54 s) or 5 s (ZB-H1: 82 s against 50 s, its bubble grown too)
+    slow = estimate(_two_stages(schedule, "full"), roomy, prof).step_s
+    fast = estimate(plan, roomy, prof).step_s
+    assert slow / fast == pytest.approx({"1f1b": 72 / 54, "zb-h1": 82 / 50}[schedule], rel=1e-3)
+
+
+def test_the_planner_finds_a_plan_with_recomputation_where_none_fits_without():
+    from spantrain_p2p.plan.planner import plan
+    from spantrain_p2p.plan.search import PlannerOptions
+
+    prof, tight = _profile(8), _snapshot(4, 60e6)
+    opts = dict(global_batch=8, micro_batch_sizes=(1,), schedules=("1f1b",))
+    with pytest.raises(ValueError, match="no feasible plan"):
+        plan(tight, prof, PlannerOptions(**opts, recompute="none"))
+    best = plan(tight, prof, PlannerOptions(**opts)).plan
+    assert math.isfinite(best.step_s) and any(st.recompute == "full" for st in best.stages)
+    roomy = plan(_snapshot(4, 1e12), prof, PlannerOptions(**opts)).plan
+    assert all(st.recompute == "none" for st in roomy.stages)

@@ -83,7 +83,8 @@ def _plan(**kw) -> Plan:
 def test_plan_json_has_the_contract_shape():
     d = _plan(step_s=4.0, samples_per_s=4.0, bottleneck="compute:stage 1").to_dict()
     assert {"samples_per_s", "step_s", "bottleneck", "stages"} <= set(d)
-    assert d["stages"][0] == {"peers": ["a", "b"], "layers": [0, 3], "microbatch_share": {"a": 0.75, "b": 0.25}}
+    assert d["stages"][0] == {"peers": ["a", "b"], "layers": [0, 3], "microbatch_share": {"a": 0.75, "b": 0.25},
+                              "recompute": "none"}
     assert d["samples_per_s"] == pytest.approx(16 / 4.0)
     assert math.isnan(_plan().step_s)
 

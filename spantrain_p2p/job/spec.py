@@ -25,6 +25,7 @@ from ..models import model as model_lib
 from ..models.precision import PRECISIONS
 from ..models.hf_model import PREFIX, is_hf
 from ..models.hf_presets import PRESETS
+from ..plan.levers import MODES as RECOMPUTE
 
 BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
@@ -33,7 +34,6 @@ OPTIMIZERS = ("adam", "sgd")
 # robust: CenteredClip around a robust centre (robust.aggregate; a clean step's sum is the plain one);
 # sum: the plain sum (a closed swarm that trusts its members' arithmetic)
 AGGREGATES = ("robust", "sum")
-RECOMPUTE = ("none", "full")  # as pipeline.memory.RECOMPUTE (tests/test_memory_levers.py ties them)
 
 
 def is_hf_preset(model: str) -> bool:
@@ -79,7 +79,9 @@ class JobSpec:
     exchange_compression: str = "auto"  # islands: the pseudo-gradients' codec, or auto (the planner's choice)
     aggregate: str = "robust"  # how replicas' gradients and islands' pseudo-gradients add up (AGGREGATES)
     verify: float = 0.05  # with the robust defences: how often a replica recomputes another's micro-batch (robust.verify)
-    recompute: str = "none"  # what every stage keeps of its forwards: none or full (pipeline.memory)
+    # activation recomputation (pipeline.memory): auto (the planner's choice per stage: where a stage's
+    # peers cannot hold its activations otherwise), none, or full on every stage (plan.levers)
+    recompute: str = "auto"
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)

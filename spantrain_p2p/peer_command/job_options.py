@@ -164,10 +164,10 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--verify", "with --aggregate robust: the probability that a replica recomputes one micro-batch of "
               "another in a step and compares (verified computation; 0: never; default %(default)s)", type=float,
               default=0.05, metavar="P", job="verify"),
-    JobOption("--recompute", "activation recomputation on every stage: none (keep what each forward saves until "
-              "its backward) or full (keep each layer's input, recompute its forward in the backward; zero-bubble "
-              "schedules recompute it in B and again in W) (default none)", default="none", choices=("none", "full"),
-              job="recompute"),
+    JobOption("--recompute", "activation recomputation: auto (the planner turns it on for the stages whose peers "
+              "cannot hold their activations otherwise), none, or full on every stage (a stage keeps each layer's "
+              "input and runs its forward again in the backward; zero-bubble schedules in B and again in W) "
+              "(default auto)", default="auto", choices=("auto", "none", "full"), job="recompute"),
     JobOption("--compression", "activations/gradients between stages: none, fp16, int8, int:BITS (2-7), topk:R or "
               "adaptive (default none)", default="none", job="compression"),
     JobOption("--stages", "pipeline depth: 0 = one peer per stage; N = peers share N stages as data-parallel "

@@ -121,12 +121,26 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
 def _out_of_memory(layout: Layout, sched: str, warm: list[int], m: int) -> str:
     """The first peer whose weights, gradients, optimizer state and most stashes held at once do
     not fit its memory ("" if every peer's do): a hard limit."""
+    short = short_of_memory(layout, sched, warm, m)
+    return next(iter(short.values())) if short else ""
+
+
+def short_of_memory(layout: Layout, sched: str, warm: list[int], m: int) -> dict[int, str]:
+    """Stage -> its first peer whose memory does not hold the stage's state and most stashes held
+    at once (``peak_memory``), for every stage that has one."""
+    out = {}
     for s, sw in enumerate(layout.stages):
         for _, pw in sw.kinds:
-            held = held_bound(sched, s, warm[s], len(pw.mbs), m)
-            if sw.state_bytes + held * sw.stash_bytes > pw.memory_bytes:
-                return pw.id
-    return ""
+            if peak_memory(sw, sched, s, warm[s], len(pw.mbs), m) > pw.memory_bytes:
+                out[s] = pw.id
+                break
+    return out
+
+
+def peak_memory(sw, sched: str, s: int, warm: int, own: int, m: int) -> float:
+    """The bytes a peer of stage ``s`` that owns ``own`` micro-batches holds at most: weights,
+    gradients, optimizer state, its most stashes at once, and what recomputation holds once."""
+    return sw.state_bytes + held_bound(sched, s, warm, own, m) * sw.stash_bytes + sw.stash_once
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,19 @@ class Tables:
         STA = sta[None, :] - sta[:, None]
         valid = np.triu(np.ones((L + 1, L + 1), dtype=bool), 1)
         state = profile.state_bytes_per_param_byte
+        # full recomputation (``layout.recomputed_stash``): one activation per layer kept (and the
+        # stage's input), the largest layer's stash once, the forward's FLOPs again in the backward
+        lever = opts.recompute
+        if lever != "none":
+            ao = np.concatenate([[0.0], np.cumsum([x.activation_bytes_out for x in lay])])
+            prev = np.array([0.0] + [x.activation_bytes_out for x in lay])  # [i]: layer i's input
+            INP = prev[:, None] + (ao[None, :] - ao[:, None])
+            stash_l = np.array([x.stash_bytes for x in lay])
+            ONCE = np.zeros((L + 1, L + 1))
+            for i in range(L):
+                ONCE[i, i + 1:] = np.maximum.accumulate(stash_l[i:])
+            fw = np.concatenate([[0.0], np.cumsum([x.fwd_flops for x in lay])])
+            FW = fw[None, :] - fw[:, None]
         C = np.full((S, L + 1, L + 1), INF)
         LAT = np.full((S, L + 1, L + 1), INF)
         maxcount = np.zeros(S)
@@ -66,6 +79,12 @@ class Tables:
             mem = np.array([peers[x].memory_bytes for x in sg.peers])
             for h, mm in sorted(set(zip(held.tolist(), mem.tolist()))):
                 feas &= state * PAR + h * b * STA <= mm
+            if lever != "none":  # where the stash does not fit, (or everywhere with "full") recompute
+                feas_r = valid.copy()
+                for h, mm in sorted(set(zip(held.tolist(), mem.tolist()))):
+                    feas_r &= state * PAR + h * b * INP + b * ONCE <= mm
+                recompute = feas_r & ~feas if lever == "auto" else feas_r
+                feas = feas | feas_r if lever == "auto" else feas_r
             n = len(sg.peers)
             ar = np.zeros_like(PAR)
             if n > 1:
@@ -73,7 +92,7 @@ class Tables:
                 lat = max(x.rtt_s for x in ring) / 2
                 bw = min(x.bandwidth for x in ring)
                 ar = 2 * (n - 1) * (lat + PAR * profile.grad_wire_bytes_per_param_byte / n / bw)
-            cost = cb * b * FBW + ar
+            cost = cb * b * (FBW + FW * recompute if lever != "none" else FBW) + ar
             C[k] = np.where(feas, cost, INF)
             LAT[k] = np.where(valid, lc * b * FBW, INF)
         # hops

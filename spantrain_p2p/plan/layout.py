@@ -102,6 +102,9 @@ class StageWork:
     # the kinds that own micro-batches, as arrays: micro-batches each, and F + B + W seconds of one
     busy_n: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
     busy_fbw: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
+    # held once whatever the micro-batches in flight: under full recomputation, the one layer whose
+    # forward is being recomputed inside a backward keeps its whole stash meanwhile
+    stash_once: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,10 +137,22 @@ class Layout:
     hops: tuple[HopLinks, ...]
     allreduce_layers: tuple[Optional["RingLayers"], ...]  # per stage: its ring all-reduce by layer (None: one peer)
     wire_dtype_bytes: int = 4  # the profile's: what a hop's codec saves against (types.wire_ratio)
+    split_bw: bool = False  # priced for a schedule with B and W apart (where a stage recomputes, it matters)
 
     def matches(self, plan: Plan) -> bool:
         return (self.stages_key == plan.stages and self.micro_batch_size == plan.micro_batch_size
-                and self.num_micro_batches == plan.num_micro_batches)
+                and self.num_micro_batches == plan.num_micro_batches
+                and (self.split_bw == splits_bw(plan.schedule) or not recomputes(plan)))
+
+
+def splits_bw(schedule: str) -> bool:
+    """Whether ``schedule`` runs a micro-batch's B and W as two backward passes (zero bubble): a
+    recomputing stage then runs its forward again in each (``pipeline.memory``)."""
+    return schedule == "zb-h1"
+
+
+def recomputes(plan: Plan) -> bool:
+    return any(st.recompute != "none" for st in plan.stages)
 
 
 def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: LinkTable,
@@ -151,11 +166,12 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
     # parts shared by plans that differ elsewhere (the planner evaluates many neighbours)
     cache = links.layout_cache.setdefault((id(profile), op_overhead_s), {})
     out = []
+    split = splits_bw(plan.schedule)
     for s, st in enumerate(plan.stages):
-        key = ("stage", st, b, m, s == p - 1)
+        key = ("stage", st, b, m, s == p - 1, split and st.recompute != "none")
         sw = cache.get(key)
         if sw is None:
-            sw = cache[key] = _stage_work(st, b, m, s == p - 1, peers, profile, op_overhead_s)
+            sw = cache[key] = _stage_work(st, b, m, s == p - 1, peers, profile, op_overhead_s, split)
         out.append(sw)
     hops = []
     for h in range(p - 1):
@@ -173,11 +189,22 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
             ar = cache[key] = ring_layers(st.peers, profile.layers[st.layers[0]:st.layers[1]],
                                           profile.grad_wire_bytes_per_param_byte, links)
         ars.append(ar)
-    return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars), profile.wire_dtype_bytes)
+    return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars), profile.wire_dtype_bytes, split)
+
+
+def recomputed_stash(profile: ModelProfile, lo: int, hi: int) -> tuple[float, float]:
+    """Per sample, what layers ``[lo, hi)`` keep of a forward under full recomputation (each layer's
+    input, and the last one's output: one activation per layer) and what the layer being recomputed
+    holds once (the largest layer stash)."""
+    layers = profile.layers
+    kept = sum(layers[i - 1].activation_bytes_out for i in range(max(lo, 1), hi)) + layers[hi - 1].activation_bytes_out
+    if lo > 0:
+        kept += layers[lo - 1].activation_bytes_out
+    return kept, max(x.stash_bytes for x in layers[lo:hi])
 
 
 def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: ModelProfile,
-                op_overhead_s: float) -> StageWork:
+                op_overhead_s: float, split: bool = False) -> StageWork:
     lo, hi = st.layers
     layers = profile.layers[lo:hi]
     fw = sum(x.fwd_flops for x in layers) * b
@@ -185,6 +212,13 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
     bw = sum(x.bwd_weight_flops for x in layers) * b
     params = sum(x.param_bytes for x in layers)
     stash = sum(x.stash_bytes for x in layers) * b
+    once = 0.0
+    if st.recompute == "full":  # the forward again in each backward pass: B (or fused BW), and W when apart
+        kept, biggest = recomputed_stash(profile, lo, hi)
+        stash, once = kept * b, biggest * b
+        bi += fw
+        if split:
+            bw += fw
     owner = microbatch_owners(st.shares, m)
     mbs: list[list[int]] = [[] for _ in st.peers]
     for j, i in enumerate(owner):
@@ -204,7 +238,8 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
     owning = [pw for _, pw in kinds.values() if pw.mbs]
     return StageWork(tuple(works), tuple(owner), params, params * profile.state_bytes_per_param_byte, stash, act,
                      tuple((c, pw) for c, pw in kinds.values()),
-                     np.array([float(len(pw.mbs)) for pw in owning]), np.array([pw.f + pw.b + pw.w for pw in owning]))
+                     np.array([float(len(pw.mbs)) for pw in owning]), np.array([pw.f + pw.b + pw.w for pw in owning]),
+                     once)
 
 
 def _hop_links(a: StageWork, c: StageWork, m: int, links: LinkTable) -> HopLinks:

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 from ..pipeline.schedule import SCHEDULE_NAMES
 from ..swarm.grouping import Grouping, GroupingOptions
 from .cost import estimate
+from . import levers
 from .layout import Layout, LinkTable, build_layout
 from .types import COMPRESSIONS, ModelProfile, Plan, Snapshot, Stage, compression_rank, compression_ratio
 
@@ -45,6 +46,9 @@ class PlannerOptions:
     local_starts: int = 4
     max_split_evals: int = 120  # a peer sequence with at most this many (layer split, micro-batch) pairs gets all
     op_overhead_s: float = 0.0
+    # activation recomputation: auto (on the stages whose peers cannot hold their stash otherwise),
+    # none (never), full (every stage) (``plan.levers``)
+    recompute: str = "auto"
 
     def batch_sizes(self) -> list[int]:
         out = [b for b in self.micro_batch_sizes if b >= 1 and self.global_batch % b == 0]
@@ -106,9 +110,18 @@ class Search:
                     (self.strongest,) * (len(stages) - 1))
 
     def evaluate(self, plan: Plan, layout: Optional[Layout] = None) -> Plan:
-        """``plan`` with the cost model's step time and bottleneck."""
+        """``plan`` with the cost model's step time and bottleneck, and the memory levers its stages
+        need (``levers.fit``: a stage its peers cannot hold recomputes, under ``opts.recompute``)."""
+        mode = self.opts.recompute
+        if mode == "full":
+            plan = levers.fit(plan, mode, self.snapshot, self.profile, self.links, self.opts.op_overhead_s, layout)
         e = estimate(plan, self.snapshot, self.profile, self.links, op_overhead_s=self.opts.op_overhead_s,
                      layout=layout)
+        if mode == "auto" and e.bottleneck.startswith("memory:"):  # only a plan that does not fit changes
+            fitted = levers.fit(plan, mode, self.snapshot, self.profile, self.links, self.opts.op_overhead_s, layout)
+            if fitted is not plan:
+                plan = fitted
+                e = estimate(plan, self.snapshot, self.profile, self.links, op_overhead_s=self.opts.op_overhead_s)
         return plan.with_estimate(e.step_s, e.bottleneck)
 
     def best_schedule(self, plan: Plan, layout: Optional[Layout] = None) -> Plan:

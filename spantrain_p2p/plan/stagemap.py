@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..pipeline.schedule import SCHEDULE_NAMES
 from .islands import exchange_ratio
-from .types import Stage, compression_ratio
+from .types import RECOMPUTE, Stage, compression_ratio
 
 MAX_STAGES = 4096
 MAX_ISLANDS = 64
@@ -100,7 +100,8 @@ class StageMap:
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "job_id": self.job_id, "start_step": self.start_step,
-                "stages": [{"peers": list(s.peers), "layers": list(s.layers), "shares": list(s.shares)}
+                "stages": [{"peers": list(s.peers), "layers": list(s.layers), "shares": list(s.shares),
+                            **({"recompute": s.recompute} if s.recompute != "none" else {})}
                            for s in self.stages],
                 "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error,
@@ -116,7 +117,8 @@ class StageMap:
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck,
                 "compression": list(self.compression), "reason": self.reason,
                 "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers),
-                            "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()}}
+                            "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()},
+                            "recompute": s.recompute}
                            for s in self.stages],
                 **({"islands": [{**x.to_dict(), "peers": sorted(self.name_of(p) for st in self.stages[a:b]
                                                                    for p in st.peers)}
@@ -166,7 +168,10 @@ class StageMap:
                 isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1e9 for x in shares
             ) or (shares and sum(shares) <= 0):
                 raise ValueError(f"stage {i} shares must be one non-negative number per peer, not all zero")
-            stages.append(Stage(tuple(peers), (layers[0], layers[1]), tuple(float(x) for x in shares)))
+            recompute = s.get("recompute", "none")
+            if recompute not in RECOMPUTE:
+                raise ValueError(f"stage {i} recompute must be one of {RECOMPUTE}")
+            stages.append(Stage(tuple(peers), (layers[0], layers[1]), tuple(float(x) for x in shares), recompute))
         if expect != num_layers:
             raise ValueError(f"stage map covers layers [0, {expect}) of a {num_layers}-layer model")
         names = d.get("names", [])

@@ -324,6 +324,9 @@ class Snapshot:
 
 # ------------------------------------------------------------------------------------ plans
 
+# a stage's activation recomputation, as pipeline.memory.RECOMPUTE (which imports torch; the planner
+# does not): tied by tests/test_memory_levers.py
+RECOMPUTE = ("none", "full")
 COMPRESSIONS = ("none", "fp16", "int8")  # least to most lossy; "topk:R" (0 < R < 1) also valid
 
 
@@ -339,8 +342,13 @@ class Stage:
     peers: tuple[str, ...]
     layers: tuple[int, int]
     shares: tuple[float, ...] = ()
+    # the stage's memory lever on its activations (``pipeline.memory``): none, or full recomputation
+    # where its peers cannot hold the stash otherwise (the planner's choice, ``plan.levers``)
+    recompute: str = "none"
 
     def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"stage recompute must be one of {RECOMPUTE}, not {self.recompute!r}")
         object.__setattr__(self, "peers", tuple(self.peers))
         object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
         object.__setattr__(self, "shares", tuple(float(x) for x in self.shares))
@@ -371,7 +379,8 @@ class Stage:
     def to_dict(self) -> dict:
         """The plan's JSON form (a stage map writes its own, with the raw shares)."""
         return {"peers": list(self.peers), "layers": list(self.layers),
-                "microbatch_share": {p: round(s, 6) for p, s in zip(self.peers, self.shares)}}
+                "microbatch_share": {p: round(s, 6) for p, s in zip(self.peers, self.shares)},
+                "recompute": self.recompute}
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
             elif op is Op.W or op is Op.BW:
                 held -= 1
         sw = prep.stages[s]
-        peak_memory[pw.id] = sw.state_bytes + peak * sw.stash_bytes
+        peak_memory[pw.id] = sw.state_bytes + peak * sw.stash_bytes + sw.stash_once
     pos = [0] * nw
     clock = [0.0] * nw
     busy = [0.0] * nw

@@ -353,7 +353,7 @@ class Trainer:
         executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch, recv=self.transport.recv,
                                  send=self.defence.sender(self.transport.send, self.opts.byzantine), device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
-                                 recompute=job.recompute)
+                                 recompute="full" if "full" in (job.recompute, smap.stages[k].recompute) else "none")
         opt = make_optimizer(job, executor.params)
         # islands start from their outer state (``_train_rounds``): the layers are built fresh here
         run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0)

@@ -211,7 +211,8 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
     bi = sum(x.bwd_input_flops for x in layers) * b
     bw = sum(x.bwd_weight_flops for x in layers) * b
     params = sum(x.param_bytes for x in layers)
-    stash = sum(x.stash_bytes for x in layers) * b
+    # what the layers keep, and the stage's output (kept for its backward, not saved by a layer of its own)
+    stash = (sum(x.stash_bytes for x in layers) + layers[-1].activation_bytes_out) * b
     once = 0.0
     if st.recompute == "full":  # the forward again in each backward pass: B (or fused BW), and W when apart
         kept, biggest = recomputed_stash(profile, lo, hi)

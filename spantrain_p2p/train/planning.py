@@ -6,6 +6,7 @@ map the peers follow.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -73,10 +74,43 @@ def _model_profile(job_json: str) -> Optional[pt.ModelProfile]:
     if is_hf(job.model):
         from ..models.hf_profile import hf_model_profile
 
-        return hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=wire_dtype_bytes(job.precision))
-    if job.model != BUILTIN:
+        prof = hf_model_profile(ModelHandle(job).hf, job.seq_len, wire_dtype_bytes=wire_dtype_bytes(job.precision),
+                                stash_dtype_bytes=wire_dtype_bytes(job.precision))  # fp32 keeps 4-byte activations
+    elif job.model != BUILTIN:
         return None
-    return pt.ModelProfile.from_model_config(ModelHandle(job)._config())
+    else:
+        prof = pt.ModelProfile.from_model_config(ModelHandle(job)._config())
+    return measured_stash(job, prof)
+
+
+MEASURE_STASH_MAX_BYTES = 512 << 20  # the layers built to measure what they keep: at most this many weight bytes
+
+
+def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
+    """``prof`` with each layer's stash as measured (``pipeline.memory.saved_bytes``): the first
+    layer, one block (every block of these models is alike) and the last, built on the CPU and run
+    on one sample of the job's length in its precision; a model whose three layers' weights pass
+    ``MEASURE_STASH_MAX_BYTES`` keeps the formula's figures (its own counting, ``hf_profile``)."""
+    import torch
+
+    from ..models.precision import COMPUTE_DTYPES
+    from ..pipeline.memory import saved_bytes
+
+    n = prof.num_layers
+    if n < 3 or sum(prof.layers[i].param_bytes for i in (0, 1, n - 1)) > MEASURE_STASH_MAX_BYTES:
+        return prof
+    handle = ModelHandle(job)
+    first, block = handle.build(0, 2)
+    (last,) = handle.build(n - 1, n)
+    ids = torch.zeros((1, job.seq_len), dtype=torch.long)
+    dtype = COMPUTE_DTYPES.get(job.precision)
+    ctx = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    with ctx:
+        s0, x = saved_bytes(first, ids)
+        s1, y = saved_bytes(block, x)
+        s2, _ = saved_bytes(last, y, ids)
+    stash = [float(s0)] + [float(s1)] * (n - 2) + [float(s2)]
+    return replace(prof, layers=tuple(replace(layer, stash_bytes=st) for layer, st in zip(prof.layers, stash)))
 
 
 def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan:

@@ -7,6 +7,7 @@ import statistics
 from typing import Optional
 
 from ..models.devices import describe
+from . import memory_use
 
 
 def status(t) -> dict:
@@ -47,7 +48,8 @@ def report(t) -> dict:
             "device_stats": t.peer.device.stats().to_dict() if t.peer.device else None,
             "train_device": train_device_stats(t.peer.device, t.device_base),
             "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
-            "recompute": job.recompute if job else None, "stash_peak_bytes": t.stash_peak_bytes,
+            "memory": memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
+                                        t.recompute_transient),
             "deadlines": tr.deadline_report() if job else {},
             "deadline_extensions": tr.deadline_extensions,
             "data_fetched": list(t.data_share.fetched),

@@ -28,7 +28,7 @@ from ..robust.gate import SHARED
 from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
-from . import report as run_report
+from . import memory_use, report as run_report
 from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
 from ..data.share import MANIFEST, SHARD, DataShare
@@ -112,6 +112,10 @@ class Trainer:
         self.step_times: list[tuple[int, float, float, int]] = []  # (step, start unix, end unix, epoch)
         self.compute_s: list[float] = []
         self.stash_peak_bytes = 0  # the most activation bytes held at once in any step (``pipeline.memory``)
+        self.memory_state: Optional[dict] = None  # weights, gradients, optimizer state as measured (``memory_use``)
+        self.memory_predicted: Optional[dict] = None  # the planner's figures for this peer in the map in force
+        self.recompute = "none"  # this peer's stage's lever in the map in force
+        self.recompute_transient = 0  # with it: the most one layer keeps, held while it is recomputed
         self.events: list[dict] = []  # recoveries, for the run summary
         self.timelines: dict[int, dict] = {}  # the last KEEP_TIMELINES steps: what this peer did when
         self.epochs_adopted: set[int] = set()  # the stage-map epochs this peer followed
@@ -350,10 +354,23 @@ class Trainer:
             sample = (ids if k == 0 else torch.randn(shapes[first])).to(self.torch_device)
             tgt = tgt.to(self.torch_device) if k == n - 1 else None
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt)
+        self.recompute = "full" if "full" in (job.recompute, smap.stages[k].recompute) else "none"
+        schedule = smap.schedule or sched.resolve_schedule(job.schedule)
+        if self.recompute == "full" and layer_flops is not None:  # a virtual device runs the forward again too
+            layer_flops = memory_use.recomputed_flops(layer_flops, split=schedule == "zb-h1")
+        self.memory_state, self.stash_peak_bytes, self.recompute_transient = None, 0, 0
+        self.memory_predicted = await asyncio.to_thread(memory_use.predicted, job, smap, me)
+        if self.recompute == "full":  # what the layer being recomputed holds meanwhile, measured once
+            await self.data_share.ensure(0, [0])
+            ids, tgt = self.data.batch(0, 0)
+            sample = ids if k == 0 else torch.randn(shapes[first])
+            self.recompute_transient = await asyncio.to_thread(
+                memory_use.largest_layer_stash, layers, sample, tgt if k == n - 1 else None,
+                COMPUTE_DTYPES.get(job.precision))
         executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch, recv=self.transport.recv,
                                  send=self.defence.sender(self.transport.send, self.opts.byzantine), device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
-                                 recompute="full" if "full" in (job.recompute, smap.stages[k].recompute) else "none")
+                                 recompute=self.recompute)
         opt = make_optimizer(job, executor.params)
         # islands start from their outer state (``_train_rounds``): the layers are built fresh here
         run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0)
@@ -366,7 +383,6 @@ class Trainer:
                             smap.start_step, job.loss_scale)
             self.loss_scale = scale.scale
         assignments = [st.assign(M) for st in smap.stages]
-        schedule = smap.schedule or sched.resolve_schedule(job.schedule)
         actions = peer_actions(assignments, schedule).get((k, me), [])  # this peer's micro-batches, in order
         self.transport.open(expect)
         self.work = run_report.stage_work(job, first, last, actions)
@@ -499,6 +515,8 @@ class Trainer:
             dump_grads(self.opts.dump_grads_dir, st.layers, st.first, step, me)
         if not skip:
             st.opt.step()
+        if self.memory_state is None:  # the gradients and the optimizer's state are all there now
+            self.memory_state = memory_use.held_state(st.params, st.opt)
         st.opt.zero_grad(set_to_none=True)
         self.transport.drop_before(step + 1)
         t1 = time.time()

@@ -1,0 +1,90 @@
+"""What a peer's stage holds, measured, next to what the planner predicted for it (issue 30).
+
+Measured where it is created: the weights and their gradients as the tensors are (read after a
+step's backward, before they are dropped), the optimizer's state tensors after its step, and the
+activations the executor's ``StashMeter`` saw kept (the most at once in any step). Predicted: the
+cost model's ``peak_memory`` of this peer in the stage map in force (``plan.levers.predicted_peaks``),
+for the job's model profile (none for a user model without a FLOP model).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Optional
+
+import torch
+
+log = logging.getLogger("spantrain.train")
+
+
+def _nbytes(t: Optional[torch.Tensor]) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def held_state(params: list, opt) -> dict[str, int]:
+    """Bytes of the weights, their gradients and the optimizer's state, as the tensors are now."""
+    weights = sum(_nbytes(p) for p in params)
+    grads = sum(_nbytes(p.grad) for p in params)
+    state = sum(_nbytes(v) for s in opt.state.values() for v in s.values())
+    return {"weights": weights, "grads": grads, "optimizer": state, "state": weights + grads + state}
+
+
+def predicted(job, smap, peer_id: str) -> Optional[dict]:
+    """The planner's memory figures for ``peer_id`` in ``smap`` (bytes: state, stash, peak)."""
+    from ..pipeline.schedule import resolve_schedule
+    from ..plan import levers
+    from ..plan import types as pt
+    from .planning import model_profile
+
+    try:
+        prof = model_profile(job)
+        if prof is None:
+            return None
+        stages = tuple(replace(st, shares=tuple(st.share_of().values()),
+                               recompute="full" if job.recompute == "full" else st.recompute) for st in smap.stages)
+        if smap.islands:  # this peer's island's pipeline
+            lo, hi = next((a, b) for a, b in smap.island_ranges() if any(peer_id in st.peers for st in stages[a:b]))
+            stages = stages[lo:hi]
+        plan = pt.Plan(stages, smap.schedule or resolve_schedule(job.schedule), job.micro_batch_size,
+                       job.num_micro_batches)
+        return levers.predicted_peaks(plan, prof).get(peer_id)
+    except Exception as e:  # a figure for people: never stops training
+        log.debug("no memory prediction: %r", e)
+        return None
+
+
+def recomputed_flops(layer_flops: list[dict], split: bool) -> list[dict]:
+    """Per layer F, B, W FLOPs under full recomputation: the forward again in B (fused BW alike), and
+    in W too where the schedule runs W apart (``pipeline.memory``)."""
+    return [{**x, "B": x.get("B", 0.0) + x.get("F", 0.0), **({"W": x.get("W", 0.0) + x.get("F", 0.0)} if split else {})}
+            for x in layer_flops]
+
+
+def largest_layer_stash(layers: list, sample: torch.Tensor, target: Optional[torch.Tensor], dtype) -> int:
+    """The most one of ``layers`` keeps of a forward on ``sample`` (a micro-batch): what a layer being
+    recomputed inside its backward holds meanwhile, on top of the stash (``pipeline.memory.saved_bytes``)."""
+    import contextlib
+
+    from ..pipeline.memory import saved_bytes
+
+    device = next((p.device for layer in layers for p in layer.parameters()), torch.device("cpu"))
+    x, most = sample.to(device), 0
+    ctx = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    with ctx:
+        for i, layer in enumerate(layers):
+            args = (target.to(device),) if target is not None and i == len(layers) - 1 else ()
+            n, x = saved_bytes(layer, x, *args)
+            most = max(most, n)
+    return most
+
+
+def report(state: Optional[dict], stash_peak: int, prediction: Optional[dict], recompute: str,
+           transient: int = 0) -> dict:
+    measured = None
+    if state is not None:
+        measured = {**state, "stash": stash_peak + transient, "peak": state["state"] + stash_peak + transient,
+                    **({"recompute_transient": transient} if transient else {})}
+    out = {"recompute": recompute, "measured": measured, "predicted": prediction}
+    if measured and prediction and prediction.get("peak"):
+        out["measured_over_predicted"] = round(measured["peak"] / prediction["peak"], 4)
+    return out

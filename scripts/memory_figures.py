@@ -9,6 +9,10 @@ as it keeps it; the largest of the stage's replicas) and the compute seconds per
 together (the executors' F, B, W time; the box has 2 cores, the 4 peers share them).
 
     .venv/bin/python scripts/memory_figures.py [--model hf:llama-tiny] [--steps 20] [--pairs 3] [--json]
+
+``--optimizer-steps N``: instead, 8-bit Adam against Adam (``--optimizer adam8bit``): the single-process
+reference run of N steps on this Python's standard library as text (``--data stdlib``), the loss (mean
+of the last 20 steps) of each, and the optimizer state per parameter as the tensors hold it.
 """
 from __future__ import annotations
 
@@ -50,8 +54,11 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--schedules", default="1f1b,zb-h1")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--optimizer-steps", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)  # as in a peer process
+    if args.optimizer_steps:
+        return optimizer_figures(args)
     job = JobSpec(model=args.model, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
                   num_micro_batches=args.micro_batches, steps=args.steps, lr=1e-3)
     rows = []
@@ -79,6 +86,43 @@ def main() -> int:
               f"extra median {row['extra_compute_median']:+.1%}", flush=True)
     print(f"{time.strftime('%H:%M', time.gmtime())} UTC", file=sys.stderr)
     return 0 if all(r["identical"] for r in rows) else 1
+
+
+def optimizer_figures(args) -> int:
+    import warnings
+
+    from spantrain_p2p.job.optim import make_optimizer
+    from spantrain_p2p.job.reference import reference_run
+    from spantrain_p2p.job.spec import ModelHandle
+    from spantrain_p2p.train.memory_use import held_state
+
+    warnings.filterwarnings("ignore")
+    from spantrain_p2p.job.dataset import with_data
+
+    base = with_data(JobSpec(model=args.model, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+                             num_micro_batches=args.micro_batches, steps=args.optimizer_steps, lr=1e-3),
+                     "stdlib", "bytes")
+    out = {}
+    for opt_name in ("adam", "adam8bit"):
+        job = replace(base, optimizer=opt_name)
+        t0 = time.perf_counter()
+        losses, _ = reference_run(job, args.optimizer_steps)
+        wall = time.perf_counter() - t0
+        handle = ModelHandle(job)
+        layers = handle.build(0, handle.num_layers)
+        params = [p for layer in layers for p in layer.parameters()]
+        opt = make_optimizer(job, params)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        held = held_state(params, opt)
+        n = sum(p.numel() for p in params)
+        out[opt_name] = {"final_loss": round(statistics.mean(losses[-20:]), 4), "wall_s": round(wall, 1),
+                         "state_bytes_per_param": round(held["optimizer"] / n, 3)}
+    out["loss_vs_adam"] = round(out["adam8bit"]["final_loss"] / out["adam"]["final_loss"] - 1, 4)
+    print(json.dumps({"model": args.model, "steps": args.optimizer_steps, "data": "stdlib", **out}), flush=True)
+    print(f"{time.strftime('%H:%M', time.gmtime())} UTC", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

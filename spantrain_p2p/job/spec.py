@@ -30,7 +30,7 @@ from ..plan.levers import MODES as RECOMPUTE
 BUILTIN = "transformer"
 SCHEDULES = (*SCHEDULE_NAMES, AUTO)  # auto: the planner picks
 PLANS = PLAN_KINDS
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "adam8bit")  # adam8bit: torchao's 8-bit Adam state (job.optim)
 # robust: CenteredClip around a robust centre (robust.aggregate; a clean step's sum is the plain one);
 # sum: the plain sum (a closed swarm that trusts its members' arithmetic)
 AGGREGATES = ("robust", "sum")

@@ -31,6 +31,10 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
         for n, p in layer.named_parameters():
             for key, v in sorted(opt.state.get(p, {}).items()):
                 t = v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+                if type(t) is not torch.Tensor and hasattr(t, "dequantize"):
+                    # a low-bit optimizer's state (torchao): kept as the values it stands for (its
+                    # copy would share the codes the next step overwrites); ``apply`` quantizes again
+                    t = t.dequantize()
                 out.append((f"o:{n}:{key}", _host_copy(t).float()))
     out += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
     return out
@@ -68,6 +72,13 @@ def apply(layer: nn.Module, opt: Optional[torch.optim.Optimizer], state: LayerSt
         # the moments live with the parameter; a scalar (Adam's step count) stays on the host, as torch keeps it
         st = {k[len(prefix):]: v.to(p.device, copy=True) if v.dim() else v.clone()
               for k, v in d.items() if k.startswith(prefix)}
+        new_buffer = getattr(opt, "_new_buffer", None)  # a low-bit optimizer (torchao): its moments quantized again
+        if new_buffer is not None:
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st and st[key].dim():
+                    buf = new_buffer(p, key == "exp_avg")  # exp_avg is signed, exp_avg_sq is not
+                    buf.copy_(st[key])
+                    st[key] = buf
         if st:
             opt.state[p] = st
 

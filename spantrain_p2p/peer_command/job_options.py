@@ -17,7 +17,7 @@ from ..plan import PLAN_KINDS
 
 # as job.spec.OPTIMIZERS (tests/test_cli_options.py ties them): importing job.spec here would load
 # torch for every `spantrain --help`
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "adam8bit")
 PRECISIONS = ("fp32", "bf16", "fp16")  # as job.spec.PRECISIONS (tied by the same test)
 FIRST, EVERY = "first", "every"  # which peers of a launched swarm get an option
 
@@ -118,7 +118,10 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--micro-batch-size", type=int, default=4, job="micro_batch_size"),
     JobOption("--micro-batches", "micro-batches per step", type=int, default=4, job="num_micro_batches"),
     JobOption("--lr", type=float, default=1e-3, job="lr"),
-    JobOption("--optimizer", default="adam", choices=OPTIMIZERS, job="optimizer"),
+    JobOption("--optimizer", "adam (default; fp32 state, exact), sgd, or adam8bit: Adam with its two moments in 8 "
+              "bits, block-wise (torchao's Adam8bit: ~2 bytes of state a parameter instead of 8; tensors under 4,096 "
+              "values stay fp32; its step is compiled once per peer)", default="adam", choices=OPTIMIZERS,
+              job="optimizer"),
     JobOption("--precision", "compute dtype: fp32, bf16 or fp16 (autocast; weights, their gradients and the "
               "optimizer state stay fp32; activations and their gradients cross the wire in 2 bytes; fp16 scales "
               "the loss dynamically and skips a step that overflows on every peer) (default fp32)",

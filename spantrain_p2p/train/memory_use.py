@@ -18,7 +18,14 @@ log = logging.getLogger("spantrain.train")
 
 
 def _nbytes(t: Optional[torch.Tensor]) -> int:
-    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    """The bytes ``t`` holds: a tensor subclass (torchao's 8-bit optimizer state) by its inner tensors."""
+    if not isinstance(t, torch.Tensor):
+        return 0
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None and type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        names, _ = flatten()
+        return sum(_nbytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
 
 
 def held_state(params: list, opt) -> dict[str, int]:

@@ -67,6 +67,18 @@ def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
 @functools.lru_cache(maxsize=4)
 def _model_profile(job_json: str) -> Optional[pt.ModelProfile]:
     job = JobSpec.from_dict(json.loads(job_json))
+    prof = _model_profile_of(job)
+    if prof is None:
+        return None
+    return replace(prof, optimizer_bytes_per_param_byte=OPTIMIZER_STATE[job.optimizer])
+
+
+# optimizer state per byte of fp32 weights: Adam two fp32 moments; 8-bit Adam two 1-byte codes and a fp32
+# scale per 256 values each (tensors under 4,096 values stay fp32: not counted); SGD without momentum none
+OPTIMIZER_STATE = {"adam": 2.0, "adam8bit": 2 * (1 + 4 / 256) / 4, "sgd": 0.0}
+
+
+def _model_profile_of(job: JobSpec) -> Optional[pt.ModelProfile]:
     if job.workload:
         from ..models import workload
 

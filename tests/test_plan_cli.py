@@ -36,6 +36,20 @@ def test_plan_a_scenario_as_json(capsys):
     assert planner["samples_per_s"] >= 1.2 * d["baselines"]["best-region"]["samples_per_s"]  # it spans regions
 
 
+def test_the_plan_gives_the_islands_and_the_auto_pick_beside_the_global_plan_and_each_stage_s_levers(capsys):
+    """Four sites of two peers, GPT-2: four islands, and what --sync auto would run (islands here,
+    predicted faster) with its reason, as `spantrain swarm` plans them; every stage names its lever."""
+    rc, out, _ = _run(capsys, "--scenario", "peers/four-sites.toml", "--workload", "hf:gpt2", "--json")
+    assert rc == 0
+    d = json.loads(out.strip().splitlines()[-1])
+    isl = d["islands"]
+    assert isl["islands"] == 4 and len(isl["plans"]) == 4 and isl["samples_per_s"] > 0
+    assert len({p for plan in isl["plans"] for p in plan["peers"]}) == d["peers"] - len(isl["left_out"]) == 8
+    assert d["sync_auto"]["pick"] in ("global", "islands") and "samples/s predicted" in d["sync_auto"]["why"]
+    assert (d["sync_auto"]["pick"] == "islands") == (isl["samples_per_s"] > d["planner"]["samples_per_s"])
+    assert all(st["recompute"] in ("none", "full") for st in d["planner"]["stages"])
+
+
 def test_plan_a_synthetic_swarm(capsys):
     rc, out, _ = _run(capsys, "--synthetic-peers", "40", "--regions", "4", "--seed", "3", "--global-batch", "256", "--json")
     assert rc == 0

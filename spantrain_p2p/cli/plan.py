@@ -140,6 +140,32 @@ def _fmt(x: Optional[float], unit: str = "", digits: int = 3) -> str:
     return f"{x:.{digits}g}{unit}"
 
 
+ISLANDS_MAX_PEERS = 200  # as the planner's own per-group planning (plan.planner.REGIONS_MAX_PEERS)
+
+
+def _islands(snapshot, profile, opts, result, links, best) -> tuple[Optional[dict], dict]:
+    """What ``--sync islands`` and ``--sync auto`` would run here, as ``spantrain swarm`` plans them
+    (``plan.islands``): the islands' figures (None where fewer than two groups hold the model), and
+    auto's pick with its reason."""
+    from ..plan import islands
+    from ..plan.planner import plan
+
+    if len(snapshot.peers) > ISLANDS_MAX_PEERS:
+        return None, {"pick": "global", "why": f"islands not planned beyond {ISLANDS_MAX_PEERS} peers here"}
+    try:
+        isl = islands.plan_islands(snapshot, profile, [g.peers for g in result.grouping.groups], links,
+                                   lambda region: plan(region, profile, opts, regions=False).plan)
+    except ValueError:
+        isl = None
+    pick, why = islands.choose(best if math.isfinite(best.step_s) else None, isl, "auto")
+    figures = None
+    if isl is not None:
+        figures = {**isl.figures(), "plans": [{"peers": sorted(p.peers()), "schedule": p.schedule,
+                                              "step_s": round(p.step_s, 6),
+                                              "stages": [st.to_dict() for st in p.stages]} for p in isl.islands]}
+    return figures, {"pick": pick, "why": why}
+
+
 def run_plan(args: argparse.Namespace) -> dict:
     """Everything ``spantrain plan`` prints, as a dict (raises ValueError on bad input)."""
     from ..sim import simulate
@@ -190,6 +216,7 @@ def run_plan(args: argparse.Namespace) -> dict:
         "baselines": {},
     }
     out["planner"]["peers_used"] = len(best.peers())
+    out["islands"], out["sync_auto"] = _islands(snapshot, profile, opts, result, links, best)
     if args.workload:
         out["workload"] = model
     # the aggregate-compute bound: every peer's FLOP/s on the model, used or not (the physical limit)

@@ -137,11 +137,13 @@ def test_peers_too_small_for_the_activations_train_with_the_planners_recomputati
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 6 and summary["lost_steps"] == 0
     stages = summary["plans"][-1]["stages"]
-    assert stages and all(st["recompute"] == "full" for st in stages), stages
+    assert any(st["recompute"] == "full" for st in stages), stages  # (a stage that fits as it is may stay so)
+    lever = {p: st["recompute"] for st in stages for p in st["peers"]}
     device_bytes = 0.0112 * 2**30
     for path in sorted((run / "reports").glob("*.json")):
-        mem = json.loads(path.read_text())["memory"]
-        assert mem["recompute"] == "full"
+        report = json.loads(path.read_text())
+        mem = report["memory"]
+        assert mem["recompute"] == lever[report["name"]]
         assert mem["measured"]["peak"] < device_bytes, (path.name, mem)
         assert 0.9 <= mem["measured_over_predicted"] <= 1.1, (path.name, mem)
 
@@ -197,3 +199,57 @@ def test_8bit_adam_keeps_a_quarter_of_the_state_trains_like_adam_and_survives_a_
     assert any(type(s["exp_avg"]).__name__ == "OptimState8bit" for s in opt2.state.values())
     again = [step(layers2, opt2, s) for s in (3, 4)]
     assert again[0] == after[0] and abs(again[1] / after[1] - 1) < 1e-3, (again, after)  # quantized anew: close, not exact
+
+
+# ---- optimizer state on the host ---------------------------------------------------------------------
+def test_an_offloaded_optimizer_steps_on_the_host_equals_adam_and_resumes_from_a_snapshot():
+    """``--offload-optimizer``: the losses equal Adam's on the device to the last bit (the same
+    arithmetic on copies); the state lives beside the host masters, not in the device's count; each
+    step moves weights and gradients to the host and weights back; a layer state captured through it
+    (snapshots, checkpoints) and applied to a fresh offloaded optimizer resumes exactly."""
+    from spantrain_p2p.job.offload import HostOffloaded
+    from spantrain_p2p.job.optim import make_optimizer
+    from spantrain_p2p.job.reference import reference_run
+    from spantrain_p2p.job.spec import ModelHandle
+    from spantrain_p2p.models import state as layer_state
+    from spantrain_p2p.data import generated as data
+    from spantrain_p2p.train.memory_use import held_state
+
+    job = JobSpec(model_args={"dim": 64, "depth": 2, "heads": 2}, seq_len=16, micro_batch_size=2,
+                  num_micro_batches=2, steps=8, lr=3e-3)
+    off = replace(job, offload_optimizer=True)
+    assert reference_run(off, 8)[0] == reference_run(job, 8)[0]
+
+    def build():
+        layers = ModelHandle(off).build(0, 4)
+        return layers, make_optimizer(off, [p for layer in layers for p in layer.parameters()])
+
+    def step(layers, opt, s):
+        x, y = data.batch(job.seed, s, 0, job.micro_batch_size, job.seq_len)
+        for layer in layers[:-1]:
+            x = layer(x)
+        loss = layers[-1](x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    layers, opt = build()
+    assert isinstance(opt, HostOffloaded)
+    for s in range(3):
+        step(layers, opt, s)
+    params = [p for layer in layers for p in layer.parameters()]
+    weight_bytes = sum(p.numel() * 4 for p in params)
+    assert opt.copied_bytes == 3 * weight_bytes  # weights and gradients down, weights up
+    assert all(m.device.type == "cpu" and m is not p for p, m in opt.master.items())
+    assert all(v.data_ptr() not in {p.data_ptr() for p in params}
+               for st in opt.inner.state.values() for v in st.values() if v.dim())
+    held = held_state(params, opt)
+    assert held["optimizer"] == 0 and held["host"] >= 3 * weight_bytes  # masters and 2 Adam moments
+    saved = [layer_state.capture(layer, opt) for layer in layers]
+    assert any(n.endswith(":exp_avg") for n, _ in saved[1])
+    after = [step(layers, opt, s) for s in (3, 4)]
+    layers2, opt2 = build()
+    for layer, st in zip(layers2, saved):
+        layer_state.apply(layer, opt2, st)
+    assert [step(layers2, opt2, s) for s in (3, 4)] == after

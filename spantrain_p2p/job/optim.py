@@ -8,6 +8,12 @@ from .spec import JobSpec
 
 def make_optimizer(job: JobSpec, params) -> torch.optim.Optimizer:
     params = list(params)
+    if job.offload_optimizer:  # the same optimizer, stepping host copies (job.offload)
+        from dataclasses import replace
+
+        from .offload import HostOffloaded
+
+        return HostOffloaded(params, lambda masters: make_optimizer(replace(job, offload_optimizer=False), masters))
     if job.optimizer == "sgd":
         return torch.optim.SGD(params, lr=job.lr)
     if job.optimizer == "adam8bit":

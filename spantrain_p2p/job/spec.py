@@ -82,6 +82,7 @@ class JobSpec:
     # activation recomputation (pipeline.memory): auto (the planner's choice per stage: where a stage's
     # peers cannot hold its activations otherwise), none, or full on every stage (plan.levers)
     recompute: str = "auto"
+    offload_optimizer: bool = False  # the optimizer's state and step on the host (job.offload)
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
     checkpoint_every: int = 0  # steps between local checkpoints of each stage (0: none)
@@ -118,6 +119,8 @@ class JobSpec:
             raise ValueError(f"model {self.model!r} must be {BUILTIN!r}, 'hf:PRESET_OR_DIR' or 'package.module:function'")
         if isinstance(self.verify, bool) or not isinstance(self.verify, (int, float)) or not 0 <= self.verify <= 1:
             raise ValueError(f"job field 'verify' must be a probability in [0, 1], not {self.verify!r}")
+        if not isinstance(self.offload_optimizer, bool):
+            raise ValueError(f"job field 'offload_optimizer' must be a bool, not {self.offload_optimizer!r}")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, not {self.recompute!r}")
         if self.aggregate not in AGGREGATES:

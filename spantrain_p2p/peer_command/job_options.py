@@ -171,6 +171,9 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               "cannot hold their activations otherwise), none, or full on every stage (a stage keeps each layer's "
               "input and runs its forward again in the backward; zero-bubble schedules in B and again in W) "
               "(default auto)", default="auto", choices=("auto", "none", "full"), job="recompute"),
+    JobOption("--offload-optimizer", "keep the optimizer's state in host memory and step it there: the device keeps "
+              "weights and gradients only, each step copies them to the host and the new weights back (the same "
+              "arithmetic: equal losses)", action="store_true", job="offload_optimizer"),
     JobOption("--compression", "activations/gradients between stages: none, fp16, int8, int:BITS (2-7), topk:R or "
               "adaptive (default none)", default="none", job="compression"),
     JobOption("--stages", "pipeline depth: 0 = one peer per stage; N = peers share N stages as data-parallel "

@@ -29,10 +29,16 @@ def _nbytes(t: Optional[torch.Tensor]) -> int:
 
 
 def held_state(params: list, opt) -> dict[str, int]:
-    """Bytes of the weights, their gradients and the optimizer's state, as the tensors are now."""
+    """Bytes of the weights, their gradients and the optimizer's state, as the tensors are now (an
+    optimizer offloaded to the host, ``job.offload``: its state and master weights counted apart,
+    as ``host``)."""
     weights = sum(_nbytes(p) for p in params)
     grads = sum(_nbytes(p.grad) for p in params)
     state = sum(_nbytes(v) for s in opt.state.values() for v in s.values())
+    masters = getattr(opt, "master", None)
+    if masters is not None:
+        host = state + sum(_nbytes(m) + _nbytes(m.grad) for m in masters.values())
+        return {"weights": weights, "grads": grads, "optimizer": 0, "host": host, "state": weights + grads}
     return {"weights": weights, "grads": grads, "optimizer": state, "state": weights + grads + state}
 
 

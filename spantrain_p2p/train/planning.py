@@ -70,7 +70,8 @@ def _model_profile(job_json: str) -> Optional[pt.ModelProfile]:
     prof = _model_profile_of(job)
     if prof is None:
         return None
-    return replace(prof, optimizer_bytes_per_param_byte=OPTIMIZER_STATE[job.optimizer])
+    # offloaded, the optimizer's state is in host memory: none of it on the device
+    return replace(prof, optimizer_bytes_per_param_byte=0.0 if job.offload_optimizer else OPTIMIZER_STATE[job.optimizer])
 
 
 # optimizer state per byte of fp32 weights: Adam two fp32 moments; 8-bit Adam two 1-byte codes and a fp32

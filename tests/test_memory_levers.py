@@ -253,3 +253,21 @@ def test_an_offloaded_optimizer_steps_on_the_host_equals_adam_and_resumes_from_a
     for layer, st in zip(layers2, saved):
         layer_state.apply(layer, opt2, st)
     assert [step(layers2, opt2, s) for s in (3, 4)] == after
+
+
+def test_offloading_is_priced_by_its_copies_and_host_step():
+    """Two stages of 2 layers of 1 MB of weights: offloaded Adam adds, after the stage's last backward,
+    3 MB of copies at the peer's host rate and the host step; it is the step's tail, named as such."""
+    from dataclasses import replace as rep
+
+    from spantrain_p2p.plan.cost import estimate
+
+    prof, snap = _profile(), _snapshot(2, 1e12)
+    plan = _two_stages()
+    base = estimate(plan, snap, prof).step_s
+    off = rep(prof, optimizer_bytes_per_param_byte=0.0, host_copy_bytes_per_param_byte=3.0,
+              host_step_s_per_param_byte=1e-6)
+    slow = rep(snap, peers=tuple(rep(p, host_bytes_per_s=1e3) for p in snap.peers))  # 3 MB at 1 kB/s: 6,000 s
+    e = estimate(plan, slow, off)
+    assert e.step_s == pytest.approx(base + 2e6 * (3.0 / 1e3 + 1e-6), rel=1e-6)
+    assert e.bottleneck == "offload:stage 0"  # (stage 0 runs the pipeline's last backward)

@@ -110,7 +110,8 @@ def estimate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     parts = {"period_s": period, "steady_s": steady, "bubble_s": bubble, "allreduce_tail_s": tail,
              "pipeline_s": pipe, "allreduce_s": ars, "top_terms": top_terms}
     if ar_stage >= 0 and (tail >= max(steady, bubble) or tail > 0.25 * total):
-        bottleneck = f"allreduce:stage {ar_stage}"
+        offload = layout.stages[ar_stage].step_tail_s
+        bottleneck = f"{'offload' if offload > 0.5 * ars[ar_stage] else 'allreduce'}:stage {ar_stage}"
     elif bubble > steady:
         bottleneck = "bubble"
     else:
@@ -423,6 +424,7 @@ def _allreduce(layout: Layout, sched: str, pipe: float, ends: list[float]) -> tu
         else:
             last_op = max((pw.w + (pw.b if fused else 0.0) for _, pw in layout.stages[s].kinds if pw.mbs), default=0.0)
             ars.append(ring.tail_s(last_op, fused))
+        ars[s] += layout.stages[s].step_tail_s  # an offloaded optimizer's copies and host step
         if ends[s] + ars[s] > total:
             total, ar_stage = ends[s] + ars[s], s
     return total, ar_stage, ars

@@ -105,6 +105,8 @@ class StageWork:
     # held once whatever the micro-batches in flight: under full recomputation, the one layer whose
     # forward is being recomputed inside a backward keeps its whole stash meanwhile
     stash_once: float = 0.0
+    # after its last backward and all-reduce: an offloaded optimizer's copies and host step (slowest peer)
+    step_tail_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -237,10 +239,14 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
         k = kinds.setdefault((len(pw.mbs), pw.f, pw.b, pw.w, pw.memory_bytes), [0, pw])
         k[0] += 1
     owning = [pw for _, pw in kinds.values() if pw.mbs]
+    tail = 0.0
+    if profile.host_copy_bytes_per_param_byte or profile.host_step_s_per_param_byte:
+        tail = max(params * (profile.host_copy_bytes_per_param_byte / peers[pw.id].host_bytes_per_s
+                             + profile.host_step_s_per_param_byte) for pw in works)
     return StageWork(tuple(works), tuple(owner), params, params * profile.state_bytes_per_param_byte, stash, act,
                      tuple((c, pw) for c, pw in kinds.values()),
                      np.array([float(len(pw.mbs)) for pw in owning]), np.array([pw.f + pw.b + pw.w for pw in owning]),
-                     once)
+                     once, tail)
 
 
 def _hop_links(a: StageWork, c: StageWork, m: int, links: LinkTable) -> HopLinks:

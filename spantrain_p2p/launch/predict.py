@@ -23,7 +23,8 @@ def plan_of(summary_plan: dict, job):
         shares = st.get("microbatch_share") or {}
         vals = [float(shares.get(p, 1.0)) for p in st["peers"]]
         total = sum(vals) or 1.0
-        stages.append(pt.Stage(tuple(st["peers"]), (st["layers"][0], st["layers"][1]), tuple(v / total for v in vals)))
+        stages.append(pt.Stage(tuple(st["peers"]), (st["layers"][0], st["layers"][1]), tuple(v / total for v in vals),
+                               st.get("recompute", "none")))
     comp = tuple(summary_plan.get("compression") or ())
     return pt.Plan(tuple(stages), summary_plan.get("schedule") or resolve_schedule(job.schedule),
                    job.micro_batch_size, job.num_micro_batches, comp)

@@ -199,9 +199,9 @@ def recomputed_stash(profile: ModelProfile, lo: int, hi: int) -> tuple[float, fl
     input, and the last one's output: one activation per layer) and what the layer being recomputed
     holds once (the largest layer stash)."""
     layers = profile.layers
-    kept = sum(layers[i - 1].activation_bytes_out for i in range(max(lo, 1), hi)) + layers[hi - 1].activation_bytes_out
+    kept = sum(x.activation_bytes_out for x in layers[lo:hi])  # each layer's output: the next one's input
     if lo > 0:
-        kept += layers[lo - 1].activation_bytes_out
+        kept += layers[lo - 1].activation_bytes_out  # the stage's input
     return kept, max(x.stash_bytes for x in layers[lo:hi])
 
 

@@ -10,6 +10,11 @@ together (the executors' F, B, W time; the box has 2 cores, the 4 peers share th
 
     .venv/bin/python scripts/memory_figures.py [--model hf:llama-tiny] [--steps 20] [--pairs 3] [--json]
 
+``--offload``: instead, the optimizer step of the whole model with ``--offload-optimizer`` and without
+(median of 50 steps, after 5), next to what the cost model charges for offloading (``plan.layout``:
+the copies at ``HOST_BYTES_PER_S`` and the host step); on this CPU the host is the device, so the
+copies are memory copies.
+
 ``--optimizer-steps N``: instead, 8-bit Adam against Adam (``--optimizer adam8bit``): the single-process
 reference run of N steps on this Python's standard library as text (``--data stdlib``), the loss (mean
 of the last 20 steps) of each, and the optimizer state per parameter as the tensors hold it.
@@ -55,10 +60,13 @@ def main() -> int:
     ap.add_argument("--schedules", default="1f1b,zb-h1")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--optimizer-steps", type=int, default=0)
+    ap.add_argument("--offload", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as in a peer process
     if args.optimizer_steps:
         return optimizer_figures(args)
+    if args.offload:
+        return offload_figures(args)
     job = JobSpec(model=args.model, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
                   num_micro_batches=args.micro_batches, steps=args.steps, lr=1e-3)
     rows = []
@@ -86,6 +94,37 @@ def main() -> int:
               f"extra median {row['extra_compute_median']:+.1%}", flush=True)
     print(f"{time.strftime('%H:%M', time.gmtime())} UTC", file=sys.stderr)
     return 0 if all(r["identical"] for r in rows) else 1
+
+
+def offload_figures(args) -> int:
+    from spantrain_p2p.job.optim import make_optimizer
+    from spantrain_p2p.job.spec import ModelHandle
+    from spantrain_p2p.plan.types import HOST_BYTES_PER_S
+    from spantrain_p2p.train.planning import HOST_STEP_S_PER_PARAM_BYTE
+
+    job = JobSpec(model=args.model, seq_len=args.seq_len)
+    out = {}
+    for offload in (False, True):
+        handle = ModelHandle(job)
+        params = [p for layer in handle.build(0, handle.num_layers) for p in layer.parameters()]
+        opt = make_optimizer(replace(job, offload_optimizer=offload), params)
+        times = []
+        for i in range(55):
+            for p in params:
+                p.grad = torch.full_like(p, 1e-3)
+            t0 = time.perf_counter()
+            opt.step()
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+        out["offloaded" if offload else "on_device"] = round(statistics.median(times), 6)
+        weight_bytes = sum(p.numel() * 4 for p in params)
+    priced = weight_bytes * (3.0 / HOST_BYTES_PER_S + HOST_STEP_S_PER_PARAM_BYTE["adam"])
+    print(json.dumps({"model": args.model, "weight_bytes": weight_bytes, "step_s": out,
+                      "added_s": round(out["offloaded"] - out["on_device"], 6),
+                      "priced_tail_s": round(priced, 6),
+                      "priced_copies_s": round(weight_bytes * 3.0 / HOST_BYTES_PER_S, 6)}), flush=True)
+    print(f"{time.strftime('%H:%M', time.gmtime())} UTC", file=sys.stderr)
+    return 0
 
 
 def optimizer_figures(args) -> int:

@@ -90,3 +90,16 @@ def test_the_table_names_the_planner_the_baselines_and_the_bottleneck(capsys):
 def test_bad_input_is_one_line_on_stderr_and_exit_code_one(capsys, argv, msg):
     rc, out, err = _run(capsys, *argv)
     assert rc == 1 and msg in err and out == ""
+
+
+def test_peers_too_small_get_a_plan_only_with_recomputation(capsys):
+    """peers/tight-memory.toml, the tiny Llama at 8 x 128 tokens: --recompute none finds no plan and says
+    why; auto (the default) plans, with the stages that need it recomputing."""
+    argv = ("--scenario", "peers/tight-memory.toml", "--workload", "hf:llama-tiny", "--seq-len", "128",
+            "--global-batch", "32", "--micro-batch-sizes", "8", "--no-baselines", "--json")
+    rc, _, err = _run(capsys, *argv, "--recompute", "none")
+    assert rc == 1 and "does not fit in the peers' memory" in err
+    rc, out, _ = _run(capsys, *argv)
+    assert rc == 0
+    stages = json.loads(out.strip().splitlines()[-1])["planner"]["stages"]
+    assert any(st["recompute"] == "full" for st in stages)

@@ -59,6 +59,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--schedules", default="zb-h1,1f1b,gpipe", metavar="LIST")
     run.add_argument("--compressions", default="none,fp16,int8", metavar="LIST",
                      help="allowed on activation hops, e.g. none,fp16,int8,topk:0.1 (default: %(default)s)")
+    run.add_argument("--recompute", default="auto", choices=("auto", "none", "full"),
+                     help="activation recomputation: auto (on the stages whose peers cannot hold their activations "
+                     "otherwise; each stage says), none, or full on every stage (default: auto)")
     run.add_argument("--no-jitter", action="store_true", help="simulate links without their delay jitter")
     run.add_argument("--no-baselines", action="store_true", help="skip the baselines")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line of stdout")
@@ -185,7 +188,7 @@ def run_plan(args: argparse.Namespace) -> dict:
     for c in comps:
         compression_ratio(c)
     opts = PlannerOptions(global_batch=g, micro_batch_sizes=sizes, schedules=_csv(args.schedules, "schedules"),
-                          compressions=comps)
+                          compressions=comps, recompute=args.recompute)
     if args.workload:
         profile, model = _workload(args)
         result = plan(snapshot, profile, opts)

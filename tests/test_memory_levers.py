@@ -272,3 +272,27 @@ def test_offloading_is_priced_by_its_copies_and_host_step():
     e = estimate(plan, slow, off)
     assert e.step_s == pytest.approx(base + 2e6 * (3.0 / 1e3 + 1e-6), rel=1e-6)
     assert e.bottleneck == "offload:stage 0"  # (stage 0 runs the pipeline's last backward)
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+async def test_a_recomputing_stage_still_answers_the_verifiers_recomputation(mode):
+    """The executor's ``recompute`` (verified computation, ``train.verifier``) is a method whatever the
+    stage's lever (an attribute of the same name once shadowed it: every check failed with a
+    TypeError), and under full recomputation it sends what the stage sends."""
+    from spantrain_p2p.data import generated as data
+    from spantrain_p2p.job.spec import ModelHandle
+    from spantrain_p2p.pipeline.executor import StageExecutor
+
+    job = JobSpec(model_args={"dim": 32, "depth": 2, "heads": 2}, seq_len=16, micro_batch_size=2)
+
+    async def nothing(*args):
+        raise AssertionError("no message expected")
+
+    batch = lambda s, m: data.batch(job.seed, s, m, job.micro_batch_size, job.seq_len)  # noqa: E731
+    ex = StageExecutor(ModelHandle(job).build(0, 2), True, False, 1, batch, nothing, nothing, recompute=mode)
+    out = await ex.recompute(0, 0, None, None)
+    x, _ = batch(0, 0)
+    layers = ModelHandle(job).build(0, 2)
+    want = layers[1](layers[0](x))
+    assert torch.equal(out["send/act"], want.detach()) and ex.meter.held == 0
+    ex.close()

@@ -94,7 +94,7 @@ class StageExecutor:
         self._copier = HostCopier(self.torch_device)
         self.loss_scale: Optional[float] = None
         self.overflowed = False  # this step sent a tensor that overflowed (fp16)
-        self.recompute = recompute
+        self.recompute_mode = recompute  # (``recompute`` is the verifier's method below)
         self._call = layer_call(recompute)
         self.meter = StashMeter(self.params)
 

@@ -8,7 +8,7 @@ from spantrain_p2p.pipeline.schedule import (
     Action,
     Op,
     all_stages,
-    peak_held,
+    peak_stashed,
     from_text,
     gpipe,
     one_f_one_b,
@@ -31,7 +31,7 @@ def compute_only(actions: list[Action]) -> str:
 
 def activations_held(actions: list[Action]) -> int:
     """Most micro-batches whose forward is done and whose weight-grad is not."""
-    return peak_held(actions, frozenset({Op.F}), frozenset({Op.W, Op.BW}))
+    return peak_stashed(actions)
 
 
 @pytest.mark.parametrize("name", SCHEDULE_NAMES)

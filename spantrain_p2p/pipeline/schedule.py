@@ -252,6 +252,12 @@ def peak_in_flight(actions: Sequence[Action]) -> int:
     return peak_held(actions, frozenset({Op.F}), frozenset({Op.B, Op.BW}))
 
 
+def peak_stashed(actions: Sequence[Action]) -> int:
+    """Most micro-batches whose activations are kept at once: from F until the backward that ends
+    them (W, or a fused BW)."""
+    return peak_held(actions, frozenset({Op.F}), frozenset({Op.W, Op.BW}))
+
+
 def peak_pending_weight_grads(actions: Sequence[Action]) -> int:
     """Most micro-batches whose ``B`` is done and ``W`` is not (0 for fused schedules)."""
     return peak_held(actions, frozenset({Op.B}), frozenset({Op.W}))

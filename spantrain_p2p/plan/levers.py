@@ -68,18 +68,8 @@ def most_held(plan: Plan) -> dict[str, int]:
     """Per peer, the most micro-batches whose activations it holds at once, following its own list of
     actions in the plan's schedule (a forward keeps them; the backward that ends them, W or fused BW,
     frees them): exact, where the cost model's ``held_bound`` is a quick upper bound."""
-    from ..pipeline.schedule import Op
+    from ..pipeline.schedule import peak_stashed
 
     m = plan.num_micro_batches
     acts = peer_actions([st.assign(m) for st in plan.stages], plan.schedule)
-    out: dict[str, int] = {}
-    for (_, peer), actions in acts.items():
-        n = top = 0
-        for a in actions:
-            if a.op is Op.F:
-                n += 1
-                top = max(top, n)
-            elif a.op in (Op.W, Op.BW):
-                n -= 1
-        out[peer] = top
-    return out
+    return {peer: peak_stashed(actions) for (_, peer), actions in acts.items()}

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..pipeline.schedule import Op
+from ..pipeline.schedule import Op, peak_stashed
 from ..pipeline.assignment import dealt_shares, peer_lists, stage_warmups
 from ..plan.layout import LinkTable, build_layout, overlapped_tail
 from ..plan.types import ModelProfile, Plan, Snapshot, wire_ratio
@@ -84,21 +84,13 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
     nw = len(workers)
     acts: list[list] = [None] * nw  # type: ignore[list-item]
     m = plan.num_micro_batches
+    peak_memory = {}
     for s, sw in enumerate(prep.stages):
         lists = peer_lists(sched, p, s, m, warm[s], sw.owner, len(sw.peers))
         for i, lst in enumerate(lists):
             acts[index[(s, i)]] = [(a.op, a.mb) for a in lst]
-    peak_memory = {}
-    for k, (s, pw) in enumerate(workers):
-        held = peak = 0
-        for op, _mb in acts[k]:
-            if op is Op.F:
-                held += 1
-                peak = max(peak, held)
-            elif op is Op.W or op is Op.BW:
-                held -= 1
-        sw = prep.stages[s]
-        peak_memory[pw.id] = sw.state_bytes + peak * sw.stash_bytes + sw.stash_once
+            pw = sw.peers[i]
+            peak_memory[pw.id] = sw.state_bytes + peak_stashed(lst) * sw.stash_bytes + sw.stash_once
     pos = [0] * nw
     clock = [0.0] * nw
     busy = [0.0] * nw

@@ -87,3 +87,17 @@ def saved_bytes(layer: torch.nn.Module, *args: torch.Tensor) -> tuple[int, torch
     with StashMeter([p for p in layer.parameters()]).saving(stash):
         out = layer(x, *rest)
     return sum(stash.values()), out.detach()
+
+
+def layer_stashes(layers: list, x: torch.Tensor, target: Optional[torch.Tensor] = None, dtype=None) -> list[int]:
+    """What each of ``layers``, run one after another on ``x`` (the last one with ``target``, where
+    given), keeps for its backward (``saved_bytes``), under autocast to ``dtype`` where given."""
+    device = next((p.device for layer in layers for p in layer.parameters()), torch.device("cpu"))
+    x, out = x.to(device), []
+    ctx = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    with ctx:
+        for i, layer in enumerate(layers):
+            rest = (target.to(device),) if target is not None and i == len(layers) - 1 else ()
+            n, x = saved_bytes(layer, x, *rest)
+            out.append(n)
+    return out

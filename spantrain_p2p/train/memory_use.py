@@ -73,24 +73,6 @@ def recomputed_flops(layer_flops: list[dict], split: bool) -> list[dict]:
             for x in layer_flops]
 
 
-def largest_layer_stash(layers: list, sample: torch.Tensor, target: Optional[torch.Tensor], dtype) -> int:
-    """The most one of ``layers`` keeps of a forward on ``sample`` (a micro-batch): what a layer being
-    recomputed inside its backward holds meanwhile, on top of the stash (``pipeline.memory.saved_bytes``)."""
-    import contextlib
-
-    from ..pipeline.memory import saved_bytes
-
-    device = next((p.device for layer in layers for p in layer.parameters()), torch.device("cpu"))
-    x, most = sample.to(device), 0
-    ctx = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-    with ctx:
-        for i, layer in enumerate(layers):
-            args = (target.to(device),) if target is not None and i == len(layers) - 1 else ()
-            n, x = saved_bytes(layer, x, *args)
-            most = max(most, n)
-    return most
-
-
 def report(state: Optional[dict], stash_peak: int, prediction: Optional[dict], recompute: str,
            transient: int = 0) -> dict:
     measured = None

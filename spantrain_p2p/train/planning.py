@@ -6,7 +6,6 @@ map the peers follow.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -112,7 +111,7 @@ def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
     import torch
 
     from ..models.precision import COMPUTE_DTYPES
-    from ..pipeline.memory import saved_bytes
+    from ..pipeline.memory import layer_stashes
 
     n = prof.num_layers
     if n < 3 or sum(prof.layers[i].param_bytes for i in (0, 1, n - 1)) > MEASURE_STASH_MAX_BYTES:
@@ -121,12 +120,7 @@ def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
     first, block = handle.build(0, 2)
     (last,) = handle.build(n - 1, n)
     ids = torch.zeros((1, job.seq_len), dtype=torch.long)
-    dtype = COMPUTE_DTYPES.get(job.precision)
-    ctx = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
-    with ctx:
-        s0, x = saved_bytes(first, ids)
-        s1, y = saved_bytes(block, x)
-        s2, _ = saved_bytes(last, y, ids)
+    s0, s1, s2 = layer_stashes([first, block, last], ids, ids, COMPUTE_DTYPES.get(job.precision))
     stash = [float(s0)] + [float(s1)] * (n - 2) + [float(s2)]
     return replace(prof, layers=tuple(replace(layer, stash_bytes=st) for layer, st in zip(prof.layers, stash)))
 

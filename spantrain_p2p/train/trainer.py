@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ..pipeline import schedule as sched
+from ..pipeline.memory import layer_stashes
 from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
 from ..pipeline.loss_scale import LossScale, nonfinite, unscale_
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
@@ -345,28 +346,26 @@ class Trainer:
             self.transport.bucket_layers = [first + layer for layer, _ in buckets]
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(replicas) - {me}, (),
                                   len(sizes), shapes_by_mb=tuple(sizes))
-        layer_flops = None
-        if self.peer.device is not None and job.workload:  # pad to the workload's FLOPs
-            layer_flops = workload.layer_flops(job, first, last)
-        elif self.peer.device is not None:
+        self.recompute = "full" if "full" in (job.recompute, smap.stages[k].recompute) else "none"
+        sample = tgt = None  # one micro-batch through the stage's layers: their FLOPs, what one keeps
+        if self.recompute == "full" or (self.peer.device is not None and not job.workload):
             await self.data_share.ensure(0, [0])
             ids, tgt = self.data.batch(0, 0)
             sample = (ids if k == 0 else torch.randn(shapes[first])).to(self.torch_device)
             tgt = tgt.to(self.torch_device) if k == n - 1 else None
+        layer_flops = None
+        if self.peer.device is not None and job.workload:  # pad to the workload's FLOPs
+            layer_flops = workload.layer_flops(job, first, last)
+        elif self.peer.device is not None:
             layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt)
-        self.recompute = "full" if "full" in (job.recompute, smap.stages[k].recompute) else "none"
         schedule = smap.schedule or sched.resolve_schedule(job.schedule)
         if self.recompute == "full" and layer_flops is not None:  # a virtual device runs the forward again too
             layer_flops = memory_use.recomputed_flops(layer_flops, split=schedule == "zb-h1")
         self.memory_state, self.stash_peak_bytes, self.recompute_transient = None, 0, 0
         self.memory_predicted = await asyncio.to_thread(memory_use.predicted, job, smap, me)
         if self.recompute == "full":  # what the layer being recomputed holds meanwhile, measured once
-            await self.data_share.ensure(0, [0])
-            ids, tgt = self.data.batch(0, 0)
-            sample = ids if k == 0 else torch.randn(shapes[first])
-            self.recompute_transient = await asyncio.to_thread(
-                memory_use.largest_layer_stash, layers, sample, tgt if k == n - 1 else None,
-                COMPUTE_DTYPES.get(job.precision))
+            self.recompute_transient = max(await asyncio.to_thread(
+                layer_stashes, layers, sample, tgt, COMPUTE_DTYPES.get(job.precision)))
         executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch, recv=self.transport.recv,
                                  send=self.defence.sender(self.transport.send, self.opts.byzantine), device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),

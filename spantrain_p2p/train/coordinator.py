@@ -327,6 +327,8 @@ class Coordinator:
         else:
             smap = replace(placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names,
                                            start_step=start, num_stages=job.stages), term=term)
+        if job.recompute == "full":  # the map says every stage's lever, whoever placed the layers
+            smap = replace(smap, stages=tuple(replace(st, recompute="full") for st in smap.stages))
         evicted = tuple(sorted(self.peer.evicted))
         named = dict(smap.names)
         smap = replace(smap, evicted=evicted, names=smap.names + tuple(

@@ -53,8 +53,7 @@ def predicted(job, smap, peer_id: str) -> Optional[dict]:
         prof = model_profile(job)
         if prof is None:
             return None
-        stages = tuple(replace(st, shares=tuple(st.share_of().values()),
-                               recompute="full" if job.recompute == "full" else st.recompute) for st in smap.stages)
+        stages = tuple(replace(st, shares=tuple(st.share_of().values())) for st in smap.stages)
         if smap.islands:  # this peer's island's pipeline
             lo, hi = next((a, b) for a, b in smap.island_ranges() if any(peer_id in st.peers for st in stages[a:b]))
             stages = stages[lo:hi]

@@ -346,7 +346,7 @@ class Trainer:
             self.transport.bucket_layers = [first + layer for layer, _ in buckets]
             expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(replicas) - {me}, (),
                                   len(sizes), shapes_by_mb=tuple(sizes))
-        self.recompute = "full" if "full" in (job.recompute, smap.stages[k].recompute) else "none"
+        self.recompute = smap.stages[k].recompute  # (the coordinator marks every stage for --recompute full)
         sample = tgt = None  # one micro-batch through the stage's layers: their FLOPs, what one keeps
         if self.recompute == "full" or (self.peer.device is not None and not job.workload):
             await self.data_share.ensure(0, [0])

@@ -43,8 +43,7 @@ class _Mb:
     ins: Optional[list] = None
     outs: Optional[list] = None
     gouts: Optional[list] = None
-    stash: Optional[dict] = None  # storage -> bytes this micro-batch's forward keeps (``memory.StashMeter``)
-    held: int = 0  # their sum, held until its backward is done
+    held: int = 0  # the bytes its forward keeps (``memory.StashMeter``), held until its backward is done
 
 
 @dataclass
@@ -54,9 +53,7 @@ class StepResult:
     # what the peer did, in order: (action, micro-batch, unix start, unix end): F/B/W/BW its compute,
     # RECV_F/RECV_B the wait for a tensor, SEND_F/SEND_B a send from its start to its delivery
     timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
-    # activations kept for the backward (``memory.StashMeter``): the most at once, and one micro-batch's most
-    stash_peak_bytes: int = 0
-    stash_mb_bytes: int = 0
+    stash_peak_bytes: int = 0  # the most activation bytes kept for the backward at once (``memory.StashMeter``)
 
 
 LayerDone = Callable[[int], None]  # called with a layer's index once its step's weight gradients are final
@@ -94,8 +91,7 @@ class StageExecutor:
         self._copier = HostCopier(self.torch_device)
         self.loss_scale: Optional[float] = None
         self.overflowed = False  # this step sent a tensor that overflowed (fp16)
-        self.recompute_mode = recompute  # (``recompute`` is the verifier's method below)
-        self._call = layer_call(recompute)
+        self._call = layer_call(recompute)  # (not ``self.recompute``: that is the verifier's method below)
         self.meter = StashMeter(self.params)
 
     def _autocast(self):
@@ -171,8 +167,8 @@ class StageExecutor:
         st.ins, st.outs = [], []
         n = len(self.layers)
         loss = None
-        st.stash = {}
-        with self._autocast(), self.meter.saving(st.stash):
+        stash: dict[int, int] = {}
+        with self._autocast(), self.meter.saving(stash):
             for i, layer in enumerate(self.layers):
                 if i > 0 and x.is_floating_point():
                     x = x.detach().requires_grad_(True)
@@ -185,8 +181,8 @@ class StageExecutor:
                     x = self._call(layer, x)
                 st.outs.append(x)
         for t in st.outs:  # the outputs are kept too (each the next layer's input: one storage)
-            st.stash[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        st.held = self.meter.kept(st.stash)
+            stash[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        st.held = self.meter.kept(stash)
         st.out = x
         return None if loss is None else float(loss.detach())
 
@@ -221,7 +217,7 @@ class StageExecutor:
                 torch.autograd.backward(st.outs[i], st.gouts[i], inputs=self._layer_params[i])
             if done is not None:
                 done(i)
-        st.out = st.inp = st.ins = st.outs = st.gouts = st.stash = None
+        st.out = st.inp = st.ins = st.outs = st.gouts = None
         self.meter.freed(st.held)
 
     def _backward_full(self, st: _Mb, done=None) -> None:
@@ -239,7 +235,7 @@ class StageExecutor:
             g = st.ins[i].grad
         if not self.is_first:
             st.grad_in = g
-        st.out = st.inp = st.ins = st.outs = st.stash = None
+        st.out = st.inp = st.ins = st.outs = None
         self.meter.freed(st.held)
         if done is not None:  # layers below the first that needs no input gradient (none in practice)
             for j in range(i - 1, -1, -1):
@@ -309,7 +305,7 @@ class StageExecutor:
                 raise
             raise StepFailed(f"step {step} failed: {e}") from e
         result.compute_s = t_compute
-        result.stash_peak_bytes, result.stash_mb_bytes = self.meter.peak, self.meter.largest
+        result.stash_peak_bytes = self.meter.peak
         return result
 
     async def recompute(self, step: int, mb: int, x: Optional[torch.Tensor], grad_out: Optional[torch.Tensor]) -> dict:

@@ -75,7 +75,12 @@ def main() -> int:
     ap.add_argument("--data", default="stdlib")
     ap.add_argument("--vocab", type=int, default=None, help="tokenizer size (default: 8192 on cuda, 512 on cpu)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
+    ap.add_argument("--sections", default="overhead,four,memory",
+                    help="which checks, comma-separated: overhead, four (four peers), memory (levers: predicted "
+                         "peak against the CUDA allocator's)")
+    ap.add_argument("--memory-steps", type=int, default=6)
     a = ap.parse_args()
+    sections = set(a.sections.split(","))
     gpu = a.device.startswith("cuda")
     model = a.model or ("hf:gpt2" if gpu else "hf:gpt2-tiny")
     steps = a.steps or (30 if gpu else 8)
@@ -97,7 +102,7 @@ def main() -> int:
     skip = min(3, steps // 3)  # warm-up steps left out of the speeds
 
     # 1. overhead: plain PyTorch in one process against one peer, fp32 and bf16 alike here: bf16
-    for precision in ("bf16",):
+    for precision in (("bf16",) if "overhead" in sections else ()):
         job = with_data(JobSpec(model=model, seq_len=seq, micro_batch_size=mbs, num_micro_batches=a.micro_batches,
                                 steps=steps, precision=precision), a.data, tok)
         times: list[float] = []
@@ -114,7 +119,57 @@ def main() -> int:
         print(f"overhead ({precision}): plain PyTorch {plain:,.0f} tokens/s, one peer {peer:,.0f} tokens/s, "
               f"ratio {peer / plain:.3f}", file=sys.stderr, flush=True)
 
-    # 2. four peers on the one device, 2 stages x 2 replicas, bf16
+    if "four" in sections:
+        four_peers(a, out, work, model, steps, seq, mbs, tok, shape, tokens_per_step, skip)
+    if "memory" in sections:
+        out["memory"] = memory_levers(a, work, shape)
+    line = json.dumps(out)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(line + "\n")
+    print(line, flush=True)
+    return 0
+
+
+LEVERS = {"none": [], "recompute": ["--recompute", "full"], "adam8bit": ["--optimizer", "adam8bit"],
+          "offload": ["--offload-optimizer"]}
+
+
+def memory_levers(a, work: str, shape: list[str]) -> list[dict]:
+    """3. issue 30's levers on the device: two peers (2 stages, bf16) per lever; each peer's predicted
+    peak (the cost model's), the peak it counts itself (state + stash) and the CUDA allocator's peak."""
+    rows = []
+    for name, flags in LEVERS.items():
+        t0 = time.time()
+        try:
+            reports = run_peers(os.path.join(work, f"mem-{name}"),
+                                ["--steps", str(a.memory_steps), "--precision", "bf16", "--plan", "even", "--stages",
+                                 "2", *flags, *shape], a.device, 2, 900)
+        except Exception as e:  # one lever failing must not hide the others' figures
+            rows.append({"lever": name, "error": repr(e)[-1500:]})
+            print(f"memory, {name}: FAILED {e!r}"[:2000], file=sys.stderr, flush=True)
+            continue
+        peers = []
+        for r in sorted(reports, key=lambda r: r["stage"]):
+            m = r.get("memory") or {}
+            pred, meas = m.get("predicted") or {}, m.get("measured") or {}
+            peers.append({"stage": r["stage"], "predicted_peak": pred.get("peak"), "counted_peak": meas.get("peak"),
+                          "counted_stash": meas.get("stash"), "predicted_stash": pred.get("stash"),
+                          "cuda_max_allocated": m.get("cuda_max_allocated"),
+                          "counted_over_predicted": m.get("measured_over_predicted"),
+                          "cuda_over_predicted": m.get("cuda_over_predicted"),
+                          "step_s_median": r.get("step_s_median")})
+        losses = last_stage_losses(reports)
+        rows.append({"lever": name, "wall_s": round(time.time() - t0, 1), "peers": peers,
+                     "losses": [round(x, 5) for x in losses]})
+        print(f"memory, {name}: " + "; ".join(
+            f"stage {p['stage']}: predicted {p['predicted_peak']}, counted {p['counted_peak']}, CUDA {p['cuda_max_allocated']}"
+            f" (x{p['cuda_over_predicted']}), step {p['step_s_median']}" for p in peers), file=sys.stderr, flush=True)
+    return rows
+
+
+def four_peers(a, out, work, model, steps, seq, mbs, tok, shape, tokens_per_step, skip) -> None:
+    """2. four peers on the one device, 2 stages x 2 replicas, bf16"""
     job = with_data(JobSpec(model=model, seq_len=seq, micro_batch_size=mbs, num_micro_batches=a.micro_batches,
                             steps=steps, precision="bf16"), a.data, tok)
     ref_losses, _ = transformers_reference_run(job, steps, device=a.device)
@@ -140,12 +195,6 @@ def main() -> int:
     print(f"four peers (2 stages x 2 replicas, bf16): {tokens_per_step / step_s:,.0f} tokens/s, MFU of the device "
           f"{out['four_peers']['mfu']:.3f}, loss {losses[0]:.4f} -> {losses[-1]:.4f}, worst rel. error against one "
           f"process {out['four_peers']['loss_rel_err']:.2e}", file=sys.stderr, flush=True)
-    line = json.dumps(out)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(line + "\n")
-    print(line, flush=True)
-    return 0
 
 
 if __name__ == "__main__":

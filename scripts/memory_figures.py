@@ -13,7 +13,8 @@ together (the executors' F, B, W time; the box has 2 cores, the 4 peers share th
 ``--offload``: instead, the optimizer step of the whole model with ``--offload-optimizer`` and without
 (median of 50 steps, after 5), next to what the cost model charges for offloading (``plan.layout``:
 the copies at ``HOST_BYTES_PER_S`` and the host step); on this CPU the host is the device, so the
-copies are memory copies.
+copies are memory copies. ``--device cuda`` (with ``--offload``): the weights on the GPU, the copies
+over PCIe into pinned memory, and the copy rate itself measured both ways.
 
 ``--optimizer-steps N``: instead, 8-bit Adam against Adam (``--optimizer adam8bit``): the single-process
 reference run of N steps on this Python's standard library as text (``--data stdlib``), the loss (mean
@@ -61,6 +62,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--optimizer-steps", type=int, default=0)
     ap.add_argument("--offload", action="store_true")
+    ap.add_argument("--device", default="cpu", help="--offload only: where the weights live (cpu, cuda)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as in a peer process
     if args.optimizer_steps:
@@ -102,27 +104,55 @@ def offload_figures(args) -> int:
     from spantrain_p2p.plan.types import HOST_BYTES_PER_S
     from spantrain_p2p.train.planning import HOST_STEP_S_PER_PARAM_BYTE
 
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     job = JobSpec(model=args.model, seq_len=args.seq_len)
     out = {}
     for offload in (False, True):
         handle = ModelHandle(job)
-        params = [p for layer in handle.build(0, handle.num_layers) for p in layer.parameters()]
+        params = [p for layer in handle.build(0, handle.num_layers) for p in layer.to(device).parameters()]
         opt = make_optimizer(replace(job, offload_optimizer=offload), params)
         times = []
         for i in range(55):
             for p in params:
                 p.grad = torch.full_like(p, 1e-3)
+            sync()
             t0 = time.perf_counter()
             opt.step()
+            sync()
             if i >= 5:
                 times.append(time.perf_counter() - t0)
         out["offloaded" if offload else "on_device"] = round(statistics.median(times), 6)
         weight_bytes = sum(p.numel() * 4 for p in params)
+        del opt, params
     priced = weight_bytes * (3.0 / HOST_BYTES_PER_S + HOST_STEP_S_PER_PARAM_BYTE["adam"])
-    print(json.dumps({"model": args.model, "weight_bytes": weight_bytes, "step_s": out,
-                      "added_s": round(out["offloaded"] - out["on_device"], 6),
-                      "priced_tail_s": round(priced, 6),
-                      "priced_copies_s": round(weight_bytes * 3.0 / HOST_BYTES_PER_S, 6)}), flush=True)
+    row = {"model": args.model, "device": str(device), "weight_bytes": weight_bytes, "step_s": out,
+           "added_s": round(out["offloaded"] - out["on_device"], 6), "priced_tail_s": round(priced, 6),
+           "priced_copies_s": round(weight_bytes * 3.0 / HOST_BYTES_PER_S, 6)}
+    if device.type == "cuda":  # the copy rate the cost model assumes (HOST_BYTES_PER_S), measured: pinned host <-> GPU
+        host = torch.empty(weight_bytes // 4, dtype=torch.float32, pin_memory=True)
+        dev = torch.empty_like(host, device=device)
+        rates = {}
+        for name, (dst, src) in {"to_host": (host, dev), "to_device": (dev, host)}.items():
+            ts = []
+            for _ in range(10):
+                sync()
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                sync()
+                ts.append(time.perf_counter() - t0)
+            rates[name] = round(weight_bytes / statistics.median(ts[2:]) / 1e9, 2)
+        row["host_copy_gb_per_s"] = rates
+        masters = [torch.zeros(weight_bytes // 4, requires_grad=True)]  # the host's Adam alone, as priced
+        masters[0].grad = torch.full_like(masters[0], 1e-3)
+        adam, ts = torch.optim.Adam(masters), []
+        for _ in range(8):
+            t0 = time.perf_counter()
+            adam.step()
+            ts.append(time.perf_counter() - t0)
+        row["host_adam_s"] = round(statistics.median(ts[2:]), 6)
+        row["priced_host_adam_s"] = round(weight_bytes * HOST_STEP_S_PER_PARAM_BYTE["adam"], 6)
+    print(json.dumps(row), flush=True)
     print(f"{time.strftime('%H:%M', time.gmtime())} UTC", file=sys.stderr)
     return 0
 

@@ -156,6 +156,12 @@ class StageExecutor:
 
         return await loop.run_in_executor(self._pool, call)
 
+    async def on_compute_thread(self, fn):
+        """Runs ``fn()`` on the compute thread: work as long as the optimizer step (seconds when it
+        steps on the host, or when torchao compiles its 8-bit step the first time) must not hold the
+        event loop, whose heartbeats would stop and have this peer taken for dead."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
     # ---- compute (worker thread) ---------------------------------------------------------------
     # Each layer's graph starts at its own input (a leaf cut from the previous layer's output), so
     # the backward ops can run layer by layer, last to first: the same arithmetic as one backward

@@ -72,8 +72,16 @@ def recomputed_flops(layer_flops: list[dict], split: bool) -> list[dict]:
             for x in layer_flops]
 
 
+def allocator_peak(device) -> Optional[int]:
+    """On a GPU, the most bytes this process's CUDA allocator has handed out (``max_memory_allocated``):
+    everything the stage held at once, temporaries and workspaces included; none on the CPU."""
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
+
+
 def report(state: Optional[dict], stash_peak: int, prediction: Optional[dict], recompute: str,
-           transient: int = 0) -> dict:
+           transient: int = 0, device=None) -> dict:
     measured = None
     if state is not None:
         measured = {**state, "stash": stash_peak + transient, "peak": state["state"] + stash_peak + transient,
@@ -81,4 +89,9 @@ def report(state: Optional[dict], stash_peak: int, prediction: Optional[dict], r
     out = {"recompute": recompute, "measured": measured, "predicted": prediction}
     if measured and prediction and prediction.get("peak"):
         out["measured_over_predicted"] = round(measured["peak"] / prediction["peak"], 4)
+    cuda = allocator_peak(device)
+    if cuda is not None:
+        out["cuda_max_allocated"] = cuda
+        if prediction and prediction.get("peak"):
+            out["cuda_over_predicted"] = round(cuda / prediction["peak"], 4)
     return out

@@ -49,7 +49,7 @@ def report(t) -> dict:
             "train_device": train_device_stats(t.peer.device, t.device_base),
             "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
             "memory": memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
-                                        t.recompute_transient),
+                                        t.recompute_transient, t.torch_device),
             "deadlines": tr.deadline_report() if job else {},
             "deadline_extensions": tr.deadline_extensions,
             "data_fetched": list(t.data_share.fetched),

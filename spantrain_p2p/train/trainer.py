@@ -282,6 +282,10 @@ class Trainer:
             if self.stage is None:
                 log.info("not in stage map epoch %d: standing by as a spare", smap.epoch)
                 await self.peer.set_state("ready", epoch=smap.epoch)
+                if await self._spare_until_done(smap):
+                    log.info("the job is done (stage map epoch %d ran it to the end without this peer)", smap.epoch)
+                    await self.peer.set_state("done")
+                    return
                 continue
             self._train_task = asyncio.create_task(self._train())
             try:
@@ -299,6 +303,19 @@ class Trainer:
                 await self.peer.set_state("recovering", failed_epoch=smap.epoch)
             finally:
                 self._train_task = None
+
+    async def _spare_until_done(self, smap: StageMap) -> bool:
+        """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
+        every one of them that is still a member says it is done), so that it does not wait forever."""
+        mine = {p for st in smap.stages for p in st.peers}
+        while True:
+            newest = await self.records.newest_map()
+            if newest is not None and newest.epoch > smap.epoch:
+                return False
+            states = {r.peer_id: r.state for r in self.peer.live_members() if r.peer_id in mine}
+            if states and all(v == "done" for v in states.values()):
+                return True
+            await self.records.news_or(MAP_POLL_S)
 
     async def _watch_epochs(self) -> None:
         """Aborts the running epoch as soon as a newer stage map is out: no waiting on a dead peer."""
@@ -513,7 +530,7 @@ class Trainer:
         if self.opts.dump_grads_dir and step == self.opts.dump_step:
             dump_grads(self.opts.dump_grads_dir, st.layers, st.first, step, me)
         if not skip:
-            st.opt.step()
+            await st.executor.on_compute_thread(st.opt.step)
         if self.memory_state is None:  # the gradients and the optimizer's state are all there now
             self.memory_state = memory_use.held_state(st.params, st.opt)
         st.opt.zero_grad(set_to_none=True)

@@ -129,7 +129,8 @@ class Peer:
             if state != self.state:
                 log.info("state %s -> %s", self.state, state)
             self.state = state
-            kept = {"step": self.progress["step"]} if "step" in self.progress else {}  # the training step stays
+            # the training step stays, and the most memory this peer found it can hold (``train.decide.memory_caps``)
+            kept = {k: self.progress[k] for k in ("step", "memory_cap") if k in self.progress}
             self.progress = {**kept, **progress}
             await self._announce()
 

@@ -93,6 +93,18 @@ class StageExecutor:
         self.overflowed = False  # this step sent a tensor that overflowed (fp16)
         self._call = layer_call(recompute)  # (not ``self.recompute``: that is the verifier's method below)
         self.meter = StashMeter(self.params)
+        self.state_bytes = 0  # weights, gradients and optimizer state: what a virtual device's memory holds besides activations
+
+    def _check_memory(self) -> None:
+        """On a virtual device with memory (``profile.virtual``), what the stage holds now (its state,
+        ``state_bytes``, set by the trainer, and the activations kept) must fit, or the step fails as
+        a real device's allocation would: with ``torch.OutOfMemoryError``."""
+        limit = getattr(self.device, "memory_bytes", None)
+        if limit is not None and self.state_bytes + self.meter.held > limit:
+            raise torch.OutOfMemoryError(
+                f"virtual device out of memory: the stage holds {self.state_bytes / 2**20:.2f} MiB of weights, "
+                f"gradients and optimizer state and {self.meter.held / 2**20:.2f} MiB of activations, over the "
+                f"device's {limit / 2**20:.2f} MiB")
 
     def _autocast(self):
         if self.compute_dtype is None:
@@ -189,6 +201,7 @@ class StageExecutor:
         for t in st.outs:  # the outputs are kept too (each the next layer's input: one storage)
             stash[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         st.held = self.meter.kept(stash)
+        self._check_memory()
         st.out = x
         return None if loss is None else float(loss.detach())
 

@@ -21,7 +21,8 @@ from ..swarm import grouping, measure
 from ..swarm.election import Election
 from .defence import evictions, gate_evictions, read_accusations, receivers
 from . import planning
-from .decide import REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, resume_point, same_layout
+from .decide import (REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, epoch_verdict, memory_caps, out_of_memory,
+                     refit_fixed, resume_point, same_layout)
 from .liveness import is_alive
 
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
@@ -150,6 +151,13 @@ class Coordinator:
                                              f"a peer of epoch {current.epoch} is gone or failed")
             except Exception as e:
                 log.warning("planning round failed: %r", e)
+
+    async def _stop_run(self, current: Optional[StageMap], ids: list[str], epoch: int, term: int, names: dict,
+                        error: str) -> None:
+        """Publishes a map that says why the run cannot go on: every peer stops with that error."""
+        base = current or placeholder_map(ids, self.handle.num_layers, self.job.job_id, epoch=epoch, names=names)
+        await self.records.publish_map(replace(base, epoch=epoch, term=term, error=error))
+        log.error("run stopped: %s", error)
 
     async def _worth_replanning(self, current: StageMap) -> bool:
         """A newcomer or a lasting change of links: re-plan only when a new plan is predicted to
@@ -289,7 +297,8 @@ class Coordinator:
                 return
         if current is not None and not improve:
             ids = await self._without_the_dead(current, ids)
-        names = {r.peer_id: r.name for r in self.peer.live_members()}
+        live = {r.peer_id: r for r in self.peer.live_members()}
+        names = {p: r.name for p, r in live.items()}
         epoch = (current.epoch if current else 0) + 1
         term = self.election.leader.term
         # the first map too starts where the layers' states are: step 0 in a new run, a
@@ -297,6 +306,9 @@ class Coordinator:
         start, start_data, error = await self._resume_point(current)
         plan, why = None, ""
         if measured and not error:
+            caps = memory_caps(live)  # a peer that ran out of memory under a plan is planned within less
+            profiles = {p: {**d, "profile": {**d["profile"], "memory_bytes": min(d["profile"]["memory_bytes"], caps[p])}}
+                        if p in caps else d for p, d in profiles.items()}
             snap = planning.snapshot(profiles, links, ids)
             t0 = time.perf_counter()
             if current is not None:  # a re-plan keeps the run's way of syncing (a map with islands
@@ -308,10 +320,7 @@ class Coordinator:
             except planning.NoPlan as e:
                 error = f"no plan can run this job on the {len(ids)} live peers: {e}"
         if error:
-            base = current or placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names)
-            await self.records.publish_map(replace(base, epoch=epoch, term=term, error=error))
-            log.error("run stopped: %s", error)
-            return
+            return await self._stop_run(current, ids, epoch, term, names, error)
         if isinstance(plan, IslandsPlan):
             smap = replace(planning.islands_stage_map(plan, job, epoch, names, term, start, why),
                            start_data_step=start_data)
@@ -327,6 +336,10 @@ class Coordinator:
         else:
             smap = replace(placeholder_map(ids, self.handle.num_layers, job.job_id, epoch=epoch, names=names,
                                            start_step=start, num_stages=job.stages), term=term)
+            if current is not None:  # a fixed plan's one lever: recompute where a peer ran out of memory
+                smap, error = refit_fixed(current, smap, out_of_memory(current, live), job.recompute, self.peer.name_of)
+                if error:
+                    return await self._stop_run(current, ids, epoch, term, names, error)
         if job.recompute == "full":  # the map says every stage's lever, whoever placed the layers
             smap = replace(smap, stages=tuple(replace(st, recompute="full") for st in smap.stages))
         evicted = tuple(sorted(self.peer.evicted))

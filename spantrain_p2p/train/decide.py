@@ -5,7 +5,7 @@ peer's layers, and when each peer pings its short links. Each is unit-tested wit
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..plan.stagemap import StageMap
@@ -119,3 +119,46 @@ def ping_slots(records: Mapping[str, tuple[bool, float]], members: set, at_once:
         return None
     t0 = max(f for _, f in recs.values()) + margin_s
     return PingSlots(tuple(turn), t0, t0 + -(-len(turn) // at_once) * slot_s, slot_s, at_once)
+
+
+# ---- a peer out of memory ---------------------------------------------------------------------------
+MAX_MEMORY_CAP = 2**50  # bytes: a cap above this is no figure (records are untrusted)
+CAP_MARGIN = 0.9  # a peer that ran out under a plan is planned below this share of what it was predicted to hold
+
+
+def memory_caps(live: Mapping[str, object]) -> dict[str, int]:
+    """Peer -> the bytes it says it can hold at most (``progress["memory_cap"]``, set after it ran
+    out of memory under a plan): a peer can only lower its own figure, so an invalid cap is ignored."""
+    caps = {}
+    for p, r in live.items():
+        cap = r.progress.get("memory_cap")
+        if isinstance(cap, int) and not isinstance(cap, bool) and 0 < cap <= MAX_MEMORY_CAP:
+            caps[p] = cap
+    return caps
+
+
+def out_of_memory(smap: StageMap, live: Mapping[str, object]) -> list[str]:
+    """The peers of ``smap`` that abandoned it because their device ran out of memory."""
+    return [p for st in smap.stages for p in st.peers
+            if (r := live.get(p)) is not None and r.state == "recovering"
+            and r.progress.get("failed_epoch") == smap.epoch and r.progress.get("oom") == 1]
+
+
+def refit_fixed(current: StageMap, new: StageMap, oom: Sequence[str], lever: str,
+                name_of: Callable[[str], str] = str) -> tuple[StageMap, str]:
+    """A fixed plan (``--plan even``, ``--stages``) after peers ran out of memory under ``current``:
+    ``new`` with activation recomputation on every stage of ``new`` whose layers a stage of
+    ``current`` recomputed or held on a peer that ran out, when the job lets the planner choose it
+    (``lever`` auto). (map, error): an error where a peer ran out with recomputation already on, or
+    with it off by the job (``--recompute none``): a fixed plan has no other lever, and the same map
+    again would only fail again."""
+    ran_out = {st.layers: st for st in current.stages if set(st.peers) & set(oom)}
+    for st in ran_out.values():
+        if st.recompute != "none" or lever == "none":
+            who = ", ".join(name_of(p) for p in st.peers if p in oom)
+            return new, (f"{who} ran out of memory on layers [{st.layers[0]},{st.layers[1]}) with activation "
+                         f"recomputation {st.recompute}: this fixed plan does not fit its device; more peers, "
+                         f"--plan auto (which places layers by memory) or a smaller micro-batch would")
+    full = {st.layers for st in current.stages if st.recompute == "full"} | set(ran_out)
+    return replace(new, stages=tuple(replace(st, recompute="full") if st.layers in full else st
+                                     for st in new.stages)), ""

@@ -47,6 +47,7 @@ from . import overflow
 from ..models import workload
 from .planning import model_profile
 from .run_records import MAP_POLL_S, RunRecords
+from .decide import CAP_MARGIN
 from .recovery import Recovery
 from .transport import PipelineTransport
 
@@ -300,9 +301,28 @@ class Trainer:
                 log.warning("epoch %d abandoned at step %d: %s", smap.epoch, self.step, why)
                 self.events.append({"kind": "abandoned", "epoch": smap.epoch, "step": self.step, "t": time.time(),
                                     "reason": why[:300]})
-                await self.peer.set_state("recovering", failed_epoch=smap.epoch)
+                await self.peer.set_state("recovering", failed_epoch=smap.epoch, **self._out_of_memory(e))
             finally:
                 self._train_task = None
+
+    def _out_of_memory(self, e: BaseException) -> dict:
+        """The progress fields of an epoch abandoned because this peer's device ran out of memory
+        (``torch.OutOfMemoryError`` in its cause): ``oom``, and ``memory_cap``, below what the planner
+        predicted this peer to hold, so that the next plan asks less of it (``decide.memory_caps``)."""
+        cause = e
+        while cause is not None and not isinstance(cause, torch.OutOfMemoryError):
+            cause = cause.__cause__
+        if cause is None:
+            return {}
+        out: dict = {"oom": 1}  # (a record's progress holds numbers and short strings)
+        peak = (self.memory_predicted or {}).get("peak")
+        if peak:
+            cap = int(CAP_MARGIN * peak)
+            old = self.peer.progress.get("memory_cap")
+            out["memory_cap"] = min(cap, old) if isinstance(old, int) else cap
+        log.warning("out of memory on this device%s", f": planning within {out['memory_cap'] / 2**20:.1f} MiB from now"
+                    if "memory_cap" in out else "")
+        return out
 
     async def _spare_until_done(self, smap: StageMap) -> bool:
         """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
@@ -388,6 +408,9 @@ class Trainer:
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
                                  recompute=self.recompute)
         opt = make_optimizer(job, executor.params)
+        # what a virtual device's memory holds besides activations: predicted until the first step measures it
+        executor.state_bytes = int((self.memory_predicted or {}).get("state")
+                                   or 4 * sum(p.numel() * p.element_size() for p in executor.params))
         # islands start from their outer state (``_train_rounds``): the layers are built fresh here
         run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0)
         scale = None
@@ -533,6 +556,7 @@ class Trainer:
             await st.executor.on_compute_thread(st.opt.step)
         if self.memory_state is None:  # the gradients and the optimizer's state are all there now
             self.memory_state = memory_use.held_state(st.params, st.opt)
+            st.executor.state_bytes = self.memory_state["state"]
         st.opt.zero_grad(set_to_none=True)
         self.transport.drop_before(step + 1)
         t1 = time.time()

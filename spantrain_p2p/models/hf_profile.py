@@ -32,14 +32,20 @@ def hf_model_profile(hf, seq_len: int, wire_dtype_bytes: int = 4, stash_dtype_by
     out = [pt.LayerProfile(fwd_flops=float(t * d), bwd_input_flops=0.0, bwd_weight_flops=float(t * d),
                            param_bytes=params[0], activation_bytes_out=act)]
     attn = 4.0 * t * t * q_channels
+    # under autocast (activations of fewer than 4 bytes) each micro-batch's forward keeps its own
+    # low-precision copy of every matmul weight for the backward
+    copy = float(stash_dtype_bytes) if stash_dtype_bytes < 4 else 0.0
     for layer, pb in zip(layers[1:-1], params[1:-1]):
-        mm = 2.0 * _matmul_weights(layer) * t
+        w = _matmul_weights(layer)
+        mm = 2.0 * w * t
         out.append(pt.LayerProfile(fwd_flops=mm + attn, bwd_input_flops=mm + 2 * attn, bwd_weight_flops=mm,
                                    param_bytes=pb, activation_bytes_out=act,
-                                   stash_bytes=17.0 * t * d * stash_dtype_bytes))
-    head = 2.0 * _matmul_weights(layers[-1]) * t
+                                   stash_bytes=17.0 * t * d * stash_dtype_bytes, stash_fixed_bytes=copy * w))
+    w = _matmul_weights(layers[-1])
+    head = 2.0 * w * t
     out.append(pt.LayerProfile(fwd_flops=head, bwd_input_flops=head, bwd_weight_flops=head, param_bytes=params[-1],
-                               activation_bytes_out=0.0, stash_bytes=float(t * d * stash_dtype_bytes + t * v * 4)))
+                               activation_bytes_out=0.0, stash_bytes=float(t * d * stash_dtype_bytes + t * v * 4),
+                               stash_fixed_bytes=copy * w))
     n = sum(params) / 4
     return pt.ModelProfile(tuple(out), name=f"{hf.source.spec} ({c.model_type}, d={d}, L={c.num_hidden_layers}, "
                                             f"T={t}, V={v}, {n / 1e6:.1f}M params)",

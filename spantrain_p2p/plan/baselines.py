@@ -82,7 +82,8 @@ def greedy_baseline(snapshot: Snapshot, profile: ModelProfile, options: Optional
     b_ref = min(ctx.opts.batch_sizes())
 
     def fits(pid: str, lo: int, hi: int, held: int) -> bool:
-        need = sum(x.param_bytes for x in lay[lo:hi]) * state + held * b_ref * sum(x.stash_bytes for x in lay[lo:hi])
+        need = sum(x.param_bytes for x in lay[lo:hi]) * state + held * sum(
+            b_ref * x.stash_bytes + x.stash_fixed_bytes for x in lay[lo:hi])
         return need <= snapshot.peer(pid).memory_bytes
 
     spans: list[list] = []  # [lo, hi, [peers]]

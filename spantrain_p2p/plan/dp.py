@@ -42,6 +42,8 @@ class Tables:
         FBW = fbw[None, :] - fbw[:, None]  # [i, j] = layers i..j-1
         PAR = par[None, :] - par[:, None]
         STA = sta[None, :] - sta[:, None]
+        fix = np.concatenate([[0.0], np.cumsum([x.stash_fixed_bytes for x in lay])])
+        HELD = b * STA + (fix[None, :] - fix[:, None])  # one micro-batch's stash (the fixed part: autocast's weight copies)
         valid = np.triu(np.ones((L + 1, L + 1), dtype=bool), 1)
         state = profile.state_bytes_per_param_byte
         # full recomputation (``layout.recomputed_stash``): one activation per layer kept (and the
@@ -51,7 +53,7 @@ class Tables:
             ao = np.concatenate([[0.0], np.cumsum([x.activation_bytes_out for x in lay])])
             prev = np.array([0.0] + [x.activation_bytes_out for x in lay])  # [i]: layer i's input
             INP = prev[:, None] + (ao[None, :] - ao[:, None])
-            stash_l = np.array([x.stash_bytes for x in lay])
+            stash_l = np.array([x.stash_bytes * b + x.stash_fixed_bytes for x in lay])
             ONCE = np.zeros((L + 1, L + 1))
             for i in range(L):
                 ONCE[i, i + 1:] = np.maximum.accumulate(stash_l[i:])
@@ -78,11 +80,11 @@ class Tables:
             feas = valid.copy()
             mem = np.array([peers[x].memory_bytes for x in sg.peers])
             for h, mm in sorted(set(zip(held.tolist(), mem.tolist()))):
-                feas &= state * PAR + h * b * STA <= mm
+                feas &= state * PAR + h * HELD <= mm
             if lever != "none":  # where the stash does not fit, (or everywhere with "full") recompute
                 feas_r = valid.copy()
                 for h, mm in sorted(set(zip(held.tolist(), mem.tolist()))):
-                    feas_r &= state * PAR + h * b * INP + b * ONCE <= mm
+                    feas_r &= state * PAR + h * b * INP + ONCE <= mm
                 recompute = feas_r & ~feas if lever == "auto" else feas_r
                 feas = feas | feas_r if lever == "auto" else feas_r
             n = len(sg.peers)

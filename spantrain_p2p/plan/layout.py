@@ -214,11 +214,12 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
     bw = sum(x.bwd_weight_flops for x in layers) * b
     params = sum(x.param_bytes for x in layers)
     # what the layers keep, and the stage's output (kept for its backward, not saved by a layer of its own)
-    stash = (sum(x.stash_bytes for x in layers) + layers[-1].activation_bytes_out) * b
+    stash = (sum(x.stash_bytes for x in layers) + layers[-1].activation_bytes_out) * b + \
+        sum(x.stash_fixed_bytes for x in layers)
     once = 0.0
     if st.recompute == "full":  # the forward again in each backward pass: B (or fused BW), and W when apart
-        kept, biggest = recomputed_stash(profile, lo, hi)
-        stash, once = kept * b, biggest * b
+        kept, _ = recomputed_stash(profile, lo, hi)
+        stash, once = kept * b, max(x.stash_bytes * b + x.stash_fixed_bytes for x in layers)
         bi += fw
         if split:
             bw += fw

@@ -119,6 +119,8 @@ class LayerProfile:
     ``param_bytes`` does not scale: the layer's weights as stored (fp32: 4 bytes each).
     ``activation_bytes_out``: the tensor this layer hands to the next one, as sent over the
     wire uncompressed. ``stash_bytes``: what the layer keeps from its forward for its backward.
+    ``stash_fixed_bytes``: what it keeps per micro-batch whatever the micro-batch's size (under
+    autocast, the low-precision copy of its weights that each micro-batch's forward makes and keeps).
     """
 
     fwd_flops: float
@@ -127,10 +129,11 @@ class LayerProfile:
     param_bytes: float
     activation_bytes_out: float
     stash_bytes: float = 0.0
+    stash_fixed_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("fwd_flops", "bwd_input_flops", "bwd_weight_flops", "param_bytes",
-                     "activation_bytes_out", "stash_bytes"):
+                     "activation_bytes_out", "stash_bytes", "stash_fixed_bytes"):
             object.__setattr__(self, name, _finite(name, getattr(self, name), positive=False))
 
 

@@ -106,8 +106,10 @@ MEASURE_STASH_MAX_BYTES = 512 << 20  # the layers built to measure what they kee
 def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
     """``prof`` with each layer's stash as measured (``pipeline.memory.saved_bytes``): the first
     layer, one block (every block of these models is alike) and the last, built on the CPU and run
-    on one sample of the job's length in its precision; a model whose three layers' weights pass
-    ``MEASURE_STASH_MAX_BYTES`` keeps the formula's figures (its own counting, ``hf_profile``)."""
+    on one and on two samples of the job's length in its precision (what grows with the samples is
+    the per-sample stash; what does not is kept once per micro-batch: autocast's copies of the
+    weights); a model whose three layers' weights pass ``MEASURE_STASH_MAX_BYTES`` keeps the
+    formula's figures (its own counting, ``hf_profile``)."""
     import torch
 
     from ..models.precision import COMPUTE_DTYPES
@@ -119,10 +121,14 @@ def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
     handle = ModelHandle(job)
     first, block = handle.build(0, 2)
     (last,) = handle.build(n - 1, n)
-    ids = torch.zeros((1, job.seq_len), dtype=torch.long)
-    s0, s1, s2 = layer_stashes([first, block, last], ids, ids, COMPUTE_DTYPES.get(job.precision))
-    stash = [float(s0)] + [float(s1)] * (n - 2) + [float(s2)]
-    return replace(prof, layers=tuple(replace(layer, stash_bytes=st) for layer, st in zip(prof.layers, stash)))
+    dtype = COMPUTE_DTYPES.get(job.precision)
+    one, two = ([float(x) for x in layer_stashes([first, block, last], ids, ids, dtype)]
+                for ids in (torch.zeros((b, job.seq_len), dtype=torch.long) for b in (1, 2)))
+    per = [y - x for x, y in zip(one, two)]  # per sample; what does not grow with it is kept per micro-batch
+    fixed = [max(0.0, x - p) for x, p in zip(one, per)]
+    pick = [0] + [1] * (n - 2) + [2]
+    return replace(prof, layers=tuple(replace(layer, stash_bytes=per[i], stash_fixed_bytes=fixed[i])
+                                      for layer, i in zip(prof.layers, pick)))
 
 
 def make_plan(job: JobSpec, snap: pt.Snapshot, kind: str = "planner") -> pt.Plan:

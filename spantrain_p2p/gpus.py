@@ -37,6 +37,12 @@ CATALOGUE: dict[str, GPU] = {g.name: g for g in (
         "NVIDIA Ada Lovelace architecture whitepaper: RTX 4090 BF16 tensor with FP32 accumulate 165.2 TFLOPS (330.4 sparse)"),
     GPU("RTX-3090", 71.0, 24, "consumer",
         "NVIDIA Ampere GA102 GPU architecture whitepaper: RTX 3090 BF16 tensor with FP32 accumulate 71 TFLOPS (142 sparse)"),
+    GPU("RTX-3080", 59.5, 10, "consumer",
+        "NVIDIA Ampere GA102 GPU architecture whitepaper, appendix: RTX 3080 (10 GB) FP16/BF16 tensor with FP32 accumulate "
+        "59.5 TFLOPS (119 sparse)"),
+    GPU("RTX-3070", 40.6, 8, "consumer",
+        "NVIDIA Ampere GA102 GPU architecture whitepaper, appendix: RTX 3070 (8 GB) FP16/BF16 tensor with FP32 accumulate "
+        "40.6 TFLOPS (81.3 sparse)"),
     # embedded
     GPU("Jetson-AGX-Orin-64GB", 42.5, 64, "embedded",
         "NVIDIA Jetson AGX Orin Series technical brief v1.2: GPU 170 sparse INT8 TOPS; dense FP16 taken as a quarter of "

@@ -278,7 +278,8 @@ def test_offloading_is_priced_by_its_copies_and_host_step():
 async def test_a_recomputing_stage_still_answers_the_verifiers_recomputation(mode):
     """The executor's ``recompute`` (verified computation, ``train.verifier``) is a method whatever the
     stage's lever (an attribute of the same name once shadowed it: every check failed with a
-    TypeError), and under full recomputation it sends what the stage sends."""
+    TypeError), and under full recomputation it sends what the stage sends. What the check keeps is
+    not counted as the stage's stash (a check beside a step once doubled a replica's measured peak)."""
     from spantrain_p2p.data import generated as data
     from spantrain_p2p.job.spec import ModelHandle
     from spantrain_p2p.pipeline.executor import StageExecutor
@@ -294,5 +295,5 @@ async def test_a_recomputing_stage_still_answers_the_verifiers_recomputation(mod
     x, _ = batch(0, 0)
     layers = ModelHandle(job).build(0, 2)
     want = layers[1](layers[0](x))
-    assert torch.equal(out["send/act"], want.detach()) and ex.meter.held == 0
+    assert torch.equal(out["send/act"], want.detach()) and ex.meter.held == 0 and ex.meter.peak == 0
     ex.close()

@@ -103,3 +103,20 @@ def test_peers_too_small_get_a_plan_only_with_recomputation(capsys):
     assert rc == 0
     stages = json.loads(out.strip().splitlines()[-1])["planner"]["stages"]
     assert any(st["recompute"] == "full" for st in stages)
+
+
+def test_a_7b_model_fits_consumer_gpus_only_with_the_memory_levers(capsys):
+    """peers/consumer-gpus.toml: 16 cards of 8 and 10 GB; Llama-7B's training state alone (~108 GB)
+    needs all of them, and its activations only fit recomputed: no plan without the levers; with
+    them every card is used and every peer's predicted peak is under its device's memory."""
+    argv = ("--scenario", "peers/consumer-gpus.toml", "--workload", "hf:llama-7b", "--seq-len", "1024",
+            "--global-batch", "64", "--no-baselines", "--json")
+    rc, _, err = _run(capsys, *argv, "--recompute", "none")
+    assert rc == 1 and "does not fit in the peers' memory" in err
+    rc, out, _ = _run(capsys, *argv)
+    assert rc == 0
+    planner = json.loads(out.strip().splitlines()[-1])["planner"]
+    assert planner["peers_used"] == 16 and any(st["recompute"] == "full" for st in planner["stages"])
+    assert len(planner["memory"]) == 16
+    for peer, m in planner["memory"].items():
+        assert 0 < m["peak_bytes"] <= m["device_bytes"] <= 10 * 2**30, (peer, m)

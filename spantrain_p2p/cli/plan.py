@@ -219,6 +219,11 @@ def run_plan(args: argparse.Namespace) -> dict:
         "baselines": {},
     }
     out["planner"]["peers_used"] = len(best.peers())
+    if math.isfinite(best.step_s):  # each peer's memory as the cost model holds it, beside its device's
+        from ..plan.levers import predicted_peaks
+
+        out["planner"]["memory"] = {p: {"peak_bytes": round(v["peak"]), "device_bytes": round(snapshot.peer(p).memory_bytes)}
+                                    for p, v in predicted_peaks(best, profile).items()}
     out["islands"], out["sync_auto"] = _islands(snapshot, profile, opts, result, links, best)
     if args.workload:
         out["workload"] = model
@@ -251,7 +256,12 @@ def _table(out: dict) -> str:
     for i, st in enumerate(pl["stages"]):
         share = ", ".join(f"{p} {s:.2f}" for p, s in st["microbatch_share"].items())
         comp = f"  -> {pl['compression'][i]}" if i < len(pl["compression"]) else ""
-        lines.append(f"  stage {i}: layers {st['layers'][0]:>3}-{st['layers'][1] - 1:<3} {share}{comp}")
+        lever = "  recompute" if st.get("recompute", "none") != "none" else ""
+        mem = pl.get("memory") or {}
+        peaks = ", ".join(f"{mem[p]['peak_bytes'] / 2**30:.1f}/{mem[p]['device_bytes'] / 2**30:.1f} GiB"
+                          for p in st["microbatch_share"] if p in mem)
+        lines.append(f"  stage {i}: layers {st['layers'][0]:>3}-{st['layers'][1] - 1:<3} {share}{comp}{lever}"
+                     + (f"  (memory {peaks})" if peaks else ""))
     lines.append("")
     lines.append(f"{'':16}{'samples/s':>11}{'step (sim)':>13}{'step (model)':>14}  bottleneck")
     rows = [("planner", pl)] + list(out["baselines"].items())

@@ -44,6 +44,7 @@ class _Mb:
     outs: Optional[list] = None
     gouts: Optional[list] = None
     held: int = 0  # the bytes its forward keeps (``memory.StashMeter``), held until its backward is done
+    meter: Optional[StashMeter] = None  # where its stash is counted: the stage's (None), or a check's own
 
 
 @dataclass
@@ -186,7 +187,8 @@ class StageExecutor:
         n = len(self.layers)
         loss = None
         stash: dict[int, int] = {}
-        with self._autocast(), self.meter.saving(stash):
+        meter = st.meter or self.meter
+        with self._autocast(), meter.saving(stash):
             for i, layer in enumerate(self.layers):
                 if i > 0 and x.is_floating_point():
                     x = x.detach().requires_grad_(True)
@@ -200,8 +202,9 @@ class StageExecutor:
                 st.outs.append(x)
         for t in st.outs:  # the outputs are kept too (each the next layer's input: one storage)
             stash[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        st.held = self.meter.kept(stash)
-        self._check_memory()
+        st.held = meter.kept(stash)
+        if meter is self.meter:
+            self._check_memory()
         st.out = x
         return None if loss is None else float(loss.detach())
 
@@ -332,7 +335,8 @@ class StageExecutor:
         activation ``x`` (the data on the first stage) and output gradient ``grad_out`` (none on the
         last): what would be sent, as ``_send`` sends it ({"send/act": ..., "send/grad": ...}). The
         weights' gradients are untouched (B alone); on a virtual device the ops take their time."""
-        st = _Mb(inp=None if self.is_first else self._here(x).requires_grad_(True))
+        # counted apart: a spot check is not part of the step's stash (nor of its prediction)
+        st = _Mb(inp=None if self.is_first else self._here(x).requires_grad_(True), meter=StashMeter(self.params))
         wire = (lambda t: t.detach()) if self.compute_dtype is None else (lambda t: t.detach().to(self.compute_dtype))
         await self._compute("F", self._forward, step, mb, st)
         out = {} if self.is_last else {"send/act": wire(st.out)}
@@ -340,7 +344,6 @@ class StageExecutor:
             st.grad_out = self._here(grad_out)
             await self._compute("B", self._backward_input, st)
             out["send/grad"] = wire(st.grad_in)
-        self.meter.freed(st.held)
         return out
 
     def zero_grad(self) -> None:

@@ -79,6 +79,7 @@ def main() -> int:
                     help="which checks, comma-separated: overhead, four (four peers), memory (levers: predicted "
                          "peak against the CUDA allocator's)")
     ap.add_argument("--memory-steps", type=int, default=6)
+    ap.add_argument("--memory-precision", default="bf16", help="the memory check's precision (fp32, bf16, fp16)")
     a = ap.parse_args()
     sections = set(a.sections.split(","))
     gpu = a.device.startswith("cuda")
@@ -136,14 +137,14 @@ LEVERS = {"none": [], "recompute": ["--recompute", "full"], "adam8bit": ["--opti
 
 
 def memory_levers(a, work: str, shape: list[str]) -> list[dict]:
-    """3. issue 30's levers on the device: two peers (2 stages, bf16) per lever; each peer's predicted
+    """3. issue 30's levers on the device: two peers (2 stages, ``--memory-precision``) per lever; each peer's predicted
     peak (the cost model's), the peak it counts itself (state + stash) and the CUDA allocator's peak."""
     rows = []
     for name, flags in LEVERS.items():
         t0 = time.time()
         try:
             reports = run_peers(os.path.join(work, f"mem-{name}"),
-                                ["--steps", str(a.memory_steps), "--precision", "bf16", "--plan", "even", "--stages",
+                                ["--steps", str(a.memory_steps), "--precision", a.memory_precision, "--plan", "even", "--stages",
                                  "2", *flags, *shape], a.device, 2, 900)
         except Exception as e:  # one lever failing must not hide the others' figures
             rows.append({"lever": name, "error": repr(e)[-1500:]})

@@ -93,7 +93,6 @@ def test_a_fixed_plan_that_runs_out_of_memory_turns_recomputation_on_and_loses_n
     assert r.returncode == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 6 and summary["lost_steps"] == 0
-    assert [st["recompute"] for st in summary["plans"][0]["stages"]] == ["none", "none"]
     assert [st["recompute"] for st in summary["plans"][-1]["stages"]] == ["full", "full"]
     logs = "".join(p.read_text() for p in run.glob("*.log"))
     assert "virtual device out of memory" in logs and "out of memory on this device: planning within" in logs

@@ -51,6 +51,17 @@ def run_peers(run_dir: str, job_args: list[str], device: str, n: int, timeout: f
             p.kill()
 
 
+def release_cache(device: str) -> None:
+    """Gives the CUDA allocator's cached blocks back to the GPU, for the peers this process starts."""
+    if device.startswith("cuda"):
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def last_stage_losses(reports: list[dict]) -> list[float]:
     """The step's loss: the last stage's replicas' (sum, count) of micro-batch losses, added up."""
     last = max(r["stage"] for r in reports)
@@ -108,6 +119,7 @@ def main() -> int:
                                 steps=steps, precision=precision), a.data, tok)
         times: list[float] = []
         plain_losses, _ = transformers_reference_run(job, steps, device=a.device, step_times=times)
+        release_cache(a.device)
         plain = tokens_per_step / statistics.median(times[skip:])
         reports = run_peers(os.path.join(work, "one"), ["--steps", str(steps), "--precision", precision, *shape],
                             a.device, 1, 3600)
@@ -174,6 +186,7 @@ def four_peers(a, out, work, model, steps, seq, mbs, tok, shape, tokens_per_step
     job = with_data(JobSpec(model=model, seq_len=seq, micro_batch_size=mbs, num_micro_batches=a.micro_batches,
                             steps=steps, precision="bf16"), a.data, tok)
     ref_losses, _ = transformers_reference_run(job, steps, device=a.device)
+    release_cache(a.device)  # the peers share this GPU: the reference run's cached blocks held 9.8 GB of it
     reports = run_peers(os.path.join(work, "four"), ["--steps", str(steps), "--precision", "bf16", "--plan", "even",
                                                      "--stages", "2", *shape], a.device, 4, 3600)
     ends: dict[int, float] = {}

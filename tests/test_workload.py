@@ -163,3 +163,37 @@ def test_a_late_message_of_an_abandoned_epoch_is_refused_not_summed_into_the_red
         asyncio.run(t.on_tensor({"kind": "gsum", "epoch": 1, "step": 164, "mb": 2, "src": "b"}, []))
     with pytest.raises(Retry):  # a newer epoch than this peer's: the sender tries again
         asyncio.run(t.on_tensor({"kind": "gsum", "epoch": 3, "step": 164, "mb": 2, "src": "b"}, []))
+
+
+def test_a_send_to_a_peer_without_an_address_for_a_moment_gives_its_turn_back():
+    """A peer's record blinks out (a forged or expired record: no address for a moment). The send
+    retries, and the stream's turn it took is given back: held, the retry and every later activation
+    to that peer waited forever, across epochs (both peers of a pipeline then waited 60 s a step)."""
+    import asyncio
+    import types
+
+    import torch
+
+    from spantrain_p2p.pipeline.messages import ACT
+    from spantrain_p2p.train.transport import PipelineTransport
+
+    sent = []
+
+    class Client:
+        async def send(self, url, kind, header, bufs, timeout, link, charge, on_sent):
+            on_sent()
+            sent.append((url, header["mb"]))
+
+    urls = iter([None])
+    peer = types.SimpleNamespace(peer_id="a", client=Client(), link_to=lambda dst: None,
+                                 data_url_of=lambda dst: next(urls, "http://b"))
+    t = PipelineTransport(peer, {}, None, lambda: 0)
+    t.start(JobSpec())
+    t.begin_epoch(StageMap(1, "j", (pt.Stage(("a",), (0, 2)), pt.Stage(("b",), (2, 4)))), 0)
+
+    async def two():
+        for mb in (0, 1):
+            await asyncio.wait_for(t.send_to("b", ACT, 0, mb, torch.zeros(2, 3)), 10)
+
+    asyncio.run(two())
+    assert sent == [("http://b", 0), ("http://b", 1)]

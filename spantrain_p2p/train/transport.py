@@ -269,9 +269,9 @@ class PipelineTransport:
             sent = await _take_turn(stream) if stream is not None else _no_turn
             t0 = loop.time()  # this attempt's: refusals and waits before it say nothing of the link
             try:
-                if url is None:
-                    raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
-                try:
+                try:  # the turn is given back whatever happens (held, every later send to dst would wait forever)
+                    if url is None:
+                        raise ConnectionError(f"no live address for {self.smap.name_of(dst)}")
                     await self.peer.client.send(url, kind, header, bufs, timeout=max(1.0, deadline - loop.time()),
                                                 link=self.peer.link_to(dst), charge=charge, on_sent=sent)
                 finally:

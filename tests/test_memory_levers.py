@@ -297,3 +297,15 @@ async def test_a_recomputing_stage_still_answers_the_verifiers_recomputation(mod
     want = layers[1](layers[0](x))
     assert torch.equal(out["send/act"], want.detach()) and ex.meter.held == 0 and ex.meter.peak == 0
     ex.close()
+
+
+def test_a_proxys_bytes_are_not_set_against_the_workloads_prediction():
+    """A workload run's peers hold a small proxy of the model the planner predicted for (Llama-7B's
+    8.6 GB against the proxy's 2.4 MB gave 0.0003): the report keeps both and gives no ratio."""
+    from spantrain_p2p.train import memory_use
+
+    state = {"weights": 4, "grads": 4, "optimizer": 8, "state": 16}
+    predicted = {"state": 16.0, "stash": 4.0, "peak": 20.0}
+    assert memory_use.report(state, 4, predicted, "none")["measured_over_predicted"] == 1.0
+    proxied = memory_use.report(state, 4, predicted, "none", proxy=True)
+    assert proxied["proxy"] is True and "measured_over_predicted" not in proxied and proxied["predicted"] == predicted

@@ -81,17 +81,19 @@ def allocator_peak(device) -> Optional[int]:
 
 
 def report(state: Optional[dict], stash_peak: int, prediction: Optional[dict], recompute: str,
-           transient: int = 0, device=None) -> dict:
+           transient: int = 0, device=None, proxy: bool = False) -> dict:
+    """``proxy``: the peer runs a small model standing for the job's workload (``models.workload``):
+    the prediction is the workload's and the measurement the proxy's, so no ratio is given."""
     measured = None
     if state is not None:
         measured = {**state, "stash": stash_peak + transient, "peak": state["state"] + stash_peak + transient,
                     **({"recompute_transient": transient} if transient else {})}
-    out = {"recompute": recompute, "measured": measured, "predicted": prediction}
-    if measured and prediction and prediction.get("peak"):
+    out = {"recompute": recompute, "measured": measured, "predicted": prediction, **({"proxy": True} if proxy else {})}
+    if measured and prediction and prediction.get("peak") and not proxy:
         out["measured_over_predicted"] = round(measured["peak"] / prediction["peak"], 4)
     cuda = allocator_peak(device)
     if cuda is not None:
         out["cuda_max_allocated"] = cuda
-        if prediction and prediction.get("peak"):
+        if prediction and prediction.get("peak") and not proxy:
             out["cuda_over_predicted"] = round(cuda / prediction["peak"], 4)
     return out

@@ -183,3 +183,20 @@ async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited():
     assert await woken_after({"job": "job-a"}) < 0.5
     assert MAP_NEWS_MIN_GAP_S < 1.0
     assert await woken_after({"job": "job-a"}) >= 1.0  # within the gap of the last one: ignored
+
+
+def test_a_peer_that_joins_a_fixed_plan_mid_run_waits_as_a_spare_and_is_done_with_the_job(peers):
+    """A third peer joins after a fixed 2-stage plan started: no map takes it (a fixed plan is not
+    re-planned for a newcomer), and once the two peers of the map are done, so is it (it waited for
+    a map forever before: a volunteer that came late never heard that the job had ended)."""
+    swarm = f"spare-{os.getpid()}"
+    origin = peers("p0", "--swarm", swarm, "--steps", "40", "--peers", "2", "--plan", "even", "--stages", "2")
+    origin.wait_ready(60)
+    second = peers("p1", "--swarm", swarm, "--join", origin.info["address"])
+    second.wait_ready(60)
+    wait_until(lambda: origin.status()["state"] in ("training", "done"), 60, interval=0.3)
+    late = peers("p2", "--swarm", swarm, "--join", origin.info["address"])
+    late.wait_ready(60)
+    wait_done([origin, second, late], 120)
+    assert late.status(path="/report")["stage"] is None
+    assert "ran it to the end without this peer" in late.log_tail(60)

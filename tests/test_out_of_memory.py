@@ -106,3 +106,11 @@ def test_a_fixed_plan_without_recomputation_stops_saying_who_ran_out(tmp_path):
     assert r.returncode != 0
     assert "ran out of memory on layers" in r.stderr and "this fixed plan does not fit its device" in r.stderr, \
         r.stderr[-2000:]
+
+
+def test_the_planner_sees_a_capped_peer_with_its_cap_and_the_others_as_measured():
+    from spantrain_p2p.train.planning import snapshot
+
+    prof = {"profile": {"effective_tflops": 1.0, "memory_bytes": 8 << 30}}
+    snap = snapshot({"a": prof, "b": prof}, {}, ["a", "b"], {"a": 3 << 30})
+    assert snap.peer("a").memory_bytes == 3 << 30 and snap.peer("b").memory_bytes == 8 << 30

@@ -194,15 +194,15 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
     return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars), profile.wire_dtype_bytes, split)
 
 
-def recomputed_stash(profile: ModelProfile, lo: int, hi: int) -> tuple[float, float]:
-    """Per sample, what layers ``[lo, hi)`` keep of a forward under full recomputation (each layer's
-    input, and the last one's output: one activation per layer) and what the layer being recomputed
-    holds once (the largest layer stash)."""
+def recomputed_stash(profile: ModelProfile, lo: int, hi: int, b: int) -> tuple[float, float]:
+    """For micro-batches of ``b`` samples, what layers ``[lo, hi)`` keep of a forward under full
+    recomputation (each layer's input, and the last one's output: one activation per layer) and what
+    the layer being recomputed holds once (the largest layer stash, its fixed part included)."""
     layers = profile.layers
     kept = sum(x.activation_bytes_out for x in layers[lo:hi])  # each layer's output: the next one's input
     if lo > 0:
         kept += layers[lo - 1].activation_bytes_out  # the stage's input
-    return kept, max(x.stash_bytes for x in layers[lo:hi])
+    return kept * b, max(x.stash_bytes * b + x.stash_fixed_bytes for x in layers[lo:hi])
 
 
 def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: ModelProfile,
@@ -218,8 +218,7 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
         sum(x.stash_fixed_bytes for x in layers)
     once = 0.0
     if st.recompute == "full":  # the forward again in each backward pass: B (or fused BW), and W when apart
-        kept, _ = recomputed_stash(profile, lo, hi)
-        stash, once = kept * b, max(x.stash_bytes * b + x.stash_fixed_bytes for x in layers)
+        stash, once = recomputed_stash(profile, lo, hi, b)
         bi += fw
         if split:
             bw += fw

@@ -306,10 +306,8 @@ class Coordinator:
         start, start_data, error = await self._resume_point(current)
         plan, why = None, ""
         if measured and not error:
-            caps = memory_caps(live)  # a peer that ran out of memory under a plan is planned within less
-            profiles = {p: {**d, "profile": {**d["profile"], "memory_bytes": min(d["profile"]["memory_bytes"], caps[p])}}
-                        if p in caps else d for p, d in profiles.items()}
-            snap = planning.snapshot(profiles, links, ids)
+            # a peer that ran out of memory under a plan is planned within less
+            snap = planning.snapshot(profiles, links, ids, memory_caps(live))
             t0 = time.perf_counter()
             if current is not None:  # a re-plan keeps the run's way of syncing (a map with islands
                 # resumes from their outer state, a global one from layer states)

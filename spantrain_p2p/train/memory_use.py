@@ -89,11 +89,12 @@ def report(state: Optional[dict], stash_peak: int, prediction: Optional[dict], r
         measured = {**state, "stash": stash_peak + transient, "peak": state["state"] + stash_peak + transient,
                     **({"recompute_transient": transient} if transient else {})}
     out = {"recompute": recompute, "measured": measured, "predicted": prediction, **({"proxy": True} if proxy else {})}
-    if measured and prediction and prediction.get("peak") and not proxy:
-        out["measured_over_predicted"] = round(measured["peak"] / prediction["peak"], 4)
+    peak = None if proxy or not prediction else prediction.get("peak")  # what a ratio is taken against
+    if measured and peak:
+        out["measured_over_predicted"] = round(measured["peak"] / peak, 4)
     cuda = allocator_peak(device)
     if cuda is not None:
         out["cuda_max_allocated"] = cuda
-        if prediction and prediction.get("peak") and not proxy:
-            out["cuda_over_predicted"] = round(cuda / prediction["peak"], 4)
+        if peak:
+            out["cuda_over_predicted"] = round(cuda / peak, 4)
     return out

@@ -19,12 +19,15 @@ from ..job.spec import BUILTIN, JobSpec, ModelHandle, is_hf
 from ..models.precision import wire_dtype_bytes
 
 
-def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: list[str]) -> pt.Snapshot:
+def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: list[str],
+             memory_caps: Optional[Mapping[str, int]] = None) -> pt.Snapshot:
     """Snapshot of ``peer_ids`` in real time units: a peer's FLOP/s is what it measured on itself
-    (its virtual device's real speed when emulating); links are the measured ones (unknown if none)."""
-    ids = [p for p in peer_ids if p in profiles]
+    (its virtual device's real speed when emulating); links are the measured ones (unknown if none);
+    its memory is its profile's, or less where it ran out under a plan (``memory_caps``)."""
+    ids, caps = [p for p in peer_ids if p in profiles], memory_caps or {}
     devices = [{"peer": p, "tflops": profiles[p]["profile"]["effective_tflops"],
-                "memory_gb": profiles[p]["profile"]["memory_bytes"] / 2**30} for p in ids]
+                "memory_gb": min(profiles[p]["profile"]["memory_bytes"], caps.get(p, math.inf)) / 2**30}
+               for p in ids]
     rows = []
     for src in ids:
         for dst, m in (links.get(src) or {}).items():
@@ -122,8 +125,12 @@ def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
     first, block = handle.build(0, 2)
     (last,) = handle.build(n - 1, n)
     dtype = COMPUTE_DTYPES.get(job.precision)
-    one, two = ([float(x) for x in layer_stashes([first, block, last], ids, ids, dtype)]
-                for ids in (torch.zeros((b, job.seq_len), dtype=torch.long) for b in (1, 2)))
+
+    def stashes(samples: int) -> list[float]:
+        ids = torch.zeros((samples, job.seq_len), dtype=torch.long)
+        return [float(x) for x in layer_stashes([first, block, last], ids, ids, dtype)]
+
+    one, two = stashes(1), stashes(2)
     per = [y - x for x, y in zip(one, two)]  # per sample; what does not grow with it is kept per micro-batch
     fixed = [max(0.0, x - p) for x, p in zip(one, per)]
     pick = [0] + [1] * (n - 2) + [2]

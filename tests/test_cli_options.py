@@ -47,6 +47,7 @@ NON_DEFAULT = {
     "--dump-step": "3", "--device": "cpu", "--workload": "hf:gpt2", "--workload-seq-len": "512",
     "--sync": "islands:12", "--outer-lr": "0.5", "--outer-momentum": "0.8", "--island-split": "5",
     "--exchange-compression": "int:4", "--aggregate": "sum", "--verify": "0.25", "--recompute": "full",
+    "--shard-optimizer": "full",
 }
 
 

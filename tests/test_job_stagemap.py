@@ -43,7 +43,7 @@ def test_a_stage_map_round_trips():
     m = placeholder_map(["a", "b", "c"], 6, "j", epoch=4, names={"a": "cloud-1"})
     assert StageMap.from_dict(m.to_dict(), 6) == m
     assert m.summary()["stages"][0] == {"peers": ["cloud-1"], "layers": [0, 2], "microbatch_share": {"cloud-1": 1.0},
-                                        "recompute": "none"}
+                                        "recompute": "none", "shard": False}
 
 
 def test_replicated_stages_deal_peers_in_order_and_share_micro_batches():

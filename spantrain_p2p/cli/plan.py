@@ -62,6 +62,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--recompute", default="auto", choices=("auto", "none", "full"),
                      help="activation recomputation: auto (on the stages whose peers cannot hold their activations "
                      "otherwise; each stage says), none, or full on every stage (default: auto)")
+    run.add_argument("--shard-optimizer", default="auto", choices=("auto", "none", "full"),
+                     help="optimizer state of replicated stages sharded across their replicas (ZeRO-1): auto (where "
+                     "their peers cannot hold it otherwise, inside a fast group), none, or full (default: auto)")
     run.add_argument("--no-jitter", action="store_true", help="simulate links without their delay jitter")
     run.add_argument("--no-baselines", action="store_true", help="skip the baselines")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line of stdout")
@@ -188,7 +191,7 @@ def run_plan(args: argparse.Namespace) -> dict:
     for c in comps:
         compression_ratio(c)
     opts = PlannerOptions(global_batch=g, micro_batch_sizes=sizes, schedules=_csv(args.schedules, "schedules"),
-                          compressions=comps, recompute=args.recompute)
+                          compressions=comps, recompute=args.recompute, shard=args.shard_optimizer)
     if args.workload:
         profile, model = _workload(args)
         result = plan(snapshot, profile, opts)
@@ -256,7 +259,8 @@ def _table(out: dict) -> str:
     for i, st in enumerate(pl["stages"]):
         share = ", ".join(f"{p} {s:.2f}" for p, s in st["microbatch_share"].items())
         comp = f"  -> {pl['compression'][i]}" if i < len(pl["compression"]) else ""
-        lever = "  recompute" if st.get("recompute", "none") != "none" else ""
+        lever = ("  recompute" if st.get("recompute", "none") != "none" else "") + \
+            ("  sharded optimizer" if st.get("shard") else "")
         mem = pl.get("memory") or {}
         peaks = ", ".join(f"{mem[p]['peak_bytes'] / 2**30:.1f}/{mem[p]['device_bytes'] / 2**30:.1f} GiB"
                           for p in st["microbatch_share"] if p in mem)

@@ -163,6 +163,18 @@ class OuterSync(Membership):
         return {"data_step": held[0], "n": int(anchor.size)}, [memoryview(anchor.view(np.uint8)),
                                                                 memoryview(momentum.view(np.uint8))]
 
+    async def state_at(self, version: int, layers: dict, pages: dict, rtt_ms) -> dict:
+        """This peer's ``layers``' (layer -> its parameters) outer state at ``version``: its own, or
+        from a peer holding it (the same layers in another island, or this island's before the
+        re-plan), nearest first (``pages``: the peers' ``/inventory`` pages, ``rtt_ms(peer)``)."""
+        invs = self.parse_inventories(pages)
+        out = {}
+        for layer, params in layers.items():
+            holders = [p for p, inv in invs.items() if version in inv["layers"].get(layer, [])]
+            holders.sort(key=lambda p: (rtt_ms(p), p))
+            out[layer] = await self.fetch(layer, version, holders, sum(p.numel() for p in params))
+        return out
+
     async def fetch(self, layer: int, version: int, holders: list[str], size: int,
                     deadline: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer``'s outer state at ``version`` from the first of ``holders`` that gives it

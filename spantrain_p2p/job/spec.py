@@ -82,6 +82,10 @@ class JobSpec:
     # activation recomputation (pipeline.memory): auto (the planner's choice per stage: where a stage's
     # peers cannot hold its activations otherwise), none, or full on every stage (plan.levers)
     recompute: str = "auto"
+    # the optimizer state of replicated stages sharded across their replicas (ZeRO-1, train.shard):
+    # auto (where their peers cannot hold it otherwise, inside a fast group), none, or full (every
+    # replicated stage); with --aggregate sum only (the robust sum needs every part at every replica)
+    shard_optimizer: str = "auto"
     offload_optimizer: bool = False  # the optimizer's state and step on the host (job.offload)
     peers: int = 1  # ready peers to wait for before the first stage map
     stages: int = 0  # pipeline depth of the placeholder map: 0 = one peer per stage, else peers share stages
@@ -125,6 +129,11 @@ class JobSpec:
             raise ValueError(f"recompute must be one of {RECOMPUTE}, not {self.recompute!r}")
         if self.aggregate not in AGGREGATES:
             raise ValueError(f"aggregate must be one of {AGGREGATES}, not {self.aggregate!r}")
+        if self.shard_optimizer not in ("auto", "none", "full"):
+            raise ValueError(f"shard_optimizer must be auto, none or full, not {self.shard_optimizer!r}")
+        if self.shard_optimizer == "full" and self.aggregate != "sum":
+            raise ValueError("a sharded optimizer state needs --aggregate sum: the robust sum has every replica "
+                             "judge every part, where a shard's owner sums its layers alone")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
         if self.schedule not in SCHEDULES:

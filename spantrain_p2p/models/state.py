@@ -2,7 +2,10 @@
 
 A layer's state is its parameters and buffers plus the optimizer's state of its parameters,
 as ``(name, tensor)`` pairs: ``p:<param>``, ``b:<buffer>``, ``o:<param>:<key>``, and scalars of the
-whole run that must survive with it (``s:<name>``: fp16's loss scale). Peers keep
+whole run that must survive with it (``s:<name>``: fp16's loss scale). In a stage whose optimizer
+state is sharded across its replicas (``train.shard``) a replica's state of a layer is partial: an
+empty ``x:<param>`` for each parameter whose optimizer state another replica holds (``merge`` puts
+the parts together, ``missing`` says what a part lacks). Peers keep
 snapshots of the last few steps of their own layers and hold copies of a buddy's, so that when
 a peer dies, the layers it ran can be rebuilt elsewhere at a step every survivor can also return
 to: the interrupted step is redone, none is lost and none applied twice.
@@ -22,13 +25,18 @@ LayerState = list[tuple[str, torch.Tensor]]
 MAX_ENTRIES = 4096
 
 
-def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerState = ()) -> LayerState:
+def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerState = (),
+            foreign: frozenset = frozenset()) -> LayerState:
     """A copy of the layer's state now (parameters, buffers, optimizer state of its parameters),
-    with ``run``'s ``s:`` entries (scalars of the whole run)."""
+    with ``run``'s ``s:`` entries (scalars of the whole run); ``foreign``: the parameters whose
+    optimizer state another replica holds (marked ``x:``)."""
     out: LayerState = [(f"p:{n}", _host_copy(p)) for n, p in layer.named_parameters()]
     out += [(f"b:{n}", _host_copy(b)) for n, b in layer.named_buffers()]
+    out += [(f"x:{n}", torch.zeros(0)) for n, _ in layer.named_parameters() if n in foreign]
     if opt is not None:
         for n, p in layer.named_parameters():
+            if n in foreign:
+                continue
             for key, v in sorted(opt.state.get(p, {}).items()):
                 t = v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
                 if type(t) is not torch.Tensor and hasattr(t, "dequantize"):
@@ -38,6 +46,24 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
                 out.append((f"o:{n}:{key}", _host_copy(t).float()))
     out += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
     return out
+
+
+def missing(state: LayerState) -> frozenset:
+    """The parameters whose optimizer state ``state`` lacks (held by another replica); empty: whole."""
+    return frozenset(n[2:] for n, _ in state if n.startswith("x:"))
+
+
+def merge(a: LayerState, b: LayerState) -> LayerState:
+    """``a`` with the optimizer state it lacks taken from ``b`` (a state of the same layer and step:
+    the same weights), where ``b`` has it."""
+    gaps = missing(a)
+    if not gaps:
+        return a
+    from_b = gaps - missing(b)
+    if not from_b:
+        return a
+    take = [(n, t) for n, t in b if n.startswith("o:") and n[2:].rsplit(":", 1)[0] in from_b]
+    return [(n, t) for n, t in a if not (n.startswith("x:") and n[2:] in from_b)] + take
 
 
 def run_entries(state: LayerState) -> dict[str, torch.Tensor]:
@@ -55,8 +81,10 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
-def apply(layer: nn.Module, opt: Optional[torch.optim.Optimizer], state: LayerState) -> None:
-    """Loads ``state`` into the layer (and the optimizer's state of its parameters)."""
+def apply(layer: nn.Module, opt: Optional[torch.optim.Optimizer], state: LayerState,
+          foreign: frozenset = frozenset()) -> None:
+    """Loads ``state`` into the layer (and the optimizer's state of its parameters, but those of
+    ``foreign``: another replica's to hold)."""
     d = dict(state)
     params = dict(layer.named_parameters())
     with torch.no_grad():
@@ -68,6 +96,8 @@ def apply(layer: nn.Module, opt: Optional[torch.optim.Optimizer], state: LayerSt
     if opt is None:
         return
     for n, p in params.items():
+        if n in foreign:
+            continue
         prefix = f"o:{n}:"
         # the moments live with the parameter; a scalar (Adam's step count) stays on the host, as torch keeps it
         st = {k[len(prefix):]: v.to(p.device, copy=True) if v.dim() else v.clone()
@@ -99,8 +129,10 @@ def decode(header: dict, buffers: list[memoryview], expected: Optional[dict[str,
         raise FrameError("layer state has too many or too few entries")
     out = []
     for n, shape, buf in zip(names, shapes, buffers):
-        if not isinstance(n, str) or len(n) > 256 or n[:2] not in ("p:", "b:", "o:", "s:"):
+        if not isinstance(n, str) or len(n) > 256 or n[:2] not in ("p:", "b:", "o:", "s:", "x:"):
             raise FrameError(f"bad layer state entry name {str(n)[:40]!r}")
+        if n.startswith("x:") and shape != [0]:
+            raise FrameError(f"{n} marks a missing optimizer state: it holds nothing")
         if not isinstance(shape, list) or len(shape) > 8 or not all(isinstance(x, int) and x >= 0 for x in shape):
             raise FrameError(f"bad shape for {n}")
         if buf.nbytes != math.prod(shape) * 4:
@@ -110,6 +142,9 @@ def decode(header: dict, buffers: list[memoryview], expected: Optional[dict[str,
             raise FrameError(f"{n} holds NaN or infinite values")
         out.append((n, torch.from_numpy(arr)))
     if expected is not None:
+        gaps = [n for n, _ in out if n.startswith("x:") and f"p:{n[2:]}" not in expected]
+        if gaps:
+            raise FrameError(f"{gaps[0]} names no parameter of the layer")
         got = {n: tuple(t.shape) for n, t in out if is_layer_entry(n)}
         if got != expected:
             missing = sorted(set(expected) ^ set(got))[:3] or [k for k in expected if expected[k] != got.get(k)][:3]
@@ -130,7 +165,12 @@ class Store:
         self.keep = keep_steps
         self._d: dict[tuple[int, int], LayerState] = {}
 
-    def put(self, layer: int, step: int, state: LayerState) -> None:
+    def put(self, layer: int, step: int, state: LayerState, merge_parts: bool = False) -> None:
+        """Keeps ``state`` (with ``merge_parts``, put together with a part already held: buddies'
+        copies of one sharded layer, from its replicas)."""
+        held = self._d.get((layer, step))
+        if merge_parts and held is not None:
+            state = merge(held, state) if missing(held) else held
         self._d[(layer, step)] = state
         steps = sorted({s for (l, s) in self._d if l == layer})
         for s in steps[: -self.keep]:
@@ -145,8 +185,26 @@ class Store:
             out.setdefault(layer, []).append(step)
         return out
 
+    def keys(self) -> list[tuple[int, int]]:
+        return sorted(self._d)
+
     def clear(self) -> None:
         self._d.clear()
+
+
+def covered(partials: Iterable[dict[int, dict[int, frozenset]]]) -> dict[int, list[int]]:
+    """(layer -> steps) whose state the parts held (per peer: layer -> step -> the parameters whose
+    optimizer state its part lacks) make whole together: no parameter lacked by every part."""
+    gaps: dict[tuple[int, int], frozenset] = {}
+    for inv in partials:
+        for layer, steps in inv.items():
+            for step, lack in steps.items():
+                gaps[(layer, step)] = gaps[(layer, step)] & lack if (layer, step) in gaps else frozenset(lack)
+    out: dict[int, list[int]] = {}
+    for (layer, step), lack in sorted(gaps.items()):
+        if not lack:
+            out.setdefault(layer, []).append(step)
+    return out
 
 
 def resume_step(inventories: Iterable[dict[int, list[int]]], num_layers: int) -> tuple[Optional[int], list[int]]:

@@ -171,6 +171,11 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               "cannot hold their activations otherwise), none, or full on every stage (a stage keeps each layer's "
               "input and runs its forward again in the backward; zero-bubble schedules in B and again in W) "
               "(default auto)", default="auto", choices=("auto", "none", "full"), job="recompute"),
+    JobOption("--shard-optimizer", "the optimizer state of a stage's replicas sharded across them (ZeRO-1: each "
+              "steps its own layers and sends the others their new weights; the same arithmetic): auto (the planner "
+              "turns it on where a stage's peers cannot hold the state otherwise, inside a fast group), none, or "
+              "full on every replicated stage; with --aggregate sum only (default auto)", default="auto",
+              choices=("auto", "none", "full"), job="shard_optimizer"),
     JobOption("--offload-optimizer", "keep the optimizer's state in host memory and step it there: the device keeps "
               "weights and gradients only, each step copies them to the host and the new weights back (the same "
               "arithmetic: equal losses)", action="store_true", job="offload_optimizer"),

@@ -22,6 +22,8 @@ from ..net.framing import FrameError, check_fields
 MESSAGE_VERSION = 1
 ACT, GRAD, GSUM = "act", "grad", "gsum"  # activations, their gradients, weight gradients to sum
 AMP = "amp"  # fp16: a peer's overflow flag, and the swarm's verdict (pipeline.loss_scale)
+WGAT = "wgat"  # a sharded stage's new weights, from the replica that owns their optimizer state (train.shard)
+REPLICA_KINDS = (GSUM, AMP, WGAT)  # messages between the replicas of a stage: one slot per sender
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # numpy has no bfloat16: its 2-byte values travel as int16 and are viewed back as bfloat16
 _NP = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16}

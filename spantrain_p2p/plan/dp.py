@@ -21,6 +21,7 @@ import numpy as np
 from ..pipeline.assignment import microbatch_counts
 from .candidates import Segment, Units, group_link, group_orders
 from .search import INF, Search
+from . import levers
 from .types import wire_ratio
 
 Chain = list[tuple[int, int, int]]  # (segment, first layer, last layer exclusive) per stage
@@ -77,24 +78,33 @@ class Tables:
             else:
                 window = min(m, math.ceil(n_units * kshare[k]) + 1 + n_units)
                 held = np.minimum(cnt, np.ceil(window * cnt / m) + 1)
-            feas = valid.copy()
             mem = np.array([peers[x].memory_bytes for x in sg.peers])
-            for h, mm in sorted(set(zip(held.tolist(), mem.tolist()))):
-                feas &= state * PAR + h * HELD <= mm
-            if lever != "none":  # where the stash does not fit, (or everywhere with "full") recompute
-                feas_r = valid.copy()
-                for h, mm in sorted(set(zip(held.tolist(), mem.tolist()))):
-                    feas_r &= state * PAR + h * b * INP + ONCE <= mm
-                recompute = feas_r & ~feas if lever == "auto" else feas_r
-                feas = feas | feas_r if lever == "auto" else feas_r
             n = len(sg.peers)
             ar = np.zeros_like(PAR)
+            ar_sharded = None
             if n > 1:
                 ring = [links.get(sg.peers[i], sg.peers[(i + 1) % n]) for i in range(n)]
                 lat = max(x.rtt_s for x in ring) / 2
                 bw = min(x.bandwidth for x in ring)
                 ar = 2 * (n - 1) * (lat + PAR * profile.grad_wire_bytes_per_param_byte / n / bw)
-            cost = cb * b * (FBW + FW * recompute if lever != "none" else FBW) + ar
+                if opts.shard != "none" and levers.can_shard(sg, links):
+                    # the reduce-scatter alone, then a replica's share of the weights to the others (layout.ring_layers)
+                    ar_sharded = ar / 2 + (n - 1) * PAR / n / bw + lat
+            # the levers a cell may take, cheapest first (levers.fit): none, sharded optimizer state,
+            # recomputation, both; "full" takes its lever everywhere it can
+            recs = {"none": (False,), "full": (True,)}.get(lever, (False, True))
+            shards = (False,) if ar_sharded is None else {"full": (True,)}.get(opts.shard, (False, True))
+            opt = profile.optimizer_bytes_per_param_byte
+            feas = np.zeros_like(valid)
+            cost = np.full_like(PAR, INF)
+            for rec, sh in sorted((r, x) for r in recs for x in shards):
+                ok = valid.copy()
+                coef = state - opt * (1 - 1 / n) if sh else state
+                for h, mm in sorted(set(zip(held.tolist(), mem.tolist()))):
+                    ok &= coef * PAR + (h * b * INP + ONCE if rec else h * HELD) <= mm
+                new = ok & ~feas
+                cost = np.where(new, cb * b * (FBW + FW if rec else FBW) + (ar_sharded if sh else ar), cost)
+                feas |= ok
             C[k] = np.where(feas, cost, INF)
             LAT[k] = np.where(valid, lc * b * FBW, INF)
         # hops

@@ -185,11 +185,12 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
         hops.append(hl)
     ars = []
     for st, sw in zip(plan.stages, out):
-        key = ("ar", st.peers, st.layers)
+        key = ("ar", st.peers, st.layers, st.shard)
         ar = cache.get(key)
         if ar is None:
-            ar = cache[key] = ring_layers(st.peers, profile.layers[st.layers[0]:st.layers[1]],
-                                          profile.grad_wire_bytes_per_param_byte, links)
+            lay = profile.layers[st.layers[0]:st.layers[1]]
+            share = sharded_state_share(st) if st.shard else 0.0
+            ar = cache[key] = ring_layers(st.peers, lay, profile.grad_wire_bytes_per_param_byte, links, share)
         ars.append(ar)
     return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars), profile.wire_dtype_bytes, split)
 
@@ -203,6 +204,27 @@ def recomputed_stash(profile: ModelProfile, lo: int, hi: int, b: int) -> tuple[f
     if lo > 0:
         kept += layers[lo - 1].activation_bytes_out  # the stage's input
     return kept * b, max(x.stash_bytes * b + x.stash_fixed_bytes for x in layers[lo:hi])
+
+
+def shard_owners(sizes: list[float], peers: list[str]) -> list[str]:
+    """The replica that owns each parameter's optimizer state in a sharded stage (``sizes``: the
+    stage's parameters' bytes, in order): largest first, to the replica that owns the fewest bytes
+    so far (the first of the stage's order on a tie). Every replica derives the same owners from
+    the map and the model."""
+    load = {p: 0.0 for p in peers}
+    out = [""] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        p = min(peers, key=lambda q: (load[q], peers.index(q)))
+        out[i] = p
+        load[p] += sizes[i]
+    return out
+
+
+def sharded_state_share(st: Stage) -> float:
+    """The fraction of the stage's optimizer state one replica holds: 1/replicas sharded (its
+    parameters are dealt largest first, ``shard_owners``: even to within the smaller ones, which the
+    profile's layers do not tell apart), else 1."""
+    return 1.0 / len(st.peers) if st.shard and len(st.peers) > 1 else 1.0
 
 
 def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: ModelProfile,
@@ -243,7 +265,12 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
     if profile.host_copy_bytes_per_param_byte or profile.host_step_s_per_param_byte:
         tail = max(params * (profile.host_copy_bytes_per_param_byte / peers[pw.id].host_bytes_per_s
                              + profile.host_step_s_per_param_byte) for pw in works)
-    return StageWork(tuple(works), tuple(owner), params, params * profile.state_bytes_per_param_byte, stash, act,
+    # sharded (ZeRO-1): a replica keeps the optimizer state of the layers it owns only
+    opt_share = sharded_state_share(st)
+    state = params * (profile.state_bytes_per_param_byte - profile.optimizer_bytes_per_param_byte * (1 - opt_share))
+    if opt_share < 1.0:
+        tail *= opt_share  # an offloaded optimizer copies and steps its own share only
+    return StageWork(tuple(works), tuple(owner), params, state, stash, act,
                      tuple((c, pw) for c, pw in kinds.values()),
                      np.array([float(len(pw.mbs)) for pw in owning]), np.array([pw.f + pw.b + pw.w for pw in owning]),
                      once, tail)
@@ -279,10 +306,15 @@ class RingLayers:
     done_bw: tuple[float, ...]
     piece_s: tuple[float, ...]
     latency_s: float
+    # sharded optimizer state: the pieces are the gradients' reduce-scatter ((n-1) chunks), and after
+    # the step the owners send their new weights to the others, unhidden (the all-gather)
+    gather_s: float = 0.0
 
     def tail_s(self, backward_s: float, fused: bool) -> float:
-        """Seconds the all-reduce goes on after the stage's last backward op (of ``backward_s``)."""
-        return overlapped_tail(self.done_bw if fused else self.done_w, self.piece_s, self.latency_s, backward_s)
+        """Seconds the all-reduce (and a sharded stage's all-gather) goes on after the stage's last
+        backward op (of ``backward_s``)."""
+        return overlapped_tail(self.done_bw if fused else self.done_w, self.piece_s, self.latency_s,
+                               backward_s) + self.gather_s
 
 
 def overlapped_tail(done: Sequence[float], piece_s: Sequence[float], latency_s: float, backward_s: float,
@@ -298,9 +330,9 @@ def overlapped_tail(done: Sequence[float], piece_s: Sequence[float], latency_s: 
 
 
 def ring_layers(peers: Sequence[str], layers: Sequence, wire_per_param_byte: float,
-                links: LinkTable) -> Optional[RingLayers]:
+                links: LinkTable, shard_share: float = 0.0) -> Optional[RingLayers]:
     """``RingLayers`` of a stage of ``peers`` holding ``layers`` (profile.LayerProfile), None for
-    one peer."""
+    one peer; ``shard_share``: the busiest owner's share of a sharded stage (0: not sharded)."""
     n = len(peers)
     if n < 2:
         return None
@@ -314,6 +346,10 @@ def ring_layers(peers: Sequence[str], layers: Sequence, wire_per_param_byte: flo
 
     w = done([x.bwd_weight_flops for x in layers])
     bw = done([x.bwd_input_flops + x.bwd_weight_flops for x in layers])
-    steps = 2 * (n - 1)
+    steps = (n - 1) if shard_share else 2 * (n - 1)
     pieces = tuple(steps * x.param_bytes * wire_per_param_byte / n / slow.bandwidth for x in order)
-    return RingLayers(w, bw, pieces, steps * slow.rtt_s / 2)
+    gather = 0.0
+    if shard_share:  # the busiest owner sends its layers' weights to each other replica
+        weights = sum(x.param_bytes for x in layers)
+        gather = (n - 1) * shard_share * weights / slow.bandwidth + slow.rtt_s / 2
+    return RingLayers(w, bw, pieces, steps * slow.rtt_s / 2, gather)

@@ -1,4 +1,11 @@
-"""Memory levers, a stage's choice: which stages of a plan recompute their activations.
+"""Memory levers, a stage's choice: which stages of a plan shard their optimizer state across their
+replicas, and which recompute their activations.
+
+A stage of replicas in one fast group may shard its optimizer state (ZeRO-1, ``train.shard``):
+each replica owns the state of a share of the stage's parameters (``layout.shard_owners``), receives
+the others' gradients of those only, steps them, and sends the others its updated weights (the
+all-gather the cost model adds after the step, ``layout.ring_layers``). Never across a slow link
+(``SHARD_MIN_BYTES_PER_S``): every step's weights would cross it after the backward, unhidden.
 
 A stage keeps what its forwards save for their backwards (the stash) for as many micro-batches as
 its schedule holds at once; where one of its peers cannot hold that beside the stage's weights,
@@ -18,29 +25,49 @@ from .layout import Layout, LinkTable, build_layout
 from .types import ModelProfile, Plan, Snapshot
 
 MODES = ("auto", "none", "full")
+SHARD_MIN_BYTES_PER_S = 125e6  # 1 Gbit/s: the slowest link between replicas that may shard their state
 
 
 def fit(plan: Plan, mode: str, snapshot: Snapshot, profile: ModelProfile, links: LinkTable,
-        op_overhead_s: float = 0.0, layout: Optional[Layout] = None) -> Plan:
-    """``plan`` with ``recompute="full"`` on the stages ``mode`` asks for (``plan`` itself, the same
-    object, where nothing changes)."""
-    if mode not in MODES:
-        raise ValueError(f"recompute must be one of {MODES}, not {mode!r}")
-    if mode == "none":
-        return plan
+        op_overhead_s: float = 0.0, layout: Optional[Layout] = None, shard: str = "none") -> Plan:
+    """``plan`` with the levers ``mode`` (recomputation) and ``shard`` (sharded optimizer state) ask
+    for: ``full`` on every stage that can take it, ``auto`` on the stages whose peers cannot hold
+    them otherwise, sharding first (it costs one all-gather of the weights inside a fast group,
+    where recomputation costs a forward more in every backward), recomputation where that is not
+    enough. ``plan`` itself, the same object, where nothing changes."""
+    for name, m in (("recompute", mode), ("shard", shard)):
+        if m not in MODES:
+            raise ValueError(f"{name} must be one of {MODES}, not {m!r}")
+    stages = list(plan.stages)
+    if shard == "full":
+        stages = [replace(st, shard=True) if can_shard(st, links) else st for st in stages]
     if mode == "full":
-        want = set(range(plan.num_stages))
-    else:
-        if layout is None or not layout.matches(plan):
-            layout = build_layout(plan, snapshot, profile, links, op_overhead_s)
-        m = plan.num_micro_batches
-        warm = stage_warmups(plan.schedule, [dealt_shares(list(st.share_of().values()), m) for st in plan.stages], m)
-        want = set(short_of_memory(layout, plan.schedule, warm, m))
-    want = {s for s in want if plan.stages[s].recompute != "full"}
-    if not want:
+        stages = [replace(st, recompute="full") for st in stages]
+    if "auto" in (mode, shard):
+        for lever in ("shard", "recompute"):
+            if (mode if lever == "recompute" else shard) != "auto":
+                continue
+            cur = replace(plan, stages=tuple(stages))
+            if layout is None or not layout.matches(cur):
+                layout = build_layout(cur, snapshot, profile, links, op_overhead_s)
+            m = cur.num_micro_batches
+            warm = stage_warmups(cur.schedule, [dealt_shares(list(st.share_of().values()), m) for st in stages], m)
+            for s in short_of_memory(layout, cur.schedule, warm, m):
+                if lever == "shard" and not stages[s].shard and can_shard(stages[s], links):
+                    stages[s] = replace(stages[s], shard=True)
+                elif lever == "recompute":
+                    stages[s] = replace(stages[s], recompute="full")
+            layout = None
+    if tuple(stages) == plan.stages:
         return plan
-    return replace(plan, stages=tuple(replace(st, recompute="full") if s in want else st
-                                      for s, st in enumerate(plan.stages)))
+    return replace(plan, stages=tuple(stages))
+
+
+def can_shard(stage, links: LinkTable) -> bool:
+    """Whether ``stage``'s replicas may shard their optimizer state: two or more, every link between
+    them fast (``SHARD_MIN_BYTES_PER_S`` both ways)."""
+    ps = stage.peers
+    return len(ps) > 1 and all(links.get(a, b).bandwidth >= SHARD_MIN_BYTES_PER_S for a in ps for b in ps if a != b)
 
 
 def predicted_peaks(plan: Plan, profile: ModelProfile) -> dict[str, dict[str, float]]:
@@ -58,7 +85,7 @@ def predicted_peaks(plan: Plan, profile: ModelProfile) -> dict[str, dict[str, fl
     held = most_held(plan)
     out = {}
     for sw in layout.stages:
-        for pw in sw.peers:
+        for pw in sw.peers:  # (sharded: each replica its share of the state, layout.sharded_state_share)
             stash = held.get(pw.id, 0) * sw.stash_bytes + (sw.stash_once if pw.mbs else 0.0)
             out[pw.id] = {"state": sw.state_bytes, "stash": stash, "peak": sw.state_bytes + stash}
     return out

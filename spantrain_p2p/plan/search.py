@@ -49,6 +49,8 @@ class PlannerOptions:
     # activation recomputation: auto (on the stages whose peers cannot hold their stash otherwise),
     # none (never), full (every stage) (``plan.levers``)
     recompute: str = "auto"
+    # the optimizer state of replicated stages sharded across their replicas (``plan.levers``): the same modes
+    shard: str = "none"
 
     def batch_sizes(self) -> list[int]:
         out = [b for b in self.micro_batch_sizes if b >= 1 and self.global_batch % b == 0]
@@ -112,13 +114,17 @@ class Search:
     def evaluate(self, plan: Plan, layout: Optional[Layout] = None) -> Plan:
         """``plan`` with the cost model's step time and bottleneck, and the memory levers its stages
         need (``levers.fit``: a stage its peers cannot hold recomputes, under ``opts.recompute``)."""
-        mode = self.opts.recompute
-        if mode == "full":
-            plan = levers.fit(plan, mode, self.snapshot, self.profile, self.links, self.opts.op_overhead_s, layout)
+        mode, shard = self.opts.recompute, self.opts.shard
+        if "full" in (mode, shard):
+            fixed = levers.fit(plan, mode if mode == "full" else "none", self.snapshot, self.profile, self.links,
+                               self.opts.op_overhead_s, layout, shard if shard == "full" else "none")
+            layout = layout if fixed is plan else None
+            plan = fixed
         e = estimate(plan, self.snapshot, self.profile, self.links, op_overhead_s=self.opts.op_overhead_s,
                      layout=layout)
-        if mode == "auto" and e.bottleneck.startswith("memory:"):  # only a plan that does not fit changes
-            fitted = levers.fit(plan, mode, self.snapshot, self.profile, self.links, self.opts.op_overhead_s, layout)
+        if "auto" in (mode, shard) and e.bottleneck.startswith("memory:"):  # only a plan that does not fit changes
+            fitted = levers.fit(plan, mode, self.snapshot, self.profile, self.links, self.opts.op_overhead_s, layout,
+                                shard)
             if fitted is not plan:
                 plan = fitted
                 e = estimate(plan, self.snapshot, self.profile, self.links, op_overhead_s=self.opts.op_overhead_s)

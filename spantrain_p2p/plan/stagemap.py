@@ -101,7 +101,8 @@ class StageMap:
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "job_id": self.job_id, "start_step": self.start_step,
                 "stages": [{"peers": list(s.peers), "layers": list(s.layers), "shares": list(s.shares),
-                            **({"recompute": s.recompute} if s.recompute != "none" else {})}
+                            **({"recompute": s.recompute} if s.recompute != "none" else {}),
+                            **({"shard": True} if s.shard else {})}
                            for s in self.stages],
                 "names": [list(x) for x in self.names], "schedule": self.schedule, "term": self.term,
                 "predicted_step_s": self.predicted_step_s, "bottleneck": self.bottleneck, "error": self.error,
@@ -118,7 +119,7 @@ class StageMap:
                 "compression": list(self.compression), "reason": self.reason,
                 "stages": [{"peers": [self.name_of(p) for p in s.peers], "layers": list(s.layers),
                             "microbatch_share": {self.name_of(p): round(v, 4) for p, v in s.share_of().items()},
-                            "recompute": s.recompute}
+                            "recompute": s.recompute, "shard": s.shard}
                            for s in self.stages],
                 **({"islands": [{**x.to_dict(), "peers": sorted(self.name_of(p) for st in self.stages[a:b]
                                                                    for p in st.peers)}
@@ -171,7 +172,11 @@ class StageMap:
             recompute = s.get("recompute", "none")
             if recompute not in RECOMPUTE:
                 raise ValueError(f"stage {i} recompute must be one of {RECOMPUTE}")
-            stages.append(Stage(tuple(peers), (layers[0], layers[1]), tuple(float(x) for x in shares), recompute))
+            shard = s.get("shard", False)
+            if not isinstance(shard, bool):
+                raise ValueError(f"stage {i} shard must be true or false")
+            stages.append(Stage(tuple(peers), (layers[0], layers[1]), tuple(float(x) for x in shares), recompute,
+                                shard))
         if expect != num_layers:
             raise ValueError(f"stage map covers layers [0, {expect}) of a {num_layers}-layer model")
         names = d.get("names", [])

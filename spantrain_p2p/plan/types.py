@@ -359,10 +359,15 @@ class Stage:
     # the stage's memory lever on its activations (``pipeline.memory``): none, or full recomputation
     # where its peers cannot hold the stash otherwise (the planner's choice, ``plan.levers``)
     recompute: str = "none"
+    # the lever on its optimizer state (ZeRO-1, ``train.shard``): each replica keeps and steps the
+    # state of its own share of the layers, and sends the others its updated weights
+    shard: bool = False
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"stage recompute must be one of {RECOMPUTE}, not {self.recompute!r}")
+        if self.shard and len(self.peers) < 2:
+            raise ValueError("a stage of one peer has no replicas to shard its optimizer state across")
         object.__setattr__(self, "peers", tuple(self.peers))
         object.__setattr__(self, "layers", tuple(int(x) for x in self.layers))
         object.__setattr__(self, "shares", tuple(float(x) for x in self.shares))
@@ -394,7 +399,7 @@ class Stage:
         """The plan's JSON form (a stage map writes its own, with the raw shares)."""
         return {"peers": list(self.peers), "layers": list(self.layers),
                 "microbatch_share": {p: round(s, 6) for p, s in zip(self.peers, self.shares)},
-                "recompute": self.recompute}
+                "recompute": self.recompute, **({"shard": True} if self.shard else {})}
 
 
 @dataclass(frozen=True)

@@ -165,8 +165,11 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
             lasts = [last_bw[index[(s, i)]] for i in range(n)]
             ready = [max((t0 + d * f for t0, d in (x for x in lasts if x is not None)), default=end) for f in done]
             latency = _ring_latency(st.peers, links, seed, s) if jitter else ring.latency_s
-            ar = overlapped_tail(done, ring.piece_s, latency, end, ready)
-            wire += 2 * (n - 1) * sw.param_bytes * profile.grad_wire_bytes_per_param_byte
+            ar = overlapped_tail(done, ring.piece_s, latency, end, ready) + ring.gather_s
+            if st.shard:  # the gradients' reduce-scatter, then the weights' all-gather
+                wire += (n - 1) * sw.param_bytes * (profile.grad_wire_bytes_per_param_byte + 1)
+            else:
+                wire += 2 * (n - 1) * sw.param_bytes * profile.grad_wire_bytes_per_param_byte
         ar_times.append(ar)
         ends.append(end + ar)
     step = max(ends)

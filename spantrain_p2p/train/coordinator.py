@@ -231,7 +231,7 @@ class Coordinator:
             version, error = resume_point([x["layers"] for x in invs], self.handle.num_layers, stages)
             data = next((x["data_steps"][version] for x in invs if version in x["data_steps"]), 0)
             return version, data, error
-        invs = [*(await self.recovery.inventories()).values(), self.recovery.inventory()]
+        invs = await self.recovery.resume_inventories()
         step, error = resume_point(invs, self.handle.num_layers, stages)
         return step, step or 0, error
 
@@ -340,6 +340,8 @@ class Coordinator:
                     return await self._stop_run(current, ids, epoch, term, names, error)
         if job.recompute == "full":  # the map says every stage's lever, whoever placed the layers
             smap = replace(smap, stages=tuple(replace(st, recompute="full") for st in smap.stages))
+        if job.shard_optimizer == "full" and job.aggregate == "sum":  # likewise, on every replicated stage
+            smap = replace(smap, stages=tuple(replace(st, shard=len(st.peers) > 1) for st in smap.stages))
         evicted = tuple(sorted(self.peer.evicted))
         named = dict(smap.names)
         smap = replace(smap, evicted=evicted, names=smap.names + tuple(

@@ -82,8 +82,10 @@ def resume_point(inventories: Sequence[Mapping[int, Sequence[int]]], num_layers:
 
 def choose_buddy(smap: StageMap, stage: int, me: str, rtt_ms: Callable[[str], float]) -> Optional[str]:
     """Where a peer's layers are copied after each step: nowhere if a replica of its stage holds
-    them anyway, else the peer of the map nearest to it (smallest RTT, then peer id)."""
-    if len(smap.stages[stage].peers) > 1:
+    them anyway, else the peer of the map nearest to it (smallest RTT, then peer id). A sharded
+    stage's replica holds its own layers' optimizer state alone: those are copied (to host memory:
+    a replica of the same fast group is likely the nearest)."""
+    if len(smap.stages[stage].peers) > 1 and not smap.stages[stage].shard:
         return None
     others = [p for st in smap.stages for p in st.peers if p != me]
     if not others:

@@ -18,24 +18,30 @@ from ..robust.aggregate import ClipReport, robust_sum
 BUCKET_BYTES = 4 << 20
 
 
-def layer_buckets(layer_numels: list[list[int]], bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, list[tuple[int, int]]]]:
+def layer_buckets(layer_numels: list[list[int]], bucket_bytes: int = BUCKET_BYTES,
+                  owners: Optional[list[str]] = None) -> list[tuple[int, list[tuple[int, int]]]]:
     """Each layer's parameters, as (layer, [(index among all the layers' parameters, numel), ...])
     buckets of at most ``bucket_bytes`` (a bigger parameter alone): one message each, sent as
-    soon as that layer's gradients are final, while the backward goes on below it."""
+    soon as that layer's gradients are final, while the backward goes on below it. With
+    ``owners`` (per parameter, a sharded stage's), a bucket holds one owner's parameters only."""
     out: list[tuple[int, list[tuple[int, int]]]] = []
     i = 0
     for layer, numels in enumerate(layer_numels):
-        cur: list[tuple[int, int]] = []
-        size = 0
+        groups: dict[str, list[tuple[int, int]]] = {}
         for n in numels:
-            if cur and size + 4 * n > bucket_bytes:
-                out.append((layer, cur))
-                cur, size = [], 0
-            cur.append((i, n))
-            size += 4 * n
+            groups.setdefault(owners[i] if owners is not None else "", []).append((i, n))
             i += 1
-        if cur:
-            out.append((layer, cur))
+        for group in groups.values():
+            cur: list[tuple[int, int]] = []
+            size = 0
+            for j, n in group:
+                if cur and size + 4 * n > bucket_bytes:
+                    out.append((layer, cur))
+                    cur, size = [], 0
+                cur.append((j, n))
+                size += 4 * n
+            if cur:
+                out.append((layer, cur))
     return out
 
 
@@ -62,12 +68,19 @@ class GradientSum:
     ``robust.aggregate.robust_sum`` (CenteredClip: a clean step's sum is the plain one, bit for
     bit); ``reports`` then holds each bucket's ``ClipReport``. ``attack`` (the ``--byzantine``
     harness) makes this replica send forged parts instead of its own; ``previous`` keeps its honest
-    parts of the step before (the ``stale`` attack)."""
+    parts of the step before (the ``stale`` attack).
+
+    With ``owners`` (bucket -> the replica that owns its optimizer state, ``train.shard``), a bucket
+    goes to its owner only and only its owner sums it (a reduce-scatter): this replica's gradients of
+    the buckets it does not own stay its own (unused; its optimizer does not hold them)."""
 
     def __init__(self, transport, me: str, step: int, params: list[torch.nn.Parameter],
                  buckets: list[tuple[int, list[tuple[int, int]]]], others: list[str], sanitize: bool = False,
                  weights: Optional[dict[str, float]] = None, attack: str = "",
-                 previous: Optional[dict[int, torch.Tensor]] = None, seen: Optional[dict] = None, gate=None):
+                 previous: Optional[dict[int, torch.Tensor]] = None, seen: Optional[dict] = None, gate=None,
+                 owners: Optional[list[str]] = None):
+        if owners is not None and (weights is not None or gate is not None):
+            raise ValueError("a sharded stage sums plainly: the robust sum needs every part at every replica")
         self.transport, self.me, self.step, self.params, self.buckets, self.others = \
             transport, me, step, params, buckets, others
         self.sanitize = sanitize
@@ -88,10 +101,17 @@ class GradientSum:
         self.sends: list[asyncio.Task] = []
         self.gate = gate  # robust.gate.Gate: its boundary medians ride along, for the other replicas' gates
         self.odd_inputs: set[str] = set()  # replicas whose received tensors were odd this step (not judged)
+        self.owners = owners
+        # the map this sum belongs to: the compute thread may still say a layer is done after the step
+        # was abandoned, and a part sent then must not pass for the next map's (its micro-batches differ)
+        self.epoch = transport.smap.epoch if getattr(transport, "smap", None) is not None else None
+        self.closed = False
 
     def _start(self, k: int, t: torch.Tensor) -> None:
         """Copies bucket ``k`` to host memory (on a CUDA device, while the backward goes on) and
         sends it to the other replicas."""
+        if self.closed:
+            return
         host, done = self._copier.start(t)
 
         async def ready() -> torch.Tensor:
@@ -103,10 +123,22 @@ class GradientSum:
                 part = await self._forge(k, part)
             if self.gate is not None and k == len(self.buckets) - 1:  # the gate's medians ride on the last bucket
                 part = torch.cat([part, torch.tensor(self.gate.shared(self.step), dtype=part.dtype)])
-            self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part))
-                           for dst in self.others]
+            if self.closed:
+                raise asyncio.CancelledError()
+            self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part, epoch=self.epoch))
+                           for dst in self._receivers(k)]
             return part
         self.local[k] = asyncio.ensure_future(ready())
+
+    def _receivers(self, k: int) -> list[str]:
+        """Who sums bucket ``k`` besides this replica: every other one, or its owner (sharded; the
+        step's loss, after the buckets, goes to every replica either way)."""
+        if self.owners is None or k >= len(self.owners):
+            return self.others
+        return [self.owners[k]] if self.owners[k] != self.me else []
+
+    def _sums(self, k: int) -> bool:
+        return self.owners is None or k >= len(self.owners) or self.owners[k] == self.me
 
     async def _forge(self, k: int, honest: torch.Tensor) -> torch.Tensor:
         weights = self.weights or {}
@@ -138,6 +170,9 @@ class GradientSum:
             summed, robust_parts = [], []
             for k, part in enumerate(self.local):
                 mine = await part
+                if not self._sums(k):  # sharded: its owner sums it
+                    summed.append(None)
+                    continue
                 parts = {self.me: mine}
                 early = self._early.pop(k, {})
                 for src in self.others:
@@ -165,6 +200,8 @@ class GradientSum:
             if robust_parts:
                 summed = self._robust(robust_parts) + summed
             for (_, bucket), total in zip(self.buckets, summed):
+                if total is None:
+                    continue
                 offset = 0
                 for i, n in bucket:
                     p = self.params[i]
@@ -200,6 +237,7 @@ class GradientSum:
         return out
 
     async def cancel(self) -> None:
+        self.closed = True  # a layer the compute thread says is done from now on is not sent
         pending = [f for f in self.local if f is not None] + self.sends
         for t in pending:
             t.cancel()

@@ -165,7 +165,8 @@ def _planner_inputs(job: JobSpec):
     # the plan's choice, so the plan must be able to choose its lossiest)
     comp = plannable() if job.compression == "adaptive" else ("none",)
     return prof, pl.PlannerOptions(global_batch=job.samples_per_step, micro_batch_sizes=(job.micro_batch_size,),
-                                   schedules=schedules, compressions=comp, recompute=job.recompute)
+                                   schedules=schedules, compressions=comp, recompute=job.recompute,
+                                   shard=job.shard_optimizer if job.aggregate == "sum" else "none")
 
 
 def make_islands(job: JobSpec, snap: pt.Snapshot):

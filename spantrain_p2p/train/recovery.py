@@ -52,20 +52,43 @@ class Recovery:
                      sorted({max(s) for s in held.values()}) if held else "none")
 
     def inventory(self) -> dict[int, list[int]]:
-        """What this peer holds: layer -> steps (its snapshots, a buddy's copies, a checkpoint's)."""
-        inv = self.store.inventory()
-        for layer, steps in self.copies.inventory().items():
-            inv[layer] = sorted(set(inv.get(layer, [])) | set(steps))
+        """What this peer holds whole: layer -> steps (its snapshots, a buddy's copies, a checkpoint's)."""
+        inv: dict[int, list[int]] = {}
+        for layer, step in self._in_memory():
+            if not layer_state.missing(self._held(layer, step)):
+                inv.setdefault(layer, []).append(step)
         if self.checkpoints is not None:
             for layer, steps in self.checkpoints.inventory().items():
                 inv[layer] = sorted(set(inv.get(layer, [])) | set(steps))
         return inv
 
+    def page(self) -> dict:
+        """This peer's ``/inventory`` page (JSON: string keys): what it holds whole, and in part."""
+        return {"inventory": {str(k): v for k, v in self.inventory().items()},
+                "partial": {str(k): {str(s): sorted(lack) for s, lack in v.items()}
+                            for k, v in self.partial_inventory().items()}}
+
+    def partial_inventory(self) -> dict[int, dict[int, frozenset]]:
+        """What this peer holds of sharded layers in part: layer -> step -> the parameters whose
+        optimizer state its part lacks."""
+        out: dict[int, dict[int, frozenset]] = {}
+        for layer, step in self._in_memory():
+            lack = layer_state.missing(self._held(layer, step))
+            if lack:
+                out.setdefault(layer, {})[step] = lack
+        return out
+
+    def _in_memory(self) -> list[tuple[int, int]]:
+        return sorted(set(self.store.keys()) | set(self.copies.keys()))
+
     def _held(self, layer: int, step: int):
-        """The state of (layer, step) this peer holds, in memory or in its checkpoint directory."""
-        st = self.store.get(layer, step)
+        """The state of (layer, step) this peer holds, in memory or in its checkpoint directory
+        (its own part of a sharded layer put together with a buddy's copy of another part)."""
+        st, copy = self.store.get(layer, step), self.copies.get(layer, step)
         if st is None:
-            st = self.copies.get(layer, step)
+            st = copy
+        elif copy is not None:
+            st = layer_state.merge(st, copy)
         if st is None and self.checkpoints is not None:
             st = self.checkpoints.load(layer, step, self._expected_layer_shapes(layer))
         return st
@@ -77,11 +100,13 @@ class Recovery:
 
     # ---- after each step --------------------------------------------------------------------------
     def snapshot(self, smap: StageMap, stage: int, layers, opt, first: int, step: int,
-                 loss_rows: list, run: LayerState = ()) -> list[tuple[int, LayerState]]:
+                 loss_rows: list, run: LayerState = (), foreign: Optional[list] = None) -> list[tuple[int, LayerState]]:
         """Keeps the state after ``step`` completed steps (with ``run``'s scalars of the whole run
         in every layer's), and sends a copy to the buddy peer (with ``loss_rows``, this peer's
-        recent [step, loss sum, count, epoch]). Returns the (layer, state) pairs."""
-        states = [(first + i, layer_state.capture(layer, opt, run)) for i, layer in enumerate(layers)]
+        recent [step, loss sum, count, epoch]). Returns the (layer, state) pairs. ``foreign`` (a
+        sharded stage): per layer, the parameters whose optimizer state another replica holds."""
+        states = [(first + i, layer_state.capture(layer, opt, run, foreign[i] if foreign else frozenset()))
+                  for i, layer in enumerate(layers)]
         for i, st in states:
             self.store.put(i, step, st)
         buddy = choose_buddy(smap, stage, self.peer.peer_id, self.rtt_ms)
@@ -105,37 +130,56 @@ class Recovery:
             log.info("copy of step %d to buddy %s failed: %s", step, self.peer.name_of(buddy), e)
 
     # ---- taking over layers -----------------------------------------------------------------------
-    async def load(self, layers, opt, first: int, step: int) -> dict:
+    async def load(self, layers, opt, first: int, step: int, foreign: Optional[list] = None) -> dict:
         """Puts the layers in their state after ``step`` steps: fresh at step 0, else from this peer's
         own snapshot or checkpoint directory, a live replica or a buddy's copy (nearest first).
-        Returns the run's scalars the states carried (``s:`` entries; empty for fresh layers)."""
+        Returns the run's scalars the states carried (``s:`` entries; empty for fresh layers).
+        ``foreign`` (a sharded stage): per layer, the parameters whose optimizer state another
+        replica holds: those of a layer's state may be missing; the others are put together from
+        the parts the live peers hold."""
         invs = None
         run: dict = {}
         for i, layer in enumerate(layers):
             idx = first + i
+            skip = foreign[i] if foreign else frozenset()
             st = self._held(idx, step)
             if st is None and step == 0:
-                self.store.put(idx, 0, layer_state.capture(layer, opt))  # built from the job's seed: the initial state
+                self.store.put(idx, 0, layer_state.capture(layer, opt, foreign=skip))  # built from the job's seed
                 continue
-            if st is None:
+            if st is None or layer_state.missing(st) - skip:
                 if invs is None:
-                    invs = await self.inventories()
-                st = await self._fetch_layer(idx, step, invs)
+                    invs = await self.holdings()
+                st = await self._fetch_layer(idx, step, invs, st, skip)
                 self.on_event({"kind": "fetched", "layer": idx, "step": step, "t": time.time()})
-            layer_state.apply(layer, opt, st)
+            layer_state.apply(layer, opt, st, skip)
             run = run or layer_state.run_entries(st)
             self.store.put(idx, step, st)
         return run
 
     async def inventories(self) -> dict[str, dict[int, list[int]]]:
-        """What every other live peer holds: peer id -> layer -> steps."""
+        """What every other live peer holds whole: peer id -> layer -> steps."""
+        return {pid: whole for pid, (whole, _) in (await self.holdings()).items()}
+
+    async def holdings(self) -> dict[str, tuple[dict[int, list[int]], dict[int, dict[int, frozenset]]]]:
+        """What every other live peer holds: peer id -> (layer -> steps held whole, layer -> step ->
+        the parameters whose optimizer state its part lacks)."""
         out = {}
         for pid, got in (await self.inventory_pages()).items():
             try:
-                out[pid] = {int(k): [int(x) for x in v][:16] for k, v in list(got["inventory"].items())[:4096]}
+                whole = {int(k): [int(x) for x in v][:16] for k, v in list(got["inventory"].items())[:4096]}
+                part = {int(k): {int(s): frozenset(str(n)[:256] for n in lack[:4096]) for s, lack in list(v.items())[:16]}
+                        for k, v in list(got.get("partial", {}).items())[:4096]}
+                out[pid] = (whole, part)
             except Exception as e:  # a malformed page: that peer holds nothing we can use
                 log.info("bad inventory from %s: %s", self.peer.name_of(pid), e)
         return out
+
+    async def resume_inventories(self) -> list[dict[int, list[int]]]:
+        """Per peer (this one included), the layers and steps it holds whole, and the ones that the
+        parts of sharded layers held across the peers make whole (``state.covered``)."""
+        held = await self.holdings()
+        partial = [p for _, p in held.values()] + [self.partial_inventory()]
+        return [*(w for w, _ in held.values()), self.inventory(), layer_state.covered(partial)]
 
     async def inventory_pages(self) -> dict[str, dict]:
         """Every other live peer's ``/inventory`` page, as it sent it (untrusted): peer id -> page."""
@@ -149,20 +193,36 @@ class Recovery:
                 log.info("no inventory from %s: %s", self.peer.name_of(r.peer_id), e)
         return out
 
-    async def _fetch_layer(self, layer: int, step: int, invs: dict) -> list:
-        holders = [p for p, inv in invs.items() if step in inv.get(layer, [])]
-        for src in sorted(holders, key=lambda p: (self.rtt_ms(p), p)):
+    async def _fetch_layer(self, layer: int, step: int, invs: dict, have: Optional[LayerState] = None,
+                           skip: frozenset = frozenset()) -> LayerState:
+        """The state of ``layer`` at ``step`` from the nearest peers holding it (``invs``: their
+        ``holdings``), whole but for ``skip``: from one holding it whole, or put together from
+        ``have`` and the parts others hold."""
+        def lacks(st) -> frozenset:
+            return layer_state.missing(st) - skip if st is not None else frozenset({"*"})
+
+        whole = [p for p, (w, _) in invs.items() if step in w.get(layer, [])]
+        parts = [p for p, (_, part) in invs.items() if step in part.get(layer, {})]
+        st = have
+        for src in sorted(whole, key=lambda p: (self.rtt_ms(p), p)) + sorted(parts, key=lambda p: (self.rtt_ms(p), p)):
+            if not lacks(st):
+                break
+            if src in parts and st is not None and not (lacks(st) - invs[src][1][layer][step]):
+                continue  # its part lacks what this one does
             try:
                 reply = await self.peer.client.send(
                     self.peer.data_url_of(src), "fetch", {"job": self.job.job_id, "layer": layer, "step": step},
                     timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
                     reply_charge=layer_charge(self.charges, layer))
-                st = layer_state.decode(*reply, self._expected_layer_shapes(layer))
+                got = layer_state.decode(*reply, self._expected_layer_shapes(layer))
+                st = got if st is None else layer_state.merge(st, got)
                 log.info("layer %d at step %d fetched from %s", layer, step, self.peer.name_of(src))
-                return st
             except Exception as e:
                 log.warning("fetching layer %d from %s failed: %s", layer, self.peer.name_of(src), e)
-        raise StepFailed(f"no live peer could give layer {layer} at step {step}")
+        if lacks(st):
+            raise StepFailed(f"no live peer could give layer {layer} at step {step}"
+                             + (f" (the optimizer state of {sorted(lacks(st))[:3]})" if st is not None else ""))
+        return st
 
     # ---- what others send and ask -----------------------------------------------------------------
     def _expected_layer_shapes(self, layer: int) -> dict:
@@ -182,18 +242,20 @@ class Recovery:
         src = header.get("src")
         if not any(self._owns_alone(m, src, layer) for m in self._maps):
             raise FrameError(f"a copy of layer {layer} from {str(src)[:16]}, which the stage map does not give it alone")
-        self.copies.put(layer, step, layer_state.decode(header, buffers, self._expected_layer_shapes(layer)))
+        self.copies.put(layer, step, layer_state.decode(header, buffers, self._expected_layer_shapes(layer)),
+                        merge_parts=True)
         self._hold_losses(header.get("losses"))
         return None
 
     @staticmethod
     def _owns_alone(smap: StageMap, peer: object, layer: int) -> bool:
-        """Whether ``peer`` holds ``layer`` alone in ``smap`` (only such a peer sends buddy copies)."""
+        """Whether ``peer`` holds (its part of) ``layer``'s state alone in ``smap`` (only such a peer
+        sends buddy copies): the one peer of its stage, or a replica of a sharded stage."""
         k = smap.stage_of(peer) if isinstance(peer, str) else None
         if k is None:
             return False
         st = smap.stages[k]
-        return len(st.peers) == 1 and st.layers[0] <= layer < st.layers[1]
+        return (len(st.peers) == 1 or st.shard) and st.layers[0] <= layer < st.layers[1]
 
     def _hold_losses(self, rows) -> None:
         """Keeps a buddy's recent (step, loss sum, count, epoch) rows, so that if it dies before its

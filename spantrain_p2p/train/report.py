@@ -3,7 +3,9 @@ losses, events) and ``GET /report`` (the whole run: losses, step times, wire byt
 device figures), which ``spantrain swarm`` gathers into its summary."""
 from __future__ import annotations
 
+import logging
 import statistics
+import time
 from typing import Optional
 
 from ..models.devices import describe
@@ -64,6 +66,21 @@ def report(t) -> dict:
             "network": t.peer.paths.status() if getattr(t.peer, "paths", None) is not None else None,
             **({"island": t.island, "islands": t.outer.report(),
                 "full_plan": t.full_map.summary()} if t.island is not None else {})}
+
+
+def log_step(log, step: int, data_step: int, loss: Optional[float], times: tuple, compute_s: float) -> None:
+    """A step's line in the peer's log: its loss (the last stage) and where its time went (``times``:
+    when it started, its pipeline ended, its gradient sum ended, its optimizer ended)."""
+    if loss is None and not log.isEnabledFor(logging.DEBUG):
+        return
+    t0, t_pipe, t_sum, t1 = times
+    t2 = time.time()
+    parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {compute_s:.3f}), gradient "
+             f"sum {t_sum - t_pipe:.3f}, optimizer {t1 - t_sum:.3f}, snapshot {t2 - t1:.3f}")
+    if loss is not None:
+        log.info("step %d: loss %.4f (%s)", data_step, loss, parts)
+    else:
+        log.debug("step %d (%s)", step, parts)
 
 
 def tokens_per_s(t) -> Optional[float]:

@@ -22,7 +22,7 @@ from ..pipeline import schedule as sched
 from ..pipeline.memory import layer_stashes
 from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
 from ..pipeline.loss_scale import LossScale, nonfinite, unscale_
-from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect
+from ..pipeline.messages import ACT, AMP, GRAD, GSUM, REPLICA_KINDS, WGAT, Expect
 from ..pipeline.assignment import peer_actions
 from ..robust.attacks import BOUNDARY
 from ..robust.gate import SHARED
@@ -43,7 +43,7 @@ from .measuring import Measuring
 from ..job.optim import make_optimizer
 from ..islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
 from ..models.precision import COMPUTE_DTYPES, WIRE_DTYPES
-from . import overflow
+from . import overflow, shard
 from ..models import workload
 from .planning import model_profile
 from .run_records import MAP_POLL_S, RunRecords
@@ -95,6 +95,7 @@ class _Stage:
     assignments: Optional[list] = None  # per stage, the peer of each micro-batch
     shapes: Optional[list] = None  # the model's boundary shapes (ModelHandle.boundary_shapes)
     wire: str = "float32"  # the dtype activations and their gradients cross in
+    sharding: Optional[shard.Sharding] = None  # its optimizer state sharded across the replicas (ZeRO-1)
 
 
 class Trainer:
@@ -155,7 +156,7 @@ class Trainer:
         peer.before_serving(self._install)
 
     def _install(self, peer) -> None:
-        for kind in (ACT, GRAD, GSUM, AMP):
+        for kind in (ACT, GRAD, *REPLICA_KINDS):
             peer.dataplane.register(kind, self.transport.on_tensor)
         peer.dataplane.register(ATTEST_KIND, self.verifier.on_attest)
         peer.dataplane.register(FETCH_KIND, self.verifier.on_fetch)
@@ -188,8 +189,8 @@ class Trainer:
         return run_report.report(self)
 
     def inventory(self) -> dict:
-        return {"inventory": {str(k): v for k, v in self.recovery.inventory().items()}, "step": self.step,
-                "epoch": self.smap.epoch if self.smap else None, "outer": self.outer.inventory()}
+        return {**self.recovery.page(), "step": self.step, "epoch": self.smap.epoch if self.smap else None,
+                "outer": self.outer.inventory()}
 
     # ---- the life of a trainer ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -374,8 +375,10 @@ class Trainer:
             expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt.peers), shapes[last], M, dtype=wire)
         params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
         buckets = []
+        sharding = shard.setup(smap, k, me, layers)
         if len(replicas) > 1:
-            buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers])
+            buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers],
+                                    owners=sharding.param_owner if sharding else None)
             sizes = [(sum(n for _, n in b),) for _, b in buckets]
             if self.defence.gate is not None and sizes:  # the gate's medians ride on the last bucket
                 sizes[-1] = (sizes[-1][0] + SHARED,)
@@ -407,12 +410,16 @@ class Trainer:
                                  send=self.defence.sender(self.transport.send, self.opts.byzantine), device=self.peer.device,
                                  layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
                                  recompute=self.recompute)
-        opt = make_optimizer(job, executor.params)
+        if sharding is not None:
+            sharding.use(buckets)
+            expect[WGAT] = sharding.expect(job.job_id, smap.epoch)
+        opt = make_optimizer(job, sharding.owned_params(executor.params) if sharding else executor.params)
         # what a virtual device's memory holds besides activations: predicted until the first step measures it
         executor.state_bytes = int((self.memory_predicted or {}).get("state")
                                    or 4 * sum(p.numel() * p.element_size() for p in executor.params))
         # islands start from their outer state (``_train_rounds``): the layers are built fresh here
-        run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0)
+        run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0,
+                                       sharding.foreign if sharding else None)
         scale = None
         if job.precision == "fp16":
             expect[AMP] = overflow.expect(job.job_id, smap, me)
@@ -427,7 +434,7 @@ class Trainer:
         self.work = run_report.stage_work(job, first, last, actions)
         weights = {p: float(assignments[k].count(p)) for p in replicas} if job.aggregate == "robust" else None
         return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None, scale,
-                      weights, k, assignments, shapes, wire)
+                      weights, k, assignments, shapes, wire, sharding)
 
     async def _train(self) -> None:
         st = await self._setup_stage()
@@ -465,7 +472,8 @@ class Trainer:
         H = [x.steps_per_round for x in full.islands]
         layers = {st.first + i: [p for p in layer.parameters() if p.requires_grad] for i, layer in enumerate(st.layers)}
         v = self.smap.start_step  # the round to start at: 0, or where a re-plan resumes
-        state = await self._outer_state(v, layers) if v > 0 else None
+        state = await self.outer.state_at(v, layers, await self.recovery.inventory_pages(),
+                                          self.measuring.rtt_ms) if v > 0 else None
         self.outer.begin(job, full, k, layers, self.handle.num_layers, start_round=v, state=state)
         step = self.smap.start_step
         per = self._micro_batches()
@@ -487,17 +495,6 @@ class Trainer:
             else:
                 r, base = r + 1, nxt
 
-    async def _outer_state(self, version: int, layers: dict) -> dict:
-        """This peer's layers' outer state at ``version``: its own, or from a peer holding it (the
-        same layers in another island, or this island's before the re-plan)."""
-        invs = self.outer.parse_inventories(await self.recovery.inventory_pages())
-        out = {}
-        for layer, params in layers.items():
-            holders = [p for p, inv in invs.items() if version in inv["layers"].get(layer, [])]
-            holders.sort(key=lambda p: (self.measuring.rtt_ms(p), p))
-            out[layer] = await self.outer.fetch(layer, version, holders, sum(p.numel() for p in params))
-        return out
-
     async def _run_step(self, st: _Stage, step: int, data_step: Optional[int] = None, first_mb: int = 0) -> None:
         """One step: the pipeline, the replicas' gradient sum, the optimizer, the snapshot. With
         islands, ``step`` counts this island's steps and ``data_step`` is the data it trains on from
@@ -515,7 +512,8 @@ class Trainer:
             gsum = GradientSum(self.transport, me, step, st.params, st.buckets, [p for p in st.replicas if p != me],
                                sanitize=st.scale is not None, weights=st.weights,
                                attack=self.outer.attack if self.island is None else "",  # islands: their exchange
-                               previous=self.defence.previous, seen=self.defence.seen, gate=self.defence.gate)
+                               previous=self.defence.previous, seen=self.defence.seen, gate=self.defence.gate,
+                               owners=st.sharding.bucket_owner if st.sharding else None)
         st.executor.loss_scale = st.scale.scale if st.scale is not None else None
         checks = self.verifier.begin_checks(step, st) if gsum is not None else None  # beside the step
         try:
@@ -558,6 +556,10 @@ class Trainer:
             self.memory_state = memory_use.held_state(st.params, st.opt)
             st.executor.state_bytes = self.memory_state["state"]
         st.opt.zero_grad(set_to_none=True)
+        for p in st.params:  # (a sharded stage's optimizer holds its own layers' only)
+            p.grad = None
+        if st.sharding is not None and not skip:  # the owners' new weights to every replica
+            await st.sharding.gather(self.transport, step, st.params)
         self.transport.drop_before(step + 1)
         t1 = time.time()
         self.step_times.append((ds, t0, t1, smap.epoch))
@@ -586,14 +588,9 @@ class Trainer:
         if self.island is None:  # (islands resume from their outer state: islands.exchange)
             states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
                                             [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())],
-                                            st.scale.state() if st.scale is not None else ())
-        if loss_count or log.isEnabledFor(logging.DEBUG):
-            t2 = time.time()
-            parts = (f"{t2 - t0:.3f}s: pipeline {t_pipe - t0:.3f} (compute {result.compute_s:.3f}), gradient "
-                     f"sum {t_sum - t_pipe:.3f}, optimizer {t1 - t_sum:.3f}, snapshot {t2 - t1:.3f}")
-            if loss_count:
-                log.info("step %d: loss %.4f (%s)", ds, self.losses[ds], parts)
-            else:
-                log.debug("step %d (%s)", step, parts)
+                                            st.scale.state() if st.scale is not None else (),
+                                            st.sharding.foreign if st.sharding else None)
+        run_report.log_step(log, step, ds, self.losses[ds] if loss_count else None, (t0, t_pipe, t_sum, t1),
+                            result.compute_s)
         if states and job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
             write_layers(self.opts.checkpoint_dir, job.fingerprint, job.optimizer, self.step, states, job.to_dict())

@@ -21,7 +21,7 @@ from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError
 from ..pipeline.deadlines import Deadlines
 from ..pipeline.executor import StepFailed
-from ..pipeline.messages import ACT, AMP, GRAD, GSUM, Expect, Inbox, decode_tensor, encode_tensor
+from ..pipeline.messages import ACT, AMP, GRAD, GSUM, REPLICA_KINDS, WGAT, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap
 from .liveness import is_alive
 from ..models.workload import WORKLOAD_WIRE_BYTES
@@ -167,7 +167,7 @@ class PipelineTransport:
             raise FrameError(f"{kind} of micro-batch {mb} from {header['src'][:16]}…, which does not send it")
         if self.received_hook is not None:
             self.received_hook(header["src"], header, buffers)
-        self.inbox.put((f"{kind}/{header['src']}" if kind in (GSUM, AMP) else kind, step, mb), t)
+        self.inbox.put((f"{kind}/{header['src']}" if kind in REPLICA_KINDS else kind, step, mb), t)
         return None
 
     async def recv(self, kind: str, step: int, mb: int) -> torch.Tensor:
@@ -212,7 +212,7 @@ class PipelineTransport:
 
     def codec_for(self, kind: str, dst: str, raw_bytes: int) -> str:
         c = self.job.compression
-        if kind in (GSUM, AMP) or c == "none":
+        if kind in REPLICA_KINDS or c == "none":
             return "none"
         if c != "adaptive":
             return c
@@ -241,15 +241,19 @@ class PipelineTransport:
         c = self.charges
         if c is None or kind == AMP:
             return 1.0
-        if kind == GSUM:
+        if kind in (GSUM, WGAT):
             return c.params[self.bucket_layers[mb]] if mb < len(self.bucket_layers) else 1.0  # else: the loss
         return c.activation
 
-    async def send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor) -> None:
+    async def send_to(self, dst: str, kind: str, step: int, mb: int, t: torch.Tensor,
+                      epoch: Optional[int] = None) -> None:
+        """``t`` to ``dst``, labelled with ``epoch`` (default: the map in force now; a part computed
+        under an older map must say so, or it would be taken as the new map's)."""
         charge = self.charge(kind, mb)
         codec = self.codec_for(kind, dst, int(t.numel() * t.element_size() * charge))
         lossy_grad = kind == GRAD and codec.startswith("topk")
-        header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch, step, mb, self.peer.peer_id, t, codec,
+        header, bufs = encode_tensor(kind, self.job.job_id, self.smap.epoch if epoch is None else epoch, step, mb,
+                                     self.peer.peer_id, t, codec,
                                      self._feedback if lossy_grad else None, (dst, mb))
         if self.sent_hook is not None:
             self.sent_hook(dst, header, bufs)
@@ -287,7 +291,7 @@ class PipelineTransport:
                 if step > self.smap.start_step:
                     # a send waits for its reply: a whole round trip of it is not the bytes' time
                     self.passive.observe(dst, nbytes, elapsed, latency_s=rtt)
-                    if kind not in (GSUM, AMP):
+                    if kind not in REPLICA_KINDS:
                         self._policy.observe(dst, nbytes, max(0.0, elapsed - rtt / 2))  # to delivery
                 return
             except RemoteError as e:

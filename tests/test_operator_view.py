@@ -130,6 +130,8 @@ def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_movin
         wait_until(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#stagemap g.stage")) == 4, 30, interval=0.5)
         stage_text = driver.find_element(By.ID, "stagemap").text
         assert all(n in stage_text for n in NAMES) and "layers" in stage_text
+        # each peer's peak memory, measured / predicted, once it has stepped
+        wait_until(lambda: driver.find_element(By.ID, "stagemap").text.count(" MB") == 4, 30, interval=0.5)
         wait_until(lambda: driver.find_element(By.ID, "loss").text not in ("", "–"), 30, interval=0.5)
         first = driver.find_element(By.ID, "loss").text
         wait_until(lambda: driver.find_element(By.ID, "loss").text != first, 30, interval=0.5)

@@ -62,9 +62,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     run.add_argument("--recompute", default="auto", choices=("auto", "none", "full"),
                      help="activation recomputation: auto (on the stages whose peers cannot hold their activations "
                      "otherwise; each stage says), none, or full on every stage (default: auto)")
-    run.add_argument("--shard-optimizer", default="auto", choices=("auto", "none", "full"),
+    run.add_argument("--shard-optimizer", default="none", choices=("auto", "none", "full"),
                      help="optimizer state of replicated stages sharded across their replicas (ZeRO-1): auto (where "
-                     "their peers cannot hold it otherwise, inside a fast group), none, or full (default: auto)")
+                     "their peers cannot hold it otherwise, inside a fast group), none, or full (default: none, as a "
+                     "run with the default --aggregate robust plans; auto is what a run with --aggregate sum plans)")
     run.add_argument("--no-jitter", action="store_true", help="simulate links without their delay jitter")
     run.add_argument("--no-baselines", action="store_true", help="skip the baselines")
     p.add_argument("--json", action="store_true", help="print one JSON object on the last line of stdout")

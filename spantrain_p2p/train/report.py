@@ -27,6 +27,9 @@ def status(t) -> dict:
             "plan": (t.full_map or smap).summary() if smap else None, "events": t.events[-20:],
             "recent_steps": [[st, round(e, 3), round(e - s, 4), ep] for st, s, e, ep in t.step_times[-60:]],
             "tokens_per_s": tokens_per_s(t), "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
+            "memory": {"measured_peak": t.memory_state["state"] + t.stash_peak_bytes + t.recompute_transient
+                       if t.memory_state else None, "predicted_peak": (t.memory_predicted or {}).get("peak"),
+                       **({"proxy": True} if job and job.workload else {})},
             "links_mbps": {t.peer.name_of(d): round(v, 2) for d in t.measuring.passive.destinations()
                            if (v := t.measuring.passive.estimate_mbps(d)) is not None},
             **({"island": t.island, "round": t.outer.round} if t.island is not None else {}),
@@ -50,9 +53,9 @@ def report(t) -> dict:
             "device_stats": t.peer.device.stats().to_dict() if t.peer.device else None,
             "train_device": train_device_stats(t.peer.device, t.device_base),
             "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
-            "memory": memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
-                                        t.recompute_transient, t.torch_device,
-                                        proxy=bool(job and job.workload)),
+            "memory": {**memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
+                                           t.recompute_transient, t.torch_device, proxy=bool(job and job.workload)),
+                       "shard": bool(smap and t.stage is not None and smap.stages[t.stage].shard)},
             "deadlines": tr.deadline_report() if job else {},
             "deadline_extensions": tr.deadline_extensions,
             "data_fetched": list(t.data_share.fetched),

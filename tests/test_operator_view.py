@@ -121,6 +121,9 @@ def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_movin
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
     try:
+        # opened after 40 steps: the peers' recent losses (30) no longer reach step 0, the run's history does
+        wait_until(lambda: all((p.status().get("train") or {}).get("steps_done", 0) >= 40 for p in swarm.values()),
+                   120, interval=0.5)
         driver.get(swarm["p2"].info["data_url"] + "/")
 
         def members():
@@ -137,6 +140,13 @@ def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_movin
         wait_until(lambda: driver.find_element(By.ID, "loss").text != first, 30, interval=0.5)
         assert len(driver.find_elements(By.CSS_SELECTOR, "#links rect.link")) == 16
         assert driver.find_elements(By.CSS_SELECTOR, "#losschart polyline")
+        # the charts draw the whole run: the loss from step 0, the swarm's tokens/s from its first steps on
+        assert "step 0.000" in driver.find_element(By.ID, "losschart").text
+        points = driver.find_element(By.CSS_SELECTOR, "#tpschart polyline").get_attribute("points").split()
+        labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#tpschart text")]
+        assert len(points) >= 10 and float(labels[-1]) >= 3.0, (len(points), labels)  # (40 steps at ~10 a second)
+        table = driver.find_element(By.ID, "members-section")  # the members table's last column is seen whole
+        assert table.size["width"] >= driver.find_element(By.CSS_SELECTOR, "#members-section table").size["width"]
         driver.save_screenshot(str(tmp_path / "dashboard.png"))
     finally:
         driver.quit()

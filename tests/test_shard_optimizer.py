@@ -100,43 +100,32 @@ def _memory(run_dir) -> dict:
     return {r["name"]: r["memory"] for r in (json.loads(p.read_text()) for p in (run_dir / "reports").glob("*.json"))}
 
 
-def test_sharded_optimizer_state_trains_bit_identically_with_each_replica_holding_its_share(tmp_path):
-    """lan-4, tiny Llama, 2 stages x 2 replicas, fp32: the losses of every step equal to the last bit
-    with and without sharding; each replica holds the Adam state of the layers it owns (together,
-    all of the stage's), as much as the planner predicted for it, within 10 %."""
-    args = ("--model", "hf:llama-tiny", "--seq-len", "64", "--micro-batch-size", "4", "--steps", "12",
-            "--seed", "1", "--stages", "2", "--aggregate", "sum")
-    plain = swarm_json(tmp_path / "plain", *args, "--shard-optimizer", "none")
-    sharded = swarm_json(tmp_path / "sharded", *args, "--shard-optimizer", "full")
-    assert sharded["lost_steps"] == 0 and len(sharded["losses"]) == 12
-    assert sharded["losses"] == plain["losses"]
-    assert all(st["shard"] for st in sharded["plans"][-1]["stages"])
-    whole, shares = _memory(tmp_path / "plain"), _memory(tmp_path / "sharded")
-    for st, before in zip(sharded["plans"][-1]["stages"], plain["plans"][-1]["stages"]):
-        assert st["layers"] == before["layers"]
-        full, other = (whole[p]["measured"]["optimizer"] for p in before["peers"])
-        assert other == full
-        a, b = st["peers"]
-        mine = [shares[p]["measured"]["optimizer"] for p in (a, b)]
-        assert max(mine) < full and sum(mine) == pytest.approx(full, abs=64)  # (Adam's step counts: 4 bytes each)
-        for p in (a, b):
-            assert 0.9 <= shares[p]["measured_over_predicted"] <= 1.1, (p, shares[p])
-    print("\noptimizer bytes per peer, unsharded -> sharded: " + ", ".join(
-        f"{p} {whole[p]['measured']['optimizer']} -> {shares[p]['measured']['optimizer']}" for p in sorted(shares)))
-
-
-def test_a_killed_replica_of_a_sharded_stage_costs_no_step_and_no_optimizer_state(tmp_path):
-    """The same job with a replica killed at step 8: the layers whose moments it owned come back
-    from its buddy's copy, the swarm re-plans on 3 peers (the stage of two stays sharded) and
-    every loss equals the unsharded run's with the same kill within float noise (a lost moment
-    would set Adam's next update of those layers to lr x sign(g): far off)."""
-    args = ("--model", "hf:llama-tiny", "--seq-len", "64", "--micro-batch-size", "4", "--steps", "24",
+def test_sharded_optimizer_state_trains_bit_identically_on_half_the_moments_and_survives_a_killed_replica(tmp_path):
+    """lan-4, tiny Llama, 2 stages x 2 replicas, fp32, a replica killed at step 8, with and without
+    sharding: the losses of every step equal (a lost moment would set Adam's next update of those
+    parameters to lr x sign(g): 2.7e-3 off when recovery skipped the other replica's part). After the
+    re-plan on 3 peers the stage of two is sharded again: each replica holds its share of the Adam state
+    (together, all of it; 1/2 each within the largest parameter), as much as predicted within 10 %."""
+    args = ("--model", "hf:llama-tiny", "--seq-len", "64", "--micro-batch-size", "4", "--steps", "16",
             "--seed", "1", "--stages", "2", "--aggregate", "sum", "--chaos", "kill:p2@step=8")
     plain = swarm_json(tmp_path / "plain", *args, "--shard-optimizer", "none")
     sharded = swarm_json(tmp_path / "sharded", *args, "--shard-optimizer", "full")
     for out in (plain, sharded):
-        assert out["lost_steps"] == 0 and len(out["losses"]) == 24 and out["replans"] >= 1
-    assert sharded["plans"][0]["stages"][0]["shard"] and sharded["plans"][0]["stages"][1]["shard"]
+        assert out["lost_steps"] == 0 and len(out["losses"]) == 16 and out["replans"] >= 1
+    assert all(st["shard"] for st in sharded["plans"][0]["stages"])
     worst = max(abs(a - b) / b for a, b in zip(sharded["losses"], plain["losses"]))
-    assert worst <= 1e-5, worst
-    print(f"\nsharded, a replica killed at step 8: worst loss deviation from unsharded {worst:.1e}")
+    assert worst <= 1e-6, worst
+    whole, shares = _memory(tmp_path / "plain"), _memory(tmp_path / "sharded")
+    before = {tuple(st["layers"]): st["peers"] for st in plain["plans"][-1]["stages"]}
+    pairs = [st for st in sharded["plans"][-1]["stages"] if len(st["peers"]) == 2]
+    assert pairs and all(st["shard"] for st in pairs)
+    for st in pairs:
+        full = {whole[p]["measured"]["optimizer"] for p in before[tuple(st["layers"])]}
+        assert len(full) == 1
+        full = full.pop()
+        mine = [shares[p]["measured"]["optimizer"] for p in st["peers"]]
+        assert max(mine) <= 0.55 * full and sum(mine) == pytest.approx(full, abs=64)  # (Adam's step counts)
+        for p in st["peers"]:
+            assert 0.9 <= shares[p]["measured_over_predicted"] <= 1.1, (p, shares[p])
+        print(f"\nlayers {st['layers']}: Adam state {full} bytes a replica unsharded, sharded {mine}; "
+              f"worst loss deviation {worst:.1e}")

@@ -145,6 +145,8 @@ def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_movin
         points = driver.find_element(By.CSS_SELECTOR, "#tpschart polyline").get_attribute("points").split()
         labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#tpschart text")]
         assert len(points) >= 10 and float(labels[-1]) >= 3.0, (len(points), labels)  # (40 steps at ~10 a second)
+        rows = driver.find_element(By.ID, "members").text  # each peer's step breakdown and background CPU
+        assert rows.count(" / ") >= 12 and rows.count(" %") >= 8, rows
         table = driver.find_element(By.ID, "members-section")  # the members table's last column is seen whole
         assert table.size["width"] >= driver.find_element(By.CSS_SELECTOR, "#members-section table").size["width"]
         driver.save_screenshot(str(tmp_path / "dashboard.png"))

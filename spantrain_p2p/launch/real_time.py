@@ -10,8 +10,11 @@ RATES = ("samples_per_s", "tokens_per_s", "samples_per_s_wall", "bound_samples_p
          "aggregate_bound_samples_per_s", "predicted_samples_per_s", "configured_predicted_samples_per_s",
          "simulated_samples_per_s")
 DURATIONS = ("step_s", "wall_s", "predicted_step_s", "configured_predicted_step_s", "simulated_step_s", "step_s_median", "compute_s_median", "recovery_s",
-             "replan_s", "formed_s", "t_s", "probe_seconds", "probe_seconds_per_peer")
-NESTED = ("peers", "epochs", "events", "plan", "plans", "runs")
+             "replan_s", "formed_s", "t_s", "probe_seconds", "probe_seconds_per_peer",
+             # a peer's step breakdown (train.cpu_use) and its CPU seconds
+             "compute_s", "wait_s", "gradient_sum_s", "optimizer_s", "other_s", "sends_in_flight_s",
+             "process_cpu_s", "training_threads_cpu_s", "background_cpu_s", "daemon_cpu_s")
+NESTED = ("peers", "epochs", "events", "plan", "plans", "runs", "breakdown", "cpu")
 
 
 def _convert(d: dict, k: float) -> dict:

@@ -83,6 +83,7 @@ class StageExecutor:
         self.params = [p for p in self.layers.parameters() if p.requires_grad]
         self._layer_params = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stage-compute")
+        self._thread_cpu_s = 0.0  # CPU seconds on the compute thread, not yet taken (take_thread_cpu)
         self.device = device
         self.layer_flops = layer_flops
         self.flops = {ph: sum(x.get(ph, 0.0) for x in layer_flops or ()) for ph in ("F", "B", "W")}
@@ -155,6 +156,13 @@ class StageExecutor:
         fracs = self._done_fractions(phase) if on_layer_done is not None else None
 
         def call():
+            c0 = time.thread_time()
+            try:
+                return compute()
+            finally:
+                self._thread_cpu_s += time.thread_time() - c0
+
+        def compute():
             if self.device is None:
                 done = None if fracs is None else (lambda i: loop.call_soon_threadsafe(on_layer_done, i))
                 return fn(*args, done)
@@ -173,7 +181,18 @@ class StageExecutor:
         """Runs ``fn()`` on the compute thread: work as long as the optimizer step (seconds when it
         steps on the host, or when torchao compiles its 8-bit step the first time) must not hold the
         event loop, whose heartbeats would stop and have this peer taken for dead."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        def call():
+            c0 = time.thread_time()
+            try:
+                return fn()
+            finally:
+                self._thread_cpu_s += time.thread_time() - c0
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def take_thread_cpu(self) -> float:
+        """CPU seconds the compute thread spent since the last call (``train.cpu_use``)."""
+        s, self._thread_cpu_s = self._thread_cpu_s, 0.0
+        return s
 
     # ---- compute (worker thread) ---------------------------------------------------------------
     # Each layer's graph starts at its own input (a leaf cut from the previous layer's output), so

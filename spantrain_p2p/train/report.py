@@ -9,7 +9,7 @@ import time
 from typing import Optional
 
 from ..models.devices import describe
-from . import memory_use
+from . import cpu_use, memory_use
 
 
 def status(t) -> dict:
@@ -30,6 +30,8 @@ def status(t) -> dict:
             "loss_history": thin([[st, a, n, e] for st, (a, n, e) in sorted(t.loss_sums.items())]),
             "throughput_history": throughput_history(t),
             "tokens_per_s": tokens_per_s(t), "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
+            "step_breakdown": cpu_use.step_breakdown([t.timelines[k] for k in sorted(t.timelines)[-10:]]),
+            "cpu": t.cpu.figures(),
             "memory": {"measured_peak": t.memory_state["state"] + t.stash_peak_bytes + t.recompute_transient
                        if t.memory_state else None, "predicted_peak": (t.memory_predicted or {}).get("peak"),
                        **({"proxy": True} if job and job.workload else {})},
@@ -56,6 +58,8 @@ def report(t) -> dict:
             "device_stats": t.peer.device.stats().to_dict() if t.peer.device else None,
             "train_device": train_device_stats(t.peer.device, t.device_base),
             "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
+            "step_breakdown": cpu_use.step_breakdown([t.timelines[k] for k in sorted(t.timelines)]),
+            "cpu": t.cpu.figures(),
             "memory": {**memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
                                            t.recompute_transient, t.torch_device, proxy=bool(job and job.workload)),
                        "shard": bool(smap and t.stage is not None and smap.stages[t.stage].shard)},

@@ -29,7 +29,7 @@ from ..robust.gate import SHARED
 from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
-from . import memory_use, report as run_report
+from . import cpu_use, memory_use, report as run_report
 from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
 from ..data.share import MANIFEST, SHARD, DataShare
@@ -127,6 +127,7 @@ class Trainer:
         self.crashed = False  # the trainer died of an unexpected error (the peer then leaves)
         self.finished = asyncio.Event()
         self.device_base = None  # the (virtual) device's counters when training began
+        self.cpu = cpu_use.CpuMeter()  # the process's CPU against its training threads' since training began
         self.torch_device = resolve_device(options.device)  # where the layers live
         self.work: Optional[dict] = None  # this peer's tokens and model FLOPs per step (report.stage_work)
         self.peak: Optional[tuple[float, str]] = None  # its device's peak FLOP/s, and where the figure comes from
@@ -438,6 +439,7 @@ class Trainer:
 
     async def _train(self) -> None:
         st = await self._setup_stage()
+        self.cpu.start()
         if self.device_base is None and self.peer.device is not None:
             self.device_base = self.peer.device.stats()
         if self.peak is None:  # for MFU: an emulated peer's is its virtual device's
@@ -572,6 +574,7 @@ class Trainer:
         for old in [k for k in self.timelines if k <= step - KEEP_TIMELINES]:
             del self.timelines[old]
         self.compute_s.append(result.compute_s)
+        self.cpu.add_thread(st.executor.take_thread_cpu())
         self.stash_peak_bytes = max(self.stash_peak_bytes, result.stash_peak_bytes)
         if st.actions:
             self.transport.observe_compute(result.compute_s / max(1, sum(a.op is sched.Op.F for a in st.actions)))

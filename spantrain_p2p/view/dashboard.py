@@ -24,7 +24,8 @@ STATIC = os.path.join(os.path.dirname(__file__), "static")
 # of a member's /status, what the page draws (its full status stays at its own /status)
 TRAIN_KEYS = ("stage", "num_stages", "epoch", "step", "steps_done", "steps_total", "loss", "error", "planner",
               "replans", "recent_losses", "plan", "events", "links_mbps", "groups", "recent_steps",
-              "tokens_per_s", "stage_seconds", "memory", "loss_history", "throughput_history")
+              "tokens_per_s", "stage_seconds", "memory", "loss_history", "throughput_history",
+              "step_breakdown", "cpu")
 
 
 @functools.lru_cache(maxsize=1)

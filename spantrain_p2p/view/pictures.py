@@ -157,7 +157,8 @@ def timeline_picture(run: dict, out: str, step: Optional[int] = None) -> Optiona
             if op in ("F", "B", "W", "BW") and (b - a) > 0.03 * (tl["end"] - tl["start"]) and mb >= 0:
                 ax.text((a + b) / 2 - t0, y, str(mb), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{name} (stage {stage})" for stage, name, _ in rows])
+    ax.set_yticklabels([f"{name} (stage {stage})\n{_breakdown_label(reports[name])}" for stage, name, _ in rows],
+                       fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel(f"seconds into step {step} (emulation time)")
     schedule = (run["summary"].get("plan") or {}).get("schedule", "")
@@ -169,6 +170,18 @@ def timeline_picture(run: dict, out: str, step: Optional[int] = None) -> Optiona
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _breakdown_label(r: dict) -> str:
+    """A peer's median step, split (``train.cpu_use``), and its background CPU, for its row's label."""
+    bd, cpu = r.get("step_breakdown") or {}, r.get("cpu") or {}
+    if not bd:
+        return ""
+    text = (f"compute {bd['compute_s']:.3g} / wait {bd['wait_s']:.3g} / "
+            f"sum+opt {bd['gradient_sum_s'] + bd['optimizer_s']:.3g} / rest {bd['other_s']:.3g} s")
+    if cpu.get("background_share") is not None:
+        text += f"; background CPU {100 * cpu['background_share']:.0f} %"
+    return text
 
 
 def links_picture(run: dict, out: str) -> Optional[str]:

@@ -1,0 +1,97 @@
+"""Where a peer's CPU goes while it trains: its training threads (the stage's compute and optimizer
+steps, measured on the thread that runs them) against the whole process (the event loop's transport,
+(de)serialisation, heartbeats, DHT, status pages, probes) and its p2p daemon, a child process. A
+swarm's peer spends CPU a single job does not; on a loaded host (or a volunteer's) that is taken from
+compute. Measured from the process's own counters, not estimated: ``time.process_time`` for the
+process, ``time.thread_time`` on the compute thread, ``/proc/<pid>/stat`` for the children (Linux;
+elsewhere the daemon's share is left out).
+
+And a step's wall time, split the way its timeline says (``step_breakdown``)."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Optional
+
+COMPUTE_OPS = ("F", "B", "W", "BW")
+
+
+def children_cpu_s(pid: Optional[int] = None) -> Optional[float]:
+    """CPU seconds (user + system) of the live child processes of ``pid`` (this one by default): the
+    p2p daemon. None where /proc does not say."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        kids: set[int] = set()
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids.update(int(x) for x in f.read().split())
+        total = 0
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+            except (OSError, IndexError, ValueError):
+                continue  # it ended meanwhile
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+
+
+class CpuMeter:
+    """CPU seconds since training began: the process's, its training threads' (``add_thread``, from
+    ``StageExecutor.take_thread_cpu``) and its children's."""
+
+    def __init__(self) -> None:
+        self.base: Optional[tuple[float, float, Optional[float]]] = None  # (wall, process, children)
+        self.thread_s = 0.0
+
+    def start(self) -> None:
+        if self.base is None:
+            self.base = (time.time(), time.process_time(), children_cpu_s())
+
+    def add_thread(self, seconds: float) -> None:
+        if self.base is not None:
+            self.thread_s += seconds
+
+    def figures(self) -> Optional[dict]:
+        """Seconds of wall time and of CPU since training began, and the shares of one core."""
+        if self.base is None:
+            return None
+        wall = max(1e-9, time.time() - self.base[0])
+        process = time.process_time() - self.base[1]
+        kids = children_cpu_s()
+        daemon = kids - self.base[2] if kids is not None and self.base[2] is not None else None
+        background = max(0.0, process - self.thread_s)
+        return {"wall_s": round(wall, 3), "process_cpu_s": round(process, 3), "training_threads_cpu_s":
+                round(self.thread_s, 3), "background_cpu_s": round(background, 3),
+                "daemon_cpu_s": None if daemon is None else round(daemon, 3),
+                # shares of one core over the training time
+                "training_share": round(self.thread_s / wall, 4), "background_share": round(background / wall, 4),
+                "daemon_share": None if daemon is None else round(daemon / wall, 4)}
+
+
+def step_breakdown(timelines: list[dict]) -> Optional[dict]:
+    """Median seconds per step of this peer's recent steps (their timelines, ``Trainer.timelines``):
+    compute (its F, B, W ops), waiting for tensors (RECV), the replicas' gradient sum, the optimizer,
+    and the rest (the loop between ops: (de)serialising, its own sends' hand-over, the snapshot); and
+    the seconds its sends were in flight, beside the rest (they overlap the compute)."""
+    rows = []
+    for tl in timelines:
+        parts = {"compute_s": 0.0, "wait_s": 0.0, "gradient_sum_s": 0.0, "optimizer_s": 0.0, "sends_in_flight_s": 0.0}
+        for op, _mb, a, b in tl.get("ops", []):
+            d = max(0.0, b - a)
+            key = ("compute_s" if op in COMPUTE_OPS else "wait_s" if op.startswith("RECV") else
+                   "gradient_sum_s" if op == "SUM" else "optimizer_s" if op == "OPT" else
+                   "sends_in_flight_s" if op.startswith("SEND") else None)
+            if key is not None:
+                parts[key] += d
+        wall = max(0.0, tl["end"] - tl["start"])
+        parts["other_s"] = max(0.0, wall - parts["compute_s"] - parts["wait_s"] - parts["gradient_sum_s"]
+                               - parts["optimizer_s"])
+        parts["step_s"] = wall
+        rows.append(parts)
+    if not rows:
+        return None
+    return {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]} | {"steps": len(rows)}

@@ -1,0 +1,45 @@
+"""Where a peer's step and CPU go (``train.cpu_use``)."""
+import os
+import subprocess
+import sys
+import time
+
+from spantrain_p2p.train.cpu_use import CpuMeter, children_cpu_s, step_breakdown
+
+
+def test_a_steps_wall_time_splits_as_its_timeline_says():
+    """Compute 0.5 s (F, B, W), waits 0.3 s, the gradient sum 0.1 s, the optimizer 0.05 s of a 1 s step:
+    the rest is 0.05 s; the sends (0.4 s, beside the compute) are counted apart. Medians over steps."""
+    ops = [("RECV_F", 0, 0.0, 0.2), ("F", 0, 0.2, 0.4), ("SEND_F", 0, 0.4, 0.8), ("RECV_B", 0, 0.4, 0.5),
+           ("B", 0, 0.5, 0.65), ("W", 0, 0.65, 0.8), ("SUM", -1, 0.85, 0.95), ("OPT", -1, 0.95, 1.0)]
+    one = {"start": 10.0, "end": 11.0, "ops": [(op, mb, 10 + a, 10 + b) for op, mb, a, b in ops]}
+    slow = {**one, "end": 13.0}
+    got = step_breakdown([one, one, slow])
+    assert got == {"compute_s": 0.5, "wait_s": 0.3, "gradient_sum_s": 0.1, "optimizer_s": 0.05,
+                   "sends_in_flight_s": 0.4, "other_s": 0.05, "step_s": 1.0, "steps": 3}
+    assert step_breakdown([]) is None
+
+
+def test_the_daemons_cpu_is_counted_and_the_training_threads_are_told_apart():
+    """A child process that spins (as the p2p daemon works) is counted as the daemon's; this process's
+    own work beyond what its training threads report is the background. By CPU counters, not wall time
+    (a loaded host gives the test less CPU, not other figures)."""
+    meter = CpuMeter()
+    assert meter.figures() is None
+    meter.start()
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        deadline = time.time() + 60
+        while (children_cpu_s(os.getpid()) or 0.0) - meter.base[2] < 0.2 and time.time() < deadline:
+            time.sleep(0.05)
+        c0 = time.process_time()
+        while time.process_time() - c0 < 0.3:  # this process's own work beside its training threads
+            pass
+        meter.add_thread(0.1)
+        fig = meter.figures()
+    finally:
+        child.kill()
+        child.wait(10)
+    assert fig["daemon_cpu_s"] >= 0.2 and fig["process_cpu_s"] >= 0.3 and fig["training_threads_cpu_s"] == 0.1
+    assert abs(fig["background_cpu_s"] - (fig["process_cpu_s"] - 0.1)) < 1e-2
+    assert fig["background_share"] > 0 and fig["daemon_share"] > 0

@@ -156,13 +156,6 @@ class StageExecutor:
         fracs = self._done_fractions(phase) if on_layer_done is not None else None
 
         def call():
-            c0 = time.thread_time()
-            try:
-                return compute()
-            finally:
-                self._thread_cpu_s += time.thread_time() - c0
-
-        def compute():
             if self.device is None:
                 done = None if fracs is None else (lambda i: loop.call_soon_threadsafe(on_layer_done, i))
                 return fn(*args, done)
@@ -175,19 +168,21 @@ class StageExecutor:
                         loop.call_soon_threadsafe(on_layer_done, i)
                 return fn(*args, done)
 
-        return await loop.run_in_executor(self._pool, call)
+        return await loop.run_in_executor(self._pool, self._counted, call)
+
+    def _counted(self, fn):
+        """``fn()`` on the compute thread, its CPU seconds counted (``take_thread_cpu``)."""
+        c0 = time.thread_time()
+        try:
+            return fn()
+        finally:
+            self._thread_cpu_s += time.thread_time() - c0
 
     async def on_compute_thread(self, fn):
         """Runs ``fn()`` on the compute thread: work as long as the optimizer step (seconds when it
         steps on the host, or when torchao compiles its 8-bit step the first time) must not hold the
         event loop, whose heartbeats would stop and have this peer taken for dead."""
-        def call():
-            c0 = time.thread_time()
-            try:
-                return fn()
-            finally:
-                self._thread_cpu_s += time.thread_time() - c0
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._counted, fn)
 
     def take_thread_cpu(self) -> float:
         """CPU seconds the compute thread spent since the last call (``train.cpu_use``)."""

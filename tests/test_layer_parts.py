@@ -1,0 +1,66 @@
+"""Parts of one layer's state held by the replicas of a sharded stage (``models.state``): put together,
+told whole or not, and where the parts held across peers make a layer whole."""
+import pytest
+import torch
+from torch import nn
+
+from spantrain_p2p.net.framing import FrameError
+from spantrain_p2p.models import state
+
+
+def _layer_and_opt():
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 2)
+    opt = torch.optim.Adam(layer.parameters(), lr=0.1)
+    layer(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    return layer, opt
+
+
+def test_two_replicas_parts_make_the_whole_state_and_load_like_it():
+    layer, opt = _layer_and_opt()
+    whole = state.capture(layer, opt)
+    a = state.capture(layer, opt, foreign=frozenset({"bias"}))  # its replica holds the bias's moments
+    b = state.capture(layer, opt, foreign=frozenset({"weight"}))
+    assert state.missing(whole) == frozenset() and state.missing(a) == {"bias"} and state.missing(b) == {"weight"}
+    assert not any(n.startswith("o:bias:") for n, _ in a)
+    merged = state.merge(a, b)
+    assert state.missing(merged) == frozenset()
+    assert sorted((n, t.tolist()) for n, t in merged) == sorted((n, t.tolist()) for n, t in whole)
+    assert state.merge(a, a) is a  # a part lacking the same: nothing to take
+    # the wire: the markers travel and are checked against the layer
+    header, bufs = state.encode(a)
+    back = state.decode(header, bufs, state.expected_shapes(layer))
+    assert state.missing(back) == {"bias"}
+    bad = {"names": header["names"] + ["x:nothing"], "shapes": header["shapes"] + [[0]]}
+    with pytest.raises(FrameError, match="names no parameter"):
+        state.decode(bad, bufs + [memoryview(b"")], state.expected_shapes(layer))
+    # loaded on a replica that owns the weight: the bias's moments stay the other replica's
+    fresh = nn.Linear(3, 2)
+    opt2 = torch.optim.Adam(fresh.parameters())
+    state.apply(fresh, opt2, merged, foreign=frozenset({"bias"}))
+    assert fresh.bias not in opt2.state and fresh.weight in opt2.state
+    assert torch.equal(fresh.weight, layer.weight) and torch.equal(fresh.bias, layer.bias)
+    assert torch.equal(opt2.state[fresh.weight]["exp_avg"], opt.state[layer.weight]["exp_avg"])
+
+
+def test_a_store_of_copies_puts_parts_together_and_keeps_a_whole_state_as_it_is():
+    layer, opt = _layer_and_opt()
+    a = state.capture(layer, opt, foreign=frozenset({"bias"}))
+    b = state.capture(layer, opt, foreign=frozenset({"weight"}))
+    store = state.Store()
+    store.put(4, 9, a, merge_parts=True)
+    assert state.missing(store.get(4, 9)) == {"bias"}
+    store.put(4, 9, b, merge_parts=True)
+    assert state.missing(store.get(4, 9)) == frozenset()
+    whole = store.get(4, 9)
+    store.put(4, 9, a, merge_parts=True)
+    assert store.get(4, 9) is whole
+
+
+def test_a_layer_is_whole_at_a_step_where_the_parts_held_lack_nothing_together():
+    w, b = frozenset({"weight"}), frozenset({"bias"})
+    peers = [{0: {5: w, 6: w}, 1: {5: w}},   # peer 1's parts
+             {0: {5: b, 6: w}, 1: {6: b}}]   # peer 2's
+    assert state.covered(peers) == {0: [5]}  # layer 0 at step 6 lacks the weight's everywhere; layer 1 never both
+    assert state.covered([]) == {}

@@ -44,7 +44,7 @@ def test_two_replicas_parts_make_the_whole_state_and_load_like_it():
     assert torch.equal(opt2.state[fresh.weight]["exp_avg"], opt.state[layer.weight]["exp_avg"])
 
 
-def test_a_store_of_copies_puts_parts_together_and_keeps_a_whole_state_as_it_is():
+def test_a_store_of_copies_puts_parts_together_and_a_whole_copy_replaces_what_was_held():
     layer, opt = _layer_and_opt()
     a = state.capture(layer, opt, foreign=frozenset({"bias"}))
     b = state.capture(layer, opt, foreign=frozenset({"weight"}))
@@ -54,8 +54,12 @@ def test_a_store_of_copies_puts_parts_together_and_keeps_a_whole_state_as_it_is(
     store.put(4, 9, b, merge_parts=True)
     assert state.missing(store.get(4, 9)) == frozenset()
     whole = store.get(4, 9)
-    store.put(4, 9, a, merge_parts=True)
-    assert store.get(4, 9) is whole
+    store.put(4, 9, a, merge_parts=True)  # a newer part: completed from the whole one held
+    assert state.missing(store.get(4, 9)) == frozenset()
+    assert sorted((n, t.tolist()) for n, t in store.get(4, 9)) == sorted((n, t.tolist()) for n, t in whole)
+    newer = state.capture(layer, opt)  # a whole copy (a lone stage's) replaces what was held, as before sharding
+    store.put(4, 9, newer, merge_parts=True)
+    assert store.get(4, 9) is newer
 
 
 def test_a_layer_is_whole_at_a_step_where_the_parts_held_lack_nothing_together():

@@ -166,11 +166,12 @@ class Store:
         self._d: dict[tuple[int, int], LayerState] = {}
 
     def put(self, layer: int, step: int, state: LayerState, merge_parts: bool = False) -> None:
-        """Keeps ``state`` (with ``merge_parts``, put together with a part already held: buddies'
-        copies of one sharded layer, from its replicas)."""
+        """Keeps ``state``, the newest, in place of what was held for (layer, step); with
+        ``merge_parts``, a part completed from what was held (buddies' copies of one sharded layer,
+        from its replicas)."""
         held = self._d.get((layer, step))
         if merge_parts and held is not None:
-            state = merge(held, state) if missing(held) else held
+            state = merge(state, held)
         self._d[(layer, step)] = state
         steps = sorted({s for (l, s) in self._d if l == layer})
         for s in steps[: -self.keep]:

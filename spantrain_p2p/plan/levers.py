@@ -44,8 +44,8 @@ def fit(plan: Plan, mode: str, snapshot: Snapshot, profile: ModelProfile, links:
     if mode == "full":
         stages = [replace(st, recompute="full") for st in stages]
     if "auto" in (mode, shard):
-        for lever in ("shard", "recompute"):
-            if (mode if lever == "recompute" else shard) != "auto":
+        for lever, lever_mode in (("shard", shard), ("recompute", mode)):
+            if lever_mode != "auto":
                 continue
             cur = replace(plan, stages=tuple(stages))
             if layout is None or not layout.matches(cur):

@@ -53,33 +53,33 @@ class Recovery:
 
     def inventory(self) -> dict[int, list[int]]:
         """What this peer holds whole: layer -> steps (its snapshots, a buddy's copies, a checkpoint's)."""
-        inv: dict[int, list[int]] = {}
-        for layer, step in self._in_memory():
-            if not layer_state.missing(self._held(layer, step)):
-                inv.setdefault(layer, []).append(step)
-        if self.checkpoints is not None:
-            for layer, steps in self.checkpoints.inventory().items():
-                inv[layer] = sorted(set(inv.get(layer, [])) | set(steps))
-        return inv
-
-    def page(self) -> dict:
-        """This peer's ``/inventory`` page (JSON: string keys): what it holds whole, and in part."""
-        return {"inventory": {str(k): v for k, v in self.inventory().items()},
-                "partial": {str(k): {str(s): sorted(lack) for s, lack in v.items()}
-                            for k, v in self.partial_inventory().items()}}
+        return self._holdings()[0]
 
     def partial_inventory(self) -> dict[int, dict[int, frozenset]]:
         """What this peer holds of sharded layers in part: layer -> step -> the parameters whose
         optimizer state its part lacks."""
-        out: dict[int, dict[int, frozenset]] = {}
-        for layer, step in self._in_memory():
+        return self._holdings()[1]
+
+    def page(self) -> dict:
+        """This peer's ``/inventory`` page (JSON: string keys): what it holds whole, and in part."""
+        whole, part = self._holdings()
+        return {"inventory": {str(k): v for k, v in whole.items()},
+                "partial": {str(k): {str(s): sorted(lack) for s, lack in v.items()} for k, v in part.items()}}
+
+    def _holdings(self) -> tuple[dict[int, list[int]], dict[int, dict[int, frozenset]]]:
+        """(``inventory``, ``partial_inventory``), from one look at each state held."""
+        whole: dict[int, list[int]] = {}
+        part: dict[int, dict[int, frozenset]] = {}
+        for layer, step in sorted(set(self.store.keys()) | set(self.copies.keys())):
             lack = layer_state.missing(self._held(layer, step))
             if lack:
-                out.setdefault(layer, {})[step] = lack
-        return out
-
-    def _in_memory(self) -> list[tuple[int, int]]:
-        return sorted(set(self.store.keys()) | set(self.copies.keys()))
+                part.setdefault(layer, {})[step] = lack
+            else:
+                whole.setdefault(layer, []).append(step)
+        if self.checkpoints is not None:
+            for layer, steps in self.checkpoints.inventory().items():
+                whole[layer] = sorted(set(whole.get(layer, [])) | set(steps))
+        return whole, part
 
     def _held(self, layer: int, step: int):
         """The state of (layer, step) this peer holds, in memory or in its checkpoint directory
@@ -178,8 +178,8 @@ class Recovery:
         """Per peer (this one included), the layers and steps it holds whole, and the ones that the
         parts of sharded layers held across the peers make whole (``state.covered``)."""
         held = await self.holdings()
-        partial = [p for _, p in held.values()] + [self.partial_inventory()]
-        return [*(w for w, _ in held.values()), self.inventory(), layer_state.covered(partial)]
+        whole, part = self._holdings()
+        return [*(w for w, _ in held.values()), whole, layer_state.covered([*(p for _, p in held.values()), part])]
 
     async def inventory_pages(self) -> dict[str, dict]:
         """Every other live peer's ``/inventory`` page, as it sent it (untrusted): peer id -> page."""

@@ -90,6 +90,8 @@ def main() -> int:
                     help="which checks, comma-separated: overhead, four (four peers), memory (levers: predicted "
                          "peak against the CUDA allocator's)")
     ap.add_argument("--memory-steps", type=int, default=6)
+    ap.add_argument("--levers", default="", help="the memory section's levers, comma-separated (default: all of "
+                    + ", ".join(LEVERS) + ")")
     ap.add_argument("--memory-precision", default="bf16", help="the memory check's precision (fp32, bf16, fp16)")
     a = ap.parse_args()
     sections = set(a.sections.split(","))
@@ -144,20 +146,26 @@ def main() -> int:
     return 0
 
 
-LEVERS = {"none": [], "recompute": ["--recompute", "full"], "adam8bit": ["--optimizer", "adam8bit"],
-          "offload": ["--offload-optimizer"]}
+# lever -> (its flags, peers): sharding needs a stage's replicas, so its run has 2 stages x 2 replicas
+LEVERS = {"none": ([], 2), "recompute": (["--recompute", "full"], 2),
+          "recompute-1f1b": (["--recompute", "full", "--schedule", "1f1b"], 2),
+          "adam8bit": (["--optimizer", "adam8bit"], 2), "offload": (["--offload-optimizer"], 2),
+          "shard": (["--aggregate", "sum", "--shard-optimizer", "full"], 4)}
 
 
 def memory_levers(a, work: str, shape: list[str]) -> list[dict]:
-    """3. issue 30's levers on the device: two peers (2 stages, ``--memory-precision``) per lever; each peer's predicted
+    """3. issue 30's levers on the device: two peers (2 stages, ``--memory-precision``) per lever (four for the sharded
+    optimizer state: 2 stages x 2 replicas); each peer's predicted
     peak (the cost model's), the peak it counts itself (state + stash) and the CUDA allocator's peak."""
     rows = []
-    for name, flags in LEVERS.items():
+    for name, (flags, n) in LEVERS.items():
+        if a.levers and name not in a.levers.split(","):
+            continue
         t0 = time.time()
         try:
             reports = run_peers(os.path.join(work, f"mem-{name}"),
                                 ["--steps", str(a.memory_steps), "--precision", a.memory_precision, "--plan", "even", "--stages",
-                                 "2", *flags, *shape], a.device, 2, 900)
+                                 "2", *flags, *shape], a.device, n, 900)
         except Exception as e:  # one lever failing must not hide the others' figures
             rows.append({"lever": name, "error": repr(e)[-1500:]})
             print(f"memory, {name}: FAILED {e!r}"[:2000], file=sys.stderr, flush=True)
@@ -166,12 +174,13 @@ def memory_levers(a, work: str, shape: list[str]) -> list[dict]:
         for r in sorted(reports, key=lambda r: r["stage"]):
             m = r.get("memory") or {}
             pred, meas = m.get("predicted") or {}, m.get("measured") or {}
-            peers.append({"stage": r["stage"], "predicted_peak": pred.get("peak"), "counted_peak": meas.get("peak"),
+            peers.append({"stage": r["stage"], "name": r.get("name"), "predicted_peak": pred.get("peak"), "counted_peak": meas.get("peak"),
                           "counted_stash": meas.get("stash"), "predicted_stash": pred.get("stash"),
                           "cuda_max_allocated": m.get("cuda_max_allocated"),
                           "counted_over_predicted": m.get("measured_over_predicted"),
                           "cuda_over_predicted": m.get("cuda_over_predicted"),
-                          "step_s_median": r.get("step_s_median")})
+                          "step_s_median": r.get("step_s_median"),
+                          "counted": meas, "predicted": pred})
         losses = last_stage_losses(reports)
         rows.append({"lever": name, "wall_s": round(time.time() - t0, 1), "peers": peers,
                      "losses": [round(x, 5) for x in losses]})
@@ -199,7 +208,10 @@ def four_peers(a, out, work, model, steps, seq, mbs, tok, shape, tokens_per_step
     out["four_peers"] = {
         "tokens_per_s": round(tokens_per_step / step_s, 1), "step_s": round(step_s, 4),
         "peers": [{"name": r["name"], "stage": r["stage"], **{k: (r.get("work") or {}).get(k) for k in
-                                                              ("tokens_per_s", "mfu", "peak_source")}} for r in reports],
+                                                              ("tokens_per_s", "mfu", "peak_source")},
+                   "memory": {k: (r.get("memory") or {}).get(k) for k in
+                              ("predicted", "measured", "cuda_max_allocated", "cuda_over_predicted")}}
+                  for r in reports],
         "mfu": round(sum(r["work"]["achieved_flops_per_s"] for r in reports) / max(r["work"]["peak_flops_per_s"]
                                                                                    for r in reports), 5),
         "losses": [round(x, 5) for x in losses],

@@ -48,12 +48,14 @@ def test_a_layer_state_keeps_adam_s_step_count_on_the_host_and_the_moments_with_
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_a_stage_on_the_gpu_computes_what_it_computes_on_the_cpu_and_sends_host_tensors():
     """The first stage of two (F, SEND_F, RECV_B, BW): the same loss-free arithmetic on the GPU as
-    on the CPU, and the activation it sends arrives in (pinned) host memory, copied on a side stream."""
+    on the CPU, and the activation it sends arrives in (pinned) host memory, copied on a side stream;
+    a spot check's recomputation (on the GPU) compares with it (on the host)."""
     import asyncio
 
     from spantrain_p2p.pipeline import schedule as sched
     from spantrain_p2p.pipeline.executor import StageExecutor
     from spantrain_p2p.job.spec import JobSpec, ModelHandle
+    from spantrain_p2p.robust import verify as vf
 
     job = JobSpec(seq_len=16)
     handle = ModelHandle(job)
@@ -75,6 +77,9 @@ def test_a_stage_on_the_gpu_computes_what_it_computes_on_the_cpu_and_sends_host_
         actions = [sched.Action(sched.Op.F, 0), sched.Action(sched.Op.SEND_F, 0), sched.Action(sched.Op.RECV_B, 0),
                    sched.Action(sched.Op.BW, 0)]
         asyncio.run(ex.run_step(0, actions))
+        # a replica's spot check recomputes on its device and compares with what arrived (on the host)
+        mine = asyncio.run(ex.recompute(0, 0, None, None))
+        assert vf.relative_error(sent[0], mine["send/act"]) <= 1e-6
         ex.close()
         return sent, [p.grad.cpu() for p in ex.params]
 

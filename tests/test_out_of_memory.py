@@ -53,6 +53,21 @@ def test_a_fixed_plan_recomputes_where_a_peer_ran_out_and_stops_when_that_was_tr
     assert not error and same == new
 
 
+def test_a_cuda_librarys_failed_allocation_counts_as_out_of_memory_where_it_is_the_cause():
+    """On a GPU shared by several peers cuBLAS failed to create its handle (a RuntimeError, not torch's
+    OutOfMemoryError) and the peer crashed instead of asking the planner for less."""
+    from spantrain_p2p.models.devices import is_out_of_memory
+
+    cublas = RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    try:
+        raise StepFailed("step 11 failed") from cublas
+    except StepFailed as e:
+        assert is_out_of_memory(e)
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_out_of_memory(StepFailed("step 3 failed: no activation"))
+    assert not is_out_of_memory(RuntimeError("Expected all tensors to be on the same device"))
+
+
 def test_a_virtual_device_refuses_a_stage_that_does_not_fit_as_an_allocation_would():
     job = JobSpec(model="hf:llama-tiny", seq_len=64, micro_batch_size=4)
     handle = ModelHandle(job)

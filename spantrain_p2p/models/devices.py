@@ -80,3 +80,18 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, budget_s: float = 0.2
         if time.perf_counter() > t_end:
             break
     return 2.0 * n ** 3 / best
+
+
+# CUDA libraries' own names for running out of memory (cuBLAS creating its handle or workspace, cuDNN):
+# a RuntimeError, not torch's OutOfMemoryError, when the caching allocator left them nothing
+_ALLOC_FAILED = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUSOLVER_STATUS_ALLOC_FAILED")
+
+
+def is_out_of_memory(e: BaseException | None) -> bool:
+    """Whether ``e``, or an exception it was raised from, is the device running out of memory."""
+    while e is not None:
+        if isinstance(e, torch.OutOfMemoryError) or (
+                isinstance(e, RuntimeError) and any(s in str(e) for s in _ALLOC_FAILED)):
+            return True
+        e = e.__cause__
+    return False

@@ -130,8 +130,10 @@ def choose(rng: random.Random, p: float, mbs_of: Mapping[str, Sequence[int]], su
 
 
 def relative_error(theirs: torch.Tensor, mine: torch.Tensor) -> float:
-    """||theirs - mine|| / ||mine|| in float32 (1.0 against a zero ``mine`` that ``theirs`` is not)."""
-    a, b = theirs.detach().float().reshape(-1), mine.detach().float().reshape(-1)
+    """||theirs - mine|| / ||mine|| in float32 (1.0 against a zero ``mine`` that ``theirs`` is not), on
+    ``mine``'s device (a received tensor is on the host, a recomputation where the stage runs: on a GPU
+    the two devices had made every spot check fail, "no check of ...")."""
+    a, b = theirs.detach().to(mine.device).float().reshape(-1), mine.detach().float().reshape(-1)
     if a.shape != b.shape:
         return float("inf")
     n = float(torch.linalg.vector_norm(b))

@@ -62,14 +62,27 @@ def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
     """The job's model as the planner sees it: its workload's, if it has one (``models.workload``);
     None for a user model (no FLOP model of it yet). Counting a transformers model builds it on the
     meta device (a second for GPT-2), so the answer is kept per job: the trainer asks first, off the
-    event loop, and the planner and the status pages find it ready."""
-    return _model_profile(json.dumps(job.to_dict(), sort_keys=True))
+    event loop, and the planner and the status pages find it ready. What a layer keeps for its
+    backward is measured on ``STASH_DEVICE`` (``measure_stash_on``)."""
+    return _model_profile(json.dumps(job.to_dict(), sort_keys=True), STASH_DEVICE)
+
+
+# where this process measures what layers keep (``measured_stash``): the device its layers train on,
+# set by the trainer. Autocast and attention keep other tensors on a GPU than on the CPU: GPT-2 in
+# bf16 kept 1.39x on an H100 what the CPU's measurement predicted (scripts/gpu_check.py, 2026-11-26)
+STASH_DEVICE = "cpu"
+
+
+def measure_stash_on(device) -> None:
+    """Measure layers' stashes on ``device`` (a ``torch.device`` or its name) from now on."""
+    global STASH_DEVICE
+    STASH_DEVICE = str(device)
 
 
 @functools.lru_cache(maxsize=4)
-def _model_profile(job_json: str) -> Optional[pt.ModelProfile]:
+def _model_profile(job_json: str, stash_device: str = "cpu") -> Optional[pt.ModelProfile]:
     job = JobSpec.from_dict(json.loads(job_json))
-    prof = _model_profile_of(job)
+    prof = _model_profile_of(job, stash_device)
     if prof is None:
         return None
     if job.offload_optimizer:  # the optimizer's state in host memory: none of it on the device, copies each step
@@ -86,7 +99,7 @@ OPTIMIZER_STATE = {"adam": 2.0, "adam8bit": 2 * (1 + 4 / 256) / 4, "sgd": 0.0}
 HOST_STEP_S_PER_PARAM_BYTE = {"adam": 0.75e-9, "adam8bit": 3.5e-9, "sgd": 0.1e-9}
 
 
-def _model_profile_of(job: JobSpec) -> Optional[pt.ModelProfile]:
+def _model_profile_of(job: JobSpec, stash_device: str = "cpu") -> Optional[pt.ModelProfile]:
     if job.workload:
         from ..models import workload
 
@@ -100,15 +113,15 @@ def _model_profile_of(job: JobSpec) -> Optional[pt.ModelProfile]:
         return None
     else:
         prof = pt.ModelProfile.from_model_config(ModelHandle(job)._config())
-    return measured_stash(job, prof)
+    return measured_stash(job, prof, stash_device)
 
 
 MEASURE_STASH_MAX_BYTES = 512 << 20  # the layers built to measure what they keep: at most this many weight bytes
 
 
-def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
+def measured_stash(job: JobSpec, prof: pt.ModelProfile, device: str = "cpu") -> pt.ModelProfile:
     """``prof`` with each layer's stash as measured (``pipeline.memory.saved_bytes``): the first
-    layer, one block (every block of these models is alike) and the last, built on the CPU and run
+    layer, one block (every block of these models is alike) and the last, built on ``device`` and run
     on one and on two samples of the job's length in its precision (what grows with the samples is
     the per-sample stash; what does not is kept once per micro-batch: autocast's copies of the
     weights); a model whose three layers' weights pass ``MEASURE_STASH_MAX_BYTES`` keeps the
@@ -122,8 +135,8 @@ def measured_stash(job: JobSpec, prof: pt.ModelProfile) -> pt.ModelProfile:
     if n < 3 or sum(prof.layers[i].param_bytes for i in (0, 1, n - 1)) > MEASURE_STASH_MAX_BYTES:
         return prof
     handle = ModelHandle(job)
-    first, block = handle.build(0, 2)
-    (last,) = handle.build(n - 1, n)
+    first, block = (x.to(device) for x in handle.build(0, 2))
+    (last,) = (x.to(device) for x in handle.build(n - 1, n))
     dtype = COMPUTE_DTYPES.get(job.precision)
 
     def stashes(samples: int) -> list[float]:

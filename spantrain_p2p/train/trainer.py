@@ -34,7 +34,7 @@ from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, ready_peers
 from ..data.share import MANIFEST, SHARD, DataShare
 from ..job.dataset import open_data, with_data
-from ..models.devices import peak_flops, resolve_device
+from ..models.devices import is_out_of_memory, peak_flops, resolve_device
 from .defence import Defence
 from .verifier import ATTEST_KIND, FETCH_KIND, SUSPECT_KIND, Verifier
 from .gradsum import GradientSum, layer_buckets
@@ -43,7 +43,7 @@ from .measuring import Measuring
 from ..job.optim import make_optimizer
 from ..islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
 from ..models.precision import COMPUTE_DTYPES, WIRE_DTYPES
-from . import overflow, shard
+from . import overflow, planning, shard
 from ..models import workload
 from .planning import model_profile
 from .run_records import MAP_POLL_S, RunRecords
@@ -129,6 +129,7 @@ class Trainer:
         self.device_base = None  # the (virtual) device's counters when training began
         self.cpu = cpu_use.CpuMeter()  # the process's CPU against its training threads' since training began
         self.torch_device = resolve_device(options.device)  # where the layers live
+        planning.measure_stash_on(self.torch_device)  # the planner's memory figures are this device's
         self.work: Optional[dict] = None  # this peer's tokens and model FLOPs per step (report.stage_work)
         self.peak: Optional[tuple[float, str]] = None  # its device's peak FLOP/s, and where the figure comes from
         self.data = None  # dataset.RunData: the job's batches on this peer
@@ -294,8 +295,12 @@ class Trainer:
             try:
                 await self._train_task
                 return
-            except (StepFailed, asyncio.CancelledError) as e:
-                # a cancelled epoch is abandoned; this trainer being cancelled (its peer stops) is not
+            except (StepFailed, asyncio.CancelledError, RuntimeError) as e:
+                # a failed step or setup, a device out of memory anywhere in the epoch (building, measuring:
+                # another process on the GPU may take what this one had) and a cancelled epoch abandon the
+                # epoch; this trainer being cancelled (its peer stops) does not, nor does any other error
+                if isinstance(e, RuntimeError) and not isinstance(e, StepFailed) and not is_out_of_memory(e):
+                    raise
                 if isinstance(e, asyncio.CancelledError) and (
                         asyncio.current_task().cancelling() or not self._train_task.cancelled()):
                     raise
@@ -309,12 +314,10 @@ class Trainer:
 
     def _out_of_memory(self, e: BaseException) -> dict:
         """The progress fields of an epoch abandoned because this peer's device ran out of memory
-        (``torch.OutOfMemoryError`` in its cause): ``oom``, and ``memory_cap``, below what the planner
-        predicted this peer to hold, so that the next plan asks less of it (``decide.memory_caps``)."""
-        cause = e
-        while cause is not None and not isinstance(cause, torch.OutOfMemoryError):
-            cause = cause.__cause__
-        if cause is None:
+        (``models.devices.is_out_of_memory``: ``torch.OutOfMemoryError`` or a CUDA library's failed allocation
+        in its cause): ``oom``, and ``memory_cap``, below what the planner predicted this peer to hold, so
+        that the next plan asks less of it (``decide.memory_caps``)."""
+        if not is_out_of_memory(e):
             return {}
         out: dict = {"oom": 1}  # (a record's progress holds numbers and short strings)
         peak = (self.memory_predicted or {}).get("peak")

@@ -60,7 +60,11 @@ class StashMeter:
             ptr = s.data_ptr()
             if ptr not in weights and ptr:
                 into[ptr] = s.nbytes()
-            return t
+            # kept without its autograd history: a saved output kept as itself is a reference cycle
+            # (tensor -> its grad_fn -> the saved tensor) that Python's collector cannot see through, so
+            # a graph that a backward leaves (retain_graph, as B does) was never freed. On an H100 a
+            # replica's spot checks (B alone) leaked a micro-batch's activations each: 28 GB by step 11
+            return t.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield

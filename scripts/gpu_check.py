@@ -43,7 +43,11 @@ def run_peers(run_dir: str, job_args: list[str], device: str, n: int, timeout: f
             for p in procs:
                 if not p.alive():
                     raise RuntimeError(f"{p.name} exited:\n{p.log_tail()}")
-            return all(p.status()["state"] == "done" for p in procs)
+            states = [p.status()["state"] for p in procs]
+            for p, state in zip(procs, states):
+                if state == "failed":  # stopped (the run, or its trainer): it stays up, so say why now
+                    raise RuntimeError(f"{p.name} failed:\n{p.log_tail()}")
+            return all(s == "done" for s in states)
         wait_until(done, timeout, interval=1.0)
         return [p.status(path="/report", timeout=30) for p in procs]
     finally:

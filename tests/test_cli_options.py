@@ -12,7 +12,7 @@ import pytest
 
 from spantrain_p2p.cli.main import main_parser
 from spantrain_p2p.launch.swarm import job_args
-from spantrain_p2p.peer_command.job_options import JOB_OPTIONS, OPTIMIZERS, PLAN_KINDS
+from spantrain_p2p.job.options import JOB_OPTIONS, OPTIMIZERS, PLAN_KINDS
 from spantrain_p2p.peer_command.main import peer_parser
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
@@ -124,7 +124,7 @@ def test_a_peer_turns_the_options_into_the_job_and_its_trainer_options():
 
 
 def test_a_joiner_that_names_no_tokenizer_or_data_uses_the_paths_the_job_names():
-    from spantrain_p2p.peer_command.job_options import train_fields
+    from spantrain_p2p.job.options import train_fields
     from spantrain_p2p.peer_command.main import peer_parser
 
     fields = train_fields(peer_parser().parse_args(["--join", "/ip4/127.0.0.1/tcp/1/p2p/QmX"]))

@@ -16,7 +16,7 @@ from spantrain_p2p.job.spec import JobSpec
 from spantrain_p2p.launch import hosts
 from spantrain_p2p.launch.chaos import parse as parse_chaos
 from spantrain_p2p.launch.follow import train_and_report
-from spantrain_p2p.peer_command.job_options import job_fields
+from spantrain_p2p.job.options import job_fields
 from spantrain_p2p.peer_command.main import peer_parser
 
 WHY_NOT = hosts.why_not()

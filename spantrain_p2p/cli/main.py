@@ -7,7 +7,7 @@ import sys
 from typing import Optional
 
 from .. import __version__
-from ..peer_command.job_options import add_job_arguments
+from ..job.options import add_job_arguments
 from ..peer_command.main import setup_logging
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .. import PROTOCOL_VERSION, __version__
+from ..errors import JobRefused  # noqa: F401 (raised by check_compatible and the trainer)
 from ..pipeline.loss_scale import check_init
 from ..pipeline.schedule import AUTO, SCHEDULE_NAMES
 from ..plan.baselines import PLAN_KINDS
@@ -40,10 +41,6 @@ def is_hf_preset(model: str) -> bool:
     """A named transformers config: data, not code; any peer may build it without naming it (a model
     directory must be named with --model: a job from the network never makes a peer read a path)."""
     return is_hf(model) and model[len(PREFIX):] in PRESETS
-
-
-class JobRefused(RuntimeError):
-    """This peer cannot take part in the swarm's job; the message says why."""
 
 
 def _scalar_args(d: Any) -> dict:

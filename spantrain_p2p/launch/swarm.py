@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from .. import scenario as sc
-from ..peer_command.job_options import peer_argv
+from ..job.options import peer_argv
 from .chaos import check_order, parse as parse_chaos
 from .follow import train_and_report
 from .processes import PeerProcess, new_run_dir, wait_until

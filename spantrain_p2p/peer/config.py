@@ -4,11 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..errors import PeerError, SwarmUnreachable  # noqa: F401 (a peer's own errors, raised here)
 from ..net.framing import DEFAULT_MAX_MESSAGE_BYTES
-
-
-class PeerError(RuntimeError):
-    """A peer could not start or join; the message is meant for the user."""
 
 
 @dataclass(frozen=True)

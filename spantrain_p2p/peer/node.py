@@ -31,7 +31,7 @@ from ..swarm.sealing import GroupKey, SwarmKey
 from ..swarm.identity import Identity
 from ..swarm.validator import SwarmValidator
 from ..swarm.records import PeerRecord, seal
-from .config import PeerConfig, PeerError
+from .config import PeerConfig, PeerError, SwarmUnreachable
 from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 from .loop_lag import LoopLag
@@ -258,7 +258,7 @@ class Peer:
         except P2PDaemonError as e:
             msg = str(e)
             if "failed to connect to bootstrap peers" in msg:
-                raise PeerError(f"could not join via {', '.join(join)}: no address answered") from None
+                raise SwarmUnreachable(f"could not join via {', '.join(join)}: no address answered") from None
             if "address already in use" in msg.lower():
                 raise PeerError(f"cannot listen on {cfg.listen}: address already in use") from None
             raise PeerError(f"p2p daemon failed: {msg}") from None
@@ -271,7 +271,7 @@ class Peer:
             if join:  # retried with backoff: a founder busy starting its job may miss one ping
                 await asyncio.wait_for(bootstrap(node, join, cfg.join_timeout_s), cfg.join_timeout_s + 10)
         except (asyncio.TimeoutError, BootstrapFailed) as e:
-            raise PeerError(f"could not join via {', '.join(join)}: "
+            raise SwarmUnreachable(f"could not join via {', '.join(join)}: "
                             f"{e or f'no peer answered within {cfg.join_timeout_s:.0f}s'}") from None
         except Exception as e:
             if join and check_identity and "can't access this node" in str(e):
@@ -282,7 +282,7 @@ class Peer:
                     f"{cfg.identity_path} (peer id {self.peer_id}) may be already used by a live peer "
                     f"(or a firewall blocks incoming connections)") from None
             if join:
-                raise PeerError(f"could not join via {', '.join(join)}: {e}") from None
+                raise SwarmUnreachable(f"could not join via {', '.join(join)}: {e}") from None
             raise
 
         self._dht = GuardedDHT(node, self.swarm_key, self.allow)

@@ -12,7 +12,7 @@ import sys
 from typing import Optional
 
 from .. import __version__
-from .job_options import add_job_arguments, job_fields, train_fields
+from ..job.options import add_job_arguments, job_fields, train_fields
 
 log = logging.getLogger("spantrain")
 

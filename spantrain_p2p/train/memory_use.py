@@ -98,3 +98,25 @@ def report(state: Optional[dict], stash_peak: int, prediction: Optional[dict], r
         if peak:
             out["cuda_over_predicted"] = round(cuda / peak, 4)
     return out
+
+
+def out_of_memory_progress(e: BaseException, predicted: Optional[dict], progress: dict) -> dict:
+    """The progress fields of an epoch abandoned because this peer's device ran out of memory
+    (``models.devices.is_out_of_memory``: ``torch.OutOfMemoryError`` or a CUDA library's failed
+    allocation in its cause): ``oom``, and ``memory_cap``, below what the planner ``predicted`` this
+    peer to hold (and below the cap its ``progress`` has), so that the next plan asks less of it
+    (``decide.memory_caps``); nothing for another failure."""
+    from ..models.devices import is_out_of_memory
+    from .decide import CAP_MARGIN
+
+    if not is_out_of_memory(e):
+        return {}
+    out: dict = {"oom": 1}  # (a record's progress holds numbers and short strings)
+    peak = (predicted or {}).get("peak")
+    if peak:
+        cap = int(CAP_MARGIN * peak)
+        old = progress.get("memory_cap")
+        out["memory_cap"] = min(cap, old) if isinstance(old, int) else cap
+    log.warning("out of memory on this device%s", f": planning within {out['memory_cap'] / 2**20:.1f} MiB from now"
+                if "memory_cap" in out else "")
+    return out

@@ -47,7 +47,6 @@ from . import overflow, planning, shard
 from ..models import workload
 from .planning import model_profile
 from .run_records import MAP_POLL_S, RunRecords
-from .decide import CAP_MARGIN
 from .recovery import Recovery
 from .transport import PipelineTransport
 
@@ -308,26 +307,10 @@ class Trainer:
                 log.warning("epoch %d abandoned at step %d: %s", smap.epoch, self.step, why)
                 self.events.append({"kind": "abandoned", "epoch": smap.epoch, "step": self.step, "t": time.time(),
                                     "reason": why[:300]})
-                await self.peer.set_state("recovering", failed_epoch=smap.epoch, **self._out_of_memory(e))
+                await self.peer.set_state("recovering", failed_epoch=smap.epoch, **memory_use.out_of_memory_progress(
+                    e, self.memory_predicted, self.peer.progress))
             finally:
                 self._train_task = None
-
-    def _out_of_memory(self, e: BaseException) -> dict:
-        """The progress fields of an epoch abandoned because this peer's device ran out of memory
-        (``models.devices.is_out_of_memory``: ``torch.OutOfMemoryError`` or a CUDA library's failed allocation
-        in its cause): ``oom``, and ``memory_cap``, below what the planner predicted this peer to hold, so
-        that the next plan asks less of it (``decide.memory_caps``)."""
-        if not is_out_of_memory(e):
-            return {}
-        out: dict = {"oom": 1}  # (a record's progress holds numbers and short strings)
-        peak = (self.memory_predicted or {}).get("peak")
-        if peak:
-            cap = int(CAP_MARGIN * peak)
-            old = self.peer.progress.get("memory_cap")
-            out["memory_cap"] = min(cap, old) if isinstance(old, int) else cap
-        log.warning("out of memory on this device%s", f": planning within {out['memory_cap'] / 2**20:.1f} MiB from now"
-                    if "memory_cap" in out else "")
-        return out
 
     async def _spare_until_done(self, smap: StageMap) -> bool:
         """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:

@@ -105,7 +105,8 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               job="model", to=EVERY),
     JobOption("--model-arg", "argument of the model (transformer: dim, depth, heads, mlp_ratio, vocab, seed; hf: any "
               "config field, e.g. num_hidden_layers, and seed); "
-              "repeatable", action="append", metavar="KEY=VALUE", job="model_args", value=parse_model_args),
+              "repeatable", action="append", metavar="KEY=VALUE", job="model_args",
+              value=lambda v: dict(v) if isinstance(v, dict) else parse_model_args(v)),
     JobOption("--seq-len", type=int, default=32, job="seq_len"),
     JobOption("--workload", "emulate training this transformers model (hf:PRESET such as hf:gpt2-xl or "
               "hf:llama-7b, or hf:DIR with its config.json) while computing the small --model as its proxy: every "
@@ -228,3 +229,42 @@ def peer_argv(values: dict[str, Any]) -> tuple[list[str], list[str]]:
     for opt in JOB_OPTIONS:
         (every if opt.to == EVERY else first).extend(opt.argv(values[opt.dest]))
     return first, every
+
+
+def python_namespace(values: dict[str, Any]) -> argparse.Namespace:
+    """The options as ``spantrain-peer`` would have parsed them, from Python keyword arguments named
+    as the flags are (``micro_batches=8`` for ``--micro-batches 8``, ``offload_optimizer=True``,
+    ``model_arg={"num_hidden_layers": 2}`` or a list of ``KEY=VALUE``): the Python API's jobs come
+    from the same declaration as the flags, so ``job_fields`` and ``train_fields`` turn both into
+    the same ``JobSpec`` and ``TrainOptions``. An unknown name, a value of the wrong type or one
+    outside the option's choices is refused, naming the option."""
+    by_name = {o.dest: o for o in JOB_OPTIONS}
+    unknown = sorted(set(values) - set(by_name))
+    if unknown:
+        raise TypeError(f"unknown job option {unknown[0]!r}; the options are: {', '.join(sorted(by_name))}")
+    ns = argparse.Namespace()
+    for name, opt in by_name.items():
+        v = values.get(name, None)
+        if v is None:
+            v = [] if opt.action == "append" else (False if opt.action == "store_true" else opt.default)
+        elif opt.action == "store_true":
+            if not isinstance(v, bool):
+                raise TypeError(f"{name} (--{opt.flag[2:]}) wants True or False, not {v!r}")
+        elif opt.action == "append":
+            if isinstance(v, dict):
+                v = [f"{k}={x}" for k, x in v.items()] if name != "model_arg" else v
+            elif isinstance(v, str) or not all(isinstance(x, str) for x in v):
+                raise TypeError(f"{name} (--{opt.flag[2:]}) wants a dict or a list of KEY=VALUE strings, not {v!r}")
+        elif opt.type in (int, float):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (opt.type is int and not isinstance(v, int)):
+                raise TypeError(f"{name} (--{opt.flag[2:]}) wants {'an int' if opt.type is int else 'a number'}, "
+                                f"not {v!r}")
+            v = opt.type(v)
+        else:
+            v = str(v) if not isinstance(v, str) and hasattr(v, "__fspath__") else v
+            if not isinstance(v, str):
+                raise TypeError(f"{name} (--{opt.flag[2:]}) wants a string, not {v!r}")
+        if opt.choices and v not in opt.choices and v is not None and opt.action == "store":
+            raise ValueError(f"{name} (--{opt.flag[2:]}) must be one of {', '.join(opt.choices)}, not {v!r}")
+        setattr(ns, name, v)
+    return ns

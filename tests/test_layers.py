@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"train"},  # a peer's trainer and its components
     {"view"},  # the operator's view: dashboard, /metrics, pictures of a run
     {"peer"},  # the Peer: life cycle, membership, data plane, emulation
+    {"api"},  # the Python API: Job, Session, start, join, local swarms
     {"peer_command"},  # `spantrain-peer`
     {"launch"},  # local swarms of peer processes (the zygote among them)
     {"cli", "__main__"},  # `spantrain`, the operator's tool, and its subcommands

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from ..models import state as layer_state
 from ..models.checkpoint import JOB_FILE, CheckpointDir
-from .spec import JobSpec
+from .spec import JobSpec, ModelHandle
 
 
 def complete_step(inventory: dict[int, list[int]], num_layers: int) -> Optional[int]:
@@ -27,9 +27,7 @@ def complete_step(inventory: dict[int, list[int]], num_layers: int) -> Optional[
 
 def export(checkpoint_dir: str, out_dir: str, step: Optional[int] = None) -> dict:
     """Writes the transformers directory; returns what it wrote (path, step, model, parameters)."""
-    from safetensors.torch import save_file
-
-    from ..models.hf_model import HFModel, hf_state_dict, is_hf
+    from ..models.hf_model import HFModel, is_hf
 
     path = os.path.join(checkpoint_dir, JOB_FILE)
     if not os.path.isfile(path):
@@ -48,9 +46,36 @@ def export(checkpoint_dir: str, out_dir: str, step: Optional[int] = None) -> dic
         missing = [i for i in range(model.num_layers) if step not in have.get(i, ())]
         raise ValueError(f"the checkpoint has no step at which every layer is there (step {step}: layers "
                          f"{missing[:8]} missing); copy the other peers' files into {checkpoint_dir!r}")
+    meta = model.meta_layers()
+    states = {i: ckpt.load(i, step, layer_state.expected_shapes(meta[i])) for i in range(model.num_layers)}
+    return {**write_transformers_dir(job, states, out_dir), "step": step}
+
+
+def trained_layers(job: JobSpec, states: Mapping[int, Any]) -> list:
+    """The job's model, every layer built and loaded with its state (layer index -> ``models.state``
+    state: from a checkpoint, or gathered from the peers that trained it)."""
+    model = ModelHandle(job)
+    missing = [i for i in range(model.num_layers) if i not in states]
+    if missing:
+        raise ValueError(f"no state for layers {missing[:8]} of the model's {model.num_layers}")
     layers = model.build(0, model.num_layers)
     for i, layer in enumerate(layers):
-        layer_state.apply(layer, None, ckpt.load(i, step, layer_state.expected_shapes(layer)))
+        layer_state.apply(layer, None, states[i])
+    return layers
+
+
+def write_transformers_dir(job: JobSpec, states: Mapping[int, Any], out_dir: str) -> dict:
+    """Writes the trained ``hf:`` model (``states``: every layer's) as a transformers directory:
+    ``model.safetensors`` under transformers' names, ``config.json`` (untied), the job's tokenizer.json."""
+    from safetensors.torch import save_file
+
+    from ..models.hf_model import HFModel, hf_state_dict, is_hf
+
+    if not is_hf(job.model):
+        raise ValueError(f"the job's model is {job.model!r}: only transformers models (hf:...) "
+                         f"export to a transformers directory")
+    model = HFModel(job.model, job.model_args, job.seed, job.seq_len)
+    layers = trained_layers(job, states)
     os.makedirs(out_dir, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in hf_state_dict(layers).items()}
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
@@ -58,5 +83,5 @@ def export(checkpoint_dir: str, out_dir: str, step: Optional[int] = None) -> dic
         json.dump(model.export_config(), f, indent=2, sort_keys=True)
     if job.tokenizer.endswith(".json") and os.path.isfile(job.tokenizer):
         shutil.copyfile(job.tokenizer, os.path.join(out_dir, "tokenizer.json"))
-    return {"out": out_dir, "step": step, "model": job.model, "layers": model.num_layers,
+    return {"out": out_dir, "model": job.model, "layers": model.num_layers,
             "parameters": sum(t.numel() for t in tensors.values())}

@@ -83,30 +83,13 @@ def peer_parser() -> argparse.ArgumentParser:
 
 
 def train_options(a: argparse.Namespace):
-    """The trainer's options (and, on the peer that defines it, the job) from the parsed command line."""
-    from ..job.spec import BUILTIN, JobSpec
-    from ..train.trainer import TrainOptions
+    """The trainer's options (and, on the peer that defines it, the job) from the parsed command line:
+    built by the Python API's own function (``api.job.train_options``), so the two cannot drift."""
+    from ..api.job import train_options as api_train_options
 
-    from ..models.devices import resolve_device
-
-    resolve_device(a.device)  # a device this machine lacks stops the peer now, saying what there is
-    allowed = ((a.model,) if a.model != BUILTIN else ()) + ((a.workload,) if getattr(a, "workload", "") else ())
-    job = None
-    if a.steps is not None:
-        if a.join and a.join != ["auto"]:
-            raise ValueError("--steps defines the swarm's job: give it to the peer that starts the swarm, not a joiner")
-        job = JobSpec(**job_fields(a))
-        # the model is built here once (its fingerprint goes into the job): a --model that does not
-        # import or build stops this peer now, with the reason, instead of leaving a swarm that waits
-        try:
-            job = job.finalized()
-        except Exception as e:
-            raise ValueError(str(e) if isinstance(e, ValueError) else f"--model {a.model!r} failed to build: {e!r}") \
-                from None
-    from ..robust.attacks import check
-
-    return TrainOptions(job=job, allowed_models=allowed, byzantine=check(a.byzantine) if a.byzantine else "",
-                        **train_fields(a))
+    if a.steps is not None and a.join and a.join != ["auto"]:
+        raise ValueError("--steps defines the swarm's job: give it to the peer that starts the swarm, not a joiner")
+    return api_train_options(a, defines_job=a.steps is not None, byzantine=a.byzantine)
 
 
 def config_from_args(a: argparse.Namespace):
@@ -171,27 +154,23 @@ def allow_list(items: list[str]) -> tuple[str, ...]:
 
 
 async def run_peer(config, ready_file: Optional[str], train_options=None) -> int:
-    from ..peer import Peer
-    from ..train.trainer import Trainer
+    """Runs the peer (a ``Session`` of the Python API) until Ctrl-C or SIGTERM; the exit code: 0, 3 if
+    it refused the job, 4 if its trainer crashed (it leaves at once: the others re-plan without it)."""
+    from ..api.session import Session
+    from ..errors import JobRefused, PeerCrashed, TrainingStopped
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    peer = Peer(config)
-    trainer = Trainer(peer, train_options) if train_options is not None else None
-    if trainer is not None:
-        from ..view import metrics
-
-        peer.before_serving(lambda p: p.dataplane.add_get(
-            "/metrics", lambda: (metrics.metrics_text(trainer), metrics.CONTENT_TYPE)))
-    async with peer:
-        if trainer is not None:
-            peer.spawn(trainer.run(), "trainer")
-        print(f"swarm address: {peer.address}", flush=True)
+    session = Session(config, train_options)
+    trainer = session.trainer
+    async with session:
+        print(f"swarm address: {session.address}", flush=True)
         if not config.join:
-            print(f"others join with: spantrain-peer --join {peer.address}", flush=True)
+            print(f"others join with: spantrain-peer --join {session.address}", flush=True)
         if ready_file:
+            peer = session.peer
             tmp = ready_file + ".tmp"
             with open(tmp, "w") as f:
                 json.dump({"peer_id": peer.peer_id, "address": peer.address, "maddrs": peer.maddrs,
@@ -200,23 +179,21 @@ async def run_peer(config, ready_file: Optional[str], train_options=None) -> int
         waits = [asyncio.create_task(stop.wait())]
         if trainer is not None:
             waits.append(asyncio.create_task(trainer.finished.wait()))
-        while not stop.is_set():
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if trainer is not None and trainer.refused:
-                print(f"spantrain-peer: error: refusing to join this run: {trainer.refused}", file=sys.stderr, flush=True)
-                for w in waits:
-                    w.cancel()
-                return 3
-            if trainer is not None and trainer.crashed:
-                # leave (tombstone) so that the others re-plan without this peer at once
-                print(f"spantrain-peer: error: {trainer.error}", file=sys.stderr, flush=True)
-                for w in waits:
-                    w.cancel()
-                return 4
-            if trainer is not None and trainer.finished.is_set():
-                waits = [w for w in waits if not w.done()]
-        for w in waits:
-            w.cancel()
+        try:
+            while not stop.is_set():
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if session.done:
+                    try:
+                        session.raise_for_outcome()
+                    except (JobRefused, PeerCrashed) as e:
+                        print(f"spantrain-peer: error: {e}", file=sys.stderr, flush=True)
+                        return 3 if isinstance(e, JobRefused) else 4
+                    except TrainingStopped:  # said in its log and /status; the peer stays for its pages
+                        pass
+                    waits = [w for w in waits if not w.done()]
+        finally:
+            for w in waits:
+                w.cancel()
         log.info("stopping: leaving the swarm")
     return 0
 

@@ -156,6 +156,20 @@ class Recovery:
             self.store.put(idx, step, st)
         return run
 
+    async def gather(self, step: int) -> dict:
+        """Every layer of the model in its state after ``step`` steps (layer -> state): from this
+        peer's own snapshots and copies, else from the live peers that hold it, nearest first (the
+        trained model put together from where its stages trained: the Python API's weights)."""
+        out, invs = {}, None
+        for i in range(self.handle.num_layers):
+            st = self._held(i, step)
+            if st is None or layer_state.missing(st):
+                if invs is None:
+                    invs = await self.holdings()
+                st = await self._fetch_layer(i, step, invs, st)
+            out[i] = st
+        return out
+
     async def inventories(self) -> dict[str, dict[int, list[int]]]:
         """What every other live peer holds whole: peer id -> layer -> steps."""
         return {pid: whole for pid, (whole, _) in (await self.holdings()).items()}

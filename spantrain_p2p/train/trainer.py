@@ -378,7 +378,8 @@ class Trainer:
         if self.recompute == "full" or (self.peer.device is not None and not job.workload):
             await self.data_share.ensure(0, [0])
             ids, tgt = self.data.batch(0, 0)
-            sample = (ids if k == 0 else torch.randn(shapes[first])).to(self.torch_device)
+            sample = (ids if k == 0 else torch.randn(shapes[first], generator=torch.Generator().manual_seed(k))
+                      ).to(self.torch_device)  # (not the process's generator: local peers build layers with it)
             tgt = tgt.to(self.torch_device) if k == n - 1 else None
         layer_flops = None
         if self.peer.device is not None and job.workload:  # pad to the workload's FLOPs

@@ -83,6 +83,39 @@ def test_parquet_reads_the_text_column(tmp_path):
         list(read_documents(tmp_path / "no_text.parquet"))
 
 
+def _save_to_disk(pa, folder, texts_per_file):
+    """What ``datasets.Dataset.save_to_disk`` writes (datasets 2-4): Arrow IPC streams, the files in
+    state.json's order, and dataset_info.json."""
+    folder.mkdir(parents=True)
+    names = [f"data-{i:05d}-of-{len(texts_per_file):05d}.arrow" for i in range(len(texts_per_file))]
+    for name, texts in zip(names, texts_per_file):
+        table = pa.table({"text": texts, "id": list(range(len(texts)))})
+        with pa.OSFile(str(folder / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=2)
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names],
+                                                   "_fingerprint": "x", "_split": "train"}))
+    (folder / "dataset_info.json").write_text("{}")
+
+
+def test_a_datasets_dataset_saved_to_disk_reads_its_text_column_in_its_files_order(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    _save_to_disk(pa, tmp_path / "ds", [["one", "two", None], ["three"]])
+    stats = ReadStats()
+    assert list(read_documents(tmp_path / "ds", stats=stats)) == ["one", "two", "three"]
+    assert stats.files == 2 and stats.skipped_rows == 1
+    # a DatasetDict: its train split
+    _save_to_disk(pa, tmp_path / "dd" / "train", [["t1", "t2"]])
+    _save_to_disk(pa, tmp_path / "dd" / "test", [["x"]])
+    (tmp_path / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    assert list(read_documents(tmp_path / "dd")) == ["t1", "t2"]
+    (tmp_path / "dd" / "dataset_dict.json").write_text(json.dumps({"splits": ["test"]}))
+    with pytest.raises(DataError, match="without a 'train' split"):
+        list(read_documents(tmp_path / "dd"))
+    (tmp_path / "ds" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "../x.arrow"}]}))
+    with pytest.raises(DataError, match="not an Arrow file of this folder"):
+        list(read_documents(tmp_path / "ds"))
+
+
 def test_parquet_without_pyarrow_says_it_needs_pyarrow(tmp_path, monkeypatch):
     (tmp_path / "d.parquet").write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "pyarrow", None)

@@ -51,7 +51,8 @@ class Job:
     module's top level: peers in this process import it from there, peers elsewhere need that module);
     or a transformers causal-LM object (GPT-2, Llama, Qwen2, Mistral), saved for the peers to read in
     ``model_dir`` (default: a new temporary directory). ``data``: a text file, a folder of them,
-    ``.jsonl``, ``.parquet`` (with pyarrow), ``"stdlib"``, or None for a generated corpus.
+    ``.jsonl``, ``.parquet`` (with pyarrow), a ``datasets`` dataset saved with ``save_to_disk`` (its
+    folder), ``"stdlib"``, or None for a generated corpus.
     ``tokenizer``: ``"bytes"`` (default), a tokenizer.json or a transformers tokenizer folder.
     """
 

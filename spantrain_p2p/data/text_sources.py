@@ -5,6 +5,9 @@
 - a text file (UTF-8): one document;
 - a ``.jsonl`` file: one document per line, the line's ``text`` field;
 - a ``.parquet`` file: one document per row of its ``text`` column (needs the optional ``pyarrow``);
+- a Hugging Face ``datasets`` dataset saved with ``save_to_disk`` (a folder with ``state.json``; of a
+  ``DatasetDict``, its ``train`` split): one document per row of its ``text`` column, its Arrow files
+  in the order ``state.json`` lists them (needs ``pyarrow``; the ``datasets`` package is not needed);
 - a directory: every regular file below it, recursively, in sorted order of relative path
   (POSIX, code-point order), each read by its suffix as above (``.jsonl``, ``.parquet``, else
   text). Hidden files and folders (a name starting with ``.``), ``__pycache__``,
@@ -82,6 +85,9 @@ def list_files(path: Union[str, Path], suffixes: Optional[Sequence[str]] = None)
         return [root]
     if not root.is_dir():
         raise DataError(f"data {str(path)!r}: no such file or directory (nothing is downloaded)")
+    saved = saved_dataset_files(root)
+    if saved is not None:
+        return saved
     keep = tuple(suffixes) if suffixes else None
     found: list[tuple[str, Path]] = []
     for d, dirs, files in os.walk(root):
@@ -94,6 +100,59 @@ def list_files(path: Union[str, Path], suffixes: Optional[Sequence[str]] = None)
                 found.append((p.relative_to(root).as_posix(), p))
     found.sort(key=lambda rp: rp[0])
     return [p for _, p in found]
+
+
+def saved_dataset_files(root: Path) -> Optional[list[Path]]:
+    """The Arrow files of a ``datasets`` dataset saved with ``save_to_disk`` at ``root`` (a
+    ``DatasetDict``'s ``train`` split), in its order; None if ``root`` is not one."""
+    if (root / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((root / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{root}/dataset_dict.json: unreadable ({e})") from None
+        if "train" not in splits:
+            raise DataError(f"{root}: a saved DatasetDict without a 'train' split (splits: {', '.join(map(str, splits))}); "
+                            f"name the split's folder")
+        root = root / "train"
+    if not ((root / "state.json").is_file() and (root / "dataset_info.json").is_file()):
+        return None
+    try:
+        names = [f["filename"] for f in json.loads((root / "state.json").read_text())["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{root}/state.json: unreadable ({e})") from None
+    files = []
+    for name in names:
+        if not isinstance(name, str) or "/" in name or name.startswith(".") or not name.endswith(".arrow"):
+            raise DataError(f"{root}/state.json names {name!r}, not an Arrow file of this folder")
+        if not (root / name).is_file():
+            raise DataError(f"{root}: {name}, listed in state.json, is missing")
+        files.append(root / name)
+    return files
+
+
+def _arrow_file(p: Path, stats: ReadStats) -> Iterator[Piece]:
+    """A saved dataset's Arrow file (the IPC stream format ``datasets`` writes): its ``text`` column."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise DataError(f"{p}: reading a saved datasets dataset needs pyarrow, which is not installed "
+                        "(pip install pyarrow)") from None
+    with pa.memory_map(str(p)) as source:
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            reader = pa.ipc.open_file(source)
+        if "text" not in reader.schema.names:
+            raise DataError(f"{p}: the dataset has no 'text' column (columns: {', '.join(reader.schema.names)})")
+        stats.files += 1
+        batches = reader if hasattr(reader, "__iter__") else (reader.get_batch(i) for i in range(reader.num_record_batches))
+        for rb in batches:
+            for text in rb.column(rb.schema.get_field_index("text")).to_pylist():
+                if not isinstance(text, str):
+                    stats.skipped_rows += 1
+                    continue
+                yield from _pieces_of(text)
 
 
 def _pieces_of(text: str) -> Iterator[Piece]:
@@ -199,6 +258,8 @@ def read_pieces(
             it = _jsonl_file(p, stats)
         elif name.endswith(".parquet"):
             it = _parquet_file(p, stats)
+        elif name.endswith(".arrow"):
+            it = _arrow_file(p, stats)
         else:
             it = _text_file(p, stats, alone)
         for piece in it:

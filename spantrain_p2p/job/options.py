@@ -130,7 +130,8 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
     JobOption("--loss-scale", "fp16: the dynamic loss scale's initial value (halved on each overflow, doubled "
               "after 2000 clean steps) (default 65536)", type=float, default=65536.0, job="loss_scale"),
     JobOption("--data", "the data set: a text file, a folder of them, .jsonl (a 'text' field), .parquet (a 'text' "
-              "column) or 'stdlib' (this Python's standard library); default: a generated corpus. Every peer "
+              "column), a datasets dataset saved with save_to_disk (its folder: its 'text' column) or 'stdlib' (this "
+              "Python's standard library); default: a generated corpus. Every peer "
               "checks its copy against the swarm's fingerprint", metavar="PATH", job="data", train="data",
               value=lambda v: v or "", to=EVERY),
     JobOption("--tokenizer", "'bytes' (default), a tokenizers tokenizer.json or a transformers tokenizer folder "

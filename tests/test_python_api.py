@@ -42,9 +42,9 @@ def test_the_readmes_python_example_runs_as_written(tmp_path):
 
 def test_a_job_through_the_api_and_through_spantrain_swarm_gives_the_same_losses(tmp_path):
     """The same job (seed, fp32, no compression, 4 stages of one layer) once through ``spantrain swarm``
-    on lan-4 and once as a ``LocalSwarm`` of 4: the same losses, to the last bit. (A Llama: it has no
-    dropout. GPT-2's draws its masks from each process's generator, in the order its ops run, so four
-    peers in one process draw other masks than four processes do.)"""
+    on lan-4 and once as a ``LocalSwarm`` of 4: the same losses, to the last bit. (Four peers in one
+    process once seeded their layers' initialisation through one generator at once: the first loss
+    came out 5.5128, 5.5409 and 5.5417 in three runs, against 5.5513 from four processes.)"""
     data = str(ROOT / "README.md")
     flags = dict(seq_len=32, micro_batch_size=2, micro_batches=2, seed=3, precision="fp32", compression="none",
                  plan="even", stages=4, no_measure=True)

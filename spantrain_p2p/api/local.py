@@ -9,8 +9,10 @@ import atexit
 import concurrent.futures
 import itertools
 import os
+import signal
 import tempfile
 import threading
+import time
 import weakref
 from typing import Any, Iterator, Optional
 
@@ -96,6 +98,44 @@ class AsyncLocalSwarm:
             return await asyncio.to_thread(transformers.AutoModelForCausalLM.from_pretrained, d)
 
 
+_sigint = {"waiting": False, "hit": False}  # the main thread's Ctrl-C while ``_wait`` waits
+
+
+def _on_sigint(signum, frame) -> None:
+    if _sigint["waiting"]:
+        _sigint["hit"] = True  # ``_wait`` raises at its next look
+    else:
+        raise KeyboardInterrupt
+
+
+def _wait(fut: concurrent.futures.Future, interruptible: bool, timeout: Optional[float] = None):
+    """``fut``'s result, waited for in short sleeps. Ctrl-C (SIGINT, in the main thread) meanwhile only
+    sets a flag: ``interruptible``, the wait then ends with ``KeyboardInterrupt`` (the work cancelled);
+    else it is held back until the work is done. (A KeyboardInterrupt raised wherever the signal lands
+    could land inside the future's own lock, which the loop's thread then waits for forever.)"""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, _on_sigint) if main else None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    _sigint["hit"], _sigint["waiting"] = False, main
+    try:
+        while not fut.done():
+            if _sigint["hit"] and interruptible:
+                fut.cancel()
+                raise KeyboardInterrupt
+            if deadline is not None and time.monotonic() > deadline:
+                fut.cancel()
+                raise TimeoutError("the swarm did not answer in time")
+            time.sleep(0.02)
+        _sigint["waiting"] = False  # from here a Ctrl-C raises where it lands; one that came before, here
+        if _sigint["hit"] and interruptible:
+            raise KeyboardInterrupt
+        return fut.result()
+    finally:
+        _sigint["waiting"] = False
+        if main:
+            signal.signal(signal.SIGINT, old)
+
+
 _open: "weakref.WeakSet[LocalSwarm]" = weakref.WeakSet()
 
 
@@ -123,17 +163,8 @@ class LocalSwarm:
         self._thread: Optional[threading.Thread] = None
 
     def _call(self, coro):
-        """Runs ``coro`` on the swarm's loop; waits in short slices, so that Ctrl-C is taken at once."""
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            while True:
-                try:
-                    return fut.result(timeout=0.2)
-                except concurrent.futures.TimeoutError:
-                    continue
-        except BaseException:
-            fut.cancel()
-            raise
+        """Runs ``coro`` on the swarm's loop and waits for it; Ctrl-C stops the wait at once."""
+        return _wait(asyncio.run_coroutine_threadsafe(coro, self._loop), interruptible=True)
 
     def open(self) -> "LocalSwarm":
         if self._loop is not None:
@@ -155,15 +186,10 @@ class LocalSwarm:
         if loop is None:
             return
         _open.discard(self)
-        fut = asyncio.run_coroutine_threadsafe(self._swarm.close(), loop)
-        while True:
-            try:
-                fut.result(timeout=60)
-                break
-            except KeyboardInterrupt:
-                continue
-            except Exception:
-                break
+        try:
+            _wait(asyncio.run_coroutine_threadsafe(self._swarm.close(), loop), interruptible=False, timeout=60)
+        except Exception:  # (a peer that did not stop in time: the loop stops anyway)
+            pass
         loop.call_soon_threadsafe(loop.stop)
         self._thread.join(timeout=10)
         if not self._thread.is_alive():

@@ -169,3 +169,23 @@ async def test_failures_arrive_as_the_packages_errors_with_the_command_lines_mes
             with pytest.raises(spantrain_p2p.JobRefused, match="refusing to join this run: the swarm trains .* this peer only runs models named with --model"):
                 async for _ in joiner.steps():
                     pass
+
+
+def test_a_model_given_as_a_transformers_object_or_a_function_becomes_a_spec_the_peers_build(tmp_path):
+    """A transformers model object is saved for the peers (``hf:DIR``, built with its weights); a
+    module-level function is named by its module; a lambda cannot be imported by a peer: refused."""
+    import torch
+    import transformers
+
+    from spantrain_p2p.models.example_user_model import tiny_mlp
+
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=256, n_positions=64)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(cfg)
+    job = spantrain_p2p.Job(hf, steps=2, model_dir=str(tmp_path / "m"), seq_len=16)
+    assert job.model == f"hf:{tmp_path / 'm'}" and (tmp_path / "m" / "config.json").is_file()
+    spec = job.train_options().job  # built (and fingerprinted) from the saved directory
+    assert spec.model == job.model and spec.fingerprint
+    assert spantrain_p2p.Job(tiny_mlp, steps=2).model == "spantrain_p2p.models.example_user_model:tiny_mlp"
+    with pytest.raises(ValueError, match="top level of a module"):
+        spantrain_p2p.Job(lambda: [], steps=2)

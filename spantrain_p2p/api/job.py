@@ -8,7 +8,7 @@ import os
 import tempfile
 from typing import Any, Callable, Optional, Union
 
-from ..job.options import JOB_OPTIONS, job_fields, python_namespace, train_fields
+from ..job.options import JOB_OPTIONS, PEER_OWN, job_fields, python_namespace, train_fields
 
 ModelLike = Union[str, Callable[..., list], Any]  # a spec, a function returning layers, a transformers model
 
@@ -93,11 +93,10 @@ def joiner_options(accept: tuple[str, ...] = (), **options: Any):
     directories it agrees to run (``--model`` on a joiner), and this peer's own options (``data``,
     ``tokenizer``, ``data_cache``, ``device``, ``no_measure``, ``checkpoint_dir``, ``resume``, ...);
     the job's options come from the swarm."""
-    own = {o.dest for o in JOB_OPTIONS if o.train and not o.job}
-    theirs = sorted(set(options) - own - {"data", "tokenizer"})
+    theirs = sorted(set(options) - PEER_OWN)
     if theirs:
         raise TypeError(f"{theirs[0]!r} is the job's: a joiner takes the job from the swarm (its own options: "
-                        f"{', '.join(sorted(own | {'data', 'tokenizer'}))})")
+                        f"{', '.join(sorted(PEER_OWN))})")
     accept = (accept,) if isinstance(accept, str) else tuple(accept)
     values = {k: (os.fspath(v) if k in ("data", "tokenizer", "data_cache", "checkpoint_dir", "resume") and v is not None
                   else v) for k, v in options.items()}

@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Any, Iterator, Optional
 
-from ..job.options import EVERY, JOB_OPTIONS
+from ..job.options import PEER_OWN
 from .job import Job
 from .session import Session, StepResult, join, start
 
@@ -44,9 +44,7 @@ class AsyncLocalSwarm:
             await founder.open()
             accept = (self.job.model,)  # a user model or model directory is run only where it is named
             # every peer's own options as the job gives them (``spantrain swarm`` passes them to every peer)
-            own = {o.dest: self.job.values[o.dest] for o in JOB_OPTIONS
-                   if o.to == EVERY and o.train and not o.job and o.dest in self.job.values}
-            own.update({k: self.job.values[k] for k in ("data", "tokenizer") if k in self.job.values})
+            own = {k: v for k, v in self.job.values.items() if k in PEER_OWN}
             for i in range(1, self.size):
                 s = join(founder.address, accept=accept, name=f"p{i}", swarm=self.swarm,
                          **{**own, **self.joiner_options})

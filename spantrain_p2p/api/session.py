@@ -121,7 +121,7 @@ class Session:
         while True:
             job = self.trainer.job  # (a joiner's once it has adopted the swarm's)
             if job is not None:
-                await book.read(await self._loss_pages())
+                book.read(await self._loss_pages())
                 n = len(self.trainer.events)
                 for r in book.ready(job, tuple(self.trainer.events[seen_events:n])):
                     seen_events = n
@@ -176,12 +176,12 @@ class Session:
         """Waits (up to ``timeout``) until the peers of the map in force have finished: a stage that
         ends its last step after the loss is in (the first: its last backward, its optimizer step)
         keeps that step's snapshot only then."""
+        from ..train.coordinator import map_states
+
         smap = self.trainer.full_map or self.trainer.smap
-        mine = {p for st in smap.stages for p in st.peers} if smap is not None else set()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            states = {r.peer_id: r.state for r in self.peer.live_members() if r.peer_id in mine}
-            if all(v in ("done", "failed") for v in states.values()):
+        while smap is not None and time.monotonic() < deadline:
+            if all(v in ("done", "failed") for v in map_states(self.peer, smap).values()):
                 return
             await asyncio.sleep(POLL_S)
 
@@ -214,7 +214,7 @@ class _LossBook:
         self.tps: dict[int, float] = {}
         self.given: dict[int, int] = {}  # step -> epoch given out
 
-    async def read(self, pages: list[dict]) -> None:
+    def read(self, pages: list[dict]) -> None:
         for page in pages:
             tps = page.get("tokens_per_s")
             for row in (page.get("recent_losses") or [])[:256]:

@@ -205,6 +205,11 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
 )
 
 
+# a peer's own options (its copy of the data, its device, where it keeps things, ...): every peer of a
+# swarm takes them, a joiner too; the others are the job's, given once by the peer that defines it
+PEER_OWN = frozenset(o.dest for o in JOB_OPTIONS if o.train)
+
+
 def add_job_arguments(parser, swarm: bool = False) -> None:
     """Adds every job option to ``parser`` (an ArgumentParser or argument group); ``swarm``: with the
     launcher's help and defaults."""

@@ -39,6 +39,12 @@ def ready_peers(peer) -> list:
     return [r for r in peer.live_members() if r.state in READY_STATES and r.peer_id not in peer.evicted]
 
 
+def map_states(peer, smap) -> dict[str, str]:
+    """The state of each live member that ``smap`` names (a peer no longer a member is left out)."""
+    mine = {p for st in smap.stages for p in st.peers}
+    return {r.peer_id: r.state for r in peer.live_members() if r.peer_id in mine}
+
+
 class Coordinator:
     """Groups, election and planning for one job. ``has_map()`` says whether this peer follows a
     stage map already (groups are then recomputed less often); ``measure_links``: the job's plans

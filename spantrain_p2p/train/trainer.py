@@ -31,7 +31,7 @@ from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
 from . import cpu_use, memory_use, report as run_report
 from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
-from .coordinator import Coordinator, ready_peers
+from .coordinator import Coordinator, map_states, ready_peers
 from ..data.share import MANIFEST, SHARD, DataShare
 from ..job.dataset import open_data, with_data
 from ..models.devices import is_out_of_memory, peak_flops, resolve_device
@@ -315,12 +315,11 @@ class Trainer:
     async def _spare_until_done(self, smap: StageMap) -> bool:
         """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
         every one of them that is still a member says it is done), so that it does not wait forever."""
-        mine = {p for st in smap.stages for p in st.peers}
         while True:
             newest = await self.records.newest_map()
             if newest is not None and newest.epoch > smap.epoch:
                 return False
-            states = {r.peer_id: r.state for r in self.peer.live_members() if r.peer_id in mine}
+            states = map_states(self.peer, smap)
             if states and all(v == "done" for v in states.values()):
                 return True
             await self.records.news_or(MAP_POLL_S)

@@ -67,6 +67,10 @@ def test_four_peers_train_on_a_local_corpus_like_one_process(corpus, tmp_path):
     steps = 15
     summary = swarm_json(tmp_path, "--steps", str(steps), "--stages", "2", "--data", data, "--tokenizer", tok)
     assert [len(s["peers"]) for s in summary["plan"]["stages"]] == [2, 2]
+    # each peer's control plane over the run (issue 33): member reads and heartbeats at least
+    for row in summary["peers"]:
+        assert row["control"]["calls_out_per_s"] > 0 and row["control"]["bytes_per_s"] > 0, row
+        assert row["control"]["largest_value"]["members"] > 300
     ref, _ = reference_run(with_data(JobSpec(steps=steps), data, tok), steps)
     worst = max(abs(a - b) / b for a, b in zip(summary["losses"], ref))
     print(f"\nlocal corpus, BPE tokenizer, 2 stages x 2 replicas: worst loss rel. error {worst:.2e} over {steps} steps")

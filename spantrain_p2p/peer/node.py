@@ -26,7 +26,8 @@ from ..swarm import discovery, membership
 from ..swarm.daemon import tie_daemons_to_this_process
 from ..swarm import group_key
 from ..swarm.bootstrap import BootstrapFailed, bootstrap
-from ..swarm.guard import GuardedDHT
+from ..swarm.control_meter import ControlMeter
+from ..swarm.guard import REPLICAS, GuardedDHT
 from ..swarm.sealing import GroupKey, SwarmKey
 from ..swarm.identity import Identity
 from ..swarm.validator import SwarmValidator
@@ -82,6 +83,7 @@ class Peer:
         self.member_checks: list = []  # callables(peer_id) -> bool: more ways to know a member (the stage map)
         self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
         self.loop_lag = LoopLag()  # how long the event loop was held (nothing may hold it for long)
+        self.control = ControlMeter(config.swarm)  # this peer's DHT calls and their bytes (/status "control")
 
     # ---- public surface -------------------------------------------------------------------
     @property
@@ -181,6 +183,7 @@ class Peer:
             "region": self.emulator.me.region if self.emulator is not None else None,
             "loop_lag": self.loop_lag.status(),
             "dht_refused": self._dht_refused(),
+            "control": self.control.snapshot(),
             **{k: fn() for k, fn in self.status_extras.items()},
         }
 
@@ -262,10 +265,15 @@ class Peer:
             if "address already in use" in msg.lower():
                 raise PeerError(f"cannot listen on {cfg.listen}: address already in use") from None
             raise PeerError(f"p2p daemon failed: {msg}") from None
+        self.control.attach(self._p2p)  # before the DHT node adds its handlers
         self.maddrs = order_maddrs([str(m) for m in await self._p2p.get_visible_maddrs()], self.dataplane.announced)
 
         validator = SwarmValidator(cfg.swarm, self.identity, closed=self.swarm_key is not None)
-        node = await DHTNode.create(p2p=self._p2p, wait_timeout=3, record_validator=validator)
+        # no background re-reads of cached keys (every key is polled on purpose, and a record lives a few
+        # seconds: hivemind re-read each one after every use), no copies pushed to the node nearest a
+        # key after each read (the whole dictionary again): issue 33's first measurements
+        node = await DHTNode.create(p2p=self._p2p, wait_timeout=3, record_validator=validator,
+                                    num_replicas=REPLICAS, cache_refresh_before_expiry=0, cache_nearest=0)
         self._dht = node  # closed with the peer, even if joining fails below
         try:
             if join:  # retried with backoff: a founder busy starting its job may miss one ping

@@ -9,6 +9,7 @@ import time
 from typing import Optional
 
 from ..models.devices import describe
+from ..swarm.control_meter import run_rates
 from . import cpu_use, memory_use
 
 
@@ -60,6 +61,7 @@ def report(t) -> dict:
             "compute_s_median": statistics.median(t.compute_s) if t.compute_s else None,
             "step_breakdown": cpu_use.step_breakdown([t.timelines[k] for k in sorted(t.timelines)]),
             "cpu": t.cpu.figures(),
+            "control": run_rates(t.peer.control.snapshot()) if getattr(t.peer, "control", None) else None,
             "memory": {**memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
                                            t.recompute_transient, t.torch_device, proxy=bool(job and job.workload)),
                        "shard": bool(smap and t.stage is not None and smap.stages[t.stage].shard)},

@@ -1,0 +1,91 @@
+"""The control plane's meter (``swarm.control_meter``): real peers on loopback count their DHT calls
+per method and key, both ends of a call agree on its bytes, and a value's size is what was stored."""
+import asyncio
+
+from spantrain_p2p.peer import Peer, PeerConfig
+from spantrain_p2p.swarm.control_meter import ControlMeter, rates
+
+FAST = dict(heartbeat_s=0.5, poll_s=0.25)
+
+
+async def test_two_peers_count_heartbeats_and_member_reads_under_the_members_key():
+    async with Peer(PeerConfig(name="a", **FAST)) as a:
+        async with Peer(PeerConfig(name="b", join=(a.address,), **FAST)) as b:
+            await a.wait_members(2, 10)
+            await b.wait_members(2, 10)
+            before = b.status()["control"]
+            await asyncio.sleep(1.5)
+            after = b.status()["control"]
+            ca = a.status()["control"]
+    # b reads the member key (its watch loop) and stores its heartbeat there, both through a's node
+    assert after["out"]["rpc_find members"]["calls"] > before["out"].get("rpc_find members", {"calls": 0})["calls"]
+    assert after["out"]["rpc_store members"]["calls"] >= 2
+    # what b sent to a is what a got from b, and the other way round (only these two talk)
+    b_out = sum(r["bytes_out"] for r in after["out"].values())
+    a_in = sum(r["bytes_out"] for r in ca["served"].values())
+    assert a_in > 0 and abs(a_in - b_out) <= max(r["bytes_out"] for r in after["out"].values())
+    # a member record is ~1 KB signed: the key's largest value is one record or the whole dictionary
+    assert 300 < after["largest_value"]["members"] < 16_000
+    r = rates(before, after)
+    assert r["window_s"] > 1.0 and r["bytes_received_per_s"] > 0 and r["calls_out_per_s"] > 0
+    assert after["bytes_sent"] >= b_out
+
+
+def test_requests_are_named_by_the_swarm_key_they_touch():
+    from hivemind.dht.routing import DHTID
+    from hivemind.proto import dht_pb2
+
+    meter = ControlMeter("s1")
+    members = DHTID.generate(source="spantrain/s1/members").to_bytes()
+    stagemap = DHTID.generate(source="spantrain/s1/stagemap").to_bytes()
+    other = DHTID.generate(source="spantrain/s2/members").to_bytes()  # another swarm's key
+    find = dht_pb2.FindRequest(keys=[members])
+    meter._count(meter.out, "DHTProtocol.rpc_find", find,
+                 dht_pb2.FindResponse(results=[dht_pb2.FindResult(value=b"x" * 700)]), True)
+    meter._count(meter.out, "DHTProtocol.rpc_find", dht_pb2.FindRequest(keys=[members, stagemap]), None, False)
+    meter._count(meter.served, "DHTProtocol.rpc_store", dht_pb2.StoreRequest(keys=[other], values=[b"y" * 50]),
+                 dht_pb2.StoreResponse(store_ok=[True]), True)
+    snap = meter.snapshot()
+    assert snap["out"]["rpc_find members"]["calls"] == 1
+    assert snap["out"]["rpc_find several"] == {"calls": 1, "failed": 1, "bytes_out": snap["out"]["rpc_find several"]["bytes_out"], "bytes_back": 0}
+    assert snap["served"]["rpc_store routing"]["calls"] == 1
+    assert snap["largest_value"] == {"members": 700, "routing": 50}
+    assert snap["bytes_received"] == snap["out"]["rpc_find members"]["bytes_back"] + snap["served"]["rpc_store routing"]["bytes_out"]
+    assert snap["out"]["rpc_find members"]["bytes_out"] == find.ByteSize()
+
+
+async def test_a_read_visits_the_nodes_a_key_is_stored_on_not_the_whole_bucket():
+    from spantrain_p2p.swarm.guard import REPLICAS, GuardedDHT
+
+    calls = []
+
+    class Node:
+        async def get(self, key, latest=False, **kwargs):
+            calls.append(kwargs)
+            return None
+
+    dht = GuardedDHT(Node())
+    await dht.get("spantrain/s/members", latest=True)
+    await dht.get("spantrain/s/members", latest=True, beam_size=20)  # a caller may still ask for more
+    assert calls == [{"beam_size": REPLICAS}, {"beam_size": 20}]
+
+
+def test_a_waiting_peer_reads_the_job_key_when_a_member_shows_a_job():
+    from types import SimpleNamespace as R
+
+    from spantrain_p2p.train.run_records import job_in_sight
+
+    idle = R(state="idle", progress={})
+    assert not job_in_sight([idle, R(state="joining", progress={})])
+    assert job_in_sight([idle, R(state="idle", progress={"job": "ab12"})])  # published, still setting up
+    assert job_in_sight([idle, R(state="measuring", progress={})])
+    assert not job_in_sight([])
+
+
+def test_run_rates_are_the_totals_over_the_meters_life():
+    from spantrain_p2p.swarm.control_meter import run_rates
+
+    snap = {"since_s": 10.0, "bytes_sent": 3000, "bytes_received": 7000, "calls_out": 50, "calls_served": 20,
+            "largest_value": {"members": 1200}}
+    assert run_rates(snap) == {"seconds": 10.0, "bytes_per_s": 1000.0, "calls_out_per_s": 5.0,
+                               "calls_served_per_s": 2.0, "largest_value": {"members": 1200}}

@@ -222,6 +222,8 @@ class Trainer:
             # must answer /status and the joiners' DHT pings
             self.job = job if job.fingerprint else await asyncio.to_thread(job.finalized)
             await self.records.publish_job(self.job)
+            # the record says so at once: peers waiting for a job read the job key when one does
+            await self.peer.set_state(self.peer.state, job=self.job.job_id)
         else:
             self.job = await self.records.await_job()
         self.handle = await asyncio.to_thread(check_compatible, self.job, self.opts.allowed_models)

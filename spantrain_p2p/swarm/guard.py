@@ -34,10 +34,11 @@ def signer_of(value: Any) -> Optional[str]:
             return None
     return None
 
-# A key's entries are stored on the REPLICAS nodes nearest to it (hivemind's ``num_replicas``), so
-# a read that visits the REPLICAS nearest nodes merges every copy there is. hivemind's default beam
-# (its bucket size, 20) visited up to 20 nodes a read: every member of a swarm under 20, each
-# returning the whole dictionary (issue 33: 31 reads a second per peer at 16 peers).
+# A key's entries are stored on the REPLICAS nodes nearest to it (hivemind's ``num_replicas``; the
+# peer's node keeps no caches), so a read that visits the REPLICAS nearest nodes merges every copy
+# there is, and a store searches for them the same way. hivemind's default beam (its bucket size,
+# 20) visited up to 20 nodes a read or store: every member of a swarm under 20, each returning the
+# whole dictionary (issue 33: 31 finds a second per peer at 16 peers).
 REPLICAS = 5
 
 
@@ -73,6 +74,7 @@ class GuardedDHT:
             if sealer is None:
                 raise RuntimeError("this peer does not hold the swarm's group key yet: it cannot store anything")
             value = sealer.seal(value, key, subkey, expiration_time)
+        kwargs.setdefault("beam_size", REPLICAS)  # the search for the nodes to store on, as a read's
         return bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs))
 
     async def get(self, key: str, latest: bool = False, **kwargs) -> Optional[ValueWithExpiration]:

@@ -1,0 +1,96 @@
+"""The control plane's figures against N, simulated (``spantrain_p2p.sim.control_plane``), beside the
+live runs of ``scripts/control_plane_live.py`` where given (issue 33).
+
+    .venv/bin/python scripts/control_plane_sim.py
+    .venv/bin/python scripts/control_plane_sim.py --live live.json --plot sim.png --json
+
+``--live FILE``: the JSON line ``control_plane_live.py --json`` printed (its results are set beside the
+simulated ones of the same N and design, with the ratio sim / live of the mean bytes and calls per
+peer: the calibration). ``--live-design`` names the design those live runs ran (default ``today``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from spantrain_p2p.sim.control_plane import DESIGNS, simulate  # noqa: E402
+
+KB = 1024
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--peers", type=int, nargs="+", default=[8, 16, 32, 100, 1000, 10000])
+    p.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=list(DESIGNS))
+    p.add_argument("--live", default="", help="a control_plane_live.py --json output to calibrate against")
+    p.add_argument("--live-design", default="today", choices=list(DESIGNS))
+    p.add_argument("--plot", default="")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    live = {}
+    if a.live:
+        with open(a.live) as f:
+            line = [x for x in f.read().splitlines() if x.startswith("{")][-1]
+        live = {r["n"]: r for r in json.loads(line)["results"]}
+    out = {}
+    for name in a.designs:
+        print(f"design {name}:")
+        print(f"  {'N':>6} {'KB/s mean':>10} {'p99':>9} {'max':>10} {'calls/s':>8} {'busiest':>8} "
+              f"{'value KB':>9} {'crash p95 s':>11} {'join p95 s':>10} {'read s':>7} {'link load':>9}")
+        rows = []
+        for n in a.peers:
+            f = simulate(DESIGNS[name], n)
+            rows.append(f.to_dict())
+            print(f"  {n:>6} {f.bytes_per_s['mean'] / KB:>10.1f} {f.bytes_per_s['p99'] / KB:>9.1f} "
+                  f"{f.bytes_per_s['max'] / KB:>10.1f} {f.calls_per_s['mean']:>8.1f} {f.busiest_over_mean:>7.1f}x "
+                  f"{f.largest_value / KB:>9.1f} {f.crash_to_noticed_s['p95']:>11.2f} {f.join_to_visible_s['p95']:>10.2f} {f.search_s:>7.2f} {f.link_load['max']:>9.3f}")
+            if name == a.live_design and n in live:
+                lv = live[n]
+                rb = f.bytes_per_s["mean"] / lv["control_bytes_per_s"]["mean"]
+                rc = f.calls_per_s["mean"] / lv["calls_out_per_s"]["mean"]
+                rows[-1]["live"] = {"bytes_per_s_mean": lv["control_bytes_per_s"]["mean"],
+                                    "calls_per_s_mean": lv["calls_out_per_s"]["mean"],
+                                    "sim_over_live_bytes": rb, "sim_over_live_calls": rc}
+                print(f"  {'live':>6} {lv['control_bytes_per_s']['mean'] / KB:>10.1f} {lv['control_bytes_per_s']['p99'] / KB:>9.1f} "
+                      f"{lv['control_bytes_per_s']['max'] / KB:>10.1f} {lv['calls_out_per_s']['mean']:>8.1f} "
+                      f"{lv['busiest_over_mean']:>7.1f}x {lv['largest_value'].get('members', 0) / KB:>9.1f}   "
+                      f"(sim / live: bytes {rb:.2f}, calls {rc:.2f})")
+        out[name] = rows
+    if a.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+        for name, rows in out.items():
+            ns = [r["n"] for r in rows]
+            ax[0].loglog(ns, [r["bytes_per_s"]["mean"] / KB for r in rows], "o-", label=f"{name}, mean")
+            ax[0].loglog(ns, [r["bytes_per_s"]["p99"] / KB for r in rows], "s--", label=f"{name}, p99")
+            ax[1].loglog(ns, [r["busiest_over_mean"] for r in rows], "o-", label=name)
+            ax[2].semilogx(ns, [r["crash_to_noticed_s"]["p95"] for r in rows], "o-", label=f"{name}, crash (p95)")
+            ax[2].semilogx(ns, [r["join_to_visible_s"]["p95"] for r in rows], "s--", label=f"{name}, join (p95)")
+            lv = [(r["n"], r["live"]["bytes_per_s_mean"] / KB) for r in rows if "live" in r]
+            if lv:
+                ax[0].loglog(*zip(*lv), "kx", markersize=9, label=f"{name}, live")
+        ax[0].axhline(4, color="grey", lw=0.8)
+        ax[0].set(xlabel="peers", ylabel="KB/s per peer (up + down)", title="control traffic per peer (idle swarm)")
+        ax[1].axhline(10, color="grey", lw=0.8)
+        ax[1].set(xlabel="peers", ylabel="busiest node / mean", title="load on the busiest node")
+        ax[2].axhline(10, color="grey", lw=0.8)
+        ax[2].set(xlabel="peers", ylabel="s", title="membership times")
+        for x in ax:
+            x.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=100)
+    if a.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

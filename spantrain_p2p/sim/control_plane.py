@@ -1,0 +1,206 @@
+"""A simulator of the swarm's control plane (issue 33): DHT calls and their bytes per peer, the load on
+the busiest node, and how long a joiner and a crash take to be seen, for any swarm size.
+
+What it models, and nothing more, one virtual clock, plain data:
+
+- ``n`` peers with hivemind DHT ids (``DHTID.generate``); every key of the swarm is stored on the
+  ``replicas`` nodes nearest to its id (XOR distance), as hivemind's ``num_replicas`` places it;
+- each peer stores its member record every ``heartbeat_s`` (a search of the key's nearest nodes,
+  then a store on each replica), reads the member key every ``poll_s`` (the same search), and,
+  while no member shows a job, reads the job key every ``job_poll_s``; phases are random;
+- a search visits ``visits`` nodes (the key's nearest other than the caller, at most ``n - 1``); a
+  node that holds the key (a replica, or, with ``caches``, any node that read it before) answers a
+  find with the whole dictionary, the others with their nearest neighbours only; ``refresh``
+  re-reads a key in the background after each read (hivemind's cache refresh before expiry);
+- sizes are per entry and per call (``Sizes``, calibrated against the live meter:
+  ``scripts/control_plane_live.py``); a call costs its request and its response, counted as sent by
+  one peer and received by the other, as the live meter counts them;
+- a record expires ``ttl_heartbeats`` heartbeats after it was stored: a crashed peer is out of an
+  observer's view at the observer's first read after its last record expired; a joiner is in it at
+  the first read after its first store (a search takes ``call_s`` per visited node, one after
+  another, plus its answers' bytes over the reader's link of ``link_mbps``: a large dictionary read
+  from five nodes is slow on a home link).
+
+``simulate(design, n)`` returns ``ControlFigures``; the script ``scripts/control_plane_sim.py``
+prints them against N beside the live runs.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = ["ControlFigures", "DESIGNS", "Design", "Sizes", "simulate"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Bytes of the protobuf messages (what the live meter counts), fitted to the live runs."""
+
+    entry: int = 1450  # one member record in a dictionary value (signed record, subkey, expiration)
+    value_base: int = 60  # a dictionary value's own framing
+    find_request: int = 110  # keys + the caller's node info
+    neighbour: int = 62  # one (node id, peer id) pair in a find's answer
+    bucket: int = 20  # neighbours a find answers with (hivemind's bucket size)
+    store_request_base: int = 150  # store of one entry: key, subkey, expiration, node info
+    store_response: int = 60
+    job_entry: int = 700  # a job record's size (a copy per member running it); none while idle
+
+
+@dataclass(frozen=True)
+class Design:
+    name: str
+    heartbeat_s: float = 2.0
+    ttl_heartbeats: int = 3
+    poll_s: float = 1.0  # member reads
+    job_poll_s: Optional[float] = 5.0  # an idle peer's job reads (None: none)
+    replicas: int = 5
+    visits: int = 5  # nodes a search visits (the beam)
+    caches: bool = False  # every reader keeps (and serves) a copy of what it read
+    refresh: bool = False  # every read is followed by a background re-read
+    call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
+    link_mbps: float = 100.0  # a peer's link: a search's answers all come down it
+    sizes: Sizes = field(default_factory=Sizes)
+
+
+DESIGNS = {
+    # hivemind's defaults, as the peers used them before issue 33: 20-node searches, caches on, a
+    # background re-read of each key after its use, idle peers reading the job key every 0.5 s
+    "hivemind-defaults": Design("hivemind-defaults", job_poll_s=0.5, visits=20, caches=True, refresh=True),
+    # after issue 33's first changes: 5-node searches, no caches, job reads only once one shows
+    "today": Design("today"),
+}
+
+
+@dataclass(frozen=True)
+class ControlFigures:
+    n: int
+    design: str
+    bytes_per_s: dict  # per peer, sent + received: mean, p50, p99, max
+    calls_per_s: dict  # per peer, made: mean, p99
+    served_per_s: dict  # per node, answered: mean, max
+    busiest_over_mean: float  # the busiest node's answered bytes against the mean node's
+    largest_value: int  # bytes of the member key's dictionary
+    crash_to_noticed_s: dict  # over observers and crashes: p50, p95, max
+    join_to_visible_s: dict
+    search_s: float  # one read of the member key, on the design's link
+    link_load: dict  # per peer, the busier direction's control bytes over its link's capacity (> 1: cannot keep up)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _ids(n: int, rng: random.Random) -> list[int]:
+    return [rng.getrandbits(160) for _ in range(n)]
+
+
+def _key_id(name: str) -> int:
+    from hivemind.dht.routing import DHTID
+
+    return int(DHTID.generate(source=name))
+
+
+def _nearest(ids: list[int], key: int, k: int, exclude: int = -1) -> list[int]:
+    """Indices of the ``k`` ids nearest to ``key`` (XOR), ``exclude`` left out."""
+    order = sorted((i for i in range(len(ids)) if i != exclude), key=lambda i: ids[i] ^ key)
+    return order[:k]
+
+
+def _stats(xs: list[float]) -> dict:
+    s = sorted(xs)
+    if not s:
+        return {"mean": math.nan, "p50": math.nan, "p99": math.nan, "max": math.nan}
+
+    def q(p: float) -> float:
+        return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+    return {"mean": statistics.fmean(s), "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "max": s[-1]}
+
+
+def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: int = 20) -> ControlFigures:
+    """One idle swarm of ``n`` peers (no job) under ``design``, in steady state; see the module."""
+    if n < 2:
+        raise ValueError("a swarm to simulate has at least 2 peers")
+    rng = random.Random(seed)
+    ids = _ids(n, rng)
+    z = design.sizes
+    members = _key_id("spantrain/sim/members")
+    job = _key_id("spantrain/sim/job")
+    replicas = set(_nearest(ids, members, design.replicas))
+    job_replicas = set(_nearest(ids, job, design.replicas))
+    value = z.value_base + n * z.entry
+    neighbours = min(z.bucket, n - 1) * z.neighbour
+
+    sent = [0.0] * n  # bytes per second
+    received = [0.0] * n
+    calls = [0.0] * n
+    served = [0.0] * n
+    served_bytes = [0.0] * n
+
+    def call(src: int, dst: int, rate: float, req: int, resp: int) -> None:
+        calls[src] += rate
+        served[dst] += rate
+        sent[src] += rate * req
+        received[dst] += rate * req
+        sent[dst] += rate * resp
+        received[src] += rate * resp
+        served_bytes[dst] += rate * (req + resp)
+
+    def search(src: int, key: int, holders: set, rate: float, key_value: int) -> None:
+        """One search per 1/rate seconds: the nearest nodes to ``key`` but ``src``."""
+        visited = _nearest_cached(src, key)
+        for dst in visited:
+            holds = dst in holders or design.caches
+            call(src, dst, rate, z.find_request, neighbours + (key_value if holds and key_value else 0))
+
+    cache: dict[tuple[int, int], list[int]] = {}
+
+    def _nearest_cached(src: int, key: int) -> list[int]:
+        # the key's nearest nodes once, then the caller left out (a search never asks itself)
+        base = cache.get((key, -1))
+        if base is None:
+            base = cache[(key, -1)] = _nearest(ids, key, design.visits + 1)
+        return [i for i in base if i != src][: design.visits]
+
+    reads = 1.0 / design.poll_s * (2 if design.refresh else 1)
+    beats = 1.0 / design.heartbeat_s
+    for p in range(n):
+        search(p, members, replicas, reads, value)
+        search(p, members, replicas, beats, value)  # a store's search for the replicas
+        for r in replicas - {p}:
+            call(p, r, beats, z.store_request_base + z.entry, z.store_response)
+        if design.job_poll_s:
+            search(p, job, job_replicas, 1.0 / design.job_poll_s, 0)
+
+    per_peer = [s + r for s, r in zip(sent, received)]
+    mean_served_bytes = statistics.fmean(served_bytes)
+
+    # membership times, from the phases of heartbeats and reads (a search takes visits x call_s)
+    visits = min(design.visits, n - 1)
+    answers = visits * (neighbours + (value if design.caches else min(visits, design.replicas) * value / visits))
+    search_s = visits * design.call_s + answers / (design.link_mbps * 1e6 / 8)
+    ttl = design.heartbeat_s * design.ttl_heartbeats
+    crash, join = [], []
+    for _ in range(crashes):
+        beat_phase = rng.uniform(0, design.heartbeat_s)  # time since its last stored heartbeat at the crash
+        expires = ttl - beat_phase
+        for _obs in range(min(8, n - 1)):
+            read_phase = rng.uniform(0, design.poll_s)  # when the observer reads next
+            k = math.ceil(max(0.0, expires - read_phase) / design.poll_s)
+            crash.append(read_phase + k * design.poll_s + search_s)
+    for _ in range(joins):
+        stored = search_s + (design.replicas * design.call_s)  # the joiner's first store lands
+        for _obs in range(min(8, n - 1)):
+            read_phase = rng.uniform(0, design.poll_s)
+            k = math.ceil(max(0.0, stored - read_phase) / design.poll_s)
+            join.append(read_phase + k * design.poll_s + search_s)
+
+    return ControlFigures(
+        n=n, design=design.name,
+        bytes_per_s=_stats(per_peer), calls_per_s=_stats(calls), served_per_s=_stats(served),
+        busiest_over_mean=max(served_bytes) / mean_served_bytes if mean_served_bytes > 0 else math.nan,
+        largest_value=value, crash_to_noticed_s=_stats(crash), join_to_visible_s=_stats(join), search_s=search_s,
+        link_load=_stats([max(a, b) / (design.link_mbps * 1e6 / 8) for a, b in zip(sent, received)]),
+    )

@@ -1,0 +1,45 @@
+"""The control plane's simulator (``sim.control_plane``): what it counts follows from the design."""
+import pytest
+
+from spantrain_p2p.sim.control_plane import DESIGNS, Design, simulate
+
+
+def test_todays_calls_per_peer_do_not_grow_with_the_swarm_but_its_bytes_do():
+    small, large = simulate(DESIGNS["today"], 16), simulate(DESIGNS["today"], 400)
+    # a read and half a store's search a second, 5 nodes each, 5 stores every other second, a job read every 5 s
+    assert small.calls_per_s["mean"] == pytest.approx(large.calls_per_s["mean"], rel=0.05)
+    assert large.calls_per_s["mean"] == pytest.approx(1.5 * 5 + 0.5 * 5 + 0.2 * 5, rel=0.05)
+    # every find that reaches a replica carries the whole dictionary: bytes per peer grow with N
+    assert large.bytes_per_s["mean"] / small.bytes_per_s["mean"] == pytest.approx(400 / 16, rel=0.1)
+    assert large.largest_value == Design("x").sizes.value_base + 400 * Design("x").sizes.entry
+
+
+def test_the_busiest_nodes_are_the_member_keys_replicas():
+    f = simulate(DESIGNS["today"], 200)
+    # 5 replicas answer every peer's 1.5 searches a second: 200 x 1.5 / 5 = 60 finds each, plus 100 stores
+    assert f.served_per_s["max"] == pytest.approx(200 * 1.5 + 200 * 0.5, rel=0.05)
+    assert f.busiest_over_mean > 10
+
+
+def test_with_caches_every_visited_node_answers_with_the_value():
+    # a 20-node search: with caches all 20 answer with the dictionary, without only the 5 replicas
+    cached = simulate(Design("c", visits=20, caches=True, job_poll_s=None), 100)
+    plain = simulate(Design("p", visits=20, caches=False, job_poll_s=None), 100)
+    assert cached.bytes_per_s["mean"] == pytest.approx(4 * plain.bytes_per_s["mean"], rel=0.1)
+    assert cached.calls_per_s["mean"] == pytest.approx(plain.calls_per_s["mean"])
+
+
+def test_a_crash_is_noticed_after_its_last_record_expires_and_within_a_poll_of_it():
+    d = Design("d", heartbeat_s=2.0, ttl_heartbeats=3, poll_s=1.0)
+    f = simulate(d, 50, crashes=50)
+    ttl = d.heartbeat_s * d.ttl_heartbeats
+    assert ttl - d.heartbeat_s <= f.crash_to_noticed_s["p50"] <= ttl + d.poll_s + f.search_s
+    assert f.crash_to_noticed_s["max"] <= ttl + d.poll_s + f.search_s + 1e-9
+    assert 0 < f.join_to_visible_s["max"] <= d.poll_s + 2 * f.search_s + d.replicas * d.call_s + 1e-9
+
+
+def test_a_large_dictionary_is_slow_to_read_and_fills_a_home_link():
+    f = simulate(DESIGNS["today"], 5000)
+    assert f.search_s > 2.0 and f.link_load["max"] > 1.0
+    with pytest.raises(ValueError):
+        simulate(DESIGNS["today"], 1)

@@ -1,5 +1,6 @@
 """The control plane's figures against N, simulated (``spantrain_p2p.sim.control_plane``), beside the
-live runs of ``scripts/control_plane_live.py`` where given (issue 33).
+live runs of ``scripts/control_plane_live.py`` where given (issue 33), and the design proposed for
+large swarms (``sim.control_swim``: direct probes, bucketed long-lived records; not built yet).
 
     .venv/bin/python scripts/control_plane_sim.py
     .venv/bin/python scripts/control_plane_sim.py --live live.json --plot sim.png --json
@@ -18,6 +19,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from spantrain_p2p.sim.control_plane import DESIGNS, simulate  # noqa: E402
+from spantrain_p2p.sim.control_swim import SwimDesign, simulate_swim  # noqa: E402
+
+PROPOSED = "swim-buckets"  # not built: the design issue 33 proposes (sim/control_swim.py)
 
 KB = 1024
 
@@ -25,7 +29,7 @@ KB = 1024
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--peers", type=int, nargs="+", default=[8, 16, 32, 100, 1000, 10000])
-    p.add_argument("--designs", nargs="+", default=list(DESIGNS), choices=list(DESIGNS))
+    p.add_argument("--designs", nargs="+", default=[*DESIGNS, PROPOSED], choices=[*DESIGNS, PROPOSED])
     p.add_argument("--live", default="", help="a control_plane_live.py --json output to calibrate against")
     p.add_argument("--live-design", default="today", choices=list(DESIGNS))
     p.add_argument("--plot", default="")
@@ -38,12 +42,12 @@ def main() -> int:
         live = {r["n"]: r for r in json.loads(line)["results"]}
     out = {}
     for name in a.designs:
-        print(f"design {name}:")
+        print(f"design {name}{' (proposed, not built)' if name == PROPOSED else ''}:")
         print(f"  {'N':>6} {'KB/s mean':>10} {'p99':>9} {'max':>10} {'calls/s':>8} {'busiest':>8} "
               f"{'value KB':>9} {'crash p95 s':>11} {'join p95 s':>10} {'read s':>7} {'link load':>9}")
         rows = []
         for n in a.peers:
-            f = simulate(DESIGNS[name], n)
+            f = simulate_swim(SwimDesign(), n) if name == PROPOSED else simulate(DESIGNS[name], n)
             rows.append(f.to_dict())
             print(f"  {n:>6} {f.bytes_per_s['mean'] / KB:>10.1f} {f.bytes_per_s['p99'] / KB:>9.1f} "
                   f"{f.bytes_per_s['max'] / KB:>10.1f} {f.calls_per_s['mean']:>8.1f} {f.busiest_over_mean:>7.1f}x "

@@ -43,3 +43,17 @@ def test_a_large_dictionary_is_slow_to_read_and_fills_a_home_link():
     assert f.search_s > 2.0 and f.link_load["max"] > 1.0
     with pytest.raises(ValueError):
         simulate(DESIGNS["today"], 1)
+
+
+def test_the_proposed_designs_traffic_per_peer_hardly_grows_and_its_values_stay_small():
+    from spantrain_p2p.sim.control_swim import SwimDesign, simulate_swim
+
+    d = SwimDesign(churn_per_hour=0.0)  # no news to carry: probes, acks and record refreshes only
+    small, large = simulate_swim(d, 50), simulate_swim(d, 2000)
+    assert large.bytes_per_s["mean"] < 1.2 * small.bytes_per_s["mean"]
+    assert large.calls_per_s["mean"] == pytest.approx(1 / d.probe_s + 5 / d.record_s + 5 / (d.record_s * d.search_every), rel=0.05)
+    assert large.largest_value <= d.sizes.value_base + 2000 / d.buckets * d.sizes.entry + 1
+    # a crash: the first probe of the dead peer (about one round), two timeouts, the suspicion, a message
+    assert 2 * d.ack_s + d.suspect_s < large.crash_to_noticed_s["p50"] < 2 * d.ack_s + d.suspect_s + 2 * d.probe_s
+    # news costs bytes: with churn, each ping carries some
+    assert simulate_swim(SwimDesign(churn_per_hour=4.0), 2000).bytes_per_s["mean"] > large.bytes_per_s["mean"]

@@ -12,6 +12,17 @@ from tests._helpers import run_swarm_json
 STEPS = 30
 
 
+def _warnings(run_dir, lines: int = 40) -> str:
+    """The peers' warnings, errors and island lines, for a failure's message (what stalled, and where:
+    this test failed once in nine runs on 2026-11-26, island a training 3 steps through the cut)."""
+    out = []
+    for log in sorted(pathlib.Path(run_dir).glob("*.log")):
+        found = [x for x in log.read_text(errors="replace").splitlines()
+                 if (" W " in x or " E " in x or "island" in x) and "torchao" not in x]
+        out += [f"{log.stem}: {x}" for x in found[-lines:]]
+    return "\n".join(out)
+
+
 def _reports(run_dir) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(pathlib.Path(run_dir, "reports").glob("*.json"))]
 
@@ -98,7 +109,7 @@ def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_p
           f"{s['steps']} of {steps} data steps trained; left out {[r['round'] for r in isl['left_out']]}; "
           f"rejoins {[(r['peer'], r.get('round')) for r in isl['rejoins']]}")
     assert [p["epoch"] for p in s["plans"]] == [1], s["plans"]  # no re-plan: the islands handled it
-    assert isl["left_out"] and {row["island"] for row in isl["left_out"]} == {1}, isl["left_out"]
+    assert isl["left_out"] and {row["island"] for row in isl["left_out"]} == {1}, (isl["left_out"], _warnings(tmp_path))
     assert isl["rejoins"] and all(row["peer"] == "b1" for row in isl["rejoins"]), isl["rejoins"]
     reports = [r for r in _reports(tmp_path) if r.get("islands")]
     digests = {json.dumps(r["islands"]["digests"], sort_keys=True) for r in reports}

@@ -89,3 +89,40 @@ def test_run_rates_are_the_totals_over_the_meters_life():
             "largest_value": {"members": 1200}}
     assert run_rates(snap) == {"seconds": 10.0, "bytes_per_s": 1000.0, "calls_out_per_s": 5.0,
                                "calls_served_per_s": 2.0, "largest_value": {"members": 1200}}
+
+
+async def test_a_read_some_replicas_miss_still_gives_what_an_earlier_read_saw_until_it_expires():
+    from hivemind.utils import ValueWithExpiration, get_dht_time
+
+    from spantrain_p2p.swarm.guard import GuardedDHT
+
+    now = get_dht_time()
+    answers = []
+
+    class Node:
+        async def get(self, key, latest=False, **kwargs):
+            return answers.pop(0)
+
+        async def store(self, key, value, expiration_time, subkey=None, **kwargs):
+            return True
+
+    def entry(v, exp):
+        return ValueWithExpiration(v, exp)
+
+    dht = GuardedDHT(Node())
+    answers.append(ValueWithExpiration({"a": entry(b"a1", now + 60), "b": entry(b"b1", now + 60), "c": entry(b"c1", now - 1)}, now + 60))
+    got = (await dht.get("k", latest=True)).value
+    assert set(got) == {"a", "b"}  # an expired entry is never given
+    # the next read reaches only a replica that lacks b, and has an older a
+    answers.append(ValueWithExpiration({"a": entry(b"a0", now + 30)}, now + 30))
+    got = (await dht.get("k", latest=True)).value
+    assert {k: v.value for k, v in got.items()} == {"a": b"a1", "b": b"b1"}
+    # nothing answers at all: still the unexpired entries; a newer entry replaces an older one
+    answers.append(None)
+    assert set((await dht.get("k", latest=True)).value) == {"a", "b"}
+    answers.append(ValueWithExpiration({"b": entry(b"b2", now + 90)}, now + 90))
+    assert (await dht.get("k", latest=True)).value["b"].value == b"b2"
+    # this peer's own store is in its next read whatever answers
+    assert await dht.store("k", b"mine", now + 60, subkey="me")
+    answers.append(None)
+    assert (await dht.get("k", latest=True)).value["me"].value == b"mine"

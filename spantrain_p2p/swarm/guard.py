@@ -52,6 +52,7 @@ class GuardedDHT:
         self.refused: Counter[str] = Counter()
         self.other_key_ids: set[str] = set()
         self._log = BadRecordLog("DHT value")
+        self._read: dict[str, dict] = {}  # per dictionary key: the unexpired entries read or stored (``_merge``)
         validator = getattr(getattr(node, "protocol", None), "record_validator", None)
         if validator is not None and hasattr(validator, "sealer_for"):  # a ``validator.SwarmValidator``
             validator.sealer_for = self.sealer_for  # sealed values that do not open are refused at store time
@@ -69,28 +70,51 @@ class GuardedDHT:
         return self.group
 
     async def store(self, key: str, value: Any, expiration_time: float, subkey: Any = None, **kwargs) -> bool:
+        plain = value
         if self.key is not None:
             sealer = self.sealer_for(key)
             if sealer is None:
                 raise RuntimeError("this peer does not hold the swarm's group key yet: it cannot store anything")
             value = sealer.seal(value, key, subkey, expiration_time)
         kwargs.setdefault("beam_size", REPLICAS)  # the search for the nodes to store on, as a read's
-        return bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs))
+        ok = bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs))
+        if ok and subkey is not None:  # this peer's own entry is in its next read, whatever nodes answer
+            self._merge(key, {subkey: ValueWithExpiration(plain, expiration_time)})
+        return ok
 
     async def get(self, key: str, latest: bool = False, **kwargs) -> Optional[ValueWithExpiration]:
         kwargs.setdefault("beam_size", REPLICAS)
         found = await self.node.get(key, latest=latest, **kwargs)
         if found is None:
-            return None
+            merged = self._merge(key, {})  # nothing answered: what this peer read before, until it expires
+            return ValueWithExpiration(merged, max(v.expiration_time for v in merged.values())) if merged else None
         if isinstance(found.value, dict):
             kept = {}
             for subkey, item in found.value.items():
                 value = self._admit(key, subkey, getattr(item, "value", None), getattr(item, "expiration_time", 0.0))
                 if value is not None:
                     kept[subkey] = ValueWithExpiration(value, item.expiration_time)
-            return ValueWithExpiration(kept, found.expiration_time)
+            merged = self._merge(key, kept)
+            return ValueWithExpiration(merged, max([found.expiration_time, *(v.expiration_time for v in merged.values())]))
         value = self._admit(key, None, found.value, found.expiration_time)
         return None if value is None else ValueWithExpiration(value, found.expiration_time)
+
+    def _merge(self, key: str, entries: dict) -> dict:
+        """``entries`` of dictionary key ``key`` merged into what this peer read and stored there before
+        (per subkey the later expiry wins; expired ones dropped), remembered, and returned. The node
+        keeps no cache (its copies were served to every other reader: issue 33), so this is the part of
+        one that mattered: a read that some replicas did not answer (a busy machine, a timeout) still
+        gives every entry an earlier read saw, until it expires, as a cached read did."""
+        from hivemind.utils import get_dht_time
+
+        now = get_dht_time()
+        mine = {k: v for k, v in self._read.get(key, {}).items() if v.expiration_time >= now}
+        for subkey, v in entries.items():
+            old = mine.get(subkey)
+            if v.expiration_time >= now and (old is None or v.expiration_time >= old.expiration_time):
+                mine[subkey] = v
+        self._read[key] = mine
+        return dict(mine)
 
     def _admit(self, key: str, subkey: Any, value: Any, expiration: float) -> Any:
         where = f"{key.rsplit('/', 1)[-1]}/{str(subkey)[:16]}"

@@ -34,11 +34,11 @@ def signer_of(value: Any) -> Optional[str]:
             return None
     return None
 
-# A key's entries are stored on the REPLICAS nodes nearest to it (hivemind's ``num_replicas``; the
-# peer's node keeps no caches), so a read that visits the REPLICAS nearest nodes merges every copy
-# there is, and a store searches for them the same way. hivemind's default beam (its bucket size,
-# 20) visited up to 20 nodes a read or store: every member of a swarm under 20, each returning the
-# whole dictionary (issue 33: 31 finds a second per peer at 16 peers).
+# A key's entries are stored on the REPLICAS nodes nearest to it (hivemind's ``num_replicas``), so a
+# read that visits the REPLICAS nearest nodes merges every copy there is. hivemind's default beam
+# (its bucket size, 20) visited up to 20 nodes a read: every member of a swarm under 20, each
+# returning the whole dictionary (issue 33: 31 finds a second per peer at 16 peers). A store still
+# searches with hivemind's beam, so that it finds the nearest nodes whatever its routing table.
 REPLICAS = 5
 
 
@@ -76,7 +76,6 @@ class GuardedDHT:
             if sealer is None:
                 raise RuntimeError("this peer does not hold the swarm's group key yet: it cannot store anything")
             value = sealer.seal(value, key, subkey, expiration_time)
-        kwargs.setdefault("beam_size", REPLICAS)  # the search for the nodes to store on, as a read's
         ok = bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs))
         if ok and subkey is not None:  # this peer's own entry is in its next read, whatever nodes answer
             self._merge(key, {subkey: ValueWithExpiration(plain, expiration_time)})
@@ -101,10 +100,11 @@ class GuardedDHT:
 
     def _merge(self, key: str, entries: dict) -> dict:
         """``entries`` of dictionary key ``key`` merged into what this peer read and stored there before
-        (per subkey the later expiry wins; expired ones dropped), remembered, and returned. The node
-        keeps no cache (its copies were served to every other reader: issue 33), so this is the part of
-        one that mattered: a read that some replicas did not answer (a busy machine, a timeout) still
-        gives every entry an earlier read saw, until it expires, as a cached read did."""
+        (per subkey the later expiry wins; expired ones dropped), remembered, and returned: a read that
+        some replicas did not answer (a busy machine, a timeout) still gives every entry an earlier
+        read saw, until it expires, and this peer's own entries whatever nodes answer. It does not
+        depend on hivemind's local cache, which issue 33 means to turn off (its copies are served to
+        every other reader)."""
         from hivemind.utils import get_dht_time
 
         now = get_dht_time()

@@ -5,7 +5,7 @@ from spantrain_p2p.sim.control_plane import DESIGNS, Design, simulate
 
 
 def test_todays_calls_per_peer_do_not_grow_with_the_swarm_but_its_bytes_do():
-    small, large = simulate(DESIGNS["today"], 16), simulate(DESIGNS["today"], 400)
+    small, large = simulate(DESIGNS["no-caches"], 16), simulate(DESIGNS["no-caches"], 400)
     # a read and half a store's search a second, 5 nodes each, 5 stores every other second, a job read every 5 s
     assert small.calls_per_s["mean"] == pytest.approx(large.calls_per_s["mean"], rel=0.05)
     assert large.calls_per_s["mean"] == pytest.approx(1.5 * 5 + 0.5 * 5 + 0.2 * 5, rel=0.05)
@@ -15,7 +15,7 @@ def test_todays_calls_per_peer_do_not_grow_with_the_swarm_but_its_bytes_do():
 
 
 def test_the_busiest_nodes_are_the_member_keys_replicas():
-    f = simulate(DESIGNS["today"], 200)
+    f = simulate(DESIGNS["no-caches"], 200)
     # 5 replicas answer every peer's 1.5 searches a second: 200 x 1.5 / 5 = 60 finds each, plus 100 stores
     assert f.served_per_s["max"] == pytest.approx(200 * 1.5 + 200 * 0.5, rel=0.05)
     assert f.busiest_over_mean > 10
@@ -39,10 +39,10 @@ def test_a_crash_is_noticed_after_its_last_record_expires_and_within_a_poll_of_i
 
 
 def test_a_large_dictionary_is_slow_to_read_and_fills_a_home_link():
-    f = simulate(DESIGNS["today"], 5000)
+    f = simulate(DESIGNS["no-caches"], 5000)
     assert f.search_s > 2.0 and f.link_load["max"] > 1.0
     with pytest.raises(ValueError):
-        simulate(DESIGNS["today"], 1)
+        simulate(DESIGNS["no-caches"], 1)
 
 
 def test_the_proposed_designs_traffic_per_peer_hardly_grows_and_its_values_stay_small():
@@ -57,3 +57,10 @@ def test_the_proposed_designs_traffic_per_peer_hardly_grows_and_its_values_stay_
     assert 2 * d.ack_s + d.suspect_s < large.crash_to_noticed_s["p50"] < 2 * d.ack_s + d.suspect_s + 2 * d.probe_s
     # news costs bytes: with churn, each ping carries some
     assert simulate_swim(SwimDesign(churn_per_hour=4.0), 2000).bytes_per_s["mean"] > large.bytes_per_s["mean"]
+
+
+def test_todays_stores_search_twenty_nodes_and_every_reader_serves_its_copy():
+    today, bare = simulate(DESIGNS["today"], 64), simulate(DESIGNS["no-caches"], 64)
+    # a store's search visits 20 nodes (hivemind's beam), a read's 5: 1 x 5 + 0.5 x 20 finds, 2.5 stores, 1 job find
+    assert today.calls_per_s["mean"] == pytest.approx(5 + 10 + 2.5 + 1, rel=0.05)
+    assert today.bytes_per_s["mean"] > 1.5 * bare.bytes_per_s["mean"]

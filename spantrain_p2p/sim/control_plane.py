@@ -57,7 +57,8 @@ class Design:
     poll_s: float = 1.0  # member reads
     job_poll_s: Optional[float] = 5.0  # an idle peer's job reads (None: none)
     replicas: int = 5
-    visits: int = 5  # nodes a search visits (the beam)
+    visits: int = 5  # nodes a read's search visits (the beam)
+    store_visits: Optional[int] = None  # nodes a store's search visits (None: as a read's)
     caches: bool = False  # every reader keeps (and serves) a copy of what it read
     refresh: bool = False  # every read is followed by a background re-read
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
@@ -69,8 +70,13 @@ DESIGNS = {
     # hivemind's defaults, as the peers used them before issue 33: 20-node searches, caches on, a
     # background re-read of each key after its use, idle peers reading the job key every 0.5 s
     "hivemind-defaults": Design("hivemind-defaults", job_poll_s=0.5, visits=20, caches=True, refresh=True),
-    # after issue 33's first changes: 5-node searches, no caches, job reads only once one shows
-    "today": Design("today"),
+    # after issue 33's first changes: reads search 5 nodes, no background re-reads, no copies pushed
+    # after reads, job reads only once one shows; stores still search 20 nodes and every reader
+    # keeps (and serves) its copy
+    "today": Design("today", caches=True, store_visits=20),
+    # also without the node's caches and with 5-node store searches: measured live on 2026-11-26 at
+    # 17:23 UTC, then put back (without the cache, busy suites saw partial reads)
+    "no-caches": Design("no-caches"),
 }
 
 
@@ -148,27 +154,27 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
         received[src] += rate * resp
         served_bytes[dst] += rate * (req + resp)
 
-    def search(src: int, key: int, holders: set, rate: float, key_value: int) -> None:
+    def search(src: int, key: int, holders: set, rate: float, key_value: int, visits: int = design.visits) -> None:
         """One search per 1/rate seconds: the nearest nodes to ``key`` but ``src``."""
-        visited = _nearest_cached(src, key)
+        visited = _nearest_cached(src, key, visits)
         for dst in visited:
             holds = dst in holders or design.caches
             call(src, dst, rate, z.find_request, neighbours + (key_value if holds and key_value else 0))
 
     cache: dict[tuple[int, int], list[int]] = {}
 
-    def _nearest_cached(src: int, key: int) -> list[int]:
+    def _nearest_cached(src: int, key: int, visits: int) -> list[int]:
         # the key's nearest nodes once, then the caller left out (a search never asks itself)
-        base = cache.get((key, -1))
+        base = cache.get((key, visits))
         if base is None:
-            base = cache[(key, -1)] = _nearest(ids, key, design.visits + 1)
-        return [i for i in base if i != src][: design.visits]
+            base = cache[(key, visits)] = _nearest(ids, key, visits + 1)
+        return [i for i in base if i != src][:visits]
 
     reads = 1.0 / design.poll_s * (2 if design.refresh else 1)
     beats = 1.0 / design.heartbeat_s
     for p in range(n):
         search(p, members, replicas, reads, value)
-        search(p, members, replicas, beats, value)  # a store's search for the replicas
+        search(p, members, replicas, beats, value, design.store_visits or design.visits)  # a store's search
         for r in replicas - {p}:
             call(p, r, beats, z.store_request_base + z.entry, z.store_response)
         if design.job_poll_s:

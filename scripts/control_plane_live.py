@@ -39,6 +39,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from spantrain_p2p.launch.processes import PeerProcess, wait_until  # noqa: E402
+from spantrain_p2p.sim.control_plane import spread  # noqa: E402
 from spantrain_p2p.swarm.control_meter import rates  # noqa: E402
 
 SWARM = "cp"
@@ -95,11 +96,6 @@ def sample(peers: list[PeerProcess]) -> dict:
         out[p.name] = {"t": time.monotonic(), "control": status(p)["control"], "cpu": proc_cpu_s(pid),
                        "daemon_cpu": proc_cpu_s(d) if d else 0.0, "daemon_io": proc_io(d) if d else 0}
     return out
-
-
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
 def start(name: str, run_dir: str, join: str | None) -> PeerProcess:
@@ -195,8 +191,7 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
         vals = list(per.values())
 
         def stat(field: str) -> dict:
-            xs = [v[field] for v in vals]
-            return {"mean": statistics.fmean(xs), "p99": pct(xs, 0.99), "max": max(xs)}
+            return spread([v[field] for v in vals])
 
         served = [v["calls_served_per_s"] for v in vals]
         return {

@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["ControlFigures", "DESIGNS", "Design", "Sizes", "simulate"]
+__all__ = ["ControlFigures", "DESIGNS", "Design", "Sizes", "simulate", "spread"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,6 @@ class Sizes:
     bucket: int = 20  # neighbours a find answers with (hivemind's bucket size)
     store_request_base: int = 150  # store of one entry: key, subkey, expiration, node info
     store_response: int = 60
-    job_entry: int = 700  # a job record's size (a copy per member running it); none while idle
 
 
 @dataclass(frozen=True)
@@ -108,21 +107,56 @@ def _key_id(name: str) -> int:
     return int(DHTID.generate(source=name))
 
 
-def _nearest(ids: list[int], key: int, k: int, exclude: int = -1) -> list[int]:
-    """Indices of the ``k`` ids nearest to ``key`` (XOR), ``exclude`` left out."""
-    order = sorted((i for i in range(len(ids)) if i != exclude), key=lambda i: ids[i] ^ key)
-    return order[:k]
+def _nearest(ids: list[int], key: int, k: int) -> list[int]:
+    """Indices of the ``k`` ids nearest to ``key`` (XOR)."""
+    return sorted(range(len(ids)), key=lambda i: ids[i] ^ key)[:k]
 
 
-def _stats(xs: list[float]) -> dict:
+def spread(xs: list[float]) -> dict:
+    """Mean, median, 95th and 99th percentile (the value at the rounded rank) and maximum of ``xs``."""
     s = sorted(xs)
     if not s:
-        return {"mean": math.nan, "p50": math.nan, "p99": math.nan, "max": math.nan}
+        return {"mean": math.nan, "p50": math.nan, "p95": math.nan, "p99": math.nan, "max": math.nan}
 
     def q(p: float) -> float:
         return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
 
     return {"mean": statistics.fmean(s), "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "max": s[-1]}
+
+
+class Ledger:
+    """Calls a second between ``n`` peers, as the live meter counts them: a call's request is sent by
+    its caller and received by the node it asks, its response the other way; both simulators
+    (``simulate``, ``control_swim.simulate_swim``) charge their calls here."""
+
+    def __init__(self, n: int):
+        self.sent = [0.0] * n  # bytes a second
+        self.received = [0.0] * n
+        self.calls = [0.0] * n  # made
+        self.served = [0.0] * n  # answered
+        self.served_bytes = [0.0] * n
+
+    def call(self, src: int, dst: int, rate: float, req: float, resp: float) -> None:
+        self.calls[src] += rate
+        self.served[dst] += rate
+        self.sent[src] += rate * req
+        self.received[dst] += rate * req
+        self.sent[dst] += rate * resp
+        self.received[src] += rate * resp
+        self.served_bytes[dst] += rate * (req + resp)
+
+    def figures(self, design: str, link_mbps: float, largest_value: int, crash: list[float],
+                join: list[float], search_s: float) -> ControlFigures:
+        mean_served = statistics.fmean(self.served_bytes)
+        link = link_mbps * 1e6 / 8
+        return ControlFigures(
+            n=len(self.sent), design=design,
+            bytes_per_s=spread([s + r for s, r in zip(self.sent, self.received)]),
+            calls_per_s=spread(self.calls), served_per_s=spread(self.served),
+            busiest_over_mean=max(self.served_bytes) / mean_served if mean_served > 0 else math.nan,
+            largest_value=largest_value, crash_to_noticed_s=spread(crash), join_to_visible_s=spread(join),
+            search_s=search_s, link_load=spread([max(s, r) / link for s, r in zip(self.sent, self.received)]),
+        )
 
 
 def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: int = 20) -> ControlFigures:
@@ -139,20 +173,8 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
     value = z.value_base + n * z.entry
     neighbours = min(z.bucket, n - 1) * z.neighbour
 
-    sent = [0.0] * n  # bytes per second
-    received = [0.0] * n
-    calls = [0.0] * n
-    served = [0.0] * n
-    served_bytes = [0.0] * n
-
-    def call(src: int, dst: int, rate: float, req: int, resp: int) -> None:
-        calls[src] += rate
-        served[dst] += rate
-        sent[src] += rate * req
-        received[dst] += rate * req
-        sent[dst] += rate * resp
-        received[src] += rate * resp
-        served_bytes[dst] += rate * (req + resp)
+    ledger = Ledger(n)
+    call = ledger.call
 
     def search(src: int, key: int, holders: set, rate: float, key_value: int, visits: int = design.visits) -> None:
         """One search per 1/rate seconds: the nearest nodes to ``key`` but ``src``."""
@@ -180,9 +202,6 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
         if design.job_poll_s:
             search(p, job, job_replicas, 1.0 / design.job_poll_s, 0)
 
-    per_peer = [s + r for s, r in zip(sent, received)]
-    mean_served_bytes = statistics.fmean(served_bytes)
-
     # membership times, from the phases of heartbeats and reads (a search takes visits x call_s)
     visits = min(design.visits, n - 1)
     answers = visits * (neighbours + (value if design.caches else min(visits, design.replicas) * value / visits))
@@ -203,10 +222,4 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
             k = math.ceil(max(0.0, stored - read_phase) / design.poll_s)
             join.append(read_phase + k * design.poll_s + search_s)
 
-    return ControlFigures(
-        n=n, design=design.name,
-        bytes_per_s=_stats(per_peer), calls_per_s=_stats(calls), served_per_s=_stats(served),
-        busiest_over_mean=max(served_bytes) / mean_served_bytes if mean_served_bytes > 0 else math.nan,
-        largest_value=value, crash_to_noticed_s=_stats(crash), join_to_visible_s=_stats(join), search_s=search_s,
-        link_load=_stats([max(a, b) / (design.link_mbps * 1e6 / 8) for a, b in zip(sent, received)]),
-    )
+    return ledger.figures(design.name, design.link_mbps, value, crash, join, search_s)

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from dataclasses import dataclass, field
 
-from .control_plane import ControlFigures, Sizes, _ids, _key_id, _nearest, _stats
+from .control_plane import ControlFigures, Ledger, Sizes, _ids, _key_id, _nearest
 
 __all__ = ["SwimDesign", "simulate_swim"]
 
@@ -72,20 +71,8 @@ def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200,
     rng = random.Random(seed)
     z, d = design.sizes, design
     ids = _ids(n, rng)
-    sent = [0.0] * n
-    received = [0.0] * n
-    calls = [0.0] * n
-    served = [0.0] * n
-    served_bytes = [0.0] * n
-
-    def call(src: int, dst: int, rate: float, req: float, resp: float) -> None:
-        calls[src] += rate
-        served[dst] += rate
-        sent[src] += rate * req
-        received[dst] += rate * req
-        sent[dst] += rate * resp
-        received[src] += rate * resp
-        served_bytes[dst] += rate * (req + resp)
+    ledger = Ledger(n)
+    call = ledger.call
 
     # news a second swarm-wide, and how many updates ride on each ping and ack on average
     events_per_s = n * d.churn_per_hour / 3600.0
@@ -115,11 +102,4 @@ def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200,
     lease_read = d.visits * (d.rtt_s + (z.find_request + neighbours + 400) / (d.link_mbps * 1e6 / 8))
     join = [lease_read + rng.uniform(0.5, 1.5) * d.rtt_s + d.rtt_s / 2 for _ in range(joins)]
 
-    per_peer = [a + b for a, b in zip(sent, received)]
-    mean_served = statistics.fmean(served_bytes)
-    return ControlFigures(
-        n=n, design=d.name, bytes_per_s=_stats(per_peer), calls_per_s=_stats(calls), served_per_s=_stats(served),
-        busiest_over_mean=max(served_bytes) / mean_served if mean_served > 0 else math.nan,
-        largest_value=int(value), crash_to_noticed_s=_stats(crash), join_to_visible_s=_stats(join),
-        search_s=lease_read, link_load=_stats([max(a, b) / (d.link_mbps * 1e6 / 8) for a, b in zip(sent, received)]),
-    )
+    return ledger.figures(d.name, d.link_mbps, int(value), crash, join, lease_read)

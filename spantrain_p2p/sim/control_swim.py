@@ -87,7 +87,8 @@ def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200,
     search_nodes = [_nearest(ids, k, d.visits + 1) for k in bucket_ids]
     for p in range(n):
         # one probe a round to a random member (its ack back); on average each peer is probed once a round
-        call(p, rng.randrange(n - 1) if p else rng.randrange(1, n), 1.0 / d.probe_s, ping, ping)
+        other = rng.randrange(n - 1)
+        call(p, other + (other >= p), 1.0 / d.probe_s, ping, ping)  # any peer but p itself
         b = rng.randrange(d.buckets)
         for r in bucket_replicas[b]:
             if r != p:

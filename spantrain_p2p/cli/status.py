@@ -17,8 +17,10 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_
     from hivemind.dht.node import DHTNode
     from hivemind.p2p import P2P
 
+    from ..swarm import daemon_wire
     from ..swarm.daemon import tie_daemons_to_this_process
 
+    daemon_wire.install()
     tie_daemons_to_this_process()
     join = discovery.parse_join(join)
     p2p = await P2P.create(initial_peers=join, startup_timeout=timeout)

@@ -209,6 +209,9 @@ class Peer:
         from hivemind.dht.node import DHTNode
         from hivemind.p2p import P2P, P2PDaemonError
 
+        from ..swarm import daemon_wire
+
+        daemon_wire.install()
         cfg = self.config
         self.spawn(self.loop_lag.run(), "loop-lag")
         identity_path, check_identity = self._prepare_identity()

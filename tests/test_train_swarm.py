@@ -185,6 +185,39 @@ async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited():
     assert await woken_after({"job": "job-a"}) >= 1.0  # within the gap of the last one: ignored
 
 
+async def test_a_stage_map_read_serves_this_peers_readers_until_news_or_its_age():
+    """The planner's loop (every 0.5 s) and the trainer's watch share one read of the stage maps for
+    MAP_REUSE_S; news of a map, or this peer's own publishing, makes the next read go to the DHT."""
+    import types
+
+    from spantrain_p2p.train import run_records
+    from spantrain_p2p.train.run_records import RunRecords
+
+    reads = []
+
+    async def get(key, latest=False, **kw):
+        reads.append(key)
+        return None
+
+    peer = types.SimpleNamespace(dht=types.SimpleNamespace(get=get), config=types.SimpleNamespace(swarm="s"))
+    records = RunRecords(peer, log_bad=lambda sub, why: None)
+    records.job = JobSpec(job_id="job-a")
+    for _ in range(3):
+        assert await records.newest_map() is None
+    assert len(reads) == 1
+    records._news_at = -1e9  # past the news gap: the next news wakes waiters
+    await records.on_news({"job": "job-b"}, [])  # another job's news: the kept read still serves
+    await records.newest_map()
+    assert len(reads) == 1
+    await records.on_news({"job": "job-a"}, [])
+    await records.newest_map()
+    await records.newest_map()
+    assert len(reads) == 2
+    records._map_read = (records._map_read[0] - run_records.MAP_REUSE_S, *records._map_read[1:])
+    await records.newest_map()
+    assert len(reads) == 3
+
+
 def test_a_peer_that_joins_a_fixed_plan_mid_run_waits_as_a_spare_and_is_done_with_the_job(peers):
     """A third peer joins after a fixed 2-stage plan started: no map takes it (a fixed plan is not
     re-planned for a newcomer), and once the two peers of the map are done, so is it (it waited for

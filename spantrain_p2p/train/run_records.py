@@ -27,6 +27,11 @@ MAX_MAP_BYTES = 256 << 10
 # without news a peer reads the stage maps this often
 MAP_POLL_S = 2.0
 MAP_NEWS_MIN_GAP_S = 0.2  # news closer together than this wakes no one (a spamming peer included)
+# a read of the stage maps serves every reader of this peer this long, unless news of a map came or
+# this peer published one since: the planner's loop (every 0.5 s) and the trainer's watch (every
+# MAP_POLL_S) read the key once between them (the planner made a third of a training swarm's
+# stage-map reads, issue 31)
+MAP_REUSE_S = MAP_POLL_S
 # A peer waiting for a job reads the job key at once when a member's record says it has one (its
 # ``job`` progress field, or any state past idle), else only this often: idle peers each read it
 # every 0.5 s before, a third of an idle swarm's DHT calls (issue 33)
@@ -48,6 +53,8 @@ class RunRecords:
         self.num_layers = 0
         self._news = asyncio.Event()
         self._news_at = 0.0
+        self._maps_changed = 0  # news of a map received or a map published: a kept read is stale
+        self._map_read: Optional[tuple[float, int, Optional[StageMap]]] = None  # (when, _maps_changed, map)
 
     def start(self, job: JobSpec, num_layers: int) -> None:
         self.job, self.num_layers = job, num_layers
@@ -115,7 +122,17 @@ class RunRecords:
 
     # ---- stage maps -------------------------------------------------------------------------------
     async def newest_map(self) -> Optional[StageMap]:
-        """The newest valid stage map of this job: highest (term, epoch)."""
+        """The newest valid stage map of this job: highest (term, epoch). A read at most MAP_REUSE_S
+        old serves again, unless a map was announced or published since it started."""
+        kept, now = self._map_read, time.monotonic()
+        if kept is not None and kept[1] == self._maps_changed and now - kept[0] < MAP_REUSE_S:
+            return kept[2]
+        changed = self._maps_changed
+        smap = await self._read_newest_map()
+        self._map_read = (now, changed, smap)
+        return smap
+
+    async def _read_newest_map(self) -> Optional[StageMap]:
         found = await self.peer.dht.get(stagemap_key(self.swarm), latest=True)
         if found is None or not isinstance(found.value, dict):
             return None
@@ -159,6 +176,7 @@ class RunRecords:
         """Signs and stores ``smap`` under its epoch, then tells every live peer (best effort)."""
         await self.store(stagemap_key(self.swarm), epoch_subkey(smap.epoch, self.peer.peer_id),
                          sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
+        self._maps_changed += 1
         self.peer.spawn(self._announce(smap.epoch), "map-news")
 
     # ---- news of a map ----------------------------------------------------------------------------
@@ -167,6 +185,7 @@ class RunRecords:
         if self.job is not None and header.get("job") != self.job.job_id:
             return None
         now = time.monotonic()
+        self._maps_changed += 1
         if now - self._news_at >= MAP_NEWS_MIN_GAP_S:
             self._news_at = now
             self._news.set()

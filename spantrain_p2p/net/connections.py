@@ -246,7 +246,9 @@ class FramedConnection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._drop:
             return memoryview(self.server._scratch)[: min(self._drop, RECV_BYTES)]
-        return self._want[:RECV_BYTES]
+        # the socket's reads take RECV_BYTES at most; an encrypted record opened in place, a record's
+        # plain size (secure.MAX_PLAIN at most)
+        return self._want[:max(RECV_BYTES, min(sizehint, secure.MAX_PLAIN))]
 
     # ---- stalls, slow frames and idle connections -------------------------------------------
     def _mid_frame(self) -> bool:

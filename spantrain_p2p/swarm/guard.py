@@ -14,6 +14,8 @@ guard decides what a peer believes:
 """
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 from typing import Any, Optional
 
@@ -40,6 +42,14 @@ def signer_of(value: Any) -> Optional[str]:
 # returning the whole dictionary (issue 33: 31 finds a second per peer at 16 peers). A store still
 # searches with hivemind's beam, so that it finds the nearest nodes whatever its routing table.
 REPLICAS = 5
+# A read of the latest value asks the key's nearest nodes directly, one call each, once they are
+# known: hivemind's read searches from this peer's routing table every time, and visited 13 nodes a
+# read at 16 peers (the path to the nearest ones included). The nearest nodes are looked up again
+# after this long, and at once when one of them does not answer.
+HOLDERS_TTL_S = 30.0
+
+
+_NOBODY = object()  # ``_ask_holders``: no answer, search instead
 
 
 class GuardedDHT:
@@ -53,6 +63,7 @@ class GuardedDHT:
         self.other_key_ids: set[str] = set()
         self._log = BadRecordLog("DHT value")
         self._read: dict[str, dict] = {}  # per dictionary key: the unexpired entries read or stored (``_merge``)
+        self._holders: dict[str, tuple[float, list]] = {}  # per key read: (when, the PeerIDs nearest to it)
         validator = getattr(getattr(node, "protocol", None), "record_validator", None)
         if validator is not None and hasattr(validator, "sealer_for"):  # a ``validator.SwarmValidator``
             validator.sealer_for = self.sealer_for  # sealed values that do not open are refused at store time
@@ -76,14 +87,17 @@ class GuardedDHT:
             if sealer is None:
                 raise RuntimeError("this peer does not hold the swarm's group key yet: it cannot store anything")
             value = sealer.seal(value, key, subkey, expiration_time)
-        ok = bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs))
+        stored = await self._store_at_holders(key, value, expiration_time, subkey) if not kwargs else None
+        ok = bool(await self.node.store(key, value, expiration_time, subkey=subkey, **kwargs)) if stored is None else stored
         if ok and subkey is not None:  # this peer's own entry is in its next read, whatever nodes answer
             self._merge(key, {subkey: ValueWithExpiration(plain, expiration_time)})
         return ok
 
     async def get(self, key: str, latest: bool = False, **kwargs) -> Optional[ValueWithExpiration]:
         kwargs.setdefault("beam_size", REPLICAS)
-        found = await self.node.get(key, latest=latest, **kwargs)
+        found = await self._ask_holders(key) if latest and kwargs == {"beam_size": REPLICAS} else _NOBODY
+        if found is _NOBODY:
+            found = await self.node.get(key, latest=latest, **kwargs)
         if found is None:
             merged = self._merge(key, {})  # nothing answered: what this peer read before, until it expires
             return ValueWithExpiration(merged, max(v.expiration_time for v in merged.values())) if merged else None
@@ -97,6 +111,88 @@ class GuardedDHT:
             return ValueWithExpiration(merged, max([found.expiration_time, *(v.expiration_time for v in merged.values())]))
         value = self._admit(key, None, found.value, found.expiration_time)
         return None if value is None else ValueWithExpiration(value, found.expiration_time)
+
+    async def _ask_holders(self, key: str):
+        """The latest value of ``key`` from the REPLICAS nodes nearest to it (and this node), asked
+        directly, as hivemind's search merges it; _NOBODY when they are not known or none answered
+        (the caller searches). Copies on other nodes are not seen: they are not where stores go."""
+        from hivemind.dht.node import _SearchState
+        from hivemind.dht.routing import DHTID
+
+        node = self.node
+        protocol = getattr(node, "protocol", None)
+        if protocol is None or not hasattr(node, "find_nearest_nodes"):
+            return _NOBODY
+        key_id = DHTID.generate(source=key)
+        held = list((await self._holders_of(key, key_id)).values())
+        state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
+        state.add_candidate(protocol.storage.get(key_id), source_node_id=node.node_id)
+        state.add_candidate(protocol.cache.get(key_id), source_node_id=node.node_id)
+        answers = await asyncio.gather(*(node._call_find_with_blacklist(p, [key_id]) for p in held),
+                                       return_exceptions=True)
+        answered = 0
+        for answer in answers:
+            if isinstance(answer, dict) and key_id in answer:
+                answered += 1
+                state.add_candidate(answer[key_id][0], source_node_id=None)
+        if answered < len(held):
+            self._holders.pop(key, None)  # one is gone or busy: look them up again next time
+            if not answered:
+                return _NOBODY
+        state.finish_search()
+        return await state.future
+
+    async def _holders_of(self, key: str, key_id) -> dict:
+        """The REPLICAS nodes nearest to ``key`` but this one (DHTID -> PeerID), looked up at most
+        every HOLDERS_TTL_S (at once after one of them did not answer)."""
+        held = self._holders.get(key)
+        if held is None or time.monotonic() - held[0] > HOLDERS_TTL_S:
+            nearest = await self.node.find_nearest_nodes([key_id], k_nearest=REPLICAS, beam_size=REPLICAS,
+                                                         exclude_self=True)
+            held = (time.monotonic(), dict(nearest.get(key_id, {})))
+            self._holders[key] = held
+        return held[1]
+
+    async def _store_at_holders(self, key: str, value: Any, expiration_time: float, subkey: Any) -> Optional[bool]:
+        """Stores at the REPLICAS nodes nearest to ``key`` (this one among them where it is), asked
+        directly once known, the record made and signed as hivemind's ``store_many`` makes it; None
+        where they are not known or none took it (the caller stores through hivemind). hivemind's
+        store searches for them on every store, each node of the search answering with the key's
+        whole dictionary (a member's heartbeat every 2 s made half of an idle swarm's calls)."""
+        import dataclasses
+
+        from hivemind.dht.crypto import DHTRecord
+        from hivemind.dht.routing import DHTID
+
+        node = self.node
+        protocol = getattr(node, "protocol", None)
+        if protocol is None or not hasattr(node, "find_nearest_nodes"):
+            return None
+        key_id = DHTID.generate(source=key)
+        holders = await self._holders_of(key, key_id)
+        if not holders:
+            return None
+        value_bytes = protocol.serializer.dumps(value)
+        record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), value_bytes, expiration_time)
+        if protocol.record_validator is not None:
+            value_bytes = protocol.record_validator.sign_value(record)
+            record = dataclasses.replace(record, value=value_bytes)
+        nearest = sorted([*holders, node.node_id], key=key_id.xor_distance)[:REPLICAS]
+        remote = [holders[n] for n in nearest if n != node.node_id]
+        results = await asyncio.gather(*(protocol.call_store(p, keys=[key_id], values=[value_bytes],
+                                                             expiration_time=[expiration_time], subkeys=[subkey])
+                                         for p in remote), return_exceptions=True)
+        # (an answer is the store_ok field of hivemind's response, a protobuf sequence; None if none came)
+        taken = [bool(r[0]) for r in results if r is not None and not isinstance(r, BaseException) and len(r)]
+        if len(taken) < len(remote):
+            self._holders.pop(key, None)  # one is gone or busy: look them up again next time
+        if node.node_id in nearest and (protocol.record_validator is None or protocol.record_validator.validate(record)):
+            taken.append(protocol.storage.store(key_id, value_bytes, expiration_time, subkey=subkey))
+        if not taken:
+            return None
+        if node.cache_on_store:
+            node._update_cache_on_store(key_id, [subkey], [value_bytes], [expiration_time], store_ok=[any(taken)])
+        return any(taken)
 
     def _merge(self, key: str, entries: dict) -> dict:
         """``entries`` of dictionary key ``key`` merged into what this peer read and stored there before

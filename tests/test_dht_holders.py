@@ -1,0 +1,106 @@
+"""Reads and stores straight at a key's nearest nodes (``GuardedDHT``, issue 33), against a fake
+network of hivemind's own local storages: the same records where hivemind's search would put them."""
+import types
+
+from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DHTLocalStorage
+from hivemind.utils import MSGPackSerializer, get_dht_time
+
+from spantrain_p2p.swarm.guard import REPLICAS, GuardedDHT
+
+
+class World:
+    """Nodes by DHTID, each a storage; ``down`` ones do not answer."""
+
+    def __init__(self, n):
+        self.ids = [DHTID.generate() for _ in range(n)]
+        self.storage = {i: DHTLocalStorage() for i in self.ids}
+        self.down: set = set()
+
+
+class Node:
+    """The slice of hivemind's DHTNode that GuardedDHT uses, at ``world.ids[me]``."""
+
+    def __init__(self, world, me):
+        self.world, self.node_id = world, world.ids[me]
+        self.protocol = types.SimpleNamespace(serializer=MSGPackSerializer, record_validator=None,
+                                              storage=world.storage[self.node_id], cache=DHTLocalStorage(),
+                                              call_store=self._call_store)
+        self.cache_on_store = False
+        self.searches, self.fallbacks = 0, []
+
+    async def find_nearest_nodes(self, queries, k_nearest, beam_size, exclude_self):
+        self.searches += 1
+        (key_id,) = queries
+        others = sorted((i for i in self.world.ids if i != self.node_id), key=key_id.xor_distance)
+        return {key_id: {i: f"peer-{i}" for i in others[:k_nearest]}}
+
+    def _by_peer(self, peer):
+        return next(i for i in self.world.ids if f"peer-{i}" == peer)
+
+    async def _call_find_with_blacklist(self, peer, keys):
+        node = self._by_peer(peer)
+        if node in self.world.down:
+            return None
+        return {k: (self.world.storage[node].get(k), {}) for k in keys}
+
+    async def _call_store(self, peer, keys, values, expiration_time, subkeys):
+        node = self._by_peer(peer)
+        if node in self.world.down:
+            return None
+        return [self.world.storage[node].store(k, v, e, subkey=s)
+                for k, v, e, s in zip(keys, values, expiration_time, subkeys)]
+
+    async def get(self, key, latest=False, **kw):
+        self.fallbacks.append(("get", key))
+        return None
+
+    async def store(self, key, value, expiration_time, subkey=None, **kw):
+        self.fallbacks.append(("store", key))
+        return True
+
+
+def nearest(world, key):
+    key_id = DHTID.generate(source=key)
+    return set(sorted(world.ids, key=key_id.xor_distance)[:REPLICAS])
+
+
+async def test_entries_go_to_the_nearest_nodes_and_every_writers_entry_is_read_back():
+    world, key = World(12), "spantrain/s/members"
+    nodes = [Node(world, i) for i in range(12)]
+    t = get_dht_time() + 60
+    for i, n in enumerate(nodes):
+        assert await GuardedDHT(n).store(key, {"seq": i}, t, subkey=f"p{i}")
+    key_id = DHTID.generate(source=key)
+    holding = {i for i in world.ids if world.storage[i].get(key_id) is not None}
+    assert holding == nearest(world, key)  # where hivemind's store puts them, nowhere else
+    reader = GuardedDHT(nodes[0])
+    for _ in range(3):
+        found = await reader.get(key, latest=True)
+        assert {k: v.value for k, v in found.value.items()} == {f"p{i}": {"seq": i} for i in range(12)}
+    assert nodes[0].searches == 2  # one lookup for its store, one for its reads: then straight to the nodes
+    assert not any(n.fallbacks for n in nodes)
+
+
+async def test_a_node_that_does_not_answer_sends_the_next_call_to_a_new_lookup():
+    world, key = World(10), "spantrain/s/planner"
+    writer, reader = Node(world, 0), Node(world, 1)
+    assert await GuardedDHT(writer).store(key, "lease", get_dht_time() + 60, subkey="t1")
+    guard = GuardedDHT(reader)
+    assert (await guard.get(key, latest=True)).value["t1"].value == "lease"
+    world.down.add(sorted(nearest(world, key) - {reader.node_id}, key=str)[0])
+    assert (await guard.get(key, latest=True)).value["t1"].value == "lease"  # the others still answer
+    searches = reader.searches
+    await guard.get(key, latest=True)
+    assert reader.searches == searches + 1
+
+
+async def test_with_no_node_known_or_none_answering_hiveminds_own_search_runs():
+    world, key = World(4), "spantrain/s/stagemap"
+    node = Node(world, 0)
+    world.down.update(i for i in world.ids if i != node.node_id)
+    guard = GuardedDHT(node)
+    assert await guard.get(key, latest=True) is None
+    assert ("get", key) in node.fallbacks
+    await guard.get(key)  # not a read of the latest value: hivemind's search, as before
+    assert node.fallbacks.count(("get", key)) == 2

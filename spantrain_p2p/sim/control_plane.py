@@ -59,6 +59,8 @@ class Design:
     visits: int = 5  # nodes a read's search visits (the beam)
     store_visits: Optional[int] = None  # nodes a store's search visits (None: as a read's)
     caches: bool = False  # every reader keeps (and serves) a copy of what it read
+    direct_lookup_s: Optional[float] = None  # reads and stores go straight to the key's replicas, one call
+    # each, found by a search this often (``GuardedDHT``'s holders); None: every read and store searches
     refresh: bool = False  # every read is followed by a background re-read
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
     link_mbps: float = 100.0  # a peer's link: a search's answers all come down it
@@ -76,6 +78,9 @@ DESIGNS = {
     # also without the node's caches and with 5-node store searches: measured live on 2026-11-26 at
     # 17:23 UTC, then put back (without the cache, busy suites saw partial reads)
     "no-caches": Design("no-caches"),
+    # as shipped since 2026-11-26 21:00 UTC: reads of the latest value and stores ask the key's 5
+    # nearest nodes directly (one call each), found by a search every 30 s (GuardedDHT._holders_of)
+    "direct": Design("direct", direct_lookup_s=30.0),
 }
 
 
@@ -194,7 +199,17 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
 
     reads = 1.0 / design.poll_s * (2 if design.refresh else 1)
     beats = 1.0 / design.heartbeat_s
-    for p in range(n):
+    for p in range(n) if design.direct_lookup_s else ():
+        lookups = 1.0 / design.direct_lookup_s
+        search(p, members, replicas, lookups, value)  # the holders, found (their answers carry the value)
+        for r in replicas - {p}:
+            call(p, r, reads, z.find_request, neighbours + value)
+            call(p, r, beats, z.store_request_base + z.entry, z.store_response)
+        if design.job_poll_s:
+            search(p, job, job_replicas, lookups, 0)
+            for r in job_replicas - {p}:
+                call(p, r, 1.0 / design.job_poll_s, z.find_request, neighbours)
+    for p in range(n) if not design.direct_lookup_s else ():
         search(p, members, replicas, reads, value)
         search(p, members, replicas, beats, value, design.store_visits or design.visits)  # a store's search
         for r in replicas - {p}:
@@ -206,6 +221,8 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
     visits = min(design.visits, n - 1)
     answers = visits * (neighbours + (value if design.caches else min(visits, design.replicas) * value / visits))
     search_s = visits * design.call_s + answers / (design.link_mbps * 1e6 / 8)
+    if design.direct_lookup_s:  # the replicas asked at once: one call's time, all answers down the link
+        search_s = design.call_s + visits * (neighbours + value) / (design.link_mbps * 1e6 / 8)
     ttl = design.heartbeat_s * design.ttl_heartbeats
     crash, join = [], []
     for _ in range(crashes):
@@ -217,6 +234,8 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
             crash.append(read_phase + k * design.poll_s + search_s)
     for _ in range(joins):
         stored = search_s + (design.replicas * design.call_s)  # the joiner's first store lands
+        if design.direct_lookup_s:  # its first store: a search for the holders, then one call to each at once
+            stored = visits * design.call_s + design.call_s
         for _obs in range(min(8, n - 1)):
             read_phase = rng.uniform(0, design.poll_s)
             k = math.ceil(max(0.0, stored - read_phase) / design.poll_s)

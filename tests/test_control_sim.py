@@ -64,3 +64,15 @@ def test_todays_stores_search_twenty_nodes_and_every_reader_serves_its_copy():
     # a store's search visits 20 nodes (hivemind's beam), a read's 5: 1 x 5 + 0.5 x 20 finds, 2.5 stores, 1 job find
     assert today.calls_per_s["mean"] == pytest.approx(5 + 10 + 2.5 + 1, rel=0.05)
     assert today.bytes_per_s["mean"] > 1.5 * bare.bytes_per_s["mean"]
+
+
+def test_direct_reads_and_stores_cost_one_call_per_replica_and_load_the_replicas():
+    """As shipped (GuardedDHT straight at the key's nodes): a read and a store are a call to each of
+    the 5 replicas, a search only every 30 s; calls do not grow with the swarm, and every read of
+    the member key lands on those 5 nodes."""
+    small, large = simulate(DESIGNS["direct"], 16), simulate(DESIGNS["direct"], 400)
+    per_peer = (5 * 1.0 + 5 * 0.5) * (1 - 5 / 400) + 5 * 0.2 * (1 - 5 / 400) + 2 * 5 / 30.0
+    assert large.calls_per_s["mean"] == pytest.approx(per_peer, rel=0.05)
+    assert small.calls_per_s["mean"] == pytest.approx(large.calls_per_s["mean"], rel=0.1)
+    assert large.calls_per_s["mean"] < 0.5 * simulate(DESIGNS["today"], 400).calls_per_s["mean"]
+    assert large.busiest_over_mean > 400 / 5 * 0.5  # the replicas serve the swarm: the ceiling this design has

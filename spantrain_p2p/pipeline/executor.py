@@ -43,6 +43,9 @@ class _Mb:
     ins: Optional[list] = None
     outs: Optional[list] = None
     gouts: Optional[list] = None
+    # per layer, after B (without recomputation): where its weights meet the gradients B passed
+    # (``torch.distributed.pipelining``'s param groups), so that W computes the weight gradients alone
+    groups: Optional[list] = None
     held: int = 0  # the bytes its forward keeps (``memory.StashMeter``), held until its backward is done
     meter: Optional[StashMeter] = None  # where its stash is counted: the stage's (None), or a check's own
 
@@ -94,6 +97,11 @@ class StageExecutor:
         self.loss_scale: Optional[float] = None
         self.overflowed = False  # this step sent a tensor that overflowed (fp16)
         self._call = layer_call(recompute)  # (not ``self.recompute``: that is the verifier's method below)
+        # a split backward keeps, in B, the gradients where each weight enters its layer's graph, so
+        # W does not go through the layer's backward again (torch.distributed.pipelining's own
+        # split: W cost 1.5x a fused backward's share without it, measured on 3 blocks here); a layer
+        # recomputed in its backward keeps the plain split (its graph is rebuilt during B)
+        self._weight_groups = recompute == "none"
         self.meter = StashMeter(self.params)
         self.state_bytes = 0  # weights, gradients and optimizer state: what a virtual device's memory holds besides activations
 
@@ -238,22 +246,33 @@ class StageExecutor:
         """B: the gradient at every layer's output and at the stage's input, weights untouched."""
         g = self._grad_at_output(st)
         st.gouts = [None] * len(self.layers)
+        st.groups = [None] * len(self.layers)
         for i in reversed(range(len(self.layers))):
             st.gouts[i] = g
             if not self._needs_input_grad(st, i):
                 break
-            (g,) = torch.autograd.grad(st.outs[i], [st.ins[i]], g, retain_graph=True)
+            if self._weight_groups and self._layer_params[i] and st.outs[i].requires_grad:
+                from torch.distributed.pipelining._backward import stage_backward_input  # (1.7 s to import: zb only)
+
+                (g,), st.groups[i] = stage_backward_input([st.outs[i]], None if g is None else [g], [st.ins[i]],
+                                                          iter(self._layer_params[i]))
+            else:
+                (g,) = torch.autograd.grad(st.outs[i], [st.ins[i]], g, retain_graph=True)
         if not self.is_first:
             st.grad_in = g
 
     def _backward_weight(self, st: _Mb, done=None) -> None:
         """W: the weight gradients, layer by layer from the last, from the gradients B left."""
         for i in reversed(range(len(self.layers))):
-            if self._layer_params[i] and st.outs[i].requires_grad:
+            if st.groups is not None and st.groups[i] is not None:
+                from torch.distributed.pipelining._backward import stage_backward_weight
+
+                stage_backward_weight(iter(self._layer_params[i]), st.groups[i])
+            elif self._layer_params[i] and st.outs[i].requires_grad:
                 torch.autograd.backward(st.outs[i], st.gouts[i], inputs=self._layer_params[i])
             if done is not None:
                 done(i)
-        st.out = st.inp = st.ins = st.outs = st.gouts = None
+        st.out = st.inp = st.ins = st.outs = st.gouts = st.groups = None
         self.meter.freed(st.held)
 
     def _backward_full(self, st: _Mb, done=None) -> None:

@@ -104,3 +104,33 @@ async def test_with_no_node_known_or_none_answering_hiveminds_own_search_runs():
     assert ("get", key) in node.fallbacks
     await guard.get(key)  # not a read of the latest value: hivemind's search, as before
     assert node.fallbacks.count(("get", key)) == 2
+
+
+async def test_a_swarm_under_five_nodes_searches_and_a_nearer_newcomer_brings_a_new_lookup():
+    """Holders found while the swarm had fewer than REPLICAS other nodes are not asked alone (the
+    key's nearest nodes join later); once known, a node nearer than one of them in the routing table
+    (it joined since) makes the next call look them up again."""
+    world, key = World(4), "spantrain/s/members"
+    node = Node(world, 0)
+    guard = GuardedDHT(node)
+    await guard.get(key, latest=True)
+    assert ("get", key) in node.fallbacks  # 3 others: hivemind's search, as before
+    world.ids += [DHTID.generate() for _ in range(8)]
+    world.storage.update({i: DHTLocalStorage() for i in world.ids[4:]})
+    guard._holders.clear()
+    known: list = []
+    node.protocol.routing_table = types.SimpleNamespace(
+        get_nearest_neighbors=lambda key_id, k, exclude=None: sorted(known, key=lambda x: key_id.xor_distance(x[0]))[:k])
+    await guard.get(key, latest=True)
+    searches = node.searches
+    key_id = DHTID.generate(source=key)
+    held = set(guard._holders[key][1])
+    farthest = max(held, key=key_id.xor_distance)
+    newcomer = next(i for i in iter(DHTID.generate, None) if key_id.xor_distance(i) < key_id.xor_distance(farthest))
+    await guard.get(key, latest=True)
+    assert node.searches == searches  # nothing new in the routing table: straight to the holders
+    known.append((newcomer, "peer-new"))
+    world.ids.append(newcomer)
+    world.storage[newcomer] = DHTLocalStorage()
+    await guard.get(key, latest=True)
+    assert node.searches == searches + 1

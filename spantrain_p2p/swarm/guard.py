@@ -125,6 +125,8 @@ class GuardedDHT:
             return _NOBODY
         key_id = DHTID.generate(source=key)
         held = list((await self._holders_of(key, key_id)).values())
+        if not held:
+            return _NOBODY
         state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
         state.add_candidate(protocol.storage.get(key_id), source_node_id=node.node_id)
         state.add_candidate(protocol.cache.get(key_id), source_node_id=node.node_id)
@@ -146,12 +148,24 @@ class GuardedDHT:
         """The REPLICAS nodes nearest to ``key`` but this one (DHTID -> PeerID), looked up at most
         every HOLDERS_TTL_S (at once after one of them did not answer)."""
         held = self._holders.get(key)
-        if held is None or time.monotonic() - held[0] > HOLDERS_TTL_S:
+        if held is None or time.monotonic() - held[0] > HOLDERS_TTL_S or self._nearer_known(key_id, held[1]):
             nearest = await self.node.find_nearest_nodes([key_id], k_nearest=REPLICAS, beam_size=REPLICAS,
                                                          exclude_self=True)
             held = (time.monotonic(), dict(nearest.get(key_id, {})))
             self._holders[key] = held
-        return held[1]
+        # a swarm of fewer nodes than that grows: each read and store searches (hivemind's), so that
+        # the first nodes found are not the only ones asked while the key's nearest ones join
+        return held[1] if len(held[1]) >= REPLICAS else {}
+
+    def _nearer_known(self, key_id, holders: dict) -> bool:
+        """Whether this node's routing table knows a node nearer to ``key_id`` than one of ``holders``
+        (a node that joined since they were looked up): they are looked up again."""
+        table = getattr(self.node.protocol, "routing_table", None)
+        if table is None or not holders:
+            return False
+        farthest = max(key_id.xor_distance(h) for h in holders)
+        return any(n not in holders and key_id.xor_distance(n) < farthest
+                   for n, _ in table.get_nearest_neighbors(key_id, REPLICAS, exclude=self.node.node_id))
 
     async def _store_at_holders(self, key: str, value: Any, expiration_time: float, subkey: Any) -> Optional[bool]:
         """Stores at the REPLICAS nodes nearest to ``key`` (this one among them where it is), asked

@@ -39,13 +39,13 @@ def signer_of(value: Any) -> Optional[str]:
 # A key's entries are stored on the REPLICAS nodes nearest to it (hivemind's ``num_replicas``), so a
 # read that visits the REPLICAS nearest nodes merges every copy there is. hivemind's default beam
 # (its bucket size, 20) visited up to 20 nodes a read: every member of a swarm under 20, each
-# returning the whole dictionary (issue 33: 31 finds a second per peer at 16 peers). A store still
-# searches with hivemind's beam, so that it finds the nearest nodes whatever its routing table.
+# returning the whole dictionary (issue 33: 31 finds a second per peer at 16 peers). A store that
+# falls back to hivemind's (no nearest nodes known) searches with hivemind's beam.
 REPLICAS = 5
-# A read of the latest value asks the key's nearest nodes directly, one call each, once they are
-# known: hivemind's read searches from this peer's routing table every time, and visited 13 nodes a
-# read at 16 peers (the path to the nearest ones included). The nearest nodes are looked up again
-# after this long, and at once when one of them does not answer.
+# A read of the latest value and a store ask the key's nearest nodes directly, one call each, once
+# they are known: hivemind searches from this peer's routing table every time, and visited 13 nodes
+# a read at 16 peers (the path to the nearest ones included). The nearest nodes are looked up again
+# after this long, at once when one of them does not answer, and when a nearer node is known.
 HOLDERS_TTL_S = 30.0
 
 
@@ -63,7 +63,7 @@ class GuardedDHT:
         self.other_key_ids: set[str] = set()
         self._log = BadRecordLog("DHT value")
         self._read: dict[str, dict] = {}  # per dictionary key: the unexpired entries read or stored (``_merge``)
-        self._holders: dict[str, tuple[float, list]] = {}  # per key read: (when, the PeerIDs nearest to it)
+        self._holders: dict[str, tuple[float, dict]] = {}  # per key: (when, its nearest nodes: DHTID -> PeerID)
         validator = getattr(getattr(node, "protocol", None), "record_validator", None)
         if validator is not None and hasattr(validator, "sealer_for"):  # a ``validator.SwarmValidator``
             validator.sealer_for = self.sealer_for  # sealed values that do not open are refused at store time

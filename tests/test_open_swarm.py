@@ -124,7 +124,7 @@ def test_a_process_that_never_joined_cannot_overwrite_outlive_or_replay_the_swar
     stores junk, forgeries and replays expiring in a year under every key the swarm uses: both
     peers join and train to the end, no step lost, losses equal to one process's, each lists the
     other as long as it lives, and its DHT node says what it refused."""
-    swarm, steps = "dht-attack", 300
+    swarm, steps = "dht-attack", 200
     a = peers("a", "--swarm", swarm, "--steps", str(steps), "--peers", "2", "--plan", "even")
     a.wait_ready(60)
     outsider = Identity.generate()

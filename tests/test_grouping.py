@@ -85,10 +85,10 @@ def test_compute_classes_keep_peers_within_one_and_a_half_times_of_the_fastest()
 
 def test_a_thousand_peers_with_sparse_links_group_by_region_in_well_under_half_a_second():
     snap = synthetic_swarm(1000, 10, seed=1)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     g = group(snap)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.5, f"grouping 1000 peers took {elapsed:.3f} s"
+    elapsed = time.process_time() - t0
+    assert elapsed < 0.5, f"grouping 1000 peers took {elapsed:.3f} CPU-s (CPU time: the suite runs tests side by side)"
     region = {p.id: p.region_hint for p in snap.peers}
     assert len(g.groups) == 10
     for x in g.groups:

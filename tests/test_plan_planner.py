@@ -54,12 +54,13 @@ def test_planner_beats_the_best_baseline_twice_over_on_edge_volunteers():
 
 def test_a_thousand_peers_in_ten_regions_plan_in_seconds():
     snap = synthetic_swarm(1000, 10, seed=0)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     result = plan(snap, GPT13, PlannerOptions(global_batch=2048))
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     # the figure (about 1.3-1.7 s here, idle) comes from scripts/plan_figures.sh; this only catches
-    # a planner gone quadratic, on a CI box whose other core is busy
-    assert elapsed < 8.0, f"planning 1000 peers took {elapsed:.2f} s"
+    # a planner gone quadratic: CPU seconds, not wall-clock ones (with the suite's other tests on
+    # both cores the wall clock read 8.7 s once)
+    assert elapsed < 8.0, f"planning 1000 peers took {elapsed:.2f} CPU-s"
     assert result.plan.samples_per_s > 0 and result.plan.num_stages > 1
 
 

@@ -1,5 +1,7 @@
 """The statistical gate at stage boundaries (robust.gate) and the evictions it leads to
 (train.defence: receivers, gate_evictions): pure logic."""
+import statistics
+
 import torch
 
 from spantrain_p2p.robust import attacks
@@ -33,6 +35,37 @@ def test_a_refused_tensor_is_taken_when_its_step_is_redone_with_another_sender()
     assert g.judge("grad", "b", _act(9, 100.0), step=45, mb=0)[0] == "refuse"
     assert g.judge("grad", "b", _act(9, 100.0), step=45, mb=0)[0] == "refuse"  # the same sender again
     assert g.judge("grad", "c", _act(9, 100.0), step=45, mb=0) is None
+
+
+def test_a_tensor_refused_twice_from_a_sender_the_swarm_keeps_is_taken_at_the_limit():
+    """A loss spike (seen live: a gradient 57x its sender's recent ones at one step, every redo the
+    same): the planner keeps the sender (one receiver of two accuses it), so refusing it for ever
+    would hold the run at that step. The third time it is taken, scaled down to the refuse limit (and the step's other odd micro-batches);
+    the stream goes on at its old level; a too-small one is taken as it is."""
+    import math
+
+    from spantrain_p2p.robust.gate import PARDON_AFTER, REFUSE
+
+    g = Gate()
+    for i in range(8):
+        assert g.judge("grad", "b", _act(i)) is None
+    spike = _act(9, 57.0)
+    for _ in range(PARDON_AFTER):  # the step, redone by the same sender after each re-plan
+        assert g.judge("grad", "b", spike, step=34, mb=0)[0] == "refuse"
+    what, why = g.judge("grad", "b", spike, step=34, mb=0)
+    assert what == "pardon" and "refused 2 times" in why
+    scale = g.pardoned[("grad", 34, 0)]
+    own = statistics.median(math.log(float(_act(i).pow(2).mean().sqrt())) for i in range(8))
+    taken = math.log(float((spike * scale).pow(2).mean().sqrt()))
+    assert abs(taken - own - math.log(REFUSE)) < 1e-4  # at the limit, not above it
+    assert g.suspected == {"b": 1} and 34 in g.odd
+    # the step's other micro-batches, as odd: taken at once (one re-plan per refusal, not per micro-batch)
+    assert g.judge("grad", "b", _act(13, 90.0), step=34, mb=1)[0] == "pardon"
+    assert g.judge("grad", "b", _act(10), step=35, mb=0) is None  # back at its level: passes
+    assert g.judge("grad", "b", _act(11, 57.0), step=35, mb=1)[0] == "refuse"  # another step counts on its own
+    tiny = _act(12, 1 / 57)
+    assert [g.judge("grad", "b", tiny, step=36, mb=0)[0] for _ in range(3)] == ["refuse", "refuse", "pardon"]
+    assert g.pardoned[("grad", 36, 0)] == 1.0  # never scaled up
 
 
 def test_an_attacker_scaling_from_its_first_tensor_is_refused_against_the_others_at_the_boundary():

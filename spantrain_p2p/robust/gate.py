@@ -13,7 +13,14 @@ honest activation or gradient never is; fp16 sends an overflowed one as zeros: `
 further than ``suspect`` is taken, and its sender named for the verifier (its replicas recompute
 its work). Gradients are data-dependent: an honest micro-batch's was seen 17x its sender's recent
 ones, so only what no data gives is refused. A tensor refused at a (step, micro-batch) is taken
-when that step is redone with another peer sending it: then it was the data, not the sender.
+when that step is redone with another peer sending it: then it was the data, not the sender. Where
+the swarm keeps the sender (its other receivers do not accuse it: no eviction) and its tensors of
+one step were refused ``PARDON_AFTER`` times (each refusal fails the step, and it is redone), the
+step's next odd ones are taken (``pardoned``), one too large
+scaled down to the refuse limit: an honest loss spike gives such a tensor at every redo (a gradient
+57x its sender's recent ones, seen live), and refusing it for ever held the run at one step, epoch
+after epoch. Scaled to the limit it does no more than a tensor just inside it would; one too small
+is taken as it is (it can only slow the learning down).
 
 Norms catch scaled, zeroed and noise-flooded tensors; a forgery that keeps the norm passes (what
 spot recomputation is for). Pure bookkeeping: no I/O."""
@@ -32,6 +39,7 @@ WINDOW = 48  # tensors of a sender's past kept per kind
 WARMUP = 4  # tensors a sender's own past needs before it judges
 SHARE_WARMUP = 1  # tensors a receiver shares a median of (the others' reference: from the first step on)
 MIN_OTHERS = 3  # references from other senders needed before they judge
+PARDON_AFTER = 2  # refusals of one sender's tensors at one step before they are taken, at most at the limit
 KINDS = ("act", "grad")
 SHARED = 2 * len(KINDS) + 1  # the floats ``shared`` gives: [median, count] per kind, and the odd flag
 
@@ -55,6 +63,8 @@ class Gate:
         self.refused: dict[str, int] = {}  # sender -> tensors refused
         self.suspected: dict[str, int] = {}  # sender -> tensors taken but named to the verifier
         self._refused_at: dict[tuple[str, int, int], str] = {}  # (kind, step, mb) -> the sender refused
+        self._refusals: dict[tuple[str, int, str], int] = {}  # (kind, step, sender) -> its tensors refused
+        self.pardoned: dict[tuple[str, int, int], float] = {}  # (kind, step, mb) -> the scale its tensor takes
         self.accepted = 0
         self.odd: set[int] = set()  # steps whose received tensors were named or refused (the excuse shared)
         self.max_dev: dict[str, float] = {}  # kind -> the largest |log ratio| a tensor taken unnamed had
@@ -76,7 +86,9 @@ class Gate:
     def judge(self, kind: str, src: str, t: torch.Tensor, step: int = -1, mb: int = -1) -> Optional[tuple[str, str]]:
         """None if ``t`` (a ``kind`` tensor from ``src``, of ``step`` and micro-batch ``mb``) passes
         and is remembered; ("suspect", why) if it is taken but its sender should be checked;
-        ("refuse", why) if it is refused."""
+        ("refuse", why) if it is refused; ("pardon", why) if it is taken scaled by
+        ``pardoned[(kind, step, mb)]`` (``src``'s tensors of ``step`` refused ``PARDON_AFTER`` times
+        before, its sender kept)."""
         lr = log_rms(t)
         if lr == float("-inf"):
             if self.zeros_ok or t.numel() == 0:
@@ -91,7 +103,20 @@ class Gate:
         why = "" if ref is None else (f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} of RMS {math.exp(lr):.3g}, {math.exp(abs(dev)):.3g}x "
                                       f"{'above' if dev > 0 else 'below'} {what} ({math.exp(ref):.3g})")
         if abs(dev) > self.refuse_limit:
-            return self._refuse(kind, src, step, mb, why)
+            if step < 0 or self._refusals.get((kind, step, src), 0) < PARDON_AFTER:
+                return self._refuse(kind, src, step, mb, why)
+            # kept by the swarm through PARDON_AFTER re-plans, the same again: taken, at most at the limit
+            scale = min(1.0, math.exp(self.refuse_limit - dev))
+            self.pardoned[(kind, step, mb)] = scale
+            if len(self.pardoned) > 64:
+                self.pardoned.pop(next(iter(self.pardoned)))
+            # remembered as it came (a spike is one of the window: the level moves only if it stays)
+            self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
+            self.accepted += 1
+            self.seen_at[(kind, src)] = self.accepted
+            self.suspected[src] = self.suspected.get(src, 0) + 1
+            self.odd.add(step)
+            return "pardon", f"{why}, refused {PARDON_AFTER} times: taken scaled by {scale:.3g}"
         self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
         self.accepted += 1
         self.seen_at[(kind, src)] = self.accepted
@@ -108,8 +133,12 @@ class Gate:
             return None
         self.odd.add(step)
         self.refused[src] = self.refused.get(src, 0) + 1
-        if len(self._refused_at) > 1024:
-            self._refused_at.pop(next(iter(self._refused_at)))
+        if step >= 0:
+            key = (kind, step, src)
+            self._refusals[key] = self._refusals.get(key, 0) + 1
+        for d in (self._refused_at, self._refusals):
+            if len(d) > 1024:
+                d.pop(next(iter(d)))
         return "refuse", why
 
     # ---- what replicas of a stage share ---------------------------------------------------------

@@ -56,20 +56,26 @@ class Defence:
         if job.aggregate == "robust" and self.gate is None:
             self.gate = Gate(zeros_ok=job.precision == "fp16")  # fp16 sends an overflowed tensor as zeros
 
-    async def check_boundary(self, kind: str, src: str, step: int, mb: int, t) -> None:
+    async def check_boundary(self, kind: str, src: str, step: int, mb: int, t):
         """The gate on a received ``kind`` tensor of ``src``: a refused one fails the step, once
-        its sender's accusation is in the DHT (the planner reads it before it re-plans)."""
+        its sender's accusation is in the DHT (the planner reads it before it re-plans). Returns
+        the tensor to compute with in its place (one pardoned, scaled), or None: ``t`` as it is."""
         if self.gate is None:
-            return
+            return None
         verdict = self.gate.judge(kind, src, t, step, mb)
         if verdict is None:
-            return
+            return None
         what, why = verdict
+        if what == "pardon":  # the swarm kept its sender through the re-plans: taken, at the limit
+            log.warning("step %d: micro-batch %d's %s from %s: %s", step, mb, kind, self.name_of(src), why)
+            self.events({"kind": "pardoned", "peer": self.name_of(src), "step": step, "why": why[:200]})
+            self.on_suspect(src, step, mb)
+            return t * self.gate.pardoned[(kind, step, mb)]
         if what == "suspect":  # taken; its replicas recompute it
             log.info("step %d: micro-batch %d's %s from %s is odd (%s): naming it to its replicas' checks", step, mb,
                      kind, self.name_of(src), why)
             self.on_suspect(src, step, mb)
-            return
+            return None
         first = src not in self.gate_accused
         self.gate_accused.setdefault(src, step)
         log.warning("step %d: refusing micro-batch %d's %s from %s: %s; accusing it", step, mb, kind,

@@ -95,8 +95,9 @@ class PipelineTransport:
         # each gradient-sum bucket of this stage (its parts are charged as that layer's parameters)
         self.charges = None
         self.bucket_layers: list[int] = []
-        # (kind, sender, step, micro-batch, tensor) -> None, or raises StepFailed: the defence's gate
-        self.check: Optional[Callable[[str, str, int, int, torch.Tensor], Awaitable[None]]] = None
+        # (kind, sender, step, micro-batch, tensor) -> None, a tensor to use instead, or raises
+        # StepFailed: the defence's gate
+        self.check: Optional[Callable[[str, str, int, int, torch.Tensor], Awaitable[Optional[torch.Tensor]]]] = None
         # (peer, header, buffers) of each message as it crossed the wire: the verifier's ledger
         self.sent_hook: Optional[Callable] = None
         self.received_hook: Optional[Callable] = None
@@ -176,7 +177,9 @@ class PipelineTransport:
         src = self._route[GRAD if kind == ACT else ACT][mb]
         t = await self.receive((kind, step, mb), kind, src)
         if self.check is not None:
-            await self.check(kind, src, step, mb, t)
+            instead = await self.check(kind, src, step, mb, t)
+            if instead is not None:
+                t = instead
         return t
 
     async def receive(self, key: tuple[str, int, int], kind: str, src: str) -> torch.Tensor:

@@ -3,11 +3,14 @@ import os
 import signal
 import time
 
+import pytest
+
 from spantrain_p2p.launch.processes import wait_until
 
 SLOW = "tests.slow_user_model:slow_mlp"
 
 
+@pytest.mark.serial  # times its answers and its event loop: three tests at a time here held the loop 1.07 s once
 def test_a_founder_answers_status_and_the_dht_while_it_builds_and_profiles_its_model(peers):
     """Every build of the founder's model blocks its thread 1.5 s (hashing, checking, profiling and
     the stage each build it): the founder still answers /status within a second throughout, its

@@ -102,28 +102,24 @@ class Gate:
         dev, ref, what = worst
         why = "" if ref is None else (f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} of RMS {math.exp(lr):.3g}, {math.exp(abs(dev)):.3g}x "
                                       f"{'above' if dev > 0 else 'below'} {what} ({math.exp(ref):.3g})")
-        if abs(dev) > self.refuse_limit:
+        pardon = abs(dev) > self.refuse_limit
+        if pardon:
             if step < 0 or self._refusals.get((kind, step, src), 0) < PARDON_AFTER:
                 return self._refuse(kind, src, step, mb, why)
-            # kept by the swarm through PARDON_AFTER re-plans, the same again: taken, at most at the limit
+            # kept by the swarm through PARDON_AFTER re-plans, the same again: taken, at most at the
+            # limit, and remembered as it came (a spike is one of the window: the level moves only if it stays)
             scale = min(1.0, math.exp(self.refuse_limit - dev))
             self.pardoned[(kind, step, mb)] = scale
             if len(self.pardoned) > 64:
                 self.pardoned.pop(next(iter(self.pardoned)))
-            # remembered as it came (a spike is one of the window: the level moves only if it stays)
-            self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
-            self.accepted += 1
-            self.seen_at[(kind, src)] = self.accepted
-            self.suspected[src] = self.suspected.get(src, 0) + 1
-            self.odd.add(step)
-            return "pardon", f"{why}, refused {PARDON_AFTER} times: taken scaled by {scale:.3g}"
+            why = f"{why}, refused {PARDON_AFTER} times: taken scaled by {scale:.3g}"
         self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
         self.accepted += 1
         self.seen_at[(kind, src)] = self.accepted
         if abs(dev) > self.suspect_limit:
             self.suspected[src] = self.suspected.get(src, 0) + 1
             self.odd.add(step)
-            return "suspect", why
+            return ("pardon" if pardon else "suspect"), why
         self.max_dev[kind] = max(self.max_dev.get(kind, 0.0), abs(dev))
         return None
 

@@ -127,3 +127,28 @@ def test_flop_counts_are_cached_per_structure_and_shape():
     b = cache.phase_flops(layers[1], (torch.randn(4, 16, 32),))
     assert len(cache) == 2 and b.F == pytest.approx(2 * a.F)
     assert cache.flops(layers[1], "W", (x,)) == a.W
+
+
+def test_counting_flops_in_one_thread_leaves_another_threads_backward_alone():
+    """A LocalSwarm's peers share one process: one profiling (counting flops) while another trains.
+    torch's counter split by module through process-wide module hooks, which put gradient hooks on
+    the other thread's tensors; its ``autograd.grad`` to a leaf input then failed."""
+    from spantrain_p2p.profile import virtual
+
+    counting, done = threading.Event(), threading.Event()
+
+    def count():
+        with virtual._counter():
+            counting.set()
+            done.wait(30)
+
+    t = threading.Thread(target=count)
+    t.start()
+    try:
+        assert counting.wait(30)
+        layer, x = nn.Linear(8, 8), torch.randn(4, 8, requires_grad=True)
+        (g,) = torch.autograd.grad(layer(x).sum(), [x])  # raised RuntimeError with torch's module split
+        assert g.shape == x.shape
+    finally:
+        done.set()
+        t.join(30)

@@ -262,7 +262,26 @@ def _counter() -> Any:
         op = getattr(torch.ops.aten, name, None)
         if op is not None and op not in fc.flop_registry:
             extra[op] = formula
-    return fc.FlopCounterMode(display=False, custom_mapping=extra)
+    counter = fc.FlopCounterMode(display=False, custom_mapping=extra)
+    counter.mod_tracker = _NoModuleSplit()
+    return counter
+
+
+class _NoModuleSplit:
+    """Stands in for FlopCounterMode's ModuleTracker, whose per-module split (unused here: only the
+    total is read) works by module hooks that are global to the process: a peer profiling in one
+    thread put them on every other thread's forward passes too, and a LocalSwarm peer training
+    beside it then failed its backward ("A leaf node was passed to _will_engine_execute_node but
+    we are currently running autograd.grad()"; the README's example hung on it once). The counting
+    mode itself is per thread."""
+
+    parents = frozenset({"Global"})  # every count goes to the total
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return None
 
 
 def layer_inputs(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -301,8 +301,8 @@ class Coordinator:
             ids = sorted(r.peer_id for r in ready_peers(self.peer))
             if current is None and len(ids) < job.peers:
                 return
-        if current is not None and not improve:
-            ids = await self._without_the_dead(current, ids)
+        if current is not None:  # an improving re-plan too: one read as a kill slowed the steps
+            ids = await self._without_the_dead(current, ids)  # planned on the dead peer (CI, 2026-11-27)
         live = {r.peer_id: r for r in self.peer.live_members()}
         names = {p: r.name for p, r in live.items()}
         epoch = (current.epoch if current else 0) + 1

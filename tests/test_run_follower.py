@@ -72,3 +72,25 @@ def test_a_chaos_event_not_yet_due_does_not_hold_back_one_that_is():
     f.fire_chaos(sts)
     assert launched == ["p9"] and [c.action for _, c in f.chaos] == ["degrade"]
     assert [e["kind"] for e in f.events] == ["join"]
+
+
+def _training(epoch, step, state="training"):
+    return {"state": state, "train": {"plan": {"epoch": epoch}, "step": step, "stage": 0}}
+
+
+def test_a_kill_is_recovered_by_a_newer_epoch_past_the_step_or_at_once_outside_the_map():
+    """A killed stage peer needs a newer epoch that trains past the step reached; a killed peer the
+    map in force does not hold (a relay, a spare) needs no re-plan: that map training past the step
+    is its recovery (CI once ended a run with such a kill never marked recovered)."""
+    f = RunFollower([], None, lambda *a: None, [])
+    f.t0 = 0.0
+    f.plans = {2: {"stages": [{"peers": ["b", "c"]}]}}
+    inside = {"kind": "kill", "target": "b", "step": 40, "t_s": 0.0, "epoch_before": 2}
+    outside = {"kind": "kill", "target": "a", "step": 40, "t_s": 0.0, "epoch_before": 2}
+    f.pending_recovery = [inside, outside]
+    f.check_recovery([(None, _training(2, 40)), (None, _training(2, 41))])
+    assert "recovery_s" not in outside and "recovery_s" not in inside  # not past step 40 yet
+    f.check_recovery([(None, _training(2, 41)), (None, _training(2, 42))])
+    assert outside["recovery_s"] is not None and "recovery_s" not in inside
+    f.check_recovery([(None, _training(3, 41)), (None, _training(3, 41, "done"))])
+    assert inside["recovery_s"] is not None and f.pending_recovery == []

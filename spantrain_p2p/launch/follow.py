@@ -151,10 +151,15 @@ class RunFollower:
                 self.say(f"re-planned {ev['replan_s']}s after {ev['kind']} {ev['target']} (epoch {ev['epoch_after']})")
 
     def check_recovery(self, sts) -> None:
-        """An event is recovered once a newer epoch runs past the step the swarm had reached."""
+        """An event is recovered once a newer epoch runs past the step the swarm had reached; a kill of
+        a peer outside the map in force (a spare, a relay) once that map's peers do."""
         for ev in list(self.pending_recovery):
+            before = self.plans.get(ev["epoch_before"])
+            outside = ev["kind"] == "kill" and before is not None and \
+                all(ev["target"] not in s["peers"] for s in before["stages"])
             newer = [st for _, st in sts if (st.get("train") or {}).get("plan")
-                     and st["train"]["plan"]["epoch"] > ev["epoch_before"] and st["state"] in ("training", "done")]
+                     and st["train"]["plan"]["epoch"] >= ev["epoch_before"] + (not outside)
+                     and st["state"] in ("training", "done")]
             if newer and self._past(newer, ev):
                 ev["recovery_s"] = round(time.monotonic() - self.t0 - ev["t_s"], 2)
                 self.pending_recovery.remove(ev)

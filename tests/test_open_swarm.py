@@ -258,8 +258,14 @@ def test_budget_attacks_on_a_training_swarm_leave_the_members_training_and_newco
                 await asyncio.sleep(2.0)
                 s0 = (await asyncio.to_thread(a.status))["train"]["steps_done"]
                 got_in = await budget_attacks.newcomer_gets_in(host, int(port))
-                await asyncio.sleep(2.0)
-                s1 = (await asyncio.to_thread(a.status))["train"]["steps_done"]
+                # the members' steps advance under the attack: waited for (up to 30 s: a loaded box's step
+                # or a re-plan takes seconds; a fixed 2 s saw none in CI once), not read after a fixed 2 s
+                for _ in range(60):
+                    await asyncio.sleep(0.5)
+                    st = await asyncio.to_thread(a.status)
+                    s1 = st["train"]["steps_done"]
+                    if s1 > s0 or st["state"] == "done":
+                        break
                 stop.set()
                 out[attack] = (got_in, s1 - s0, (await task).to_dict())
             return out

@@ -18,7 +18,7 @@ def _reference_losses() -> concurrent.futures.Future:
     does not depend on how many steps the run has (the batch of a step is (seed, step, index)).
     Computed in a thread (~15 s here) while the first test's swarm runs, which mostly waits."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reference")
-    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=240), 240)[0]))  # the longest run here
+    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=360), 360)[0]))  # the longest run here
     pool.shutdown(wait=False)
     return future
 
@@ -51,14 +51,20 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
 
 
 def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(tmp_path):
-    steps = 240  # lan-4 runs ~10 steps a second: the joiners are measured and planned in (~step 165) before the end
+    # lan-4 runs 5-10 steps a second: the joiners are measured and planned in (~step 185 alone, 37 s
+    # after they were started) well before the end; 240 steps left too little room on a loaded box
+    steps = 360
     reference = _reference_losses()
     out = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", str(steps), "--chaos", "join:p2@step=5",
                          "--chaos", "join:p3@step=5", "--run-dir", str(tmp_path))
     assert out["lost_steps"] == 0 and len(out["losses"]) == steps
-    first, last = out["plans"][0], out["plans"][-1]
+    first = out["plans"][0]
+    assert not {"p2", "p3"} & {p for s in first["stages"] for p in s["peers"]}
+    # a plan after the join uses both (a later one may plan a peer out again where a loaded box's
+    # link estimates make fewer peers faster: CI's last plan once held p0 and p3 only)
+    last = next((p for p in out["plans"][1:] if {"p2", "p3"} <= {q for s in p["stages"] for q in s["peers"]}), None)
+    assert last is not None, out["plans"]
     used = {p for s in last["stages"] for p in s["peers"]}
-    assert {"p2", "p3"} <= used and not {"p2", "p3"} & {p for s in first["stages"] for p in s["peers"]}
     assert out["replans"] >= 1 and all(e.get("recovery_s") is not None for e in out["events"]), out["events"]
     ref = reference.result()[:steps]
     worst = max(abs(a - b) / b for a, b in zip(out["losses"], ref))

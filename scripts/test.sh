@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then runs the whole test suite. Extra arguments go to pytest.
 # Three tests run at a time on this 2-core box (most of them wait on peers and links more than they
-# compute: 437 s against 523 s two at a time, 2026-11-26), except the ones marked serial, which
-# measure times, rates or deadlines: those run alone, afterwards. The slowest are named at the end.
+# compute: 437 s against 523 s two at a time, 2026-11-26), but no more than two of those marked
+# heavy (swarms of peer processes; tests/conftest.py), except the ones marked serial, which measure
+# times, rates or deadlines: those run alone, afterwards. The slowest are named at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh || exit 1

@@ -50,3 +50,43 @@ def no_process_left_behind():
         except ProcessLookupError:
             pass
     assert not left, f"tests left processes behind: {left}"
+
+
+# Tests marked `heavy` (tens of seconds alone: most start a swarm of peer processes, a LocalSwarm
+# or a virtual internet; a few search plans) time their training by events, but three of them at
+# once on this 2-core box put twelve peers and their daemons on two cores, and each one's
+# timing-sensitive parts (link estimates, step deadlines, a joiner's measuring) then ran several
+# times slower than alone: the failures CI saw came from there. At most HEAVY_SLOTS of them run at a
+# time; the other worker takes the light tests meanwhile. The slot is taken before the test's timeout
+# starts (this wrapper is outside pytest-timeout's), so waiting for one does not count against it.
+HEAVY_SLOTS = int(os.environ.get("SPANTRAIN_TEST_HEAVY_SLOTS", "2"))
+
+
+def _take_slot(folder: str):
+    import fcntl
+    import time
+
+    os.makedirs(folder, exist_ok=True)
+    while True:
+        for i in range(HEAVY_SLOTS):
+            f = open(os.path.join(folder, f"slot{i}"), "w")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel if the worker dies
+                return f
+            except BlockingIOError:
+                f.close()
+        time.sleep(0.2)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # set in xdist's workers only
+    if run is None or item.get_closest_marker("heavy") is None:
+        yield
+        return
+    # every worker's base temp is a folder of this run's (pytest-N/popen-gwK): the slots sit beside them
+    slot = _take_slot(str(item.config._tmp_path_factory.getbasetemp().parent / f"heavy-slots-{run}"))
+    try:
+        yield
+    finally:
+        slot.close()

@@ -2,6 +2,7 @@
 fastest network group with the slow links left out. The planner, free to span regions, is never
 slower, and is faster where one region is not enough."""
 from __future__ import annotations
+import pytest
 
 import math
 
@@ -18,6 +19,7 @@ def _snap(name):
     return Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))
 
 
+@pytest.mark.heavy
 def test_best_region_uses_the_peers_of_one_network_group_only():
     for name in ("cee-3region", "edge-volunteers"):
         snap = _snap(name)
@@ -28,6 +30,7 @@ def test_best_region_uses_the_peers_of_one_network_group_only():
         assert any(used <= g for g in groups), (name, used)
 
 
+@pytest.mark.heavy
 def test_the_planner_is_never_slower_than_best_region_and_faster_when_it_spans_regions():
     """Offline, the 1.3B-parameter planning model at 256 samples a step (scenario units)."""
     ratios = {}

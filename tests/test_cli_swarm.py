@@ -18,6 +18,7 @@ def counts(procs):
     return [p.status()["member_count"] for p in procs]
 
 
+@pytest.mark.heavy
 def test_eight_peers_form_a_swarm_and_drop_crashed_and_leaving_peers(peers):
     swarm = f"t8-{os.getpid()}"
     first = peers("p0", "--swarm", swarm, *HB)
@@ -79,6 +80,7 @@ def run_peer(*args, timeout=60):
     return r, time.monotonic() - t0
 
 
+@pytest.mark.heavy
 def test_unreachable_join_address_fails_clearly_within_30s():
     dead = "/ip4/127.0.0.1/tcp/9/p2p/QmXXUgodthQmyYW48giHDZjneJB5BaNXPTjTAYVToTxEPv"
     r, took = run_peer("--join", dead)
@@ -86,6 +88,7 @@ def test_unreachable_join_address_fails_clearly_within_30s():
     assert "could not join" in r.stderr or "no peer of" in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.heavy
 def test_malformed_multiaddr_is_named():
     r, _ = run_peer("--join", "/ip4/localhost/tcp/x")
     assert r.returncode != 0 and "malformed multiaddr '/ip4/localhost/tcp/x'" in r.stderr
@@ -102,6 +105,7 @@ def test_a_port_in_use_gives_a_clear_error():
         assert r.returncode != 0 and "error" in r.stderr and str(port) in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.heavy
 def test_swarm_command_launches_a_scenario_and_stops_every_peer(tmp_path):
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
                         "--duration", "1", "--json", "--run-dir", str(tmp_path)],

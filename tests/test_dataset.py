@@ -62,6 +62,7 @@ def wait_done(procs, timeout):
     wait_until(all_done, timeout, interval=0.3)
 
 
+@pytest.mark.heavy
 def test_four_peers_train_on_a_local_corpus_like_one_process(corpus, tmp_path):
     data, tok = corpus
     steps = 15

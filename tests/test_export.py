@@ -12,6 +12,7 @@ from spantrain_p2p.models.checkpoint import write_layers
 from spantrain_p2p.job.spec import JobSpec
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny"])
 def test_an_exported_checkpoint_loads_in_transformers_with_the_same_loss(preset, tmp_path):
     from transformers import AutoModelForCausalLM

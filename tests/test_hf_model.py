@@ -139,6 +139,7 @@ def _pretrained_llama_dir(path, vocab):
     return f"hf:{path}"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("which", ["gpt2-tiny", "llama-dir"])
 def test_four_peers_train_a_transformers_model_like_single_process_transformers(which, corpus, tmp_path):
     """2 stages x 2 replicas on lan-4, a local corpus and a tokenizer trained on it: gradients after

@@ -27,6 +27,7 @@ def _reports(run_dir) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(pathlib.Path(run_dir, "reports").glob("*.json"))]
 
 
+@pytest.mark.heavy
 def test_islands_train_on_their_own_data_and_end_with_the_same_weights(tmp_path):
     """With --island-split 2: each island takes a data step as two optimizer steps of half its
     micro-batches, and the data step's loss is all its micro-batches'."""
@@ -62,6 +63,7 @@ def test_islands_train_on_their_own_data_and_end_with_the_same_weights(tmp_path)
     assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5
 
 
+@pytest.mark.heavy
 def test_a_peer_killed_mid_round_costs_its_islands_the_round_and_the_run_finishes(tmp_path):
     """a2 dies: the planner re-plans the islands without it, every island resumes from the outer
     state of the latest round every layer still has (fetched from the other island where a peer

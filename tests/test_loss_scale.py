@@ -79,6 +79,7 @@ def test_the_scale_survives_a_checkpoint_and_comes_back_with_the_layers(tmp_path
     assert (got.scale, got.growth_tracker) == (2.0 ** 22, 5)
 
 
+@pytest.mark.heavy
 def test_a_swarm_in_fp16_skips_the_steps_gradscaler_skips(tmp_path):
     """An initial scale of 2^30 overflows fp16 for the first 12 steps. 4 peers (2 stages x 2
     replicas: overflowed parts of the gradient sum too) skip every step one process with GradScaler

@@ -77,6 +77,7 @@ async def test_a_spot_checks_recomputation_leaves_nothing_of_its_micro_batch_beh
     assert graphs() == before
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 async def test_full_recomputation_trains_bit_identically_on_a_fraction_of_the_activations(schedule):
     """Tiny Llama, 2 stages x 2 replicas: fp32 losses equal to the last bit with and without full
@@ -153,6 +154,7 @@ def test_the_planner_finds_a_plan_with_recomputation_where_none_fits_without():
     assert all(st.recompute == "none" for st in roomy.stages)
 
 
+@pytest.mark.heavy
 def test_peers_too_small_for_the_activations_train_with_the_planners_recomputation(tmp_path):
     """peers/tight-memory.toml: 2 peers of 12 MB; the tiny Llama at 8 x 128 tokens needs ~18 MB a
     peer as it is (so ``--recompute none`` finds no plan, ``test_the_planner_finds...``). The planner
@@ -206,6 +208,7 @@ def _train_step(job: JobSpec, layers, opt, step: int) -> float:
     return float(loss.detach())
 
 
+@pytest.mark.heavy
 def test_8bit_adam_keeps_a_quarter_of_the_state_trains_like_adam_and_survives_a_snapshot():
     """torchao's Adam8bit on the built-in model: its state measured as the tensors hold it (codes and
     block scales) is under 30 % of Adam's; 30 steps land within 2 % of Adam's loss; and a layer state

@@ -1,4 +1,5 @@
 """A model that fits in no peer's memory stops the swarm before training, saying why with figures."""
+import pytest
 import subprocess
 import sys
 
@@ -30,6 +31,7 @@ device = "small"
 """
 
 
+@pytest.mark.heavy
 def test_a_model_that_fits_nowhere_fails_before_training_with_a_clear_message(tmp_path):
     path = tmp_path / "tiny-memory.toml"
     path.write_text(SCENARIO)

@@ -43,6 +43,7 @@ def network(p) -> dict:
     return p.status(timeout=30)["network"]
 
 
+@pytest.mark.heavy
 def test_four_hosts_on_a_virtual_internet_train_exactly_as_one_process(tmp_path):
     steps = 30
     with hosts.World() as world:
@@ -61,6 +62,7 @@ def test_four_hosts_on_a_virtual_internet_train_exactly_as_one_process(tmp_path)
           f"{out['samples_per_s']} samples/s")
 
 
+@pytest.mark.heavy
 def test_peers_behind_home_routers_train_over_reversed_punched_and_relayed_paths(tmp_path):
     """a, b public; c, d behind endpoint-independent NAT; e behind symmetric NAT; 5 stages (one each).
     Every peer asks for --encrypt: the handshake and its keys are end to end on every path (a relay
@@ -110,6 +112,7 @@ def test_a_relay_killed_mid_run_the_pair_behind_symmetric_nat_goes_on_and_nothin
           f"{len(out['losses'])} of {steps} steps")
 
 
+@pytest.mark.heavy
 def test_a_peer_nobody_can_reach_and_with_no_path_says_so_and_exits(tmp_path):
     """The founder sits behind a home router that forwards its p2p port (4001) but not its data
     plane's: the joiner, behind symmetric NAT, joins the DHT, but nobody can dial it back and no

@@ -1,5 +1,6 @@
 """An open swarm keeps its records: what a DHT node of the swarm stores is validated at store time
 (``swarm.validator``), so a process that never joined cannot overwrite, outlive or replay them."""
+import pytest
 import asyncio
 import time
 
@@ -184,6 +185,7 @@ def test_one_address_takes_only_its_share_of_slots_and_of_handshakes():
     assert Limits(stall_timeout_s=30, min_rate_bytes_s=1 << 20).frame_deadline_s(10 << 20) == 40
 
 
+@pytest.mark.heavy
 async def test_an_idle_connection_and_a_trickled_frame_are_closed():
     from spantrain_p2p.net.budget import Limits
     from spantrain_p2p.net.dataplane import DataPlaneServer

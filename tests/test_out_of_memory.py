@@ -100,6 +100,7 @@ def _swarm(tmp_path, *flags):
     return r, run
 
 
+@pytest.mark.heavy
 def test_a_fixed_plan_that_runs_out_of_memory_turns_recomputation_on_and_loses_no_step(tmp_path):
     """peers/tight-memory.toml (12 MB devices), 2 fixed stages of the tiny Llama at 8 x 128 tokens:
     neither stage fits as it is; each peer's first step fails on its virtual device, and the next maps
@@ -116,6 +117,7 @@ def test_a_fixed_plan_that_runs_out_of_memory_turns_recomputation_on_and_loses_n
         assert mem["recompute"] == "full" and mem["measured"]["peak"] < 0.0112 * 2**30, (path.name, mem)
 
 
+@pytest.mark.heavy
 def test_a_fixed_plan_without_recomputation_stops_saying_who_ran_out(tmp_path):
     r, _ = _swarm(tmp_path, "--recompute", "none")
     assert r.returncode != 0

@@ -45,6 +45,7 @@ def test_a_founder_answers_status_and_the_dht_while_it_builds_and_profiles_its_m
     wait_until(lambda: joiner.status()["member_count"] == 2, 30)
 
 
+@pytest.mark.heavy
 def test_a_joiner_retries_a_founder_that_does_not_answer_at_first(peers):
     """The founder is stopped (SIGSTOP) while a peer joins: its p2p daemon accepts the connection but
     nobody answers the DHT ping. The joiner says so, tries again with backoff, and joins once the

@@ -35,6 +35,7 @@ async def test_every_schedule_gives_the_single_process_gradients_and_losses(sche
         assert abs(got - want) <= 1e-4 * abs(want)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
 async def test_every_schedule_with_replicated_stages_gives_the_single_process_gradients(schedule):
     from dataclasses import replace
@@ -116,6 +117,7 @@ def test_gradient_buckets_follow_layers_and_split_big_ones():
     assert b == [(0, [(0, 10), (1, 20)]), (2, [(2, 300)]), (2, [(3, 5), (4, 5)])]
 
 
+@pytest.mark.heavy
 async def test_bf16_trains_like_fp32_with_two_byte_values_between_stages():
     """bf16 autocast with fp32 master weights: 3 stages, 30 steps; the loss stays within 2 % of fp32
     and every activation and gradient between stages is bfloat16."""

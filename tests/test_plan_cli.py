@@ -17,6 +17,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
+@pytest.mark.heavy
 def test_plan_a_scenario_as_json(capsys):
     rc, out, _ = _run(capsys, "--scenario", "peers/cee-3region.toml", "--json")
     assert rc == 0
@@ -36,6 +37,7 @@ def test_plan_a_scenario_as_json(capsys):
     assert planner["samples_per_s"] >= 1.2 * d["baselines"]["best-region"]["samples_per_s"]  # it spans regions
 
 
+@pytest.mark.heavy
 def test_the_plan_gives_the_islands_and_the_auto_pick_beside_the_global_plan_and_each_stage_s_levers(capsys):
     """Two sites, GPT-2: two islands, and what --sync auto would run (here the global plan, predicted
     faster) with its reason, as `spantrain swarm` plans them; every stage names its lever."""
@@ -50,6 +52,7 @@ def test_the_plan_gives_the_islands_and_the_auto_pick_beside_the_global_plan_and
     assert all(st["recompute"] in ("none", "full") for st in d["planner"]["stages"])
 
 
+@pytest.mark.heavy
 def test_plan_a_synthetic_swarm(capsys):
     rc, out, _ = _run(capsys, "--synthetic-peers", "40", "--regions", "4", "--seed", "3", "--global-batch", "256", "--json")
     assert rc == 0
@@ -105,6 +108,7 @@ def test_peers_too_small_get_a_plan_only_with_recomputation(capsys):
     assert any(st["recompute"] == "full" for st in stages)
 
 
+@pytest.mark.heavy
 def test_a_7b_model_fits_consumer_gpus_only_with_the_memory_levers(capsys):
     """peers/consumer-gpus.toml: 16 cards of 8 and 10 GB; Llama-7B's training state alone (~108 GB)
     needs all of them, and its activations only fit recomputed: no plan without the levers; with

@@ -16,6 +16,7 @@ from spantrain_p2p.plan.types import ModelProfile, Snapshot, default_planning_mo
 GPT13 = ModelProfile.from_model_config(default_planning_model())
 
 
+@pytest.mark.heavy
 def test_dp_is_within_five_percent_of_exhaustive_search_on_small_instances():
     """6 peers, 8 layers, 8 random instances; both searches use the same cost model and the same
     rule for a stage (replicas of one compute class of one network group)."""
@@ -44,6 +45,7 @@ def _speedup(name: str) -> float:
     return mine.samples_per_s / best_baseline
 
 
+@pytest.mark.heavy
 def test_planner_beats_the_best_baseline_by_half_again_on_cee_3region():
     assert _speedup("cee-3region") >= 1.5
 
@@ -52,6 +54,7 @@ def test_planner_beats_the_best_baseline_twice_over_on_edge_volunteers():
     assert _speedup("edge-volunteers") >= 2.0
 
 
+@pytest.mark.heavy
 def test_a_thousand_peers_in_ten_regions_plan_in_seconds():
     snap = synthetic_swarm(1000, 10, seed=0)
     t0 = time.process_time()
@@ -64,6 +67,7 @@ def test_a_thousand_peers_in_ten_regions_plan_in_seconds():
     assert result.plan.samples_per_s > 0 and result.plan.num_stages > 1
 
 
+@pytest.mark.heavy
 def test_the_plan_does_not_depend_on_the_order_peers_are_listed_in():
     snap = Snapshot.from_scenario(scenario.load("peers/edge-volunteers.toml"))
     shuffled = list(snap.peers)
@@ -73,6 +77,7 @@ def test_the_plan_does_not_depend_on_the_order_peers_are_listed_in():
     assert a.to_dict() == b.to_dict()
 
 
+@pytest.mark.heavy
 def test_stages_keep_all_reduce_inside_a_network_group():
     snap = Snapshot.from_scenario(scenario.load("peers/edge-volunteers.toml"))
     result = plan(snap, GPT13)

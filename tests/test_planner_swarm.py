@@ -1,4 +1,5 @@
 """A live swarm agrees on its region groups and its planner; a killed planner is replaced."""
+import pytest
 import os
 import signal
 import time
@@ -8,6 +9,7 @@ from spantrain_p2p.launch import wait_until
 SCENARIO = "peers/trace-drop.toml"  # 2 regions of 2 peers
 
 
+@pytest.mark.heavy
 def test_peers_agree_on_groups_and_planner_and_replace_a_killed_planner(peers):
     swarm = f"agree-{os.getpid()}"
     common = ["--swarm", swarm, "--emulate-t0", str(time.monotonic() + 1e6)]  # no trace drop during the test

@@ -28,6 +28,7 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.heavy
 def test_the_readmes_python_example_runs_as_written(tmp_path):
     """Exactly the README's code block, in a fresh interpreter in an empty directory: 30 steps' losses
     as they come, then a transformers model loaded from what the swarm gave back."""
@@ -92,6 +93,7 @@ def _port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+@pytest.mark.heavy
 def test_ctrl_c_in_a_synchronous_run_stops_it_and_leaves_no_process_or_port_behind(tmp_path):
     """A script without asyncio trains a long job; Ctrl-C (SIGINT) after step 1 ends it with
     KeyboardInterrupt, and its peers' p2p daemons and every port they listened on are gone."""

@@ -40,6 +40,7 @@ def _plan(capsys, name, workload):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_a_7b_model_no_region_can_hold_is_planned_across_regions_ahead_of_every_baseline(capsys):
     d = _plan(capsys, "volunteers-real", "hf:llama-7b")
     assert d["workload"]["params"] == pytest.approx(6.74e9, rel=0.01)
@@ -52,6 +53,7 @@ def test_a_7b_model_no_region_can_hold_is_planned_across_regions_ahead_of_every_
     assert 0 < p["of_aggregate_bound"] < 1 and d["aggregate_bound_samples_per_s"] > p["samples_per_s"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", REAL)
 def test_on_realistic_worlds_the_planner_is_never_behind_a_baseline(capsys, name):
     for workload in ("hf:gpt2-xl", "hf:llama-7b"):

@@ -23,6 +23,7 @@ def _reference_losses() -> concurrent.futures.Future:
     return future
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("victim", ["worker", "planner"])
 def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
     reference = _reference_losses()

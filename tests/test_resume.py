@@ -1,5 +1,6 @@
 """Checkpoints in safetensors, one file per layer and step, and a swarm resumed from one onto
 another stage layout that trains on exactly as if it had never stopped."""
+import pytest
 import os
 import subprocess
 import sys
@@ -69,6 +70,7 @@ for step in range(1, 31):
 """
 
 
+@pytest.mark.heavy
 def test_replicas_of_a_stage_write_the_same_files_into_one_directory_at_once(tmp_path):
     """4 replicas of one stage in one local swarm share --checkpoint-dir: no write trips another's
     (each writes and prunes the same layer's files, here without waiting for the others)."""
@@ -87,6 +89,7 @@ def _swarm(tmp_path, tag, *args):
     return swarm_json(tmp_path / tag, *args)
 
 
+@pytest.mark.heavy
 def test_a_swarm_resumed_onto_another_stage_count_trains_on_as_if_it_never_stopped(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     ref, _ = reference_run(JobSpec(steps=40), 40)

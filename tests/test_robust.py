@@ -1,5 +1,6 @@
 """Robust aggregation (``robust.aggregate``), verdicts and the attack harness's forgeries: pure
 functions over tensors."""
+import pytest
 import torch
 
 from spantrain_p2p.robust import attacks
@@ -87,6 +88,7 @@ def test_a_peer_is_evicted_by_most_other_replicas_of_its_stage_and_a_lone_liar_e
     assert evictions({"a": A("other", ["d"]), "b": A("other", ["d"])}, stages, "job") == {}
 
 
+@pytest.mark.heavy
 def test_a_byzantine_replica_is_clipped_convicted_and_evicted_and_the_run_loses_no_step(tmp_path):
     """One of 4 replicas of a stage sends -1000 x its gradient from the first step: the robust sum
     clips it, the other three convict it within a few steps, the planner evicts it, the step in
@@ -163,6 +165,7 @@ def test_a_replayed_part_convicts_and_the_sum_stays_what_every_replica_adds_up()
     assert not hasattr(d, "weights")
 
 
+@pytest.mark.heavy
 def test_pipeline_replicas_forging_what_they_send_are_refused_or_recomputed_and_evicted(tmp_path):
     """Two stages of four replicas; one replica sends its neighbours 100 x its tensors (the gate at
     the receiver refuses the first one: evicted at once), another adds noise of the same norm (the

@@ -1,4 +1,5 @@
 """Training across real peer processes on loopback, checked against single-process training."""
+import pytest
 import asyncio
 import glob
 import os
@@ -34,6 +35,7 @@ def wait_done(procs, timeout):
         raise TimeoutError(f"{e}\n" + "\n".join(f"--- {p.name}:\n{p.log_tail(40)}" for p in procs)) from None
 
 
+@pytest.mark.heavy
 def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_path):
     """1 peer defines the job, 3 join by hand: gradients after step 0 and 30 losses match the reference."""
     swarm, steps, grads_dir = f"hand-{os.getpid()}", 30, str(tmp_path / "grads")
@@ -69,6 +71,7 @@ def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_pa
           f"over {steps} steps; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
 
+@pytest.mark.heavy
 def test_replicated_stages_average_gradients_and_train_like_one_process(tmp_path):
     """lan-4 as 2 stages of 2 data-parallel replicas: same gradients and losses as one process."""
     steps, grads_dir = 20, str(tmp_path / "grads")
@@ -86,6 +89,7 @@ def test_replicated_stages_average_gradients_and_train_like_one_process(tmp_path
             assert rel(g, ref_grads[k]) <= 1e-5, k
 
 
+@pytest.mark.heavy
 def test_a_user_model_trains_through_spantrain_swarm(tmp_path):
     steps = 20
     summary = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", str(steps), "--model", USER, "--no-measure",
@@ -100,6 +104,7 @@ def test_a_user_model_trains_through_spantrain_swarm(tmp_path):
     assert summary["losses"][-1] < summary["losses"][0] - 0.5
 
 
+@pytest.mark.heavy
 def test_a_joiner_refuses_a_job_it_may_not_run_and_the_others_carry_on(peers):
     swarm = f"refuse-{os.getpid()}"
     origin = peers("origin", "--swarm", swarm, "--steps", "5", "--peers", "2", "--model", USER)
@@ -135,6 +140,7 @@ async def test_a_joiner_refuses_a_job_of_another_protocol_version(peers):
         assert f"protocol {PROTOCOL_VERSION + 1}" in log and "9.9.9" in log
 
 
+@pytest.mark.heavy
 def test_a_model_that_does_not_import_stops_the_run_at_once_with_the_reason(tmp_path):
     """A typo in --model: the peer that defines the job exits naming it, the launcher stops every peer."""
     r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/lan-4.toml",
@@ -218,6 +224,7 @@ async def test_a_stage_map_read_serves_this_peers_readers_until_news_or_its_age(
     assert len(reads) == 3
 
 
+@pytest.mark.heavy
 def test_a_peer_that_joins_a_fixed_plan_mid_run_waits_as_a_spare_and_is_done_with_the_job(peers):
     """A third peer joins after a fixed 2-stage plan started: no map takes it (a fixed plan is not
     re-planned for a newcomer), and once the two peers of the map are done, so is it (it waited for

@@ -14,6 +14,7 @@ def namespace_available() -> str:
     return "" if r.returncode == 0 else f"cannot create a network namespace: {r.stderr.strip()}"
 
 
+@pytest.mark.heavy
 def test_join_auto_finds_and_joins_a_swarm_on_the_lan():
     why = namespace_available()
     if why:

@@ -88,3 +88,15 @@ def test_ping_slots_start_after_the_last_peer_finished_and_take_turns():
 
 def test_no_slots_when_no_peer_has_short_links():
     assert ping_slots({"a": (False, 1.0), "b": (False, 2.0)}, {"a", "b"}, at_once=1, slot_s=0.5) is None
+
+
+def test_buddy_copies_are_spaced_to_land_within_an_interval():
+    from spantrain_p2p.train.decide import copy_every
+
+    mb = 1e6
+    assert copy_every([], 1.0) == 1 and copy_every([(19 * mb, 2.5 * mb)], 0.0) == 1  # nothing known
+    assert copy_every([(1 * mb, 100 * mb)], 0.1) == 1  # a copy in a fifth of a step
+    # 19 MB over 20 Mbit/s: 7.6 s a copy; twice that over 2 s steps: every 8 steps
+    assert copy_every([(19 * mb, 2.5 * mb), (1 * mb, 2.5 * mb)], 2.0) == 8
+    assert copy_every([(1e15, 1.0)], 0.1) == 10_000  # bounded
+    assert copy_every([(mb, float("nan"))], 1.0) == 1 and copy_every([(mb, 0.0)], 1.0) == 1

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -31,6 +32,10 @@ def test_placeholder_map_is_the_same_whatever_order_peers_are_listed_in():
     ({"stages": [{"peers": ["a"], "layers": [0, 5]}]}, "covers layers"),
     ({"stages": [{"peers": [], "layers": [0, 6]}]}, "non-empty"),
     ({"names": [["a"]]}, "names"),
+    ({"copy_every": 0}, "copy_every"),
+    ({"copy_every": 10_001}, "copy_every"),
+    ({"copy_every": True}, "copy_every"),
+    ({"copy_every": 2.0}, "copy_every"),
 ])
 def test_an_invalid_stage_map_is_rejected(patch, reason):
     d = placeholder_map(["a", "b"], 6, "j").to_dict()
@@ -42,6 +47,9 @@ def test_an_invalid_stage_map_is_rejected(patch, reason):
 def test_a_stage_map_round_trips():
     m = placeholder_map(["a", "b", "c"], 6, "j", epoch=4, names={"a": "cloud-1"})
     assert StageMap.from_dict(m.to_dict(), 6) == m
+    assert "copy_every" not in m.to_dict()  # 1, the default, is not written (older peers read the map)
+    slow = replace(m, copy_every=8)
+    assert StageMap.from_dict(slow.to_dict(), 6) == slow and slow.summary()["copy_every"] == 8
     assert m.summary()["stages"][0] == {"peers": ["cloud-1"], "layers": [0, 2], "microbatch_share": {"cloud-1": 1.0},
                                         "recompute": "none", "shard": False}
 
@@ -164,3 +172,27 @@ def test_a_relayed_pair_is_priced_for_the_relay_it_crosses():
     links = {"c": {"d": rows[0], "a": rows[1]}, "a": {"d": rows[2]}}
     snap = snapshot({p: prof for p in "acd"}, links, ["a", "c", "d"])
     assert snap.network.link("c", "d").bandwidth == pytest.approx(50e6 / 8)
+
+
+def test_buddy_copies_weigh_each_lone_stages_state_over_the_link_to_its_nearest_peer():
+    """A lone stage's layers go to the nearest other peer of the map (by RTT, as the peers choose):
+    the planner weighs their state (weights and Adam's two moments) over that link; a replicated
+    stage copies nothing."""
+    from spantrain_p2p.plan.types import Stage
+    from spantrain_p2p.train.planning import buddy_copies, model_profile, snapshot
+
+    job = JobSpec(steps=10)
+    prof = model_profile(job)
+    n = len(prof.layers)
+    rows = {("a", "b"): (5.0, 80.0), ("a", "c"): (1.0, 20.0), ("b", "c"): (2.0, 40.0), ("c", "d"): (1.0, 800.0),
+            ("b", "d"): (9.0, 800.0), ("a", "d"): (9.0, 800.0)}
+    links: dict = {}
+    for (x, y), (rtt, mbps) in rows.items():
+        for s, d in ((x, y), (y, x)):
+            links.setdefault(s, {})[d] = {"src": s, "dst": d, "rtt_ms": rtt, "mbps": mbps, "status": "ok"}
+    profs = {p: {"profile": {"effective_tflops": 1.0, "memory_bytes": 2**30}} for p in "abcd"}
+    snap = snapshot(profs, links, list("abcd"))
+    m = StageMap(1, job.job_id, (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,)),
+                                 Stage(("c", "d"), (2, n), (0.5, 0.5))))
+    state = [3 * prof.layers[i].param_bytes for i in range(2)]  # weights + two Adam moments
+    assert buddy_copies(m, job, snap) == [(state[0], 20e6 / 8), (state[1], 40e6 / 8)]  # a -> c, b -> c

@@ -68,3 +68,17 @@ def test_a_layer_is_whole_at_a_step_where_the_parts_held_lack_nothing_together()
              {0: {5: b, 6: w}, 1: {6: b}}]   # peer 2's
     assert state.covered(peers) == {0: [5]}  # layer 0 at step 6 lacks the weight's everywhere; layer 1 never both
     assert state.covered([]) == {}
+
+
+def test_a_store_keeps_the_latest_steps_and_the_latest_multiples_of_the_copy_interval():
+    """Buddy copies go after every 4th step and take a few steps to land: a peer keeps its own
+    snapshots of the last three multiples of 4 beside its latest three, so the step a dead peer's
+    copy was taken at is still held by every other peer (one step ahead or behind)."""
+    store = state.Store(keep_steps=3)
+    for step in range(0, 15):
+        store.put(1, step, [])
+    assert store.inventory() == {1: [12, 13, 14]}  # copies after every step: the latest three
+    store = state.Store(keep_steps=3)
+    for step in range(0, 15):
+        store.put(1, step, [], pin_every=4)
+    assert store.inventory() == {1: [4, 8, 12, 13, 14]}

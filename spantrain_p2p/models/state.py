@@ -165,17 +165,20 @@ class Store:
         self.keep = keep_steps
         self._d: dict[tuple[int, int], LayerState] = {}
 
-    def put(self, layer: int, step: int, state: LayerState, merge_parts: bool = False) -> None:
+    def put(self, layer: int, step: int, state: LayerState, merge_parts: bool = False, pin_every: int = 1) -> None:
         """Keeps ``state``, the newest, in place of what was held for (layer, step); with
         ``merge_parts``, a part completed from what was held (buddies' copies of one sharded layer,
-        from its replicas)."""
+        from its replicas). The layer's latest ``keep`` steps stay, and so do its latest ``keep``
+        steps that are multiples of ``pin_every`` (the steps buddy copies are taken at)."""
         held = self._d.get((layer, step))
         if merge_parts and held is not None:
             state = merge(state, held)
         self._d[(layer, step)] = state
         steps = sorted({s for (l, s) in self._d if l == layer})
+        pinned = set([s for s in steps if s % pin_every == 0][-self.keep:])
         for s in steps[: -self.keep]:
-            self._d.pop((layer, s), None)
+            if s not in pinned:
+                self._d.pop((layer, s), None)
 
     def get(self, layer: int, step: int) -> Optional[LayerState]:
         return self._d.get((layer, step))

@@ -16,6 +16,7 @@ from .types import RECOMPUTE, Stage, compression_ratio
 
 MAX_STAGES = 4096
 MAX_ISLANDS = 64
+MAX_COPY_EVERY = 10_000
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class StageMap:
     start_data_step: int = 0
     # peers convicted of attacking the job (``robust.verdicts``): refused by every peer from this map on
     evicted: tuple[str, ...] = ()
+    # buddy copies of layer states are sent after steps that are multiples of this, and every peer
+    # keeps its own snapshots of the last few such steps: where a copy takes longer than a step (a big
+    # stage on a slow link), a crash still finds a step every layer was kept at (``decide.copy_every``)
+    copy_every: int = 1
 
     @property
     def num_stages(self) -> int:
@@ -87,7 +92,7 @@ class StageMap:
         return StageMap(self.epoch, self.job_id, self.stages[first:last], self.start_step,
                         tuple(x for x in self.names if x[0] in peers), isl.schedule or self.schedule, self.term,
                         isl.predicted_step_s, self.bottleneck, self.error, isl.compression, self.reason,
-                        start_data_step=self.start_data_step)
+                        start_data_step=self.start_data_step, copy_every=self.copy_every)
 
     def stage_of(self, peer_id: str) -> Optional[int]:
         for i, s in enumerate(self.stages):
@@ -110,7 +115,8 @@ class StageMap:
                 **({"islands": [x.to_dict() for x in self.islands], "exchange_codec": self.exchange_codec,
                     "start_data_step": self.start_data_step} if self.islands else {}),
                 **({"sync_reason": self.sync_reason} if self.sync_reason else {}),
-                **({"evicted": list(self.evicted)} if self.evicted else {})}
+                **({"evicted": list(self.evicted)} if self.evicted else {}),
+                **({"copy_every": self.copy_every} if self.copy_every != 1 else {})}
 
     def summary(self) -> dict:
         """The contract form of the run summary: peers by name, layer ranges."""
@@ -126,7 +132,8 @@ class StageMap:
                                 for x, (a, b) in zip(self.islands, self.island_ranges())],
                     "exchange_codec": self.exchange_codec} if self.islands else {}),
                 **({"sync_reason": self.sync_reason} if self.sync_reason else {}),
-                **({"evicted": [self.name_of(p) for p in self.evicted]} if self.evicted else {})}
+                **({"evicted": [self.name_of(p) for p in self.evicted]} if self.evicted else {}),
+                **({"copy_every": self.copy_every} if self.copy_every != 1 else {})}
 
     @classmethod
     def from_dict(cls, d: Any, num_layers: int) -> "StageMap":
@@ -215,8 +222,11 @@ class StageMap:
         if not isinstance(evicted, list) or len(evicted) > MAX_STAGES or not all(
                 isinstance(p, str) and len(p) <= 128 for p in evicted) or seen & set(evicted):
             raise ValueError("stage map evicted must be a list of peer ids not in its stages")
+        every = d.get("copy_every", 1)
+        if not (isinstance(every, int) and not isinstance(every, bool) and 1 <= every <= MAX_COPY_EVERY):
+            raise ValueError(f"stage map copy_every must be an int from 1 to {MAX_COPY_EVERY}")
         return cls(epoch, job_id, tuple(stages), start, tuple((a, b) for a, b in names), schedule, term,
-                   float(pred), bottleneck, error, comp, reason, islands, codec, why, sds, tuple(evicted))
+                   float(pred), bottleneck, error, comp, reason, islands, codec, why, sds, tuple(evicted), every)
 
 
 def _ranges(islands: tuple[Island, ...]) -> list[tuple[int, int]]:

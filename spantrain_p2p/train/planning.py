@@ -264,6 +264,32 @@ def to_stage_map(plan: pt.Plan, job: JobSpec, epoch: int, names: Mapping[str, st
                     bottleneck=bottleneck[:200], compression=tuple(plan.compression))
 
 
+def buddy_copies(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> list[tuple[float, float]]:
+    """Per stage whose layers go to a buddy (one peer, or sharded): (bytes of its layers' state,
+    bytes/s of its slowest peer's link to its nearest other peer of the map, by RTT as the peers
+    choose their buddies); what ``decide.copy_every`` weighs. Empty where the job has no model
+    profile; a stage with no measured link from its peers is left out."""
+    prof = model_profile(job)
+    if prof is None:
+        return []
+    per = 1.0 + prof.optimizer_bytes_per_param_byte  # weights and optimizer state
+    used = [p for st in smap.stages for p in st.peers]
+    out = []
+    for st in smap.stages:
+        if len(st.peers) > 1 and not st.shard:
+            continue  # a replica holds these layers anyway: no copy
+        nbytes = per * sum(prof.layers[i].param_bytes for i in range(*st.layers) if i < len(prof.layers))
+        bws = []
+        for p in st.peers:
+            near = [(link.rtt_s, q, link.bandwidth) for q in used if q != p
+                    and (link := snap.network.link(p, q)) is not None]
+            if near:
+                bws.append(min(near)[2])
+        if bws:
+            out.append((nbytes, min(bws)))
+    return out
+
+
 def current_cost(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> float:
     """The cost model's step time of the stage map in force, on a (newer) snapshot (inf if it
     uses a peer the snapshot lacks)."""

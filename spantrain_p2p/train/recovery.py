@@ -107,9 +107,10 @@ class Recovery:
         sharded stage): per layer, the parameters whose optimizer state another replica holds."""
         states = [(first + i, layer_state.capture(layer, opt, run, foreign[i] if foreign else frozenset()))
                   for i, layer in enumerate(layers)]
+        every = smap.copy_every  # copies only after multiples of it: the steps every peer keeps a while
         for i, st in states:
-            self.store.put(i, step, st)
-        buddy = choose_buddy(smap, stage, self.peer.peer_id, self.rtt_ms)
+            self.store.put(i, step, st, pin_every=every)
+        buddy = choose_buddy(smap, stage, self.peer.peer_id, self.rtt_ms) if step % every == 0 else None
         if buddy is not None and (self._buddy_push is None or self._buddy_push.done()):
             self._buddy_push = asyncio.create_task(self._push_to_buddy(buddy, states, step, loss_rows[-LOSS_ROWS:]))
         return states

@@ -100,3 +100,34 @@ def test_buddy_copies_are_spaced_to_land_within_an_interval():
     assert copy_every([(19 * mb, 2.5 * mb), (1 * mb, 2.5 * mb)], 2.0) == 8
     assert copy_every([(1e15, 1.0)], 0.1) == 10_000  # bounded
     assert copy_every([(mb, float("nan"))], 1.0) == 1 and copy_every([(mb, 0.0)], 1.0) == 1
+
+
+def _crash_resume(every: int, lag: int, crash: int) -> int:
+    """Four lone stages (layer k on peer k), each copying its layer to the next peer after the
+    multiples of ``every`` (a copy starts only once the one before has landed); a copy lands ``lag``
+    steps after it starts. Peer 0 dies after ``crash`` steps: the step the others resume from."""
+    from spantrain_p2p.models.state import Store
+
+    own = [Store(keep_steps=3) for _ in range(4)]
+    copies = [Store(keep_steps=3) for _ in range(4)]
+    in_flight: dict[int, tuple[int, int]] = {}  # sender -> (step copied, step it lands at)
+    for step in range(crash + 1):
+        for k in range(4):
+            if k in in_flight and in_flight[k][1] <= step:
+                copies[(k + 1) % 4].put(k, in_flight.pop(k)[0], [])
+            own[k].put(k, step, [], pin_every=every)
+            if step % every == 0 and k not in in_flight:
+                in_flight[k] = (step, step + lag)
+    survivors = [{**own[k].inventory(), **copies[k].inventory()} for k in (1, 2, 3)]
+    step, err = resume_point(survivors, 4, [(k, k + 1) for k in range(4)])
+    assert not err
+    return step
+
+
+def test_copies_spaced_to_land_leave_a_step_every_layer_was_kept_at():
+    """Copies after every step that take 4 steps to land: the dead peer's copies (steps 36, 40, 44)
+    are older than anything the others kept (47-49), and the run starts again at step 0. Spaced by
+    ``copy_every`` (twice the landing time, 8 steps), the swarm resumes at the last copy that landed."""
+    assert _crash_resume(every=1, lag=4, crash=49) == 0
+    assert _crash_resume(every=8, lag=4, crash=49) == 40
+    assert all(_crash_resume(every=8, lag=4, crash=c) >= c - 2 * 8 for c in range(8, 80))

@@ -59,7 +59,7 @@ def no_process_left_behind():
 # times slower than alone: the failures CI saw came from there. At most HEAVY_SLOTS of them run at a
 # time; the other worker takes the light tests meanwhile. The slot is taken before the test's timeout
 # starts (this wrapper is outside pytest-timeout's), so waiting for one does not count against it.
-HEAVY_SLOTS = int(os.environ.get("SPANTRAIN_TEST_HEAVY_SLOTS", "2"))
+HEAVY_SLOTS = max(1, int(os.environ.get("SPANTRAIN_TEST_HEAVY_SLOTS", "2")))
 
 
 def _take_slot(folder: str):

@@ -2,9 +2,10 @@
 fastest network group with the slow links left out. The planner, free to span regions, is never
 slower, and is faster where one region is not enough."""
 from __future__ import annotations
-import pytest
 
 import math
+
+import pytest
 
 from spantrain_p2p import scenario
 from spantrain_p2p.plan.planner import PlannerOptions, baseline, best_region_baseline, plan
@@ -19,7 +20,6 @@ def _snap(name):
     return Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))
 
 
-@pytest.mark.heavy
 def test_best_region_uses_the_peers_of_one_network_group_only():
     for name in ("cee-3region", "edge-volunteers"):
         snap = _snap(name)

@@ -29,7 +29,6 @@ def _job_section(help_text: str) -> str:
     return help_text.split("training job", 1)[1]
 
 
-@pytest.mark.heavy
 def test_swarm_and_bench_help_list_every_job_flag_of_spantrain_peer():
     peer_flags = set(FLAG.findall(_job_section(_help("peer"))))
     assert {"--steps", "--optimizer", "--no-measure", "--dump-step", "--checkpoint-dir"} <= peer_flags
@@ -113,7 +112,6 @@ def test_choices_are_the_job_s_own():
     assert set(by_flag["--schedule"].choices) == {AUTO, *SCHEDULE_NAMES} == set(job.SCHEDULES)
 
 
-@pytest.mark.heavy
 def test_a_peer_turns_the_options_into_the_job_and_its_trainer_options():
     from spantrain_p2p.peer_command.main import train_options
 

@@ -88,7 +88,6 @@ def test_unreachable_join_address_fails_clearly_within_30s():
     assert "could not join" in r.stderr or "no peer of" in r.stderr, r.stderr[-2000:]
 
 
-@pytest.mark.heavy
 def test_malformed_multiaddr_is_named():
     r, _ = run_peer("--join", "/ip4/localhost/tcp/x")
     assert r.returncode != 0 and "malformed multiaddr '/ip4/localhost/tcp/x'" in r.stderr

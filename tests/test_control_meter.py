@@ -1,6 +1,5 @@
 """The control plane's meter (``swarm.control_meter``): real peers on loopback count their DHT calls
 per method and key, both ends of a call agree on its bytes, and a value's size is what was stored."""
-import pytest
 import asyncio
 
 from spantrain_p2p.peer import Peer, PeerConfig
@@ -9,7 +8,6 @@ from spantrain_p2p.swarm.control_meter import ControlMeter, rates
 FAST = dict(heartbeat_s=0.5, poll_s=0.25)
 
 
-@pytest.mark.heavy
 async def test_two_peers_count_heartbeats_and_member_reads_under_the_members_key():
     async with Peer(PeerConfig(name="a", **FAST)) as a:
         async with Peer(PeerConfig(name="b", join=(a.address,), **FAST)) as b:

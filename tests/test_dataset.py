@@ -78,6 +78,7 @@ def test_four_peers_train_on_a_local_corpus_like_one_process(corpus, tmp_path):
     assert len(summary["losses"]) == steps and worst <= 1e-4
 
 
+@pytest.mark.heavy
 def test_bf16_trains_within_two_percent_of_fp32_with_two_byte_activations(tmp_path):
     """The swarm in bf16 computes what one process computes in bf16 (20 steps, 4 stages, 2-byte values
     on the wire); that arithmetic, run 100 steps in one process, ends within 2 % of fp32."""

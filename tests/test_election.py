@@ -44,7 +44,6 @@ def test_forged_and_misfiled_leases_are_ignored():
     assert leases == [Lease(2, a.peer_id, 9.0)] and len(bad) == 3
 
 
-@pytest.mark.heavy
 async def test_peers_agree_on_one_planner_and_a_successor_takes_the_next_term():
     fast = dict(heartbeat_s=0.5, poll_s=0.25)
     async with Peer(PeerConfig(**fast)) as a:

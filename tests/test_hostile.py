@@ -88,6 +88,7 @@ def _losses_match_one_process(procs, steps: int) -> None:
 REFERENCE_STEPS = 800  # past ~900 steps a pipeline's summation order drifts from one process's (chaos)
 
 
+@pytest.mark.heavy
 def test_a_training_swarm_survives_forgery_fuzzing_and_stalled_connections(peers):
     """One training swarm, three attacks: a forged activation (right in every field but its sender);
     hostile messages from a member of the swarm (and outsiders); 100 connections that each announce a

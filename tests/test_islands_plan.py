@@ -87,7 +87,6 @@ def _cee():
     return snap, prof, opts, grouping, links
 
 
-@pytest.mark.heavy
 def test_on_the_cee_testbed_islands_use_the_edge_gpus_the_global_plan_leaves_idle():
     """GPT-2 at 16 samples a step: the best step-synchronous plan is the cloud's alone (activations
     over 100 Mbit/s cost more than the edge gives); islands add the edge servers and end PCs."""

@@ -88,6 +88,7 @@ def test_a_peer_killed_mid_round_costs_its_islands_the_round_and_the_run_finishe
     assert sum(s["losses"][-5:]) / 5 < s["losses"][0] - 0.5
 
 
+@pytest.mark.heavy
 @pytest.mark.serial  # a cut of a set length against the keeper's leave deadline
 def test_an_island_cut_off_is_left_out_the_other_goes_on_and_it_catches_up(tmp_path):
     """The link between the sites carries nothing for 12 s (well past the keeper's 5 s wait), from

@@ -82,3 +82,18 @@ def test_a_store_keeps_the_latest_steps_and_the_latest_multiples_of_the_copy_int
     for step in range(0, 15):
         store.put(1, step, [], pin_every=4)
     assert store.inventory() == {1: [4, 8, 12, 13, 14]}
+
+
+def test_a_resume_keeps_the_pinned_steps_and_forgets_the_abandoned_timeline():
+    """Copies every 8 steps, a crash after step 29, the swarm resumes at 24: the peer reloads 24,
+    forgets 25-29 (redone; kept, they would push out the redone steps' snapshots) and keeps 8 and
+    16, where a second crash before the next copy lands may have to go."""
+    store = state.Store(keep_steps=3)
+    for step in range(30):
+        store.put(1, step, [], pin_every=8)
+    assert store.inventory() == {1: [8, 16, 24, 27, 28, 29]}
+    store.drop_after(1, 24)
+    store.put(1, 24, [], pin_every=8)
+    for step in (25, 26):
+        store.put(1, step, [], pin_every=8)
+    assert store.inventory() == {1: [8, 16, 24, 25, 26]}

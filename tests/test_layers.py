@@ -1,7 +1,6 @@
 """The package's rooms: imports point down only, no module imports itself in a circle, and no
 module grows past the size where it should be split (../shared/STYLE.md)."""
 from __future__ import annotations
-import pytest
 
 import ast
 from pathlib import Path
@@ -80,14 +79,12 @@ def _graph() -> dict[str, set[str]]:
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
-@pytest.mark.heavy
 def test_imports_point_down_only():
     up = [f"spantrain_p2p.{a} -> spantrain_p2p.{b}" for a, targets in _graph().items() for b in sorted(targets)
           if _rank(b) > _rank(a)]
     assert not up, "imports that run back up:\n" + "\n".join(sorted(up))
 
 
-@pytest.mark.heavy
 def test_no_import_cycles():
     graph = _graph()
     state: dict[str, int] = {}

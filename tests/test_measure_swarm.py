@@ -12,6 +12,7 @@ import pytest
 pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
 
 
+@pytest.mark.heavy
 def test_measure_only_reports_every_link_and_device_of_cee_3region(tmp_path):
     out = run_swarm_json("--scenario", "peers/cee-3region.toml", "--measure-only", "--run-dir", str(tmp_path))
     names = ["cloud-1", "cloud-2", "edge-1", "edge-2", "end-1", "end-2", "end-3"]

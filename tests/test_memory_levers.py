@@ -77,7 +77,6 @@ async def test_a_spot_checks_recomputation_leaves_nothing_of_its_micro_batch_beh
     assert graphs() == before
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 async def test_full_recomputation_trains_bit_identically_on_a_fraction_of_the_activations(schedule):
     """Tiny Llama, 2 stages x 2 replicas: fp32 losses equal to the last bit with and without full

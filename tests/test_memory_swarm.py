@@ -1,7 +1,8 @@
 """A model that fits in no peer's memory stops the swarm before training, saying why with figures."""
-import pytest
 import subprocess
 import sys
+
+import pytest
 
 SCENARIO = """
 name = "tiny-memory"

@@ -200,7 +200,6 @@ def test_load_user_model_rejects_bad_specs_naming_them(spec: str) -> None:
         load_user_model(spec)
 
 
-@pytest.mark.heavy
 def test_tiny_model_learns_the_corpus() -> None:
     torch.manual_seed(0)
     cfg = ModelConfig(dim=32, depth=2, heads=4, seq_len=32)

@@ -91,6 +91,7 @@ def test_peers_behind_home_routers_train_over_reversed_punched_and_relayed_paths
     assert set(nets["c"]["standing_links_out"]) == {"a", "b"} and set(nets["a"]["standing_links_in"]) >= {"c", "d", "e"}
 
 
+@pytest.mark.heavy
 def test_a_relay_killed_mid_run_the_pair_behind_symmetric_nat_goes_on_and_nothing_is_lost(tmp_path):
     """c and d, both behind symmetric NAT, reach each other only through a relay: a (the first by
     name). a is SIGKILLed at step 40: c and d go through b, the swarm re-plans without a."""

@@ -1,9 +1,9 @@
 """An open swarm keeps its records: what a DHT node of the swarm stores is validated at store time
 (``swarm.validator``), so a process that never joined cannot overwrite, outlive or replay them."""
-import pytest
 import asyncio
 import time
 
+import pytest
 import msgpack
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
@@ -120,6 +120,7 @@ async def _attack(node, swarm: str, victims: list[str], me: SwarmValidator, me_i
     return n
 
 
+@pytest.mark.heavy
 def test_a_process_that_never_joined_cannot_overwrite_outlive_or_replay_the_swarms_records(peers):
     """Before the second peer joins and again while the swarm trains, a DHT node that never joined
     stores junk, forgeries and replays expiring in a year under every key the swarm uses: both
@@ -185,7 +186,6 @@ def test_one_address_takes_only_its_share_of_slots_and_of_handshakes():
     assert Limits(stall_timeout_s=30, min_rate_bytes_s=1 << 20).frame_deadline_s(10 << 20) == 40
 
 
-@pytest.mark.heavy
 async def test_an_idle_connection_and_a_trickled_frame_are_closed():
     from spantrain_p2p.net.budget import Limits
     from spantrain_p2p.net.dataplane import DataPlaneServer
@@ -227,6 +227,7 @@ async def test_an_idle_connection_and_a_trickled_frame_are_closed():
         await srv.stop()
 
 
+@pytest.mark.heavy
 def test_budget_attacks_on_a_training_swarm_leave_the_members_training_and_newcomers_a_way_in(peers):
     """Trickling members (live records, not in the stage map), an idle flood of 8 identities and 64
     silent sockets, each from an address of its own, against a training pair: the members train on

@@ -130,7 +130,6 @@ def _run_cut(net: _Net, islands: list, cut: set[str], for_s: float = 0.8, at_rou
     return asyncio.run(main())
 
 
-@pytest.mark.heavy
 def test_a_cut_island_is_left_out_catches_up_and_ends_on_the_same_anchor(monkeypatch):
     monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
     net, peers, job = _world()
@@ -154,7 +153,6 @@ def test_a_cut_island_is_left_out_catches_up_and_ends_on_the_same_anchor(monkeyp
         assert torch.equal(l0[i][0].detach(), s0.outer.anchor[i]) and torch.equal(l1[i][0].detach(), s1.outer.anchor[i])
 
 
-@pytest.mark.heavy
 def test_a_fetch_slower_than_the_kept_rounds_still_lands(monkeypatch):
     """Each layer's outer state takes 0.4 s to arrive, ~4 of the keeper's rounds: the version being
     fetched outlives the 3 a peer keeps while the fetch goes on (before, the second layer's request
@@ -185,7 +183,6 @@ def _keeper_cut(gone: bool):
     return _run_cut(net, [_island(s0, l0, 0, 80, 2, 0.05), _island(s1, l1, 1, 80, 1, 0.1)], {"i0"}, 4.5), s0, s1
 
 
-@pytest.mark.heavy
 def test_a_cut_keeper_whose_record_is_live_is_waited_for_past_the_deadline(monkeypatch):
     """The link to the keeper is cut longer than the deadline while its membership record stays
     live: i1 waits (failing the epoch would only re-plan the same islands), then catches up."""
@@ -196,14 +193,12 @@ def test_a_cut_keeper_whose_record_is_live_is_waited_for_past_the_deadline(monke
     assert s0.rounds[-1]["members"] == [0, 1] and _digest(s0) == _digest(s1)
 
 
-@pytest.mark.heavy
 def test_a_keeper_gone_silent_without_a_record_fails_the_epoch_at_the_deadline(monkeypatch):
     monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
     with pytest.raises(StepFailed, match="the keeper i0 gave no members in time"):
         _keeper_cut(gone=True)
 
 
-@pytest.mark.heavy
 def test_the_peers_of_a_cut_island_catch_up_to_the_same_round(monkeypatch):
     """Island 1 is two peers (one layer each) asking the keeper at different moments: they hear the
     same answers, rejoin at the same round, and every layer ends on the keeper's anchor."""

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/t
 SCENARIO = "peers/trace-drop.toml"
 
 
+@pytest.mark.heavy
 def test_a_bandwidth_drop_in_a_trace_is_seen_by_the_passive_estimate(peers):
     s = scenario.load(SCENARIO)
     (rl,) = s.region_links

@@ -9,7 +9,6 @@ from spantrain_p2p.swarm import membership
 FAST = dict(heartbeat_s=0.5, poll_s=0.25)
 
 
-@pytest.mark.heavy
 async def test_two_peers_see_each_other_and_a_leaver_drops_out_at_once():
     async with Peer(PeerConfig(name="a", **FAST)) as a:
         assert "/p2p/" + a.peer_id in a.address
@@ -32,7 +31,6 @@ async def test_close_cancels_every_task_and_stops_the_daemon():
     assert daemon.returncode is not None
 
 
-@pytest.mark.heavy
 async def test_a_bad_record_in_the_dht_is_ignored_and_the_peer_keeps_working(caplog):
     from hivemind.utils import get_dht_time
 
@@ -64,7 +62,6 @@ async def test_an_identity_file_gives_a_stable_peer_id_and_cannot_be_used_twice(
                     pass
 
 
-@pytest.mark.heavy
 async def test_a_duplicate_identity_the_swarm_cannot_call_back_is_named_in_the_error(tmp_path, monkeypatch):
     """With our identity live elsewhere, the bootstrap peer's call-back may reach the other process
     and hivemind's ping validation fails the join with "can't access this node": that must name the

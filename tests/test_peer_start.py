@@ -10,6 +10,7 @@ from spantrain_p2p.launch.processes import wait_until
 SLOW = "tests.slow_user_model:slow_mlp"
 
 
+@pytest.mark.heavy
 @pytest.mark.serial  # times its answers and its event loop: three tests at a time here held the loop 1.07 s once
 def test_a_founder_answers_status_and_the_dht_while_it_builds_and_profiles_its_model(peers):
     """Every build of the founder's model blocks its thread 1.5 s (hashing, checking, profiling and
@@ -45,7 +46,6 @@ def test_a_founder_answers_status_and_the_dht_while_it_builds_and_profiles_its_m
     wait_until(lambda: joiner.status()["member_count"] == 2, 30)
 
 
-@pytest.mark.heavy
 def test_a_joiner_retries_a_founder_that_does_not_answer_at_first(peers):
     """The founder is stopped (SIGSTOP) while a peer joins: its p2p daemon accepts the connection but
     nobody answers the DHT ping. The joiner says so, tries again with backoff, and joins once the

@@ -117,7 +117,6 @@ def test_gradient_buckets_follow_layers_and_split_big_ones():
     assert b == [(0, [(0, 10), (1, 20)]), (2, [(2, 300)]), (2, [(3, 5), (4, 5)])]
 
 
-@pytest.mark.heavy
 async def test_bf16_trains_like_fp32_with_two_byte_values_between_stages():
     """bf16 autocast with fp32 master weights: 3 stages, 30 steps; the loss stays within 2 % of fp32
     and every activation and gradient between stages is bfloat16."""

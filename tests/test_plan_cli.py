@@ -37,7 +37,6 @@ def test_plan_a_scenario_as_json(capsys):
     assert planner["samples_per_s"] >= 1.2 * d["baselines"]["best-region"]["samples_per_s"]  # it spans regions
 
 
-@pytest.mark.heavy
 def test_the_plan_gives_the_islands_and_the_auto_pick_beside_the_global_plan_and_each_stage_s_levers(capsys):
     """Two sites, GPT-2: two islands, and what --sync auto would run (here the global plan, predicted
     faster) with its reason, as `spantrain swarm` plans them; every stage names its lever."""
@@ -108,7 +107,6 @@ def test_peers_too_small_get_a_plan_only_with_recomputation(capsys):
     assert any(st["recompute"] == "full" for st in stages)
 
 
-@pytest.mark.heavy
 def test_a_7b_model_fits_consumer_gpus_only_with_the_memory_levers(capsys):
     """peers/consumer-gpus.toml: 16 cards of 8 and 10 GB; Llama-7B's training state alone (~108 GB)
     needs all of them, and its activations only fit recomputed: no plan without the levers; with

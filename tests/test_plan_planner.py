@@ -45,7 +45,6 @@ def _speedup(name: str) -> float:
     return mine.samples_per_s / best_baseline
 
 
-@pytest.mark.heavy
 def test_planner_beats_the_best_baseline_by_half_again_on_cee_3region():
     assert _speedup("cee-3region") >= 1.5
 
@@ -54,7 +53,6 @@ def test_planner_beats_the_best_baseline_twice_over_on_edge_volunteers():
     assert _speedup("edge-volunteers") >= 2.0
 
 
-@pytest.mark.heavy
 def test_a_thousand_peers_in_ten_regions_plan_in_seconds():
     snap = synthetic_swarm(1000, 10, seed=0)
     t0 = time.process_time()
@@ -77,7 +75,6 @@ def test_the_plan_does_not_depend_on_the_order_peers_are_listed_in():
     assert a.to_dict() == b.to_dict()
 
 
-@pytest.mark.heavy
 def test_stages_keep_all_reduce_inside_a_network_group():
     snap = Snapshot.from_scenario(scenario.load("peers/edge-volunteers.toml"))
     result = plan(snap, GPT13)

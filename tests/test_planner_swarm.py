@@ -1,8 +1,9 @@
 """A live swarm agrees on its region groups and its planner; a killed planner is replaced."""
-import pytest
 import os
 import signal
 import time
+
+import pytest
 
 from spantrain_p2p.launch import wait_until
 

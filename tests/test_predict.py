@@ -16,7 +16,6 @@ def _offline(capsys, name, workload, batch):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("name,workload", [("cee-testbed-real", "hf:gpt2"), ("volunteers-real", "hf:llama-7b")])
 def test_a_live_runs_plan_is_priced_as_spantrain_plan_prices_it_in_real_time(capsys, name, workload):
     d = _offline(capsys, name, workload, 16)

@@ -41,6 +41,7 @@ def test_the_readmes_python_example_runs_as_written(tmp_path):
     assert (tmp_path / "trained" / "model.safetensors").is_file()
 
 
+@pytest.mark.heavy
 def test_a_job_through_the_api_and_through_spantrain_swarm_gives_the_same_losses(tmp_path):
     """The same job (seed, fp32, no compression, 4 stages of one layer) once through ``spantrain swarm``
     on lan-4 and once as a ``LocalSwarm`` of 4: the same losses, to the last bit. (Four peers in one

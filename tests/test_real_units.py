@@ -40,7 +40,6 @@ def _plan(capsys, name, workload):
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-@pytest.mark.heavy
 def test_a_7b_model_no_region_can_hold_is_planned_across_regions_ahead_of_every_baseline(capsys):
     d = _plan(capsys, "volunteers-real", "hf:llama-7b")
     assert d["workload"]["params"] == pytest.approx(6.74e9, rel=0.01)

@@ -51,6 +51,7 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
         assert "throughput.png" in open(pics["index"]).read()
 
 
+@pytest.mark.heavy
 def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(tmp_path):
     # lan-4 runs 5-10 steps a second: the joiners are measured and planned in (~step 185 alone, 37 s
     # after they were started) well before the end; 240 steps left too little room on a loaded box

@@ -1,10 +1,10 @@
 """Checkpoints in safetensors, one file per layer and step, and a swarm resumed from one onto
 another stage layout that trains on exactly as if it had never stopped."""
-import pytest
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -70,7 +70,6 @@ for step in range(1, 31):
 """
 
 
-@pytest.mark.heavy
 def test_replicas_of_a_stage_write_the_same_files_into_one_directory_at_once(tmp_path):
     """4 replicas of one stage in one local swarm share --checkpoint-dir: no write trips another's
     (each writes and prunes the same layer's files, here without waiting for the others)."""

@@ -47,7 +47,6 @@ def receiver(key, cap):
     return proto
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("step", [1, 7, 4096, 1 << 22])
 @pytest.mark.parametrize("cap", [100, 1 << 18, 1 << 21])
 def test_records_open_into_the_inner_protocol_whatever_the_reads_and_its_buffers(step, cap):

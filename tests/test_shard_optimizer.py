@@ -100,6 +100,7 @@ def _memory(run_dir) -> dict:
     return {r["name"]: r["memory"] for r in (json.loads(p.read_text()) for p in (run_dir / "reports").glob("*.json"))}
 
 
+@pytest.mark.heavy
 def test_sharded_optimizer_state_trains_bit_identically_on_half_the_moments_and_survives_a_killed_replica(tmp_path):
     """lan-4, tiny Llama, 2 stages x 2 replicas, fp32, a replica killed at step 8, with and without
     sharding: the losses of every step equal (a lost moment would set Adam's next update of those

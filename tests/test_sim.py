@@ -113,7 +113,6 @@ def test_running_out_of_memory_makes_the_step_infinite():
     assert math.isinf(sim.step_s) and sim.out_of_memory == ("p0",)
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["lan-4", "cee-3region", "edge-volunteers"])
 def test_cost_model_agrees_with_the_simulator_within_ten_percent_on_the_shipped_scenarios(name):
     snap = Snapshot.from_scenario(scenario.load(f"peers/{name}.toml"))

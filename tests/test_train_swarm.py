@@ -1,11 +1,11 @@
 """Training across real peer processes on loopback, checked against single-process training."""
-import pytest
 import asyncio
 import glob
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from spantrain_p2p.launch import wait_until

@@ -114,6 +114,7 @@ def test_a_message_may_take_a_few_predicted_steps_in_a_slow_world():
     assert t.timeout_s() == STEPS_OF_PATIENCE * 65.0
 
 
+@pytest.mark.heavy
 def test_a_live_swarm_charges_the_workload_s_bytes_and_counts_its_tokens(tmp_path):
     """4 stages of a proxy (16 tokens) standing for hf:gpt2-tiny at 64 tokens: every activation and
     gradient between stages is charged twice its bytes (64 x 64 bf16 per sample in the workload,

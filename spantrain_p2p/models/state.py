@@ -180,6 +180,12 @@ class Store:
             if s not in pinned:
                 self._d.pop((layer, s), None)
 
+    def drop_after(self, layer: int, step: int) -> None:
+        """Forgets the layer's states after ``step``: a timeline abandoned by a resume at ``step``
+        (its states would count as the latest and push out the redone steps' snapshots)."""
+        for key in [k for k in self._d if k[0] == layer and k[1] > step]:
+            del self._d[key]
+
     def get(self, layer: int, step: int) -> Optional[LayerState]:
         return self._d.get((layer, step))
 

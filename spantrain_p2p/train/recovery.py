@@ -145,6 +145,7 @@ class Recovery:
             skip = foreign[i] if foreign else frozenset()
             st = self._held(idx, step)
             if st is None and step == 0:
+                self.store.drop_after(idx, 0)
                 self.store.put(idx, 0, layer_state.capture(layer, opt, foreign=skip))  # built from the job's seed
                 continue
             if st is None or layer_state.missing(st) - skip:
@@ -154,7 +155,10 @@ class Recovery:
                 self.on_event({"kind": "fetched", "layer": idx, "step": step, "t": time.time()})
             layer_state.apply(layer, opt, st, skip)
             run = run or layer_state.run_entries(st)
-            self.store.put(idx, step, st)
+            # the steps kept for the copy interval stay (a second crash before the next copy lands
+            # resumes there again); the abandoned timeline after ``step`` goes
+            self.store.drop_after(idx, step)
+            self.store.put(idx, step, st, pin_every=self._maps[-1].copy_every if self._maps else 1)
         return run
 
     async def gather(self, step: int) -> dict:

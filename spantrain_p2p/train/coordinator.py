@@ -273,26 +273,30 @@ class Coordinator:
         log.warning("evicting %s for the rest of the job", why)
         return f"evicted {why}"
 
-    async def _copy_every(self, smap: StageMap) -> int:
+    async def _copy_every(self, smap: StageMap, snap=None) -> int:
         """How many steps apart the map's buddy copies go (``decide.copy_every``), from the measured
         links and the map's predicted step (or the cost model's for a map without one); 1 where
-        nothing is measured. A 4-peer run on 20 Mbit/s links once copied its 19 MB stages every
-        step, each copy took ~4 steps to land, and a crash found no step every layer was kept at:
-        the run began again at step 0."""
+        nothing is measured. ``snap``: the snapshot the map was planned on (else it is read). A
+        4-peer run on 20 Mbit/s links once copied its 19 MB stages after every step, each copy took
+        ~4 steps to land, and a crash found no step every layer was kept at: it began again at step 0.
+        (Copies from several lone stages to one buddy share its link: the interval's margin of 2
+        covers two; a map that changes the interval leaves a short while with no common step.)"""
         if not self.measure_links or planning.model_profile(self.job) is None:
             return 1
         try:
-            ids, profiles, links = await self._measured_snapshot()
-            if not ids:
-                return 1
-            snap = planning.snapshot(profiles, links, ids)
+            if snap is None:
+                ids, profiles, links = await self._measured_snapshot()
+                if not ids:
+                    return 1
+                snap = planning.snapshot(profiles, links, ids)
             step_s = smap.predicted_step_s or planning.current_cost(smap, self.job, snap)
             every = copy_every(planning.buddy_copies(smap, self.job, snap), step_s)
         except Exception as e:  # a bad measurement record must not stop a plan from going out
             log.warning("copy interval not computed (%r): copies after every step", e)
             return 1
         if every > 1:
-            log.info("buddy copies every %d steps (the slowest takes %.1f steps to land)", every, every / COPY_MARGIN)
+            log.info("buddy copies every %d steps (the slowest predicted to take up to %.1f steps to land)",
+                     every, every / COPY_MARGIN)
         return every
 
     def _receivers(self, current: StageMap) -> dict[str, set[str]]:
@@ -332,7 +336,7 @@ class Coordinator:
         # the first map too starts where the layers' states are: step 0 in a new run, a
         # checkpoint's step in a resumed one (--resume)
         start, start_data, error = await self._resume_point(current)
-        plan, why = None, ""
+        plan, why, snap = None, "", None
         if measured and not error:
             # a peer that ran out of memory under a plan is planned within less
             snap = planning.snapshot(profiles, links, ids, memory_caps(live))
@@ -371,7 +375,7 @@ class Coordinator:
         if job.shard_optimizer == "full" and job.aggregate == "sum":  # likewise, on every replicated stage
             smap = replace(smap, stages=tuple(replace(st, shard=len(st.peers) > 1) for st in smap.stages))
         if not smap.islands:  # (with islands, a crash resumes from the islands' outer state)
-            smap = replace(smap, copy_every=await self._copy_every(smap))
+            smap = replace(smap, copy_every=await self._copy_every(smap, snap))
         evicted = tuple(sorted(self.peer.evicted))
         named = dict(smap.names)
         smap = replace(smap, evicted=evicted, names=smap.names + tuple(

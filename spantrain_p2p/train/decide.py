@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Optional, Sequence
 
-from ..plan.stagemap import StageMap
+from ..plan.stagemap import MAX_COPY_EVERY, StageMap
 from ..models import state as layer_state
 
 REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
@@ -96,7 +96,7 @@ def choose_buddy(smap: StageMap, stage: int, me: str, rtt_ms: Callable[[str], fl
 COPY_MARGIN = 2.0  # a buddy copy is given this many times its predicted transfer time
 
 
-def copy_every(copies: Sequence[tuple[float, float]], step_s: float, limit: int = 10_000) -> int:
+def copy_every(copies: Sequence[tuple[float, float]], step_s: float, limit: int = MAX_COPY_EVERY) -> int:
     """How many steps apart buddy copies are taken (``StageMap.copy_every``): ``copies`` holds, per
     stage whose layers go to a buddy, (bytes of its state, bytes/s of its slowest peer's link to its
     nearest other peer); ``step_s``: the map's step time. Every peer keeps its own snapshots of the

@@ -34,8 +34,10 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
     assert event["kind"] == "kill" and event["recovery_s"] <= 30, event
     assert out["replans"] >= 1
     killed = event["target"]
-    # no map after the kill is planned on the dead peer (its membership record outlives it a while)
-    assert all(killed not in s["peers"] for p in out["plans"][1:] for s in p["stages"]), out["plans"]
+    # no map published after the kill is planned on the dead peer (its membership record outlives it
+    # a while); one published before it (an improving re-plan a moment earlier) holds it of course
+    after = [p for p in out["plans"] if p["epoch"] > event["epoch_before"]]
+    assert after and all(killed not in s["peers"] for p in after for s in p["stages"]), out["plans"]
     if victim == "planner":
         assert out["plans"][-1]["term"] > out["plans"][0]["term"]
     ref = reference.result()[:STEPS]

@@ -16,6 +16,7 @@ from ..pipeline.schedule import AUTO, SCHEDULE_NAMES, resolve_schedule
 from ..plan import types as pt
 from ..plan.stagemap import StageMap
 from ..job.spec import BUILTIN, JobSpec, ModelHandle, is_hf
+from .decide import choose_buddy
 from ..models.precision import wire_dtype_bytes
 
 
@@ -273,19 +274,16 @@ def buddy_copies(smap: StageMap, job: JobSpec, snap: pt.Snapshot) -> list[tuple[
     if prof is None:
         return []
     per = 1.0 + prof.optimizer_bytes_per_param_byte  # weights and optimizer state
-    used = [p for st in smap.stages for p in st.peers]
     out = []
-    for st in smap.stages:
-        if len(st.peers) > 1 and not st.shard:
-            continue  # a replica holds these layers anyway: no copy
-        nbytes = per * sum(prof.layers[i].param_bytes for i in range(*st.layers) if i < len(prof.layers))
+    for k, st in enumerate(smap.stages):
         bws = []
-        for p in st.peers:
-            near = [(link.rtt_s, q, link.bandwidth) for q in used if q != p
-                    and (link := snap.network.link(p, q)) is not None]
-            if near:
-                bws.append(min(near)[2])
+        for p in st.peers:  # the buddy each peer picks itself, on the measured RTTs
+            buddy = choose_buddy(smap, k, p, lambda q, p=p: getattr(snap.network.link(p, q), "rtt_s", math.inf))
+            link = snap.network.link(p, buddy) if buddy is not None else None  # None: a replica holds them
+            if link is not None:
+                bws.append(link.bandwidth)
         if bws:
+            nbytes = per * sum(prof.layers[i].param_bytes for i in range(*st.layers) if i < len(prof.layers))
             out.append((nbytes, min(bws)))
     return out
 

@@ -88,3 +88,45 @@ def test_a_stage_on_the_gpu_computes_what_it_computes_on_the_cpu_and_sends_host_
     assert gpu_sent[0].device.type == "cpu" and gpu_sent[0].is_pinned()
     assert float((cpu_sent[0] - gpu_sent[0]).abs().max() / cpu_sent[0].abs().max()) <= 1e-3
     assert max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12)) for a, b in zip(cpu_grads, gpu_grads)) <= 1e-3
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it_was_taken_at():
+    """A CUDA stage's snapshot after a step is copied to pinned host memory on a side stream (the
+    trainer goes on at once); the optimizer steps after it wait for those copies on the device
+    (``before_update``), so the snapshot holds exactly the state after the step it was taken at."""
+    import asyncio
+    import types
+
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train.recovery import Recovery
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.GELU()).cuda() for _ in range(4)]
+    opt = torch.optim.Adam([p for layer in layers for p in layer.parameters()], lr=1e-2)
+    x = torch.randn(256, 2048, device="cuda")
+
+    def train_step():
+        h = x
+        for layer in layers:
+            h = layer(h)
+        h.square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_step()
+    expected = [layer_state.capture(layer, opt) for layer in layers]  # synchronous copies
+    rec = Recovery(types.SimpleNamespace(peer_id="a"), lambda p: 0.0, lambda e: None)
+    smap = StageMap(1, "j", (Stage(("a",), (0, 4), (1.0,)),))
+    states = rec.snapshot(smap, 0, layers, opt, 0, 1, [])
+    assert rec._copied is not None and all(t.is_pinned() for _, st in states for n, t in st
+                                           if n[:2] in ("p:", "o:") and not n.endswith(":step"))  # Adam's count: host
+    for _ in range(3):  # the weights and moments change on the device while the copies may still run
+        rec.before_update()
+        train_step()
+    asyncio.run(rec.settled())
+    for (idx, got), want in zip(states, expected):
+        assert [n for n, _ in got] == [n for n, _ in want]
+        for (n, a), (_, b) in zip(got, want):
+            assert torch.equal(a, b), (idx, n)
+    assert not torch.equal(states[0][1][0][1], layers[0][0].weight.detach().cpu())  # trained on since

@@ -26,12 +26,17 @@ MAX_ENTRIES = 4096
 
 
 def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerState = (),
-            foreign: frozenset = frozenset()) -> LayerState:
+            foreign: frozenset = frozenset(), copier=None) -> LayerState:
     """A copy of the layer's state now (parameters, buffers, optimizer state of its parameters),
     with ``run``'s ``s:`` entries (scalars of the whole run); ``foreign``: the parameters whose
-    optimizer state another replica holds (marked ``x:``)."""
-    out: LayerState = [(f"p:{n}", _host_copy(p)) for n, p in layer.named_parameters()]
-    out += [(f"b:{n}", _host_copy(b)) for n, b in layer.named_buffers()]
+    optimizer state another replica holds (marked ``x:``). With ``copier`` (a
+    ``pipeline.hostcopy.HostCopier`` after its ``begin``), CUDA tensors are copied on its stream
+    while the device computes on: the copy is readable once the copier's next ``mark`` completes."""
+    def host(t: torch.Tensor) -> torch.Tensor:
+        return _host_copy(t) if copier is None or t.device.type != "cuda" else copier.copy(t.detach())
+
+    out: LayerState = [(f"p:{n}", host(p)) for n, p in layer.named_parameters()]
+    out += [(f"b:{n}", host(b)) for n, b in layer.named_buffers()]
     out += [(f"x:{n}", torch.zeros(0)) for n, _ in layer.named_parameters() if n in foreign]
     if opt is not None:
         for n, p in layer.named_parameters():
@@ -43,7 +48,7 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
                     # a low-bit optimizer's state (torchao): kept as the values it stands for (its
                     # copy would share the codes the next step overwrites); ``apply`` quantizes again
                     t = t.dequantize()
-                out.append((f"o:{n}:{key}", _host_copy(t).float()))
+                out.append((f"o:{n}:{key}", host(t.float()) if t.device.type == "cuda" else _host_copy(t).float()))
     out += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
     return out
 

@@ -38,6 +38,28 @@ class HostCopier:
         t.record_stream(self.stream)
         return host, done
 
+    # ---- many tensors, one event (a stage's state after a step: ``models.state.capture``) -----------
+    def begin(self) -> None:
+        """Copies queued from now on start after every kernel queued so far on the current stream."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A host copy of CUDA tensor ``t``, queued after ``begin`` and complete once ``mark``'s
+        event is: read it on the host only after that; ``t`` may change on the device once the
+        device stream waits for that event (``after``)."""
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        with torch.cuda.stream(self.stream):
+            host.copy_(t, non_blocking=True)
+        t.record_stream(self.stream)
+        return host
+
+    def mark(self) -> "torch.cuda.Event":
+        """An event that completes once every copy queued so far has."""
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        return done
+
     @staticmethod
     async def wait(host: torch.Tensor, done: Optional["torch.cuda.Event"]) -> torch.Tensor:
         """The host tensor once its copy is complete."""

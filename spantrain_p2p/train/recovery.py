@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from ..net.framing import FrameError, check_fields
 from ..pipeline.executor import StepFailed
+from ..pipeline.hostcopy import HostCopier
 from ..plan.stagemap import StageMap
 from ..models import state as layer_state
 from ..models.checkpoint import CheckpointDir
@@ -41,6 +42,11 @@ class Recovery:
         self._maps: list = []  # the stage maps this peer ran lately (a copy may come from the one before)
         self.held_losses: dict[int, tuple[float, int, int]] = {}  # a buddy's recent loss_sums, reported for it
         self._buddy_push: Optional[asyncio.Task] = None
+        # a CUDA stage's snapshot is copied to host memory on a side stream while the next step
+        # computes (a synchronous copy of a GPT-2-small stage's weights and Adam state took about as
+        # long as its step): ``_copied`` completes with the latest one's copies
+        self._copier: Optional[HostCopier] = None
+        self._copied = None
         self.charges = None  # models.workload.Charges with a workload: a fetched layer is the workload's layer
 
     def start(self, job, handle, checkpoints: Optional[CheckpointDir] = None) -> None:
@@ -105,8 +111,13 @@ class Recovery:
         in every layer's), and sends a copy to the buddy peer (with ``loss_rows``, this peer's
         recent [step, loss sum, count, epoch]). Returns the (layer, state) pairs. ``foreign`` (a
         sharded stage): per layer, the parameters whose optimizer state another replica holds."""
-        states = [(first + i, layer_state.capture(layer, opt, run, foreign[i] if foreign else frozenset()))
+        copier = self._copier_for(layers)
+        if copier is not None:
+            copier.begin()
+        states = [(first + i, layer_state.capture(layer, opt, run, foreign[i] if foreign else frozenset(), copier))
                   for i, layer in enumerate(layers)]
+        if copier is not None:
+            self._copied = copier.mark()
         every = smap.copy_every  # copies only after multiples of it: the steps every peer keeps a while
         for i, st in states:
             self.store.put(i, step, st, pin_every=every)
@@ -115,8 +126,35 @@ class Recovery:
             self._buddy_push = asyncio.create_task(self._push_to_buddy(buddy, states, step, loss_rows[-LOSS_ROWS:]))
         return states
 
+    def _copier_for(self, layers) -> Optional[HostCopier]:
+        device = next((p.device for layer in layers for p in layer.parameters()), None)
+        if device is None or device.type != "cuda":
+            return None
+        if self._copier is None or self._copier.stream.device != device:
+            self._copier = HostCopier(device)
+        return self._copier
+
+    def before_update(self) -> None:
+        """Call before the stage's weights or optimizer state change on the device (its optimizer
+        step, a load): the device stream waits for the latest snapshot's copies (no host wait)."""
+        if self._copied is not None:
+            import torch
+
+            torch.cuda.current_stream(self._copier.stream.device).wait_event(self._copied)
+
+    async def settled(self) -> None:
+        """Returns once the latest snapshot is readable in host memory."""
+        if self._copied is not None:
+            await HostCopier.wait(None, self._copied)
+
+    def settle(self) -> None:
+        """``settled``, blocking (a checkpoint written at once)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
     async def _push_to_buddy(self, buddy: str, states, step: int, rows: list) -> None:
         try:
+            await self.settled()
             for i, (layer, st) in enumerate(states):
                 header, bufs = layer_state.encode(st)
                 header.update({"job": self.job.job_id, "layer": layer, "step": step})
@@ -140,6 +178,8 @@ class Recovery:
         the parts the live peers hold."""
         invs = None
         run: dict = {}
+        await self.settled()
+        self.before_update()
         for i, layer in enumerate(layers):
             idx = first + i
             skip = foreign[i] if foreign else frozenset()
@@ -166,6 +206,7 @@ class Recovery:
         peer's own snapshots and copies, else from the live peers that hold it, nearest first (the
         trained model put together from where its stages trained: the Python API's weights)."""
         out, invs = {}, None
+        await self.settled()
         for i in range(self.handle.num_layers):
             st = self._held(i, step)
             if st is None or layer_state.missing(st):
@@ -296,6 +337,7 @@ class Recovery:
     async def on_fetch(self, header: dict, buffers):
         """Another peer takes over a layer: send it the state held for (layer, step)."""
         layer, step = self._check_layer_header(header)
+        await self.settled()
         st = self._held(layer, step)
         if st is None:
             raise FrameError(f"this peer holds no state of layer {layer} at step {step}")

@@ -541,6 +541,7 @@ class Trainer:
         if self.opts.dump_grads_dir and step == self.opts.dump_step:
             dump_grads(self.opts.dump_grads_dir, st.layers, st.first, step, me)
         if not skip:
+            self.recovery.before_update()  # the last snapshot's copies to host memory read these first
             await st.executor.on_compute_thread(st.opt.step)
         if self.memory_state is None:  # the gradients and the optimizer's state are all there now
             self.memory_state = memory_use.held_state(st.params, st.opt)
@@ -584,4 +585,5 @@ class Trainer:
         run_report.log_step(log, step, ds, self.losses[ds] if loss_count else None, (t0, t_pipe, t_sum, t1),
                             result.compute_s)
         if states and job.checkpoint_every and self.step % job.checkpoint_every == 0 and self.opts.checkpoint_dir:
+            self.recovery.settle()
             write_layers(self.opts.checkpoint_dir, job.fingerprint, job.optimizer, self.step, states, job.to_dict())

@@ -91,10 +91,12 @@ def test_a_stage_on_the_gpu_computes_what_it_computes_on_the_cpu_and_sends_host_
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it_was_taken_at():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it_was_taken_at(dtype):
     """A CUDA stage's snapshot after a step is copied to pinned host memory on a side stream (the
     trainer goes on at once); the optimizer steps after it wait for those copies on the device
-    (``before_update``), so the snapshot holds exactly the state after the step it was taken at."""
+    (``before_update``), so the snapshot holds exactly the state after the step it was taken at. In
+    bf16 the optimizer state is converted to fp32 on the device first: the copy waits for that too."""
     import asyncio
     import types
 
@@ -102,9 +104,9 @@ def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it
     from spantrain_p2p.train.recovery import Recovery
 
     torch.manual_seed(0)
-    layers = [torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.GELU()).cuda() for _ in range(4)]
+    layers = [torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.GELU()).to("cuda", dtype) for _ in range(4)]
     opt = torch.optim.Adam([p for layer in layers for p in layer.parameters()], lr=1e-2)
-    x = torch.randn(256, 2048, device="cuda")
+    x = torch.randn(256, 2048, device="cuda", dtype=dtype)
 
     def train_step():
         h = x

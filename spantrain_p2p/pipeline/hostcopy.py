@@ -45,9 +45,11 @@ class HostCopier:
             self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
-        """A host copy of CUDA tensor ``t``, queued after ``begin`` and complete once ``mark``'s
-        event is: read it on the host only after that; ``t`` may change on the device once the
-        device stream waits for that event (``after``)."""
+        """A host copy of CUDA tensor ``t``, queued after every kernel queued so far on the current
+        stream (``t`` may be a temporary made just now: a conversion, a dequantized state) and
+        complete once ``mark``'s event is: read it on the host only after that; ``t`` may change on
+        the device once the device's stream waits for that event."""
+        self.begin()
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         with torch.cuda.stream(self.stream):
             host.copy_(t, non_blocking=True)

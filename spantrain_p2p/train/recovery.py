@@ -112,8 +112,6 @@ class Recovery:
         recent [step, loss sum, count, epoch]). Returns the (layer, state) pairs. ``foreign`` (a
         sharded stage): per layer, the parameters whose optimizer state another replica holds."""
         copier = self._copier_for(layers)
-        if copier is not None:
-            copier.begin()
         states = [(first + i, layer_state.capture(layer, opt, run, foreign[i] if foreign else frozenset(), copier))
                   for i, layer in enumerate(layers)]
         if copier is not None:
@@ -143,9 +141,13 @@ class Recovery:
             torch.cuda.current_stream(self._copier.stream.device).wait_event(self._copied)
 
     async def settled(self) -> None:
-        """Returns once the latest snapshot is readable in host memory."""
-        if self._copied is not None:
-            await HostCopier.wait(None, self._copied)
+        """Returns once the latest snapshot is readable in host memory (one taken while it waited
+        included): read the store right after it, with no await between."""
+        while self._copied is not None:
+            done = self._copied
+            await HostCopier.wait(None, done)
+            if done is self._copied:
+                return
 
     def settle(self) -> None:
         """``settled``, blocking (a checkpoint written at once)."""
@@ -206,8 +208,8 @@ class Recovery:
         peer's own snapshots and copies, else from the live peers that hold it, nearest first (the
         trained model put together from where its stages trained: the Python API's weights)."""
         out, invs = {}, None
-        await self.settled()
         for i in range(self.handle.num_layers):
+            await self.settled()  # (the trainer may have snapshotted again while a layer was fetched)
             st = self._held(i, step)
             if st is None or layer_state.missing(st):
                 if invs is None:

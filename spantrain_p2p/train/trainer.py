@@ -541,8 +541,11 @@ class Trainer:
         if self.opts.dump_grads_dir and step == self.opts.dump_step:
             dump_grads(self.opts.dump_grads_dir, st.layers, st.first, step, me)
         if not skip:
-            self.recovery.before_update()  # the last snapshot's copies to host memory read these first
-            await st.executor.on_compute_thread(st.opt.step)
+            def update():  # on the thread (and so the stream) of the step: after the last snapshot's copies
+                self.recovery.before_update()
+                st.opt.step()
+
+            await st.executor.on_compute_thread(update)
         if self.memory_state is None:  # the gradients and the optimizer's state are all there now
             self.memory_state = memory_use.held_state(st.params, st.opt)
             st.executor.state_bytes = self.memory_state["state"]

@@ -8,6 +8,7 @@ import types
 from spantrain_p2p.plan.stagemap import Stage, StageMap
 from spantrain_p2p.train.decide import (REPLAN_GAIN, REPLAN_HOLD_S, ReplanHysteresis, choose_buddy, epoch_verdict,
                                         ping_slots, resume_point)
+from spantrain_p2p.train import decide as dc
 
 MAP = StageMap(3, "j", (Stage(("a", "b"), (0, 2), (0.5, 0.5)), Stage(("c",), (2, 4), (1.0,)),
                         Stage(("d",), (4, 6), (1.0,))))
@@ -47,6 +48,19 @@ def test_an_epoch_is_broken_when_a_peer_abandoned_it():
 def test_peers_without_a_fresh_record_are_to_be_asked_in_map_order():
     live = {"a": _rec(), "c": _rec()}
     assert epoch_verdict(MAP, live) == (False, ["b", "d"])
+
+
+def test_a_run_stalls_after_epochs_in_a_row_break_with_no_new_step_and_training_past_its_best_starts_over():
+    st = (-1, 0)
+    st = dc.stalled(st, 25)  # epoch 1 trained 25 steps, then a peer died: progress
+    assert st == (25, 0)
+    st = dc.stalled(st, 18)  # resumed at 18, broke again before 25: no new step
+    st = dc.stalled(st, 25)
+    assert st == (25, 2)
+    assert dc.stalled(st, 26) == (26, 0)  # past the best: counting starts over
+    for _ in range(dc.MAX_STALLED_EPOCHS - 2):
+        st = dc.stalled(st, 3)
+    assert st == (25, dc.MAX_STALLED_EPOCHS)
 
 
 def test_resume_from_the_latest_step_every_layer_survives_at():

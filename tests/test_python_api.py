@@ -174,6 +174,24 @@ async def test_failures_arrive_as_the_packages_errors_with_the_command_lines_mes
                     pass
 
 
+@pytest.mark.heavy
+def test_a_model_that_fails_every_step_stops_the_run_with_its_error_instead_of_retrying_forever():
+    """Every step's backward raises in the first stage: each epoch breaks at the same step and the
+    planner re-plans; after ``MAX_STALLED_EPOCHS`` in a row with no new step it stops the run, and
+    the synchronous API raises ``TrainingStopped`` with the model's own message (it used to re-plan
+    until someone stopped it)."""
+    from spantrain_p2p.train.decide import MAX_STALLED_EPOCHS
+
+    job = spantrain_p2p.Job("tests.failing_user_model:failing_mlp", steps=5, no_measure=True)
+    with pytest.raises(spantrain_p2p.TrainingStopped) as got:
+        with spantrain_p2p.LocalSwarm(job, peers=2) as swarm:
+            for _ in swarm.steps():
+                pass
+    said = str(got.value)
+    assert f"{MAX_STALLED_EPOCHS} epochs in a row broke before any peer trained past step" in said, said
+    assert "this layer's backward always fails" in said, said
+
+
 def test_a_model_given_as_a_transformers_object_or_a_function_becomes_a_spec_the_peers_build(tmp_path):
     """A transformers model object is saved for the peers (``hf:DIR``, built with its weights); a
     module-level function is named by its module; a lambda cannot be imported by a peer: refused."""

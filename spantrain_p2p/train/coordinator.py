@@ -21,8 +21,8 @@ from ..swarm import grouping, measure
 from ..swarm.election import Election
 from .defence import evictions, gate_evictions, read_accusations, receivers
 from . import planning
-from .decide import (COPY_MARGIN, REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, copy_every, epoch_verdict,
-                     memory_caps, out_of_memory, refit_fixed, resume_point, same_layout)
+from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, copy_every,
+                     epoch_verdict, memory_caps, out_of_memory, refit_fixed, resume_point, same_layout, stalled)
 from .liveness import is_alive
 
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
@@ -65,6 +65,8 @@ class Coordinator:
         self.groups: list[list[str]] = []
         self.replans = 0
         self._hysteresis = ReplanHysteresis()
+        self._stall = (-1, 0)  # decide.stalled: (the most steps trained, broken epochs since that grew)
+        self._stall_epoch = -1  # the last broken epoch counted
         self._last_gain_check = 0.0
         self._gain_key: Optional[tuple] = None  # (measurements, gain, new step, current step) of the last check
 
@@ -142,6 +144,8 @@ class Coordinator:
                 if evicting:
                     await self._plan_and_publish(current, reason=evicting, evicting=True)
                     continue
+                if broken and await self._stalled(current):
+                    continue
                 if live and not inherited and not broken:
                     if await self._worth_replanning(current):
                         gain, new_s, cur = self._gain_key[1:] if self._gain_key else (0.0, 0.0, 0.0)
@@ -157,6 +161,28 @@ class Coordinator:
                                              f"a peer of epoch {current.epoch} is gone or failed")
             except Exception as e:
                 log.warning("planning round failed: %r", e)
+
+    async def _stalled(self, current: StageMap) -> bool:
+        """Counts ``current``, broken, towards ``decide.stalled`` (once an epoch) and stops the run
+        once too many epochs in a row broke with no new step: True if it stopped it."""
+        if self._stall_epoch == current.epoch:
+            return False
+        self._stall_epoch = current.epoch
+        mine = {p for st in current.stages for p in st.peers}
+        live = [r for r in self.peer.live_members() if r.peer_id in mine]
+        steps = max([current.start_step, *(int(r.progress.get("step", 0)) for r in live
+                                           if isinstance(r.progress.get("step", 0), (int, float)))])
+        self._stall = stalled(self._stall, steps)
+        if self._stall[1] < MAX_STALLED_EPOCHS:
+            return False
+        why = next((str(r.progress["failed_why"]) for r in live if r.progress.get("failed_epoch") == current.epoch
+                    and r.progress.get("failed_why")), "")
+        error = (f"{self._stall[1]} epochs in a row broke before any peer trained past step {self._stall[0]} "
+                 f"(of {self.job.steps})" + (f"; the last one said: {why}" if why else ""))
+        ids = sorted(r.peer_id for r in ready_peers(self.peer))
+        names = {r.peer_id: r.name for r in self.peer.live_members()}
+        await self._stop_run(current, ids, current.epoch + 1, self.election.leader.term, names, error)
+        return True
 
     async def _stop_run(self, current: Optional[StageMap], ids: list[str], epoch: int, term: int, names: dict,
                         error: str) -> None:

@@ -64,6 +64,19 @@ def epoch_verdict(smap: StageMap, live: Mapping[str, object]) -> tuple[bool, lis
     return False, absent
 
 
+MAX_STALLED_EPOCHS = 6  # epochs broken in a row with no new step trained: the run stops, saying why
+
+
+def stalled(before: tuple[int, int], steps_now: int) -> tuple[int, int]:
+    """(the most steps the run has trained, epochs broken in a row since that last grew), after one
+    more broken epoch whose live peers have trained ``steps_now`` steps at most. A step that fails
+    every time (a model that raises, a stage too slow for the receive timeout) breaks epoch after
+    epoch at the same step: with ``MAX_STALLED_EPOCHS`` of them the planner stops the run with the
+    error instead of re-planning it forever; a run that trains past its best step starts over at 0."""
+    best, n = before
+    return (steps_now, 0) if steps_now > best else (best, n + 1)
+
+
 def resume_point(inventories: Sequence[Mapping[int, Sequence[int]]], num_layers: int,
                  stages: Sequence[tuple[int, int]]) -> tuple[Optional[int], str]:
     """(step to redo from, error): the latest step at which a state of every layer survives in

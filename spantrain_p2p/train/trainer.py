@@ -51,6 +51,7 @@ from .recovery import Recovery
 from .transport import PipelineTransport
 
 log = logging.getLogger("spantrain.train")
+MAX_WHY = 200  # characters of why an epoch was abandoned, in this peer's record (the planner quotes it when it stops a run)
 KEEP_TIMELINES = 4  # steps whose op-by-op timeline a peer keeps for /report (spantrain report draws one)
 
 
@@ -309,7 +310,8 @@ class Trainer:
                 log.warning("epoch %d abandoned at step %d: %s", smap.epoch, self.step, why)
                 self.events.append({"kind": "abandoned", "epoch": smap.epoch, "step": self.step, "t": time.time(),
                                     "reason": why[:300]})
-                await self.peer.set_state("recovering", failed_epoch=smap.epoch, **memory_use.out_of_memory_progress(
+                await self.peer.set_state("recovering", failed_epoch=smap.epoch, failed_why=why[:MAX_WHY],
+                                          **memory_use.out_of_memory_progress(
                     e, self.memory_predicted, self.peer.progress))
             finally:
                 self._train_task = None

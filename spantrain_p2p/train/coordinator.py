@@ -165,12 +165,14 @@ class Coordinator:
     async def _stalled(self, current: StageMap) -> bool:
         """Counts ``current``, broken, towards ``decide.stalled`` (once an epoch) and stops the run
         once too many epochs in a row broke with no new step: True if it stopped it."""
-        if self._stall_epoch == current.epoch:
+        if self._stall_epoch == current.epoch or current.islands:  # (islands count rounds: not compared)
             return False
         self._stall_epoch = current.epoch
         mine = {p for st in current.stages for p in st.peers}
         live = [r for r in self.peer.live_members() if r.peer_id in mine]
-        steps = max([current.start_step, *(int(r.progress.get("step", 0)) for r in live
+        if out_of_memory(current, {r.peer_id: r for r in live}):
+            return False  # a refit within less memory is planned next: not a step failing the same way
+        steps = max([current.start_step, *(min(int(r.progress.get("step", 0)), self.job.steps) for r in live
                                            if isinstance(r.progress.get("step", 0), (int, float)))])
         self._stall = stalled(self._stall, steps)
         if self._stall[1] < MAX_STALLED_EPOCHS:

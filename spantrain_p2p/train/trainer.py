@@ -310,7 +310,7 @@ class Trainer:
                 log.warning("epoch %d abandoned at step %d: %s", smap.epoch, self.step, why)
                 self.events.append({"kind": "abandoned", "epoch": smap.epoch, "step": self.step, "t": time.time(),
                                     "reason": why[:300]})
-                await self.peer.set_state("recovering", failed_epoch=smap.epoch, failed_why=why[:MAX_WHY],
+                await self.peer.set_state("recovering", failed_epoch=smap.epoch, failed_why=why[:MAX_WHY].encode("utf-8", "replace").decode(),
                                           **memory_use.out_of_memory_progress(
                     e, self.memory_predicted, self.peer.progress))
             finally:

@@ -106,6 +106,32 @@ def _profile(layers: int = 4):
     return ModelProfile(tuple(LayerProfile(1e12, 1e12, 1e12, 1e6, 1e6, 16e6) for _ in range(layers)))
 
 
+def test_recomputation_keeps_each_layers_input_as_the_stage_holds_it_and_the_search_prices_it_alike():
+    """Under autocast a block's input is the fp32 residual stream while the wire carries bf16: a stage
+    that recomputes keeps the measured input of each layer (the first stage also its token ids), its
+    own input as it came off the wire and its output as held (GPT-2's stage 0 on an H100 counted 1.21x
+    the prediction that took every kept activation at the wire's 2 bytes). Unmeasured inputs keep the
+    wire sizes, as before. The planner's fast search (``dp``) prices every cut as the layout does."""
+    from dataclasses import replace
+
+    from spantrain_p2p.plan.layout import recomputed_kept, recomputed_stash
+    from spantrain_p2p.plan.types import LayerProfile, ModelProfile
+
+    wire = [10.0, 20.0, 30.0, 40.0, 0.0]
+    base = [LayerProfile(1, 1, 1, 1, activation_bytes_out=a, stash_bytes=5) for a in wire]
+    unmeasured = ModelProfile(tuple(base))
+    assert recomputed_stash(unmeasured, 0, 3, 2) == (2 * (10 + 20 + 30), 10)
+    assert recomputed_stash(unmeasured, 2, 5, 1)[0] == 20 + 30 + 40 + 0  # input off the wire, outputs
+    measured = ModelProfile(tuple(replace(x, input_bytes=v) for x, v in zip(base, (8, 20, 40, 60, 80))))
+    assert recomputed_stash(measured, 0, 3, 1)[0] == 8 + 20 + 40 + 60  # ids, inputs as held, output as held
+    assert recomputed_stash(measured, 2, 5, 1)[0] == 20 + 60 + 80 + 0  # its input as the wire carried it
+    for prof in (unmeasured, measured):  # dp's form of the same sum, every cut at once
+        kept = recomputed_kept(prof)
+        for i in range(5):
+            for j in range(i + 1, 6):
+                assert kept[i, j] == recomputed_stash(prof, i, j, 1)[0], (i, j)
+
+
 def _two_stages(schedule: str = "1f1b", recompute: str = "none"):
     from spantrain_p2p.plan.types import Plan, Stage
 

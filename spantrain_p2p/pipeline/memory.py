@@ -93,15 +93,21 @@ def saved_bytes(layer: torch.nn.Module, *args: torch.Tensor) -> tuple[int, torch
     return sum(stash.values()), out.detach()
 
 
-def layer_stashes(layers: list, x: torch.Tensor, target: Optional[torch.Tensor] = None, dtype=None) -> list[int]:
+def layer_stashes(layers: list, x: torch.Tensor, target: Optional[torch.Tensor] = None, dtype=None,
+                  inputs: Optional[list] = None) -> list[int]:
     """What each of ``layers``, run one after another on ``x`` (the last one with ``target``, where
-    given), keeps for its backward (``saved_bytes``), under autocast to ``dtype`` where given."""
+    given), keeps for its backward (``saved_bytes``), under autocast to ``dtype`` where given.
+    ``inputs``, a list: gets each layer's input bytes as the stage holds it (what a checkpoint keeps
+    under full recomputation: under autocast a block's input is the fp32 residual stream, twice a
+    bf16 wire's bytes; the first layer's, the token ids)."""
     device = next((p.device for layer in layers for p in layer.parameters()), torch.device("cpu"))
     x, out = x.to(device), []
     ctx = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
     with ctx:
         for i, layer in enumerate(layers):
             rest = (target.to(device),) if target is not None and i == len(layers) - 1 else ()
+            if inputs is not None:
+                inputs.append(x.nelement() * x.element_size())
             n, x = saved_bytes(layer, x, *rest)
             out.append(n)
     return out

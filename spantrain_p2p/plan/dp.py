@@ -22,6 +22,7 @@ from ..pipeline.assignment import microbatch_counts
 from .candidates import Segment, Units, group_link, group_orders
 from .search import INF, Search
 from . import levers
+from .layout import recomputed_kept
 from .types import wire_ratio
 
 Chain = list[tuple[int, int, int]]  # (segment, first layer, last layer exclusive) per stage
@@ -51,9 +52,7 @@ class Tables:
         # stage's input), the largest layer's stash once, the forward's FLOPs again in the backward
         lever = opts.recompute
         if lever != "none":
-            ao = np.concatenate([[0.0], np.cumsum([x.activation_bytes_out for x in lay])])
-            prev = np.array([0.0] + [x.activation_bytes_out for x in lay])  # [i]: layer i's input
-            INP = prev[:, None] + (ao[None, :] - ao[:, None])
+            INP = recomputed_kept(profile)  # [i, j]: per sample, layers i..j-1
             stash_l = np.array([x.stash_bytes * b + x.stash_fixed_bytes for x in lay])
             ONCE = np.zeros((L + 1, L + 1))
             for i in range(L):

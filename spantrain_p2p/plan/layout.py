@@ -195,14 +195,37 @@ def build_layout(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: L
     return Layout(plan.stages, b, m, tuple(out), tuple(hops), tuple(ars), profile.wire_dtype_bytes, split)
 
 
+def held_activations(profile: ModelProfile) -> tuple[list[float], list[float]]:
+    """Per layer, per sample: its input and its output as a stage holds them (what full
+    recomputation keeps): the input as measured (``input_bytes``: under autocast the fp32 residual
+    stream, twice a bf16 wire's bytes; the first layer's, its token ids), else the previous layer's
+    wire size (the first layer's: nothing); the output is the next layer's input (the last one's,
+    its own ``activation_bytes_out``). A stage's own input arrives from the wire instead."""
+    layers = profile.layers
+    held_in = [x.input_bytes or (layers[i - 1].activation_bytes_out if i else 0.0) for i, x in enumerate(layers)]
+    return held_in, held_in[1:] + [layers[-1].activation_bytes_out]
+
+
+def recomputed_kept(profile: ModelProfile) -> np.ndarray:
+    """``[i, j]``: what layers ``i..j-1`` keep per sample under full recomputation, for every cut
+    at once (``recomputed_stash``'s first figure over ``b``; the planner's fast search, ``dp``)."""
+    held_in, held_out = held_activations(profile)
+    first = np.array([held_in[0]] + [x.activation_bytes_out for x in profile.layers])  # [i]: off the wire
+    cum_in = np.concatenate([[0.0], np.cumsum(held_in)])  # [k]: inputs of layers 0..k-1
+    through_first = np.concatenate([cum_in[1:], [cum_in[-1]]])  # [i]: inputs of layers 0..i
+    last_out = np.array([0.0] + held_out)  # [j]: layer j-1's output
+    return first[:, None] + (cum_in[None, :] - through_first[:, None]) + last_out[None, :]
+
+
 def recomputed_stash(profile: ModelProfile, lo: int, hi: int, b: int) -> tuple[float, float]:
     """For micro-batches of ``b`` samples, what layers ``[lo, hi)`` keep of a forward under full
-    recomputation (each layer's input, and the last one's output: one activation per layer) and what
-    the layer being recomputed holds once (the largest layer stash, its fixed part included)."""
+    recomputation (each layer's input, and the last one's output: one activation per layer, as the
+    stage holds it, ``held_activations``) and what the layer being recomputed holds once (the
+    largest layer stash, its fixed part included)."""
     layers = profile.layers
-    kept = sum(x.activation_bytes_out for x in layers[lo:hi])  # each layer's output: the next one's input
-    if lo > 0:
-        kept += layers[lo - 1].activation_bytes_out  # the stage's input
+    held_in, held_out = held_activations(profile)
+    first = layers[lo - 1].activation_bytes_out if lo > 0 else held_in[0]  # the stage's input: off the wire
+    kept = first + sum(held_in[lo + 1:hi]) + held_out[hi - 1]
     return kept * b, max(x.stash_bytes * b + x.stash_fixed_bytes for x in layers[lo:hi])
 
 

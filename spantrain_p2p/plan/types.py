@@ -121,6 +121,9 @@ class LayerProfile:
     wire uncompressed. ``stash_bytes``: what the layer keeps from its forward for its backward.
     ``stash_fixed_bytes``: what it keeps per micro-batch whatever the micro-batch's size (under
     autocast, the low-precision copy of its weights that each micro-batch's forward makes and keeps).
+    ``input_bytes``: its input as a stage holds it, measured (what a checkpoint keeps under full
+    recomputation; under autocast a block's input is the fp32 residual stream, not the bf16 the wire
+    carries); 0: not measured, the previous layer's ``activation_bytes_out`` stands for it.
     """
 
     fwd_flops: float
@@ -130,10 +133,11 @@ class LayerProfile:
     activation_bytes_out: float
     stash_bytes: float = 0.0
     stash_fixed_bytes: float = 0.0
+    input_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("fwd_flops", "bwd_input_flops", "bwd_weight_flops", "param_bytes",
-                     "activation_bytes_out", "stash_bytes", "stash_fixed_bytes"):
+                     "activation_bytes_out", "stash_bytes", "stash_fixed_bytes", "input_bytes"):
             object.__setattr__(self, name, _finite(name, getattr(self, name), positive=False))
 
 

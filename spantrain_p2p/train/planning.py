@@ -140,15 +140,17 @@ def measured_stash(job: JobSpec, prof: pt.ModelProfile, device: str = "cpu") -> 
     (last,) = (x.to(device) for x in handle.build(n - 1, n))
     dtype = COMPUTE_DTYPES.get(job.precision)
 
-    def stashes(samples: int) -> list[float]:
+    def stashes(samples: int) -> tuple[list[float], list[float]]:
         ids = torch.zeros((samples, job.seq_len), dtype=torch.long)
-        return [float(x) for x in layer_stashes([first, block, last], ids, ids, dtype)]
+        inputs: list = []
+        return [float(x) for x in layer_stashes([first, block, last], ids, ids, dtype, inputs)], inputs
 
-    one, two = stashes(1), stashes(2)
+    (one, in_one), (two, in_two) = stashes(1), stashes(2)
     per = [y - x for x, y in zip(one, two)]  # per sample; what does not grow with it is kept per micro-batch
     fixed = [max(0.0, x - p) for x, p in zip(one, per)]
+    held_in = [float(y - x) for x, y in zip(in_one, in_two)]  # each layer's input as held, per sample
     pick = [0] + [1] * (n - 2) + [2]
-    return replace(prof, layers=tuple(replace(layer, stash_bytes=per[i], stash_fixed_bytes=fixed[i])
+    return replace(prof, layers=tuple(replace(layer, stash_bytes=per[i], stash_fixed_bytes=fixed[i], input_bytes=held_in[i])
                                       for layer, i in zip(prof.layers, pick)))
 
 

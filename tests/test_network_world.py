@@ -108,7 +108,15 @@ def test_a_relay_killed_mid_run_the_pair_behind_symmetric_nat_goes_on_and_nothin
     after = [nets[n]["paths"][m] for n, m in (("c", "d"), ("d", "c"))
              if m in nets[n]["paths"] and nets[n]["paths"][m]["since"] >= kill["t_unix"]]
     assert all(u["path"] == "relayed" and u["via"] == "b" for u in after), nets
-    assert nets["b"]["relay"]["served"] >= 1
+
+    def pair_talks(plan: dict) -> bool:  # c and d in one stage (replicas) or in adjacent ones
+        where = {q: i for i, st in enumerate(plan["stages"]) for q in st["peers"]}
+        return "c" in where and "d" in where and abs(where["c"] - where["d"]) <= 1
+
+    # b relays for them wherever a plan since the kill has c and d talk (the planner may also place
+    # them apart, the relayed hop being slower: then nothing of theirs needs b; CI-like run, 07:50 UTC)
+    if any(pair_talks(p) for p in out["plans"] if p["epoch"] > kill["epoch_before"]):
+        assert nets["b"]["relay"]["served"] >= 1, (out["plans"], nets["b"]["relay"])
     print(f"\nrelay a killed at step {kill.get('step')}: recovered in {kill['recovery_s']} s, "
           f"{len(out['losses'])} of {steps} steps")
 

@@ -30,7 +30,7 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
     """A copy of the layer's state now (parameters, buffers, optimizer state of its parameters),
     with ``run``'s ``s:`` entries (scalars of the whole run); ``foreign``: the parameters whose
     optimizer state another replica holds (marked ``x:``). With ``copier`` (a
-    ``pipeline.hostcopy.HostCopier`` after its ``begin``), CUDA tensors are copied on its stream
+    ``pipeline.hostcopy.HostCopier``), CUDA tensors are copied on its stream
     while the device computes on: the copy is readable once the copier's next ``mark`` completes."""
     def host(t: torch.Tensor) -> torch.Tensor:
         return _host_copy(t) if copier is None or t.device.type != "cuda" else copier.copy(t.detach())

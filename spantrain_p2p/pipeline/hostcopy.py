@@ -29,27 +29,15 @@ class HostCopier:
             return t, None
         if self.stream is None or t.device.type != "cuda":
             return t.to("cpu"), None
-        self.stream.wait_stream(torch.cuda.current_stream(t.device))
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        with torch.cuda.stream(self.stream):
-            host.copy_(t, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.stream)
-        t.record_stream(self.stream)
-        return host, done
+        return self.copy(t), self.mark()
 
     # ---- many tensors, one event (a stage's state after a step: ``models.state.capture``) -----------
-    def begin(self) -> None:
-        """Copies queued from now on start after every kernel queued so far on the current stream."""
-        if self.stream is not None:
-            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         """A host copy of CUDA tensor ``t``, queued after every kernel queued so far on the current
         stream (``t`` may be a temporary made just now: a conversion, a dequantized state) and
         complete once ``mark``'s event is: read it on the host only after that; ``t`` may change on
         the device once the device's stream waits for that event."""
-        self.begin()
+        self.stream.wait_stream(torch.cuda.current_stream(t.device))
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         with torch.cuda.stream(self.stream):
             host.copy_(t, non_blocking=True)

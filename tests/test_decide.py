@@ -116,6 +116,42 @@ def test_buddy_copies_are_spaced_to_land_within_an_interval():
     assert copy_every([(mb, float("nan"))], 1.0) == 1 and copy_every([(mb, 0.0)], 1.0) == 1
 
 
+def test_buddy_copies_are_spaced_by_their_cost_against_the_failure_rate():
+    """Young's interval sqrt(2 C M): a 6 MB stage at 3.5 ns a byte (21 ms a copy) in a swarm of 4
+    peers that each fail once an hour (M = 900 s) copies every 6.1 s: every 8 steps of 0.75 s, at
+    most 8 (a copy carries 8 loss rows); a swarm that fails often, or cheap copies, copy every step."""
+    from spantrain_p2p.train.decide import FAILURE_SPACED_MAX, copy_every, swarm_mtbf_s
+
+    mb = 1e6
+    stage = [(6 * mb, 1e10), (3 * mb, 1e10)]  # fast links: landing says every step
+    assert copy_every(stage, 0.75) == 1  # the cost unknown
+    m = swarm_mtbf_s(4)
+    assert m == 900.0
+    assert copy_every(stage, 0.75, cost_s_per_byte=3.5e-9, mtbf_s=m) == FAILURE_SPACED_MAX == 8
+    assert copy_every(stage, 2.0, cost_s_per_byte=3.5e-9, mtbf_s=m) == 3  # 6.5 s over 2 s steps
+    # the largest stage's copy counts (each peer copies its own at once), not the sum
+    assert copy_every([(6 * mb, 1e10)] * 4, 2.0, cost_s_per_byte=3.5e-9, mtbf_s=m) == 3
+    # 12 failures watched over 4 peers x 1 h: a peer fails every 1,385 s, the swarm every 346 s: 3.8 s
+    busy = swarm_mtbf_s(4, failures=12, watched_peer_s=4 * 3600)
+    assert round(busy) == 346 and copy_every(stage, 2.0, cost_s_per_byte=3.5e-9, mtbf_s=busy) == 1
+    assert copy_every(stage, 0.75, cost_s_per_byte=0.2e-9, mtbf_s=m) == 1  # plain copies: 1 ms
+    # landing still rules where it asks for more; the failure term never exceeds the map's bound
+    assert copy_every([(19 * mb, 2.5 * mb)], 2.0, cost_s_per_byte=3.5e-9, mtbf_s=m) == 8
+    assert copy_every([(1e15, 1.0)], 0.1, cost_s_per_byte=3.5e-9, mtbf_s=m) == 10_000
+    assert copy_every(stage, 0.75, limit=2, cost_s_per_byte=3.5e-9, mtbf_s=m) == 2
+    # nonsense figures say nothing
+    assert copy_every(stage, 0.75, cost_s_per_byte=float("nan"), mtbf_s=m) == 1
+    assert copy_every(stage, 0.75, cost_s_per_byte=3.5e-9, mtbf_s=float("inf")) == 8
+    assert copy_every(stage, float("inf"), cost_s_per_byte=3.5e-9, mtbf_s=m) == 1
+
+
+def test_a_copied_bytes_cost_is_measured_through_the_copy_path():
+    from spantrain_p2p.train.recovery import copy_cost_s_per_byte
+
+    enc, plain = copy_cost_s_per_byte(True, 1 << 20), copy_cost_s_per_byte(False, 1 << 20)
+    assert 0 < plain < enc < 1e-6  # sealing and opening cost more than the copies alone, and a byte < 1 us
+
+
 def _crash_resume(every: int, lag: int, crash: int) -> int:
     """Four lone stages (layer k on peer k), each copying its layer to the next peer after the
     multiples of ``every`` (a copy starts only once the one before has landed); a copy lands ``lag``

@@ -22,8 +22,9 @@ from ..swarm.election import Election
 from .defence import evictions, gate_evictions, read_accusations, receivers
 from . import planning
 from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, copy_every,
-                     epoch_verdict, memory_caps, out_of_memory, refit_fixed, resume_point, same_layout, stalled)
+                     epoch_verdict, swarm_mtbf_s, memory_caps, out_of_memory, refit_fixed, resume_point, same_layout, stalled)
 from .liveness import is_alive
+from .recovery import copy_cost_s_per_byte
 
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
 ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
@@ -68,6 +69,10 @@ class Coordinator:
         self._stall = (-1, 0)  # decide.stalled: (the most steps trained, broken epochs since that grew)
         self._stall_epoch = -1  # the last broken epoch counted
         self._last_gain_check = 0.0
+        # failures this planner saw (peers of its view that stopped answering), over how long it watched
+        # how many peers: the swarm's failure rate, which spaces the buddy copies (``_copy_every``)
+        self._failed: set[str] = set()
+        self._watched = (0.0, 0.0)  # (peer-seconds watched, unix time it was last added to)
         self._gain_key: Optional[tuple] = None  # (measurements, gain, new step, current step) of the last check
 
     def start(self, job, handle, has_map) -> None:
@@ -250,6 +255,7 @@ class Coordinator:
         # loaded machine, which must not be planned out)
         alive = await asyncio.gather(*(is_alive(self.peer, p, PLAN_PROBE_S) for p in ids))
         dead = {p for p, ok in zip(ids, alive) if not ok}
+        self._failed |= dead
         if dead:
             log.info("planning without %s: no longer answering (epoch %d)",
                      ", ".join(current.name_of(p) if current.stage_of(p) is not None else self.peer.name_of(p)
@@ -310,7 +316,11 @@ class Coordinator:
         4-peer run on 20 Mbit/s links once copied its 19 MB stages after every step, each copy took
         ~4 steps to land, and a crash found no step every layer was kept at: it began again at step 0.
         (Copies from several lone stages to one buddy share its link: the interval's margin of 2
-        covers two; a map that changes the interval leaves a short while with no common step.)"""
+        covers two; a map that changes the interval leaves a short while with no common step.)
+        Spaced further where copies cost more than failures do: a copied byte's CPU cost measured
+        here (``recovery.copy_cost_s_per_byte``) against the failure rate this planner has seen
+        (``decide.swarm_mtbf_s``; a new planner starts from the prior). On loopback (4 peers, 6 MB
+        stages, 0.75 s steps) a copy after every step cost 10 % of the pace (issue 31)."""
         if not self.measure_links or planning.model_profile(self.job) is None:
             return 1
         try:
@@ -320,13 +330,20 @@ class Coordinator:
                     return 1
                 snap = planning.snapshot(profiles, links, ids)
             step_s = smap.predicted_step_s or planning.current_cost(smap, self.job, snap)
-            every = copy_every(planning.buddy_copies(smap, self.job, snap), step_s)
+            peers = sum(len(st.peers) for st in smap.stages)
+            now = time.time()
+            watched, since = self._watched
+            self._watched = (watched + (now - since) * peers if since else 0.0, now)
+            mtbf = swarm_mtbf_s(peers, len(self._failed), self._watched[0])
+            per_byte = await asyncio.to_thread(copy_cost_s_per_byte, self.peer.config.encrypt)
+            every = copy_every(planning.buddy_copies(smap, self.job, snap), step_s, cost_s_per_byte=per_byte, mtbf_s=mtbf)
         except Exception as e:  # a bad measurement record must not stop a plan from going out
             log.warning("copy interval not computed (%r): copies after every step", e)
             return 1
         if every > 1:
-            log.info("buddy copies every %d steps (the slowest predicted to take up to %.1f steps to land)",
-                     every, every / COPY_MARGIN)
+            log.info("buddy copies every %d steps (predicted step %.3fs; the slowest copy to land within %.1f steps; "
+                     "a copied byte costs %.2f ns of CPU, the swarm fails every %.0f s)", every, step_s,
+                     every / COPY_MARGIN, per_byte * 1e9, mtbf)
         return every
 
     def _receivers(self, current: StageMap) -> dict[str, set[str]]:

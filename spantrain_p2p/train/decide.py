@@ -109,17 +109,45 @@ def choose_buddy(smap: StageMap, stage: int, me: str, rtt_ms: Callable[[str], fl
 COPY_MARGIN = 2.0  # a buddy copy is given this many times its predicted transfer time
 
 
-def copy_every(copies: Sequence[tuple[float, float]], step_s: float, limit: int = MAX_COPY_EVERY) -> int:
+PEER_MTBF_S = 3600.0  # a peer's mean time between failures before any is seen (volunteers' sessions last hours)
+FAILURE_SPACED_MAX = 8  # failure-spaced copies at most this many steps apart (a copy carries 8 loss rows)
+
+
+def copy_every(copies: Sequence[tuple[float, float]], step_s: float, limit: int = MAX_COPY_EVERY,
+               cost_s_per_byte: float = 0.0, mtbf_s: float = math.inf) -> int:
     """How many steps apart buddy copies are taken (``StageMap.copy_every``): ``copies`` holds, per
     stage whose layers go to a buddy, (bytes of its state, bytes/s of its slowest peer's link to its
-    nearest other peer); ``step_s``: the map's step time. Every peer keeps its own snapshots of the
-    last few multiples, so a copy must land within one interval: the slowest copy, with a margin,
-    over the step. 1 (a copy after every step) where copies take less than half a step, or where
-    nothing is known. A 19 MB stage over 20 Mbit/s with 2 s steps: 8 s a copy, every 8 steps."""
-    worst = max((b / bw for b, bw in copies if b > 0 and bw > 0), default=0.0)
-    if step_s <= 0 or not math.isfinite(step_s) or worst <= 0 or not math.isfinite(worst):
+    nearest other peer); ``step_s``: the map's step time. The larger of two intervals:
+
+    - landing: every peer keeps its own snapshots of the last few multiples, so a copy must land
+      within one interval: the slowest copy, with a margin, over the step. A 19 MB stage over
+      20 Mbit/s with 2 s steps: 8 s a copy, every 8 steps.
+    - failures (with ``cost_s_per_byte``, the CPU seconds a copied byte costs its two ends, and
+      ``mtbf_s``, the swarm's mean time between failures, ``swarm_mtbf_s``): Young's interval
+      sqrt(2 C M), where C is the largest stage's copy cost (each peer copies its own stage at
+      once, on its own CPU, to a peer that receives one): copying after every step pays C every step to save at most one step's redo per failure, which fails once in M. At
+      most ``FAILURE_SPACED_MAX`` steps. A crash then redoes the steps since the last copy: none lost.
+
+    1 (a copy after every step) where neither says more, or where nothing is known."""
+    if step_s <= 0 or not math.isfinite(step_s):
         return 1
-    return max(1, min(limit, math.ceil(COPY_MARGIN * worst / step_s)))
+    every = 1
+    worst = max((b / bw for b, bw in copies if b > 0 and bw > 0), default=0.0)
+    if worst > 0 and math.isfinite(worst):
+        every = max(1, min(limit, math.ceil(COPY_MARGIN * worst / step_s)))
+    cost = cost_s_per_byte * max((b for b, _ in copies if b > 0 and math.isfinite(b)), default=0.0)
+    if cost > 0 and math.isfinite(cost) and mtbf_s > 0:
+        young = math.sqrt(2 * cost * mtbf_s) if math.isfinite(mtbf_s) else math.inf
+        every = max(every, min(FAILURE_SPACED_MAX, limit, int(young // step_s) if math.isfinite(young) else limit))
+    return every
+
+
+def swarm_mtbf_s(peers: int, failures: int = 0, watched_peer_s: float = 0.0, prior_s: float = PEER_MTBF_S) -> float:
+    """The swarm's mean time between failures, for ``copy_every``: a peer's (the prior, one failure's
+    worth, plus what was watched: ``watched_peer_s`` peer-seconds with ``failures`` peers lost in
+    them), shared by ``peers``."""
+    per_peer = (prior_s + max(0.0, watched_peer_s)) / (1 + max(0, failures))
+    return per_peer / max(1, peers)
 
 
 @dataclass(frozen=True)

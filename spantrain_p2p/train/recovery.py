@@ -20,12 +20,39 @@ from ..plan.stagemap import StageMap
 from ..models import state as layer_state
 from ..models.checkpoint import CheckpointDir
 from ..models.state import LayerState
-from .decide import choose_buddy
+from .decide import FAILURE_SPACED_MAX, choose_buddy
 from ..models.workload import layer_charge
 
 log = logging.getLogger("spantrain.train")
 
-LOSS_ROWS = 8  # recent loss rows sent along with a buddy copy
+LOSS_ROWS = FAILURE_SPACED_MAX  # recent loss rows sent along with a buddy copy: copies may be this many steps apart
+_COST_PER_BYTE: dict[bool, float] = {}
+
+
+def copy_cost_s_per_byte(encrypted: bool = True, nbytes: int = 4 << 20) -> float:
+    """CPU seconds a byte of a buddy copy costs its two ends, measured once per process on this
+    machine: the sender's encoding and sealing, the receiver's opening and decoding (validation
+    included), of a ``nbytes`` layer state, through the functions a copy goes through (the best of
+    3 rounds). What ``decide.copy_every`` weighs against failures. (The planner's machine stands for
+    the swarm's: a peer's copies cost what its own CPU makes of them.)"""
+    if encrypted not in _COST_PER_BYTE:
+        import torch
+
+        from ..net.secure import Opener, Sealer
+
+        state = [("p:w", torch.randn(nbytes // 4))]
+        best = math.inf
+        for _ in range(3):
+            key = bytes(32)
+            sealer, opener = Sealer(key), Opener(key)
+            t0 = time.thread_time()
+            header, bufs = layer_state.encode(state)
+            if encrypted:
+                bufs = [memoryview(b"".join(p for buf in bufs for rec in sealer.seal(buf) for p in opener.feed(rec)))]
+            layer_state.decode(header, bufs, {"p:w": (nbytes // 4,)})
+            best = min(best, time.thread_time() - t0)
+        _COST_PER_BYTE[encrypted] = best / nbytes
+    return _COST_PER_BYTE[encrypted]
 
 
 class Recovery:

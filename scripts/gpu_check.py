@@ -218,6 +218,7 @@ def four_peers(a, out, work, model, steps, seq, mbs, tok, shape, tokens_per_step
         "tokens_per_s": round(tokens_per_step / step_s, 1), "step_s": round(step_s, 4),
         "peers": [{"name": r["name"], "stage": r["stage"], **{k: (r.get("work") or {}).get(k) for k in
                                                               ("tokens_per_s", "mfu", "peak_source")},
+                   "step_breakdown": r.get("step_breakdown"), "cpu": r.get("cpu"),
                    "memory": {k: (r.get("memory") or {}).get(k) for k in
                               ("predicted", "measured", "cuda_max_allocated", "cuda_over_predicted")}}
                   for r in reports],
@@ -230,6 +231,8 @@ def four_peers(a, out, work, model, steps, seq, mbs, tok, shape, tokens_per_step
     print(f"four peers (2 stages x 2 replicas, bf16): {tokens_per_step / step_s:,.0f} tokens/s, MFU of the device "
           f"{out['four_peers']['mfu']:.3f}, loss {losses[0]:.4f} -> {losses[-1]:.4f}, worst rel. error against one "
           f"process {out['four_peers']['loss_rel_err']:.2e}", file=sys.stderr, flush=True)
+    for p in out["four_peers"]["peers"]:
+        print(f"  {p['name']} (stage {p['stage']}): step breakdown {p['step_breakdown']}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

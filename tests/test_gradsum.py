@@ -54,3 +54,24 @@ def test_a_sharded_stages_buckets_hold_one_owners_parameters_each():
     assert layer_buckets([[3, 2, 4], [5]], owners=["a", "b", "a", "b"]) == \
         [(0, [(0, 3), (2, 4)]), (0, [(1, 2)]), (1, [(3, 5)])]
     assert layer_buckets([[3, 2, 4], [5]]) == [(0, [(0, 3), (1, 2), (2, 4)]), (1, [(3, 5)])]
+
+
+def test_too_few_replicas_to_judge_are_summed_bucket_by_bucket_as_the_whole_gradient_would_be():
+    """With fewer than robust.aggregate.MIN_PEERS replicas the robust sum is the plain one: taken
+    bucket by bucket (no copy of the whole gradient), it equals robust_sum over the whole gradient
+    bit for bit, and reports the same: nothing judged, a part of weight 0 that is not zeros idle."""
+    from spantrain_p2p.robust.aggregate import robust_sum
+
+    g = torch.Generator().manual_seed(0)
+    sizes = [5, 7, 3]
+    # (a replica with no weight at all sent a part: counted idle; one of weight 0 is left out before)
+    for weights, peers, idle in (({"a": 3.0, "b": 1.0, "z": 0.0}, "abz", False), ({"a": 2.0, "b": 2.0}, "abc", True)):
+        buckets = [{p: torch.randn(n, generator=g) * 1e3 for p in peers} for n in sizes]
+        buckets[1]["b"][:] = 0.0
+        gsum = GradientSum(_Transport(1), "a", 3, _params(), [], [p for p in peers if p != "a"], weights=weights)
+        got = gsum._robust(buckets)
+        whole = {p: torch.cat([b[p] for b in buckets]) for p in peers if weights.get(p, 1) > 0}
+        want, report = robust_sum(whole, weights)
+        assert torch.equal(torch.cat(got), want)
+        assert gsum.reports == [report]
+        assert (report.clipped == ("c",)) == idle

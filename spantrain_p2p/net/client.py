@@ -167,9 +167,6 @@ class DataPlaneClient:
                         writer.write(b"".join([head, *chunks]))
                         sent = size
                         await writer.drain()
-                    elif ex is None and isinstance(writer, secure.SecureWriter):
-                        writer.write(head)
-                        sent = await _sealed_pieces(writer, chunks)
                     elif ex is None:
                         writer.write(head)
                         for c in chunks:
@@ -271,25 +268,3 @@ async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytearray:
         view[got:got + len(chunk)] = chunk
         got += len(chunk)
     return body
-
-
-async def _sealed_pieces(writer: "secure.SecureWriter", chunks) -> int:
-    """Writes ``chunks`` in pieces of ``PIECE_BYTES``, each sealed (in a worker thread: ``seal_soon``)
-    while the socket takes the one before; the bytes written. On a 16-core host four peers' gradient
-    sums spent most of a step sealing and opening on their event loops (H100, 2026-11-27)."""
-    pieces = [v[i:i + PIECE_BYTES] for c in chunks for v in (memoryview(c).cast("B"),)
-              for i in range(0, v.nbytes, PIECE_BYTES)]
-    sent, nxt = 0, writer.seal_soon(pieces[0]) if pieces else None
-    try:
-        for k, piece in enumerate(pieces):
-            records = await nxt
-            nxt = None
-            writer.write_records(records)
-            if k + 1 < len(pieces):
-                nxt = writer.seal_soon(pieces[k + 1])
-            await writer.drain()
-            sent += piece.nbytes
-    finally:
-        if nxt is not None:
-            nxt.cancel()
-    return sent

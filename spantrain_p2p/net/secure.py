@@ -76,9 +76,6 @@ class Opener:
         return out
 
 
-THREAD_SEAL_BYTES = 256 << 10  # a piece this big is sealed in a worker thread (``SecureWriter.seal_soon``)
-
-
 class SecureWriter:
     """Encrypts what is written and hands the records on; everything else goes to what it wraps.
     Wraps the server's transport (under the framed connection) and the client's StreamWriter."""
@@ -88,22 +85,6 @@ class SecureWriter:
 
     def write(self, data) -> None:
         for rec in self._sealer.seal(data):
-            self._inner.write(rec)
-
-    def seal_soon(self, data) -> asyncio.Future:
-        """The records of ``data`` (``write_records`` writes them), sealed in a worker thread when
-        ``data`` is big: AES-GCM lets go of the GIL, so the event loop reads, writes and opens other
-        records meanwhile, and a sender seals its next piece while the socket takes the last. Await
-        one before asking for the next (the records' nonces follow the order they are sealed in), and
-        write nothing else between them."""
-        if memoryview(data).nbytes < THREAD_SEAL_BYTES:
-            done = asyncio.get_running_loop().create_future()
-            done.set_result(self._sealer.seal(data))
-            return done
-        return asyncio.ensure_future(asyncio.to_thread(self._sealer.seal, data))
-
-    def write_records(self, records: list) -> None:
-        for rec in records:
             self._inner.write(rec)
 
     def __getattr__(self, name):  # close, abort, is_closing, pause/resume_reading, drain, transport, ...

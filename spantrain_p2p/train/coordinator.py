@@ -256,7 +256,10 @@ class Coordinator:
         # loaded machine, which must not be planned out)
         alive = await asyncio.gather(*(is_alive(self.peer, p, PLAN_PROBE_S) for p in ids))
         dead = {p for p, ok in zip(ids, alive) if not ok}
-        self._failed |= set(sorted(dead)[:max(0, MAX_FAILED_KEPT - len(self._failed))])  # bounded: ids are the members'
+        for p in sorted(dead - self._failed):  # bounded: ids are the members'
+            if len(self._failed) >= MAX_FAILED_KEPT:
+                break
+            self._failed.add(p)
         if dead:
             log.info("planning without %s: no longer answering (epoch %d)",
                      ", ".join(current.name_of(p) if current.stage_of(p) is not None else self.peer.name_of(p)

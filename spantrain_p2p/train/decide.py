@@ -125,8 +125,9 @@ def copy_every(copies: Sequence[tuple[float, float]], step_s: float, limit: int 
     - failures (with ``cost_s_per_byte``, the CPU seconds a copied byte costs its two ends, and
       ``mtbf_s``, the swarm's mean time between failures, ``swarm_mtbf_s``): Young's interval
       sqrt(2 C M), where C is the largest stage's copy cost (each peer copies its own stage at
-      once, on its own CPU, to a peer that receives one): copying after every step pays C every step to save at most one step's redo per failure, which fails once in M. At
-      most ``FAILURE_SPACED_MAX`` steps. A crash then redoes the steps since the last copy: none lost.
+      once, on its own CPU, to a peer that receives one): copying after every step pays C every
+      step to save at most one step's redo per failure, which comes once in M. At most
+      ``FAILURE_SPACED_MAX`` steps. A crash then redoes the steps since the last copy: none lost.
 
     1 (a copy after every step) where neither says more, or where nothing is known."""
     if step_s <= 0 or not math.isfinite(step_s):
@@ -137,8 +138,9 @@ def copy_every(copies: Sequence[tuple[float, float]], step_s: float, limit: int 
         every = max(1, min(limit, math.ceil(COPY_MARGIN * worst / step_s)))
     cost = cost_s_per_byte * max((b for b, _ in copies if b > 0 and math.isfinite(b)), default=0.0)
     if cost > 0 and math.isfinite(cost) and mtbf_s > 0:
-        young = math.sqrt(2 * cost * mtbf_s) if math.isfinite(mtbf_s) else math.inf
-        every = max(every, min(FAILURE_SPACED_MAX, limit, int(young // step_s) if math.isfinite(young) else limit))
+        young = math.sqrt(2 * cost * mtbf_s)  # inf where no failure is expected
+        steps = young // step_s if math.isfinite(young) else math.inf
+        every = max(every, int(min(FAILURE_SPACED_MAX, limit, steps)))
     return every
 
 

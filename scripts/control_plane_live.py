@@ -13,9 +13,9 @@ swarm on loopback; once every peer lists all N, the script measures over ``--win
   wire traffic);
 - the busiest peer's answered calls against the mean (how unevenly the DHT's load falls);
 - join-to-visible: one more peer is started; from its ready file (it has joined and announced) until
-  the founder and another peer list it;
-- crash-to-noticed: one peer (not the founder) and its daemon are SIGKILLed; until the founder and
-  another peer no longer list it;
+  a watcher (the lowest peer id: it reads the member key every poll, as a planner does) and a peer
+  that does not watch (it reads the key seldom in a large swarm) list it;
+- crash-to-noticed: another peer and its daemon are SIGKILLed; until those two no longer list it;
 - how long the founder's ``/status`` takes to answer (``spantrain status`` reads it).
 
     .venv/bin/python scripts/control_plane_live.py --peers 8 16 --window 30
@@ -162,28 +162,32 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
         status(founder)
         status_s = time.monotonic() - t
 
-        # join-to-visible: from the joiner's ready file to being listed by the founder and another peer
-        other = rng.choice(peers[1:]) if n > 1 else founder
+        # join-to-visible: from the joiner's ready file to being listed by a watcher (the lowest peer id:
+        # it reads the member key every poll, as a planner does) and by a peer that does not watch
+        # (it reads the key every N / 8 polls: ``membership.read_interval``)
+        by_id = sorted(peers, key=lambda p: ids[p.name])
+        watcher = by_id[0]
+        other = rng.choice(by_id[2:]) if n > 2 else by_id[-1]
         joiner = start(f"c{n:03d}", run_dir, addr)
         wait_until(joiner.poll_ready, 180, 0.05, "the joiner's ready file")
         ready_at = time.monotonic()
         jid = joiner.info["peer_id"]
         seen = {}
         while len(seen) < 2 and time.monotonic() - ready_at < 60:
-            for w in (founder, other):
+            for w in (watcher, other):
                 if w.name not in seen and jid in members(w):
                     seen[w.name] = time.monotonic() - ready_at
             time.sleep(0.1)
         peers.append(joiner)
 
         # crash-to-noticed: SIGKILL a peer and its daemon
-        victim = rng.choice([p for p in peers[1:] if p is not other and p is not joiner]) if n > 2 else joiner
+        victim = rng.choice([p for p in peers if p not in (watcher, other, joiner)]) if n > 2 else joiner
         vid = ids.get(victim.name) or victim.info["peer_id"]
         killed_at = time.monotonic()
         os.killpg(victim.proc.pid, signal.SIGKILL)
         gone = {}
         while len(gone) < 2 and time.monotonic() - killed_at < 120:
-            for w in (founder, other):
+            for w in (watcher, other):
                 if w.name not in gone and vid not in members(w):
                     gone[w.name] = time.monotonic() - killed_at
             time.sleep(0.1)
@@ -194,6 +198,10 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
             return spread([v[field] for v in vals])
 
         served = [v["calls_served_per_s"] for v in vals]
+
+        def role(name: str) -> str:
+            return f"{name} ({'watcher' if name == watcher.name else 'member'})"
+
         return {
             "n": n, "window_s": window, "started_s": round(started_s, 1), "converged_s": converged_s,
             "listed": {"min": listed[0], "median": listed[len(listed) // 2], "max": listed[-1]},
@@ -203,8 +211,8 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
             "daemon_io_per_s": stat("daemon_io_per_s"), "cpu_pct": stat("cpu_pct"), "daemon_cpu_pct": stat("daemon_cpu_pct"),
             "by_key": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in sorted(keys.items(), key=lambda kv: -kv[1]["bytes_per_s"])},
             "largest_value": largest, "status_s": round(status_s, 3),
-            "join_to_visible_s": {k: round(v, 2) for k, v in seen.items()},
-            "crash_to_noticed_s": {k: round(v, 2) for k, v in gone.items()},
+            "join_to_visible_s": {role(k): round(v, 2) for k, v in seen.items()},
+            "crash_to_noticed_s": {role(k): round(v, 2) for k, v in gone.items()},
         }
     finally:
         for p in peers:

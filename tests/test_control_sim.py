@@ -1,4 +1,6 @@
 """The control plane's simulator (``sim.control_plane``): what it counts follows from the design."""
+from dataclasses import replace
+
 import pytest
 
 from spantrain_p2p.sim.control_plane import DESIGNS, Design, simulate
@@ -76,3 +78,19 @@ def test_direct_reads_and_stores_cost_one_call_per_replica_and_load_the_replicas
     assert small.calls_per_s["mean"] == pytest.approx(large.calls_per_s["mean"], rel=0.1)
     assert large.calls_per_s["mean"] < 0.5 * simulate(DESIGNS["today"], 400).calls_per_s["mean"]
     assert large.busiest_over_mean > 400 / 5 * 0.5  # the replicas serve the swarm: the ceiling this design has
+
+
+def test_with_two_watchers_a_peers_reads_stop_growing_with_the_swarm_and_the_planner_sees_as_soon():
+    """Only the planner and its standby read the member key every poll; the others read about 8
+    records a poll (``membership.read_interval``): their bytes stop growing with N until the
+    minute's floor, and the member key's nodes serve far fewer reads. The planner's times stay."""
+    direct, watched = simulate(DESIGNS["direct"], 400), simulate(DESIGNS["watchers"], 400)
+    assert watched.bytes_per_s["p50"] < 0.1 * direct.bytes_per_s["p50"]
+    assert watched.bytes_per_s["max"] < 0.1 * direct.bytes_per_s["max"]  # the key's nodes
+    # a typical peer's reads: 8 records a second whatever N (stores and lookups beside them)
+    small, large = simulate(DESIGNS["watchers"], 64), simulate(DESIGNS["watchers"], 400)
+    assert large.bytes_per_s["p50"] == pytest.approx(small.bytes_per_s["p50"], rel=0.1)
+    assert watched.crash_to_noticed_s == direct.crash_to_noticed_s
+    # up to 8 peers everyone reads every poll: only the holders' lookups are lighter
+    same = replace(DESIGNS["watchers"], lookup_value=True)
+    assert simulate(same, 8).bytes_per_s == simulate(DESIGNS["direct"], 8).bytes_per_s

@@ -22,6 +22,9 @@ class PeerConfig:
     heartbeat_s: float = 2.0
     ttl_heartbeats: int = 3  # a record lives this many heartbeats
     poll_s: float = 1.0  # how often the member view is refreshed
+    # a peer that is not the planner or its standby reads all records only about this many a poll
+    # (``membership.read_interval``): the whole member key every N / view_records_per_poll polls
+    view_records_per_poll: float = 8.0
     join_timeout_s: float = 30.0
     discover_s: float = 5.0  # how long --join auto looks for a swarm on mDNS
     mdns: bool = False  # advertise on mDNS (always on with --join auto)

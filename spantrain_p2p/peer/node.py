@@ -81,6 +81,9 @@ class Peer:
         self._before_serving: list = []  # callables(peer) run once the data plane exists, before it serves
         self.swarm_key: Optional[SwarmKey] = None
         self.member_checks: list = []  # callables(peer_id) -> bool: more ways to know a member (the stage map)
+        self.watch_checks: list = []  # callables() -> bool: this peer reads the members every poll (the planner)
+        self._waiting = 0  # callers of wait_members: they read every poll
+        self._read_at = 0.0  # monotonic time of the last read of the whole member key
         self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
         self.loop_lag = LoopLag()  # how long the event loop was held (nothing may hold it for long)
         self.control = ControlMeter(config.swarm)  # this peer's DHT calls and their bytes (/status "control")
@@ -114,16 +117,35 @@ class Peer:
         """Waits until the view has exactly ``count`` live members; TimeoutError otherwise."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while len(self.live_members()) != count:
-            self._view_changed.clear()
-            left = deadline - loop.time()
-            if left <= 0:
-                raise asyncio.TimeoutError(f"saw {len(self.live_members())} members, not {count}, in {timeout}s")
-            try:
-                await asyncio.wait_for(self._view_changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
+        self._waiting += 1  # read every poll meanwhile
+        try:
+            while len(self.live_members()) != count:
+                self._view_changed.clear()
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise asyncio.TimeoutError(f"saw {len(self.live_members())} members, not {count}, in {timeout}s")
+                try:
+                    await asyncio.wait_for(self._view_changed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._waiting -= 1
         return self.live_members()
+
+    def watching(self) -> bool:
+        """Whether this peer reads the whole member key every poll (``membership.read_interval``):
+        while someone waits for members, where a check says so (the trainer's: the planner, its
+        standby, a peer without a stage map yet), else where it is among ``membership.watchers``."""
+        if self._waiting or any(check() for check in self.watch_checks):
+            return True
+        return self.peer_id in membership.watchers([p for p, r in self._view.items() if r.alive])
+
+    async def know(self, peer_ids) -> None:
+        """Reads the members now if one of ``peer_ids`` is not in this peer's view: a peer that does
+        not watch reads them seldom, and a new stage map may name a peer it has not seen yet (at most
+        once a poll: a map full of made-up peers does not make it read more)."""
+        if any(p not in self._view for p in peer_ids) and time.monotonic() - self._read_at >= self.config.poll_s:
+            await self.members()
 
     async def set_state(self, state: str, **progress) -> None:
         """Changes this peer's state (and progress fields others read), announced at once."""
@@ -179,6 +201,7 @@ class Peer:
             "members": [{"peer_id": r.peer_id, "name": r.name, "state": r.state, "progress": dict(r.progress)}
                         for r in members],
             "member_count": len(members),
+            "members_read_s_ago": round(time.monotonic() - self._read_at, 1) if self._read_at else None,
             "device": (self.config.device or {}).get("kind") or (str(self.device) if self.device else None),
             "region": self.emulator.me.region if self.emulator is not None else None,
             "loop_lag": self.loop_lag.status(),
@@ -500,12 +523,17 @@ class Peer:
     async def _watch_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_s)
+            every = membership.read_interval(len(self._view), self.config.poll_s, self.watching(),
+                                             self.config.view_records_per_poll)
+            if time.monotonic() - self._read_at < every:
+                continue
             try:
                 self._update_view(await membership.read_members(self._dht, self.config.swarm, self._on_bad))
             except Exception as e:
                 log.warning("reading members failed: %s", e)
 
     def _update_view(self, view: dict[str, PeerRecord]) -> None:
+        self._read_at = time.monotonic()
         if self.identity is not None and self.state != "left":
             own = self._view.get(self.peer_id)
             if own is not None and (self.peer_id not in view or view[self.peer_id].seq < own.seq):

@@ -19,7 +19,9 @@ What it models, and nothing more, one virtual clock, plain data:
   observer's view at the observer's first read after its last record expired; a joiner is in it at
   the first read after its first store (a search takes ``call_s`` per visited node, one after
   another, plus its answers' bytes over the reader's link of ``link_mbps``: a large dictionary read
-  from five nodes is slow on a home link).
+  from five nodes is slow on a home link). With ``watchers``, only that many peers (the planner and
+  its standby) read every poll and the others seldom (``membership.read_interval``); the times are
+  then the planner's, which re-plans on them.
 
 ``simulate(design, n)`` returns ``ControlFigures``; the script ``scripts/control_plane_sim.py``
 prints them against N beside the live runs.
@@ -31,6 +33,8 @@ import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
+
+from ..swarm.membership import read_interval
 
 __all__ = ["ControlFigures", "DESIGNS", "Design", "Sizes", "simulate", "spread"]
 
@@ -62,6 +66,11 @@ class Design:
     direct_lookup_s: Optional[float] = None  # reads and stores go straight to the key's replicas, one call
     # each, found by a search this often (``GuardedDHT``'s holders); None: every read and store searches
     refresh: bool = False  # every read is followed by a background re-read
+    # peers that read the member key every poll (the planner and its standby); the others space their
+    # reads by the swarm's size (``membership.read_interval``). None: every peer reads every poll
+    watchers: Optional[int] = None
+    lookup_value: bool = True  # a lookup of a key's holders brings the key's value from each (searched
+    # for the key's own id; False: for an id beside it, which nobody holds)
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
     link_mbps: float = 100.0  # a peer's link: a search's answers all come down it
     sizes: Sizes = field(default_factory=Sizes)
@@ -81,6 +90,9 @@ DESIGNS = {
     # as shipped since 2026-11-26 21:00 UTC: reads of the latest value and stores ask the key's 5
     # nearest nodes directly (one call each), found by a search every 30 s (GuardedDHT._holders_of)
     "direct": Design("direct", direct_lookup_s=30.0),
+    # since 2026-11-27: as "direct", but only the planner and its standby read the members every poll
+    # the holders looked up without their value
+    "watchers": Design("watchers", direct_lookup_s=30.0, watchers=2, lookup_value=False),
 }
 
 
@@ -199,11 +211,13 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
 
     reads = 1.0 / design.poll_s * (2 if design.refresh else 1)
     beats = 1.0 / design.heartbeat_s
+    watching = set(range(n) if design.watchers is None else sorted(range(n), key=ids.__getitem__)[:design.watchers])
+    seldom = 1.0 / read_interval(n, design.poll_s, False)
     for p in range(n) if design.direct_lookup_s else ():
         lookups = 1.0 / design.direct_lookup_s
-        search(p, members, replicas, lookups, value)  # the holders, found (their answers carry the value)
+        search(p, members, replicas, lookups, value if design.lookup_value else 0)  # the holders, found
         for r in replicas - {p}:
-            call(p, r, reads, z.find_request, neighbours + value)
+            call(p, r, reads if p in watching else seldom, z.find_request, neighbours + value)
             call(p, r, beats, z.store_request_base + z.entry, z.store_response)
         if design.job_poll_s:
             search(p, job, job_replicas, lookups, 0)

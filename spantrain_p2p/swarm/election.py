@@ -104,6 +104,16 @@ class Election:
     def is_leader(self) -> bool:
         return self.leader is not None and self.leader.peer_id == self.peer.peer_id
 
+    @property
+    def watches(self) -> bool:
+        """Whether this peer leads or claims first should the leader's lease lapse (the best-ranked
+        other candidate): those two act on every join and death, so they read every member's record
+        every poll (``membership.read_interval``)."""
+        if self.is_leader:
+            return True
+        others = [p for p in rank(self._candidates()) if self.leader is None or p != self.leader.peer_id]
+        return bool(others) and others[0] == self.peer.peer_id
+
     async def _read(self) -> list[Lease]:
         """The valid leases of members: a lease signed by a peer with no live record (one that
         never joined, say, claiming term 10**9) is not a planner anyone follows."""

@@ -3,6 +3,9 @@
 All records live under one DHT key per swarm, one subkey per peer id. A record expires after a
 few heartbeats, so a crashed peer falls out by itself; a peer that leaves writes a tombstone
 (state ``left``) whose expiry is later than its last heartbeat's, so it replaces it at once.
+
+A read returns every member's record, so how often each peer reads is the control plane's largest
+cost in a large swarm (``read_interval``).
 """
 from __future__ import annotations
 
@@ -17,7 +20,34 @@ from .records import BadRecord, PeerRecord, open_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BadRecordLog", "announce", "describe", "diff_members", "members_key", "parse_members", "read_members"]
+__all__ = ["BadRecordLog", "announce", "describe", "diff_members", "members_key", "parse_members", "read_interval",
+           "read_members", "watchers"]
+
+WATCHERS = 2  # with no planner, the first members by peer id stand in for it and its standby
+RECORDS_PER_POLL = 8.0  # a member that does not watch reads about this many records a poll, on average
+MAX_POLLS = 60  # and reads the whole key at least every this many polls
+
+
+def read_interval(members: int, poll_s: float, watching: bool, per_poll: float = RECORDS_PER_POLL) -> float:
+    """Seconds between two reads of the whole member key by one peer of a swarm of ``members``.
+
+    A read returns every member's record (about 1.5 KB each), from the key's few DHT nodes: a swarm
+    where every peer reads every poll costs each peer N records a poll and those nodes N reads a
+    poll. The peers that act on every join and death read every poll (``watching``: the planner and
+    its standby, a peer waiting for members or for its first stage map); any other spaces its reads
+    to about ``per_poll`` records a poll: with the defaults (a poll a second) a swarm of 8 or fewer
+    is read every second, 32 every 4 s, 480 or more every minute. What such a peer needs sooner it
+    asks for at once (``Peer.know``: a stage map's peer it has not seen), and a dead neighbour shows
+    on the data plane before any record expires."""
+    if watching:
+        return poll_s
+    return poll_s * max(1.0, min(float(MAX_POLLS), members / per_poll))
+
+
+def watchers(live: list[str], k: int = WATCHERS) -> list[str]:
+    """The ``k`` live members that read every poll when no planner says otherwise: the first by
+    peer id (the election's rank order, so its first leader and standby where they are ready)."""
+    return sorted(live)[:k]
 
 
 class BadRecordLog:

@@ -1,0 +1,76 @@
+"""Who reads the whole member key how often (issue 33): the planner and its standby every poll, the
+others seldom in a large swarm, and anyone at once when it needs a member it has not seen."""
+import asyncio
+
+import pytest
+
+from spantrain_p2p.peer import Peer, PeerConfig
+from spantrain_p2p.swarm import membership
+from spantrain_p2p.swarm.election import Election, Lease
+
+
+def test_small_swarms_are_read_every_poll_large_ones_seldom_but_by_the_watchers():
+    interval = membership.read_interval
+    assert interval(8, 1.0, False) == 1.0  # up to 8 records a poll: every poll, as before
+    assert interval(32, 1.0, False) == 4.0  # 8 records a poll on average
+    assert interval(32, 0.25, False) == 1.0
+    assert interval(100_000, 1.0, False) == membership.MAX_POLLS  # at least once a minute
+    assert interval(100_000, 1.0, True) == 1.0  # the planner and its standby: every poll
+    assert interval(12, 1.0, False, per_poll=3.0) == 4.0
+    # with no planner, the first two by peer id stand in for it and its standby
+    assert membership.watchers(["Qmc", "Qma", "Qmd", "Qmb"]) == ["Qma", "Qmb"]
+    assert membership.watchers(["Qmz"]) == ["Qmz"]
+
+
+class _Peer:
+    def __init__(self, peer_id):
+        self.peer_id = peer_id
+
+
+def test_the_leader_and_the_next_candidate_in_rank_watch_the_others_do_not():
+    def election(me, leader):
+        e = Election(_Peer(me), candidates=lambda: ["Qmd", "Qmb", "Qmc", "Qma"])
+        e.leader = Lease(3, leader, 1e12) if leader else None
+        return e
+
+    assert election("Qmc", "Qmc").watches  # the planner
+    assert election("Qma", "Qmc").watches  # the first other candidate claims first should it lapse
+    assert not election("Qmb", "Qmc").watches and not election("Qmd", "Qmc").watches
+    assert election("Qmb", "Qma").watches  # with the first in rank leading, the second stands by
+    assert election("Qma", None).watches and not election("Qmb", None).watches  # no leader: the first claims
+
+
+async def test_a_peer_that_does_not_watch_reads_seldom_yet_knows_a_new_member_at_once_when_asked(monkeypatch):
+    reads: dict = {}  # DHT of the reader -> its reads of the whole member key
+    real = membership.read_members
+
+    async def counted(node, *a, **kw):
+        reads[id(node)] = reads.get(id(node), 0) + 1
+        return await real(node, *a, **kw)
+
+    monkeypatch.setattr(membership, "read_members", counted)
+    # 1 record a poll: with 3 members a peer that does not watch reads the key every 3 polls
+    fast = dict(heartbeat_s=0.5, poll_s=0.25, view_records_per_poll=1.0)
+    async with Peer(PeerConfig(name="a", **fast)) as a:
+        async with Peer(PeerConfig(name="b", join=(a.address,), **fast)) as b, \
+                Peer(PeerConfig(name="c", join=(a.address,), **fast)) as c:
+            for p in (a, b, c):
+                await p.wait_members(3, 10)
+            first = membership.watchers([a.peer_id, b.peer_id, c.peer_id])
+            watcher = next(p for p in (a, b, c) if p.peer_id in first)
+            other = next(p for p in (a, b, c) if p.peer_id not in first)
+            assert watcher.watching() and not other.watching()
+            before = {p: reads.get(id(p.dht), 0) for p in (watcher, other)}
+            await asyncio.sleep(3.0)
+            w, o = (reads.get(id(p.dht), 0) - before[p] for p in (watcher, other))
+            assert 1 <= o and o * 2 <= w, (w, o)  # every 0.25 s against every 0.75 s
+            assert other.status()["members_read_s_ago"] is not None
+
+            async with Peer(PeerConfig(name="d", join=(a.address,), **fast)) as d:
+                await asyncio.sleep(0.3)  # past a poll since the last read, as a stage map would come
+                await other.know([d.peer_id])
+                assert d.peer_id in {r.peer_id for r in other.live_members()}
+                await other.know([d.peer_id])  # known: no read
+            # someone waiting for members reads every poll meanwhile: the tombstone shows at once
+            await other.wait_members(3, 2.0)
+            assert not other.watching()

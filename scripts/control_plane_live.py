@@ -142,6 +142,7 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
                 "sent_per_s": r["bytes_sent_per_s"], "received_per_s": r["bytes_received_per_s"],
                 "calls_out_per_s": r["calls_out_per_s"], "calls_served_per_s": r["calls_served_per_s"],
                 "cpu_pct": 100 * (y["cpu"] - x["cpu"]) / dt, "daemon_cpu_pct": 100 * (y["daemon_cpu"] - x["daemon_cpu"]) / dt,
+                "total_cpu_pct": 100 * (y["cpu"] + y["daemon_cpu"] - x["cpu"] - x["daemon_cpu"]) / dt,
                 "daemon_io_per_s": (y["daemon_io"] - x["daemon_io"]) / dt,
             }
         keys: dict[str, dict] = {}
@@ -209,6 +210,7 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
             "calls_served_per_s": stat("calls_served_per_s"),
             "busiest_over_mean": max(served) / statistics.fmean(served) if statistics.fmean(served) > 0 else None,
             "daemon_io_per_s": stat("daemon_io_per_s"), "cpu_pct": stat("cpu_pct"), "daemon_cpu_pct": stat("daemon_cpu_pct"),
+            "total_cpu_pct": stat("total_cpu_pct"),
             "by_key": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in sorted(keys.items(), key=lambda kv: -kv[1]["bytes_per_s"])},
             "largest_value": largest, "status_s": round(status_s, 3),
             "join_to_visible_s": {role(k): round(v, 2) for k, v in seen.items()},
@@ -232,7 +234,8 @@ def show(r: dict) -> None:
     print(f"  p2p daemon I/O per peer (rchar + wchar):        {f(r['daemon_io_per_s'], kb, ' KB/s')}")
     print(f"  DHT calls made per peer: {f(r['calls_out_per_s'], 1, '/s')}; answered: {f(r['calls_served_per_s'], 1, '/s')}; "
           f"busiest node answers {r['busiest_over_mean']:.1f}x the mean")
-    print(f"  CPU per peer process: {f(r['cpu_pct'], 1, ' %')}; its daemon: {f(r['daemon_cpu_pct'], 1, ' %')}")
+    print(f"  CPU per peer process: {f(r['cpu_pct'], 1, ' %')}; its daemon: {f(r['daemon_cpu_pct'], 1, ' %')}; "
+          f"both: {f(r['total_cpu_pct'], 1, ' %')}")
     print("  by call and key (swarm total): " + "; ".join(
         f"{k} {v['calls_per_s']:.0f}/s {v['bytes_per_s'] / kb:.0f} KB/s" for k, v in list(r["by_key"].items())[:6]))
     print(f"  largest value per key (bytes): {r['largest_value']}")

@@ -94,3 +94,9 @@ def test_with_two_watchers_a_peers_reads_stop_growing_with_the_swarm_and_the_pla
     # up to 8 peers everyone reads every poll: only the holders' lookups are lighter
     same = replace(DESIGNS["watchers"], lookup_value=True)
     assert simulate(same, 8).bytes_per_s == simulate(DESIGNS["direct"], 8).bytes_per_s
+
+
+def test_a_seldom_reader_asking_one_node_a_read_sends_and_receives_about_a_fifth():
+    five, one = simulate(DESIGNS["watchers"], 400), simulate(DESIGNS["watchers-1"], 400)
+    assert one.bytes_per_s["p50"] < 0.35 * five.bytes_per_s["p50"]
+    assert one.calls_per_s["p50"] < five.calls_per_s["p50"]

@@ -134,3 +134,29 @@ async def test_a_swarm_under_five_nodes_searches_and_a_nearer_newcomer_brings_a_
     world.storage[newcomer] = DHTLocalStorage()
     await guard.get(key, latest=True)
     assert node.searches == searches + 1
+
+
+async def test_a_read_may_ask_one_of_the_keys_nodes_and_a_later_read_another():
+    """A peer that reads the member key seldom asks one of its 5 nodes (``holders=1``): a fifth of the
+    bytes; every node holds every entry, so the read is whole."""
+    world, key = World(12), "spantrain/s/members"
+    nodes = [Node(world, i) for i in range(12)]
+    t = get_dht_time() + 60
+    for i, n in enumerate(nodes):
+        assert await GuardedDHT(n).store(key, {"seq": i}, t, subkey=f"p{i}")
+    reader = nodes[0]
+    asked = []
+    real = reader._call_find_with_blacklist
+
+    async def counted(peer, keys):
+        asked.append(peer)
+        return await real(peer, keys)
+
+    reader._call_find_with_blacklist = counted
+    guard = GuardedDHT(reader)
+    for _ in range(8):
+        found = await guard.get(key, latest=True, holders=1)
+        assert {k: v.value for k, v in found.value.items()} == {f"p{i}": {"seq": i} for i in range(12)}
+    assert len(asked) == 8 and len(set(asked)) > 1  # one node a read, not always the same
+    await guard.get(key, latest=True)
+    assert len(asked) == 8 + len(nearest(world, key) - {reader.node_id})  # all of them

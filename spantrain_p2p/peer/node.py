@@ -523,12 +523,14 @@ class Peer:
     async def _watch_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_s)
-            every = membership.read_interval(len(self._view), self.config.poll_s, self.watching(),
+            watching = self.watching()
+            every = membership.read_interval(len(self._view), self.config.poll_s, watching,
                                              self.config.view_records_per_poll)
             if time.monotonic() - self._read_at < every:
                 continue
-            try:
-                self._update_view(await membership.read_members(self._dht, self.config.swarm, self._on_bad))
+            try:  # a peer that does not watch asks one of the key's nodes, the next read another
+                self._update_view(await membership.read_members(self._dht, self.config.swarm, self._on_bad,
+                                                                holders=None if watching else 1))
             except Exception as e:
                 log.warning("reading members failed: %s", e)
 

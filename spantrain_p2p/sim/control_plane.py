@@ -69,6 +69,7 @@ class Design:
     # peers that read the member key every poll (the planner and its standby); the others space their
     # reads by the swarm's size (``membership.read_interval``). None: every peer reads every poll
     watchers: Optional[int] = None
+    seldom_holders: int = 5  # how many of the key's nodes a peer that does not watch asks a read (at random)
     lookup_value: bool = True  # a lookup of a key's holders brings the key's value from each (searched
     # for the key's own id; False: for an id beside it, which nobody holds)
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
@@ -90,9 +91,11 @@ DESIGNS = {
     # as shipped since 2026-11-26 21:00 UTC: reads of the latest value and stores ask the key's 5
     # nearest nodes directly (one call each), found by a search every 30 s (GuardedDHT._holders_of)
     "direct": Design("direct", direct_lookup_s=30.0),
-    # since 2026-11-27: as "direct", but only the planner and its standby read the members every poll
-    # the holders looked up without their value
+    # from 2026-11-27: as "direct", but only the planner and its standby read the members every
+    # poll, the others about 8 records a poll, and the holders are looked up without their value
     "watchers": Design("watchers", direct_lookup_s=30.0, watchers=2, lookup_value=False),
+    # and each read of a peer that does not watch asks one of the key's nodes, not all five
+    "watchers-1": Design("watchers-1", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1),
 }
 
 
@@ -216,8 +219,10 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
     for p in range(n) if design.direct_lookup_s else ():
         lookups = 1.0 / design.direct_lookup_s
         search(p, members, replicas, lookups, value if design.lookup_value else 0)  # the holders, found
-        for r in replicas - {p}:
-            call(p, r, reads if p in watching else seldom, z.find_request, neighbours + value)
+        others = replicas - {p}
+        for r in others:  # a seldom reader's reads spread over the nodes it picks from at random
+            rate = reads if p in watching else seldom * min(1.0, design.seldom_holders / len(others))
+            call(p, r, rate, z.find_request, neighbours + value)
             call(p, r, beats, z.store_request_base + z.entry, z.store_response)
         if design.job_poll_s:
             search(p, job, job_replicas, lookups, 0)

@@ -15,6 +15,7 @@ guard decides what a peer believes:
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
 from typing import Any, Optional
@@ -93,9 +94,11 @@ class GuardedDHT:
             self._merge(key, {subkey: ValueWithExpiration(plain, expiration_time)})
         return ok
 
-    async def get(self, key: str, latest: bool = False, **kwargs) -> Optional[ValueWithExpiration]:
+    async def get(self, key: str, latest: bool = False, holders: int = REPLICAS, **kwargs) -> Optional[ValueWithExpiration]:
+        """``holders``: with ``latest``, how many of the key's nodes are asked (fewer: one of them at
+        random, for a read that may miss an entry one node lacks until the next read)."""
         kwargs.setdefault("beam_size", REPLICAS)
-        found = await self._ask_holders(key) if latest and kwargs == {"beam_size": REPLICAS} else _NOBODY
+        found = await self._ask_holders(key, holders) if latest and kwargs == {"beam_size": REPLICAS} else _NOBODY
         if found is _NOBODY:
             found = await self.node.get(key, latest=latest, **kwargs)
         if found is None:
@@ -112,10 +115,11 @@ class GuardedDHT:
         value = self._admit(key, None, found.value, found.expiration_time)
         return None if value is None else ValueWithExpiration(value, found.expiration_time)
 
-    async def _ask_holders(self, key: str):
+    async def _ask_holders(self, key: str, ask: int = REPLICAS):
         """The latest value of ``key`` from the REPLICAS nodes nearest to it (and this node), asked
-        directly, as hivemind's search merges it; _NOBODY when they are not known or none answered
-        (the caller searches). Copies on other nodes are not seen: they are not where stores go."""
+        directly, as hivemind's search merges it (``ask`` of them, picked at random); _NOBODY when
+        they are not known or none answered (the caller searches). Copies on other nodes are not
+        seen: they are not where stores go."""
         from hivemind.dht.node import _SearchState
         from hivemind.dht.routing import DHTID
 
@@ -127,6 +131,8 @@ class GuardedDHT:
         held = list((await self._holders_of(key, key_id)).values())
         if not held:
             return _NOBODY
+        if ask < len(held):
+            held = random.sample(held, max(1, ask))
         state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
         state.add_candidate(protocol.storage.get(key_id), source_node_id=node.node_id)
         state.add_candidate(protocol.cache.get(key_id), source_node_id=node.node_id)

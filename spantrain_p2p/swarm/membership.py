@@ -88,8 +88,10 @@ def parse_members(entries: object, now: float, on_bad: BadRecordLog) -> dict[str
     return out
 
 
-async def read_members(node: DHTNode, swarm: str, on_bad: BadRecordLog, latest: bool = True) -> dict[str, PeerRecord]:
-    found = await node.get(members_key(swarm), latest=latest)
+async def read_members(node: DHTNode, swarm: str, on_bad: BadRecordLog, latest: bool = True,
+                       holders: Optional[int] = None) -> dict[str, PeerRecord]:
+    """Every member's record; ``holders``: ask only that many of the key's nodes (``GuardedDHT``)."""
+    found = await node.get(members_key(swarm), latest=latest, **({"holders": holders} if holders else {}))
     if found is None:
         return {}
     return parse_members(found.value, get_dht_time(), on_bad)

@@ -211,6 +211,9 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
             "busiest_over_mean": max(served) / statistics.fmean(served) if statistics.fmean(served) > 0 else None,
             "daemon_io_per_s": stat("daemon_io_per_s"), "cpu_pct": stat("cpu_pct"), "daemon_cpu_pct": stat("daemon_cpu_pct"),
             "total_cpu_pct": stat("total_cpu_pct"),
+            # each peer's row; "watcher": among the two lowest peer ids, which read every poll
+            "peers": {k: {**{f: round(x, 2) for f, x in v.items()}, "watcher": k in {p.name for p in by_id[:2]}}
+                      for k, v in per.items()},
             "by_key": {k: {kk: round(vv, 1) for kk, vv in v.items()} for k, v in sorted(keys.items(), key=lambda kv: -kv[1]["bytes_per_s"])},
             "largest_value": largest, "status_s": round(status_s, 3),
             "join_to_visible_s": {role(k): round(v, 2) for k, v in seen.items()},

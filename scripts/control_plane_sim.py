@@ -7,7 +7,7 @@ large swarms (``sim.control_swim``: direct probes, bucketed long-lived records; 
 
 ``--live FILE``: the JSON line ``control_plane_live.py --json`` printed (its results are set beside the
 simulated ones of the same N and design, with the ratio sim / live of the mean bytes and calls per
-peer: the calibration). ``--live-design`` names the design those live runs ran (default ``watchers``, as shipped since 2026-11-27; ``direct`` before).
+peer: the calibration). ``--live-design`` names the design those live runs ran (default ``watchers-2-1``, as shipped since 2026-11-27; ``direct`` before).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def main() -> int:
     p.add_argument("--peers", type=int, nargs="+", default=[8, 16, 32, 100, 1000, 10000])
     p.add_argument("--designs", nargs="+", default=[*DESIGNS, PROPOSED], choices=[*DESIGNS, PROPOSED])
     p.add_argument("--live", default="", help="a control_plane_live.py --json output to calibrate against")
-    p.add_argument("--live-design", default="watchers", choices=list(DESIGNS))
+    p.add_argument("--live-design", default="watchers-2-1", choices=list(DESIGNS))
     p.add_argument("--plot", default="")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()

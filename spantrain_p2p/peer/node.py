@@ -528,9 +528,10 @@ class Peer:
                                              self.config.view_records_per_poll)
             if time.monotonic() - self._read_at < every:
                 continue
-            try:  # a peer that does not watch asks one of the key's nodes, the next read another
+            try:  # some of the key's nodes, the next read others (``membership.WATCH_HOLDERS``)
+                holders = membership.WATCH_HOLDERS if watching else membership.SELDOM_HOLDERS
                 self._update_view(await membership.read_members(self._dht, self.config.swarm, self._on_bad,
-                                                                holders=None if watching else 1))
+                                                                holders=holders))
             except Exception as e:
                 log.warning("reading members failed: %s", e)
 

@@ -70,6 +70,7 @@ class Design:
     # reads by the swarm's size (``membership.read_interval``). None: every peer reads every poll
     watchers: Optional[int] = None
     seldom_holders: int = 5  # how many of the key's nodes a peer that does not watch asks a read (at random)
+    watch_holders: int = 5  # and a watcher (``membership.WATCH_HOLDERS``)
     lookup_value: bool = True  # a lookup of a key's holders brings the key's value from each (searched
     # for the key's own id; False: for an id beside it, which nobody holds)
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
@@ -96,6 +97,9 @@ DESIGNS = {
     "watchers": Design("watchers", direct_lookup_s=30.0, watchers=2, lookup_value=False),
     # and each read of a peer that does not watch asks one of the key's nodes, not all five
     "watchers-1": Design("watchers-1", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1),
+    # and a watcher's asks two of them (as shipped since 2026-11-27 12:45 UTC)
+    "watchers-2-1": Design("watchers-2-1", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
+                           watch_holders=2),
 }
 
 
@@ -221,7 +225,8 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
         search(p, members, replicas, lookups, value if design.lookup_value else 0)  # the holders, found
         others = replicas - {p}
         for r in others:  # a seldom reader's reads spread over the nodes it picks from at random
-            rate = reads if p in watching else seldom * min(1.0, design.seldom_holders / len(others))
+            rate = (reads * min(1.0, design.watch_holders / len(others)) if p in watching
+                    else seldom * min(1.0, design.seldom_holders / len(others)))
             call(p, r, rate, z.find_request, neighbours + value)
             call(p, r, beats, z.store_request_base + z.entry, z.store_response)
         if design.job_poll_s:

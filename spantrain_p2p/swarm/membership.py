@@ -24,6 +24,9 @@ __all__ = ["BadRecordLog", "announce", "describe", "diff_members", "members_key"
            "read_members", "watchers"]
 
 WATCHERS = 2  # with no planner, the first members by peer id stand in for it and its standby
+# of the member key's 5 nodes, a read asks this many, picked at random: a watcher 2 (an entry one
+# node lacks is in the other's copy, or kept from earlier reads until it expires), any other peer 1
+WATCH_HOLDERS, SELDOM_HOLDERS = 2, 1
 RECORDS_PER_POLL = 8.0  # a member that does not watch reads about this many records a poll, on average
 MAX_POLLS = 60  # and reads the whole key at least every this many polls
 

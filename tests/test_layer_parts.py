@@ -97,3 +97,29 @@ def test_a_resume_keeps_the_pinned_steps_and_forgets_the_abandoned_timeline():
     for step in (25, 26):
         store.put(1, step, [], pin_every=8)
     assert store.inventory() == {1: [8, 16, 24, 25, 26]}
+
+
+def test_the_steps_an_inventory_named_stay_held_while_the_peer_trains_on():
+    """A planner read this peer's inventory (steps 8-10) and resumes its next map from step 10, which
+    reaches the peers 3 steps later: the named steps are still there; once the hold runs out, the
+    store keeps its latest three again. Holds within the time add up, 2 x keep steps at most."""
+    import time
+
+    store = state.Store(keep_steps=3)
+    for step in range(11):
+        store.put(0, step, [])
+    store.hold(time.monotonic() + 60)
+    for step in range(11, 14):
+        store.put(0, step, [])
+    assert store.inventory() == {0: [8, 9, 10, 11, 12, 13]}
+    store.hold(time.monotonic() + 60)  # a resuming peer's read: both are held
+    for step in range(14, 30):
+        store.put(0, step, [])
+    assert store.inventory() == {0: [8, 9, 10, 11, 12, 13, 27, 28, 29]}
+    for _ in range(5):  # reads cannot pin more than 2 x keep steps a layer
+        store.hold(time.monotonic() + 60)
+        store.put(0, 30 + _, [])
+    assert len(store.inventory()[0]) <= 2 * 3 + 3
+    store.hold(time.monotonic() - 1)  # run out
+    store.put(0, 40, [])
+    assert store.inventory() == {0: [33, 34, 40]}

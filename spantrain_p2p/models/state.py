@@ -13,6 +13,7 @@ to: the interrupted step is redone, none is lost and none applied twice.
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterable, Optional
 
 import numpy as np
@@ -169,6 +170,22 @@ class Store:
     def __init__(self, keep_steps: int = 3):
         self.keep = keep_steps
         self._d: dict[tuple[int, int], LayerState] = {}
+        self._told: dict[int, list[int]] = {}  # layer -> steps an inventory named lately (``hold``)
+        self._told_until = 0.0
+
+    def hold(self, until: float) -> None:
+        """Keeps the steps held now until ``until`` (``time.monotonic``): an inventory just named them,
+        and a planner may resume from one while this peer trains on (an improving re-plan's old map
+        runs until the new one arrives: a step that fell out meanwhile failed the new epoch at once).
+        Holds within that time add up, the newest ``2 * keep`` steps a layer at most."""
+        if time.monotonic() >= self._told_until:
+            self._told = {}  # the last hold ran out
+        for layer, step in self._d:
+            told = self._told.setdefault(layer, [])
+            if step not in told:
+                told.append(step)
+        self._told = {layer: sorted(steps)[-2 * self.keep:] for layer, steps in self._told.items()}
+        self._told_until = until
 
     def put(self, layer: int, step: int, state: LayerState, merge_parts: bool = False, pin_every: int = 1) -> None:
         """Keeps ``state``, the newest, in place of what was held for (layer, step); with
@@ -181,6 +198,8 @@ class Store:
         self._d[(layer, step)] = state
         steps = sorted({s for (l, s) in self._d if l == layer})
         pinned = set([s for s in steps if s % pin_every == 0][-self.keep:])
+        if time.monotonic() < self._told_until:
+            pinned.update(self._told.get(layer, ()))
         for s in steps[: -self.keep]:
             if s not in pinned:
                 self._d.pop((layer, s), None)

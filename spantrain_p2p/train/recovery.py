@@ -26,6 +26,10 @@ from ..models.workload import layer_charge
 log = logging.getLogger("spantrain.train")
 
 LOSS_ROWS = FAILURE_SPACED_MAX  # recent loss rows sent along with a buddy copy: copies may be this many steps apart
+# the steps an inventory names stay held this long: a re-plan's map reaches its peers within it
+# (lan-8 on this box, 2026-11-27 12:48 UTC: every improving re-plan's epoch broke at once, its
+# resume step gone from every store by the time the map came, 3 steps later)
+INVENTORY_HOLD_S = 15.0
 _COST_PER_BYTE: dict[bool, float] = {}
 
 
@@ -94,7 +98,11 @@ class Recovery:
         return self._holdings()[1]
 
     def page(self) -> dict:
-        """This peer's ``/inventory`` page (JSON: string keys): what it holds whole, and in part."""
+        """This peer's ``/inventory`` page (JSON: string keys): what it holds whole, and in part; what
+        it names stays held a while (``Store.hold``), for a planner that resumes from it."""
+        until = time.monotonic() + INVENTORY_HOLD_S
+        self.store.hold(until)
+        self.copies.hold(until)
         whole, part = self._holdings()
         return {"inventory": {str(k): v for k, v in whole.items()},
                 "partial": {str(k): {str(s): sorted(lack) for s, lack in v.items()} for k, v in part.items()}}

@@ -177,7 +177,8 @@ class Store:
         """Keeps the steps held now until ``until`` (``time.monotonic``): an inventory just named them,
         and a planner may resume from one while this peer trains on (an improving re-plan's old map
         runs until the new one arrives: a step that fell out meanwhile failed the new epoch at once).
-        Holds within that time add up, the newest ``2 * keep`` steps a layer at most."""
+        Holds within that time add up, the newest ``2 * keep`` steps a layer at most: the latest
+        ``keep`` are kept anyway, so a peer that polls ``/inventory`` keeps ``keep`` more a layer."""
         if time.monotonic() >= self._told_until:
             self._told = {}  # the last hold ran out
         for layer, step in self._d:

@@ -36,7 +36,7 @@ from .config import PeerConfig, PeerError, SwarmUnreachable
 from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 from .loop_lag import LoopLag
-from . import reach
+from . import member_view, reach
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
@@ -133,19 +133,12 @@ class Peer:
         return self.live_members()
 
     def watching(self) -> bool:
-        """Whether this peer reads the whole member key every poll (``membership.read_interval``):
-        while someone waits for members, where a check says so (the trainer's: the planner, its
-        standby, a peer without a stage map yet), else where it is among ``membership.watchers``."""
-        if self._waiting or any(check() for check in self.watch_checks):
-            return True
-        return self.peer_id in membership.watchers([p for p, r in self._view.items() if r.alive])
+        """Whether this peer reads the whole member key every poll (``member_view.watching``)."""
+        return member_view.watching(self)
 
-    async def know(self, peer_ids) -> None:
-        """Reads the members now if one of ``peer_ids`` is not in this peer's view: a peer that does
-        not watch reads them seldom, and a new stage map may name a peer it has not seen yet (at most
-        once a poll: a map full of made-up peers does not make it read more)."""
-        if any(p not in self._view for p in peer_ids) and time.monotonic() - self._read_at >= self.config.poll_s:
-            await self.members()
+    async def read_for_map(self, peer_ids) -> None:
+        """A new stage map names ``peer_ids``: the members read as it needs (``member_view.for_map``)."""
+        await member_view.for_map(self, peer_ids)
 
     async def set_state(self, state: str, **progress) -> None:
         """Changes this peer's state (and progress fields others read), announced at once."""
@@ -334,7 +327,7 @@ class Peer:
         self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
         self.spawn(self._heartbeat_loop(), "heartbeat")
         self.spawn(reach.keep(self, self.paths), "paths")
-        self.spawn(self._watch_loop(), "watch-members")
+        self.spawn(member_view.keep(self), "watch-members")
         if auto or cfg.mdns:
             self._advertiser = discovery.Advertiser(self.peer_id, cfg.swarm, self.maddrs)
             try:
@@ -519,21 +512,6 @@ class Peer:
                 log.warning("heartbeat failed: %s", e)
             # a fixed rate: a slow store (a busy machine) must not stretch the period towards the TTL
             next_at = max(next_at + self.config.heartbeat_s, loop.time())
-
-    async def _watch_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.poll_s)
-            watching = self.watching()
-            every = membership.read_interval(len(self._view), self.config.poll_s, watching,
-                                             self.config.view_records_per_poll)
-            if time.monotonic() - self._read_at < every:
-                continue
-            try:  # some of the key's nodes, the next read others (``membership.WATCH_HOLDERS``)
-                holders = membership.WATCH_HOLDERS if watching else membership.SELDOM_HOLDERS
-                self._update_view(await membership.read_members(self._dht, self.config.swarm, self._on_bad,
-                                                                holders=holders))
-            except Exception as e:
-                log.warning("reading members failed: %s", e)
 
     def _update_view(self, view: dict[str, PeerRecord]) -> None:
         self._read_at = time.monotonic()

@@ -100,12 +100,15 @@ class Recovery:
     def page(self) -> dict:
         """This peer's ``/inventory`` page (JSON: string keys): what it holds whole, and in part; what
         it names stays held a while (``Store.hold``), for a planner that resumes from it."""
-        until = time.monotonic() + INVENTORY_HOLD_S
-        self.store.hold(until)
-        self.copies.hold(until)
+        self._hold()
         whole, part = self._holdings()
         return {"inventory": {str(k): v for k, v in whole.items()},
                 "partial": {str(k): {str(s): sorted(lack) for s, lack in v.items()} for k, v in part.items()}}
+
+    def _hold(self) -> None:
+        until = time.monotonic() + INVENTORY_HOLD_S
+        self.store.hold(until)
+        self.copies.hold(until)
 
     def _holdings(self) -> tuple[dict[int, list[int]], dict[int, dict[int, frozenset]]]:
         """(``inventory``, ``partial_inventory``), from one look at each state held."""
@@ -275,6 +278,7 @@ class Recovery:
         """Per peer (this one included), the layers and steps it holds whole, and the ones that the
         parts of sharded layers held across the peers make whole (``state.covered``)."""
         held = await self.holdings()
+        self._hold()  # the planner trains on too until its map comes
         whole, part = self._holdings()
         return [*(w for w, _ in held.values()), whole, layer_state.covered([*(p for _, p in held.values()), part])]
 

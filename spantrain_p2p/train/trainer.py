@@ -178,7 +178,7 @@ class Trainer:
         # a peer of the current stage map is a member, even before this peer's next look at the DHT
         peer.member_checks.append(lambda pid: self.full_map is not None and self.full_map.stage_of(pid) is not None)
         # with a job: a peer without a map yet, the planner and its standby read the members every poll
-        peer.watch_checks.append(lambda: self.job is not None and (self.smap is None or self.coordinator.election.watches))
+        peer.watch_checks.append(lambda: None if self.job is None else self.smap is None or self.coordinator.election.watches)
 
     def _island_peers(self, island: int) -> list[str]:
         """The peers of ``island`` in the map as published (the exchange judges by island)."""
@@ -278,7 +278,7 @@ class Trainer:
             self.full_map, self.island = smap, smap.island_of(self.peer.peer_id)
             self.peer.plan_peers = frozenset(p for st in smap.stages for p in st.peers)
             try:
-                await self.peer.know(self.peer.plan_peers)  # their addresses, before the first send
+                await self.peer.read_for_map(self.peer.plan_peers)  # their addresses, before the first send
             except Exception as e:  # the sends retry; the next read brings them
                 log.warning("reading the members of stage map epoch %d failed: %s", smap.epoch, e)
             self.peer.evicted.update(smap.evicted)

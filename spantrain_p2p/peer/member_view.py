@@ -1,0 +1,83 @@
+"""How a peer keeps its view of the members (issue 33): who reads the whole member key how often,
+and from how many of its DHT nodes.
+
+A read returns every member's record, so in a large swarm the reads are most of the control
+plane's cost (``membership.read_interval``). The planner and its standby read every poll, from
+``membership.WATCH_HOLDERS`` of the key's nodes; any other peer reads seldom, from one node at
+random, and at once when a new stage map needs it (``for_map``). A read of fewer nodes that lost
+members the view had is read again from all of them (``read``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Iterable, Optional
+
+from ..swarm import membership
+
+log = logging.getLogger("spantrain.peer")
+
+LOST_SHARE = 0.1  # a read of some nodes that lost more than this share of the live members is redone from all
+
+
+def watching(peer) -> bool:
+    """Whether ``peer`` reads the whole member key every poll: while someone waits for members, where
+    a check says so (the trainer's, with a job: the planner, its standby, a peer without a stage map
+    yet; None: no opinion), else (no job) where it is among ``membership.watchers``."""
+    if peer._waiting:
+        return True
+    said = [check() for check in peer.watch_checks]
+    if any(said):
+        return True
+    if any(s is not None for s in said):
+        return False
+    return peer.peer_id in membership.watchers([p for p, r in peer._view.items() if r.alive])
+
+
+def lost(before: dict, after: dict, me: str, keep: frozenset) -> bool:
+    """Whether a read's view ``after`` lost too much of ``before`` to be taken from some of the key's
+    nodes alone: a peer of ``keep`` (the stage map's), or more than ``LOST_SHARE`` of the live
+    members (more than 2). A node that missed stores (one that joined nearer to the key than the
+    writers know yet) must not make live members vanish; a few dead ones are the swarm's churn."""
+    gone = [p for p, r in before.items() if r.alive and p != me and p not in after]
+    return any(p in keep for p in gone) or len(gone) > max(2, LOST_SHARE * len(before))
+
+
+async def read(peer, holders: Optional[int] = None) -> None:
+    """One read of the member key from ``holders`` of its nodes (None: all of them) into the view,
+    read again from all of them where it ``lost`` members."""
+    view = await membership.read_members(peer.dht, peer.config.swarm, peer._on_bad, holders=holders)
+    if holders is not None and lost(peer._view, view, peer.peer_id, peer.plan_peers or frozenset()):
+        view = await membership.read_members(peer.dht, peer.config.swarm, peer._on_bad)
+    peer._update_view(view)
+
+
+async def keep(peer) -> None:
+    """The peer's task: a read every poll where it watches, else every ``read_interval``."""
+    while True:
+        await asyncio.sleep(peer.config.poll_s)
+        try:
+            now = watching(peer)
+            every = membership.read_interval(len(peer._view), peer.config.poll_s, now, peer.config.view_records_per_poll)
+            if time.monotonic() - peer._read_at >= every:
+                await read(peer, membership.WATCH_HOLDERS if now else membership.SELDOM_HOLDERS)
+        except Exception as e:
+            log.warning("reading members failed: %s", e)
+
+
+async def for_map(peer, peer_ids: Iterable[str]) -> None:
+    """A new stage map names ``peer_ids``. Where one of them has no live address here (a peer that
+    reads seldom has not seen it yet, or saw an earlier run's tombstone), the members are read now,
+    from all of the key's nodes; else in the background (the view may still list a peer that died
+    since, and a recovery asks every member). At most once a poll: the rest of a poll since the
+    last read is waited out, so a stream of maps, or one naming made-up peers, costs no more reads
+    than a watcher makes."""
+    async def fresh() -> None:
+        await asyncio.sleep(max(0.0, peer._read_at + peer.config.poll_s - time.monotonic()))
+        await read(peer)
+
+    if any(peer.data_url_of(p) is None for p in peer_ids if p != peer.peer_id):
+        await fresh()
+    elif time.monotonic() - peer._read_at >= peer.config.poll_s:
+        peer.spawn(fresh(), "map-members")

@@ -112,6 +112,9 @@ async def test_a_partial_read_that_lost_members_reads_again_from_all_nodes(monke
         def _update_view(self, view):
             self.got = view
 
+        async def members(self):  # as ``Peer.members``: a read of all the key's nodes into the view
+            self._update_view(await membership.read_members(self.dht, self.config.swarm, self._on_bad))
+
     monkeypatch.setattr(membership, "read_members", read_members)
     peer = Fake()
     await member_view.read(peer, holders=1)

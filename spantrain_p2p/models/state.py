@@ -170,7 +170,7 @@ class Store:
     def __init__(self, keep_steps: int = 3):
         self.keep = keep_steps
         self._d: dict[tuple[int, int], LayerState] = {}
-        self._told: dict[int, list[int]] = {}  # layer -> steps an inventory named lately (``hold``)
+        self._told: dict[int, set[int]] = {}  # layer -> steps an inventory named lately (``hold``)
         self._told_until = 0.0
 
     def hold(self, until: float) -> None:
@@ -182,10 +182,8 @@ class Store:
         if time.monotonic() >= self._told_until:
             self._told = {}  # the last hold ran out
         for layer, step in self._d:
-            told = self._told.setdefault(layer, [])
-            if step not in told:
-                told.append(step)
-        self._told = {layer: sorted(steps)[-2 * self.keep:] for layer, steps in self._told.items()}
+            self._told.setdefault(layer, set()).add(step)
+        self._told = {layer: set(sorted(steps)[-2 * self.keep:]) for layer, steps in self._told.items()}
         self._told_until = until
 
     def put(self, layer: int, step: int, state: LayerState, merge_parts: bool = False, pin_every: int = 1) -> None:

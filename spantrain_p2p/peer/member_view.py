@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Iterable, Optional
+from typing import Iterable
 
 from ..swarm import membership
 
@@ -44,13 +44,14 @@ def lost(before: dict, after: dict, me: str, keep: frozenset) -> bool:
     return any(p in keep for p in gone) or len(gone) > max(2, LOST_SHARE * len(before))
 
 
-async def read(peer, holders: Optional[int] = None) -> None:
-    """One read of the member key from ``holders`` of its nodes (None: all of them) into the view,
-    read again from all of them where it ``lost`` members."""
+async def read(peer, holders: int) -> None:
+    """One read of the member key from ``holders`` of its nodes into the view, read again from all
+    of them (``Peer.members``) where it ``lost`` members."""
     view = await membership.read_members(peer.dht, peer.config.swarm, peer._on_bad, holders=holders)
-    if holders is not None and lost(peer._view, view, peer.peer_id, peer.plan_peers or frozenset()):
-        view = await membership.read_members(peer.dht, peer.config.swarm, peer._on_bad)
-    peer._update_view(view)
+    if lost(peer._view, view, peer.peer_id, peer.plan_peers or frozenset()):
+        await peer.members()
+    else:
+        peer._update_view(view)
 
 
 async def keep(peer) -> None:
@@ -75,7 +76,7 @@ async def for_map(peer, peer_ids: Iterable[str]) -> None:
     than a watcher makes."""
     async def fresh() -> None:
         await asyncio.sleep(max(0.0, peer._read_at + peer.config.poll_s - time.monotonic()))
-        await read(peer)
+        await peer.members()
 
     if any(peer.data_url_of(p) is None for p in peer_ids if p != peer.peer_id):
         await fresh()

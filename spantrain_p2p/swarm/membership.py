@@ -40,7 +40,7 @@ def read_interval(members: int, poll_s: float, watching: bool, per_poll: float =
     its standby, a peer waiting for members or for its first stage map); any other spaces its reads
     to about ``per_poll`` records a poll: with the defaults (a poll a second) a swarm of 8 or fewer
     is read every second, 32 every 4 s, 480 or more every minute. What such a peer needs sooner it
-    asks for at once (``Peer.know``: a stage map's peer it has not seen), and a dead neighbour shows
+    asks for at once (``Peer.read_for_map``: a stage map's peer it has not seen), and a dead neighbour shows
     on the data plane before any record expires."""
     if watching:
         return poll_s

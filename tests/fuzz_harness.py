@@ -158,7 +158,7 @@ async def http_request(rng: random.Random, session: aiohttp.ClientSession, url: 
 
 
 async def dht_value(rng: random.Random, me: Peer, swarm: str) -> str:
-    key = rng.choice([keys.members_key(swarm), keys.job_key(swarm), keys.stagemap_key(swarm),
+    key = rng.choice([keys.member_key_of(swarm, me.peer_id), keys.job_key(swarm), keys.stagemap_key(swarm),
                       keys.lease_key(swarm), keys.measure_key(swarm, keys.PROFILES),
                       keys.measure_key(swarm, keys.LINKS), keys.measure_key(swarm, keys.GROUPS)])
     r = rng.random()

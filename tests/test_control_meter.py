@@ -36,10 +36,11 @@ def test_requests_are_named_by_the_swarm_key_they_touch():
     from hivemind.proto import dht_pb2
 
     meter = ControlMeter("s1")
-    members = DHTID.generate(source="spantrain/s1/members").to_bytes()
+    members = DHTID.generate(source="spantrain/s1/members.03").to_bytes()
+    members_7 = DHTID.generate(source="spantrain/s1/members.07").to_bytes()
     stagemap = DHTID.generate(source="spantrain/s1/stagemap").to_bytes()
-    other = DHTID.generate(source="spantrain/s2/members").to_bytes()  # another swarm's key
-    find = dht_pb2.FindRequest(keys=[members])
+    other = DHTID.generate(source="spantrain/s2/members.03").to_bytes()  # another swarm's key
+    find = dht_pb2.FindRequest(keys=[members, members_7])  # member buckets read together: one row
     meter._count(meter.out, "DHTProtocol.rpc_find", find,
                  dht_pb2.FindResponse(results=[dht_pb2.FindResult(value=b"x" * 700)]), True)
     meter._count(meter.out, "DHTProtocol.rpc_find", dht_pb2.FindRequest(keys=[members, stagemap]), None, False)

@@ -100,3 +100,16 @@ def test_a_seldom_reader_asking_one_node_a_read_sends_and_receives_about_a_fifth
     five, one = simulate(DESIGNS["watchers"], 400), simulate(DESIGNS["watchers-1"], 400)
     assert one.bytes_per_s["p50"] < 0.35 * five.bytes_per_s["p50"]
     assert one.calls_per_s["p50"] < five.calls_per_s["p50"]
+
+
+def test_member_buckets_keep_each_value_small_and_spread_the_heartbeats_at_a_cost_in_small_swarms():
+    """The member records in 8 keys (``keys.MEMBER_BUCKETS``): at 1,000 peers no value passes 256 KiB
+    and the busiest node serves far less against the mean than one key's nodes did; in a swarm of 16,
+    a read of 8 keys costs more calls and bytes (each key's answer carries the node's neighbours)."""
+    one, eight = simulate(DESIGNS["watchers-2-1"], 1000), simulate(DESIGNS["buckets-8"], 1000)
+    assert one.largest_value > 1 << 20 and eight.largest_value < 256 << 10
+    assert eight.busiest_over_mean < 0.2 * one.busiest_over_mean
+    small_one, small_eight = simulate(DESIGNS["watchers-2-1"], 16), simulate(DESIGNS["buckets-8"], 16)
+    assert small_one.calls_per_s["mean"] < small_eight.calls_per_s["mean"] < 2 * small_one.calls_per_s["mean"]
+    assert small_eight.bytes_per_s["mean"] < 1.5 * small_one.bytes_per_s["mean"]
+    assert small_eight.served_per_s["max"] < small_one.served_per_s["max"]  # no node takes every heartbeat

@@ -31,9 +31,8 @@ class Node:
 
     async def find_nearest_nodes(self, queries, k_nearest, beam_size, exclude_self):
         self.searches += 1
-        (key_id,) = queries
-        others = sorted((i for i in self.world.ids if i != self.node_id), key=key_id.xor_distance)
-        return {key_id: {i: f"peer-{i}" for i in others[:k_nearest]}}
+        others = [i for i in self.world.ids if i != self.node_id]
+        return {q: {i: f"peer-{i}" for i in sorted(others, key=q.xor_distance)[:k_nearest]} for q in queries}
 
     def _by_peer(self, peer):
         return next(i for i in self.world.ids if f"peer-{i}" == peer)
@@ -54,6 +53,10 @@ class Node:
     async def get(self, key, latest=False, **kw):
         self.fallbacks.append(("get", key))
         return None
+
+    async def get_many(self, keys, **kw):
+        self.fallbacks.extend(("get", k) for k in keys)
+        return dict.fromkeys(keys)
 
     async def store(self, key, value, expiration_time, subkey=None, **kw):
         self.fallbacks.append(("store", key))
@@ -160,3 +163,36 @@ async def test_a_read_may_ask_one_of_the_keys_nodes_and_a_later_read_another():
     assert len(asked) == 8 and len(set(asked)) > 1  # one node a read, not always the same
     await guard.get(key, latest=True)
     assert len(asked) == 8 + REPLICAS  # all of them: the key's nearest nodes but the reader itself
+
+
+async def test_a_read_of_many_keys_asks_each_node_it_picks_once_for_all_the_keys_it_holds():
+    """The member buckets (``keys.members_keys``): in a swarm of 6 nodes every node holds nearly every
+    key, so a read of all 8 asks about 2 nodes (``holders=2``), not 16 calls; in one of 60 the keys'
+    nodes differ and each key is asked of its own 2. Every writer's entry is read back either way."""
+    from spantrain_p2p.swarm import keys as swarm_keys
+
+    for n, most_calls in ((6, 3), (60, 16)):
+        world = World(n)
+        nodes = [Node(world, i) for i in range(n)]
+        names = swarm_keys.members_keys("s")
+        t = get_dht_time() + 60
+        writers = nodes[:min(12, n - 1)]
+        for i, node in enumerate(writers):
+            assert await GuardedDHT(node).store(names[i % len(names)], {"seq": i}, t, subkey=f"p{i}")
+        reader = nodes[-1]
+        asked = []
+        real = reader._call_find_with_blacklist
+
+        async def counted(peer, key_ids, real=real, asked=asked):
+            asked.append((peer, len(key_ids)))
+            return await real(peer, key_ids)
+
+        reader._call_find_with_blacklist = counted
+        guard = GuardedDHT(reader)
+        found = await guard.get_many(names, latest=True, holders=2)
+        entries = {k: v.value for name in names if found[name] is not None for k, v in found[name].value.items()}
+        assert entries == {f"p{i}": {"seq": i} for i in range(len(writers))}
+        assert sum(k for _, k in asked) == 2 * len(names)  # each key of 2 of its nodes
+        assert len(asked) <= most_calls and len({p for p, _ in asked}) == len(asked)
+        assert reader.searches == 1  # the holders of all 8 keys looked up in one search
+        assert not reader.fallbacks

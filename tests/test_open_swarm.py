@@ -33,7 +33,7 @@ def test_a_node_keeps_only_values_signed_by_their_subkeys_owner_with_a_near_expi
     v, thief = SwarmValidator("s", me), SwarmValidator("s", other)
     now = get_dht_time()
     mine = sign_payload({"x": 1}, me)
-    genuine = _record(v, keys.members_key("s"), me.peer_id, mine, now + 10)
+    genuine = _record(v, keys.member_key_of("s", me.peer_id), me.peer_id, mine, now + 10)
     assert v.validate(genuine)
     assert msgpack.unpackb(v.strip_value(genuine)) == mine  # readers see the value they always saw
     lease = _record(v, keys.lease_key("s"), keys.term_subkey(3, me.peer_id), mine, now + 6)
@@ -45,18 +45,21 @@ def test_a_node_keeps_only_values_signed_by_their_subkeys_owner_with_a_near_expi
         "replayed-near": DHTRecord(genuine.key, genuine.subkey, genuine.value, now + 20),
         # moved under another peer's subkey, or signed by someone else under mine
         "moved": DHTRecord(genuine.key, msgpack.packb(other.peer_id), genuine.value, now + 10),
-        "thief": _record(v, keys.members_key("s"), me.peer_id, sign_payload({"x": 2}, other), now + 10, thief),
+        "thief": _record(v, keys.member_key_of("s", me.peer_id), me.peer_id, sign_payload({"x": 2}, other), now + 10, thief),
         "thief-lease": _record(v, keys.lease_key("s"), keys.term_subkey(4, me.peer_id), mine, now + 6, thief),
         # its own subkey, an expiry a year away
-        "far": _record(v, keys.members_key("s"), other.peer_id, sign_payload({}, other), now + YEAR, thief),
+        "far": _record(v, keys.member_key_of("s", other.peer_id), other.peer_id, sign_payload({}, other), now + YEAR, thief),
+        # its own record, well signed, under a member key its peer id does not hash to
+        "elsewhere": _record(v, keys.members_key("s", (keys.member_bucket(me.peer_id) + 1) % keys.MEMBER_BUCKETS),
+                             me.peer_id, mine, now + 10),
         # no outer signature at all, plain junk, another swarm's key, a payload signed by another key
         "unsigned": DHTRecord(genuine.key, genuine.subkey, msgpack.packb(mine), now + 10),
         "junk": DHTRecord(genuine.key, genuine.subkey, b"\x01\x02junk", now + 10),
-        "not-ours": _record(v, keys.members_key("t"), me.peer_id, mine, now + 10),
-        "payload-of-another": _record(v, keys.members_key("s"), me.peer_id, sign_payload({}, other), now + 10),
+        "not-ours": _record(v, keys.member_key_of("t", me.peer_id), me.peer_id, mine, now + 10),
+        "payload-of-another": _record(v, keys.member_key_of("s", me.peer_id), me.peer_id, sign_payload({}, other), now + 10),
     }
     assert {name: v.validate(r) for name, r in refused.items()} == {name: False for name in refused}
-    assert set(v.refused) == {"far-expiry", "not-owner", "unsigned", "not-this-swarm", "malformed"}
+    assert set(v.refused) == {"far-expiry", "not-owner", "unsigned", "not-this-swarm", "malformed", "wrong-bucket"}
 
 
 def test_a_closed_swarm_node_refuses_values_sealed_with_its_key_that_do_not_open():
@@ -64,7 +67,7 @@ def test_a_closed_swarm_node_refuses_values_sealed_with_its_key_that_do_not_open
     v = SwarmValidator("s", me, closed=True)
     v.sealer_for = lambda dht_key: key
     now = get_dht_time()
-    dk, sub = keys.members_key("s"), me.peer_id
+    dk, sub = keys.member_key_of("s", me.peer_id), me.peer_id
     assert v.validate(_record(v, dk, sub, key.seal({"x": 1}, dk, sub, now + 10), now + 10))
     # sealed for another expiry (a replay), or altered: refused at store time
     assert not v.validate(_record(v, dk, sub, key.seal({"x": 1}, dk, sub, now + 5), now + 10))
@@ -94,7 +97,7 @@ async def _attack(node, swarm: str, victims: list[str], me: SwarmValidator, me_i
     now = get_dht_time()
     n = 0
     own_payload = sign_payload({"term": 10**6, "peer_id": me_id.peer_id, "expires": now + 60}, me_id)
-    for dht_key in (keys.members_key(swarm), keys.lease_key(swarm), keys.job_key(swarm), keys.stagemap_key(swarm),
+    for dht_key in (*keys.members_keys(swarm), keys.lease_key(swarm), keys.job_key(swarm), keys.stagemap_key(swarm),
                     keys.keyreq_key(swarm), keys.groupkey_key(swarm),
                     *(keys.measure_key(swarm, w) for w in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS))):
         found = await node.get(dht_key, latest=True)

@@ -37,9 +37,10 @@ async def test_a_bad_record_in_the_dht_is_ignored_and_the_peer_keeps_working(cap
     async with Peer(PeerConfig(name="a", **FAST)) as a:
         async with Peer(PeerConfig(name="b", join=(a.address,), **FAST)) as b:
             await a.wait_members(2, 10)
-            key = membership.members_key("default")
-            await b.dht.store(key, {"body": b"evil", "key": b"k", "sig": b"s"}, get_dht_time() + 30, subkey="QmFake")
-            await b.dht.store(key, b"x" * 1000, get_dht_time() + 30, subkey="QmJunk")
+            key = membership.member_key_of
+            await b.dht.store(key("default", "QmFake"), {"body": b"evil", "key": b"k", "sig": b"s"}, get_dht_time() + 30,
+                              subkey="QmFake")
+            await b.dht.store(key("default", "QmJunk"), b"x" * 1000, get_dht_time() + 30, subkey="QmJunk")
             with caplog.at_level("WARNING"):
                 await asyncio.sleep(1.0)
                 members = await a.members()

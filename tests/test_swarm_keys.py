@@ -3,7 +3,8 @@ from spantrain_p2p.swarm import election, keys, measure, membership
 
 
 def test_every_key_of_a_swarm_is_spelled_as_peers_of_this_version_expect():
-    assert keys.members_key("s1") == "spantrain/s1/members"
+    assert keys.members_keys("s1") == [f"spantrain/s1/members.{b:02d}" for b in range(keys.MEMBER_BUCKETS)]
+    assert keys.member_bucket("QmPeer") == 4 and keys.member_key_of("s1", "QmPeer") == "spantrain/s1/members.04"
     assert [keys.measure_key("s1", w) for w in (keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS)] == [
         "spantrain/s1/profiles", "spantrain/s1/links", "spantrain/s1/groups", "spantrain/s1/pings"]
     assert keys.lease_key("s1") == "spantrain/s1/planner"

@@ -73,6 +73,10 @@ class Design:
     watch_holders: int = 5  # and a watcher (``membership.WATCH_HOLDERS``)
     lookup_value: bool = True  # a lookup of a key's holders brings the key's value from each (searched
     # for the key's own id; False: for an id beside it, which nobody holds)
+    # member records split over this many keys by peer id (``keys.MEMBER_BUCKETS``): a read of them all
+    # asks each node it picks once for every key it holds (``holders.pick``, ``direct_lookup_s`` only)
+    buckets: int = 1
+    key_bytes: int = 22  # one more key id in a find request
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
     link_mbps: float = 100.0  # a peer's link: a search's answers all come down it
     sizes: Sizes = field(default_factory=Sizes)
@@ -100,6 +104,11 @@ DESIGNS = {
     # and a watcher's asks two of them (as shipped since 2026-11-27 12:45 UTC)
     "watchers-2-1": Design("watchers-2-1", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
                            watch_holders=2),
+    # and the member records in 8 keys by peer id, read together (as shipped since 2026-11-27 16:00 UTC)
+    "buckets-8": Design("buckets-8", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
+                        watch_holders=2, buckets=8),
+    "buckets-16": Design("buckets-16", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
+                         watch_holders=2, buckets=16),
 }
 
 
@@ -199,6 +208,10 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
 
     ledger = Ledger(n)
     call = ledger.call
+    if design.buckets > 1:
+        if not design.direct_lookup_s:
+            raise ValueError("member buckets are read straight at their nodes: set direct_lookup_s")
+        return _simulate_buckets(design, n, rng, ids, ledger, job, job_replicas, neighbours, crashes, joins)
 
     def search(src: int, key: int, holders: set, rate: float, key_value: int, visits: int = design.visits) -> None:
         """One search per 1/rate seconds: the nearest nodes to ``key`` but ``src``."""
@@ -266,3 +279,62 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
             join.append(read_phase + k * design.poll_s + search_s)
 
     return ledger.figures(design.name, design.link_mbps, value, crash, join, search_s)
+
+
+def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int], ledger: Ledger, job: int,
+                      job_replicas: set, neighbours: int, crashes: int, joins: int, reads_sampled: int = 8) -> ControlFigures:
+    """``simulate`` with the member records split over ``design.buckets`` keys: each peer's heartbeat
+    goes to its own bucket's nodes; a read of all buckets asks the nodes ``holders.pick`` chooses,
+    each once for all its keys (``reads_sampled`` picks per reader, averaged); the holders of every
+    bucket are looked up in one search every ``direct_lookup_s``."""
+    from ..swarm.holders import pick
+
+    z, d, call = design.sizes, design, ledger.call
+    bucket_ids = [_key_id(f"spantrain/sim/members.{b:02d}") for b in range(d.buckets)]
+    near = [_nearest(ids, k, d.replicas + 1) for k in bucket_ids]  # the key's nearest, the caller left out later
+    of = [rng.randrange(d.buckets) for _ in range(n)]
+    count = [of.count(b) for b in range(d.buckets)]
+    values = [z.value_base + c * z.entry for c in count]
+    watching = set(sorted(range(n), key=ids.__getitem__)[:d.watchers or n])
+    reads, beats, lookups = 1.0 / d.poll_s, 1.0 / d.heartbeat_s, 1.0 / d.direct_lookup_s
+    seldom = 1.0 / read_interval(n, d.poll_s, False)
+    for p in range(n):
+        held = {b: [i for i in near[b] if i != p][:d.replicas] for b in range(d.buckets)}
+        # the lookup: one search for every bucket, each visited node asked once for the ids it is near
+        visited: dict[int, int] = {}
+        for b in range(d.buckets):
+            for dst in held[b]:
+                visited[dst] = visited.get(dst, 0) + 1
+        for dst, q in visited.items():
+            call(p, dst, lookups, z.find_request + (q - 1) * d.key_bytes, q * neighbours)
+        rate = reads if p in watching else seldom
+        ask = d.watch_holders if p in watching else d.seldom_holders
+        for _ in range(reads_sampled):
+            for dst, bs in pick(held, ask, rng).items():
+                call(p, dst, rate / reads_sampled, z.find_request + (len(bs) - 1) * d.key_bytes,
+                     sum(neighbours + values[b] for b in bs))
+        for r in held[of[p]]:
+            call(p, r, beats, z.store_request_base + z.entry, z.store_response)
+        if d.job_poll_s:
+            for r in job_replicas - {p}:
+                call(p, r, lookups, z.find_request, neighbours)  # its holders, looked up
+                call(p, r, 1.0 / d.job_poll_s, z.find_request, neighbours)
+    # the times: as one key's (a watcher reads every bucket every poll, all at once), the answers
+    # (each bucket from ``watch_holders`` nodes) down the reader's link
+    link = d.link_mbps * 1e6 / 8
+    search_s = d.call_s + d.watch_holders * (d.buckets * neighbours + sum(values)) / link
+    ttl = d.heartbeat_s * d.ttl_heartbeats
+    crash, join = [], []
+    for _ in range(crashes):
+        expires = ttl - rng.uniform(0, d.heartbeat_s)
+        for _obs in range(min(8, n - 1)):
+            read_phase = rng.uniform(0, d.poll_s)
+            k = math.ceil(max(0.0, expires - read_phase) / d.poll_s)
+            crash.append(read_phase + k * d.poll_s + search_s)
+    stored = min(d.visits, n - 1) * d.call_s + d.call_s
+    for _ in range(joins):
+        for _obs in range(min(8, n - 1)):
+            read_phase = rng.uniform(0, d.poll_s)
+            k = math.ceil(max(0.0, stored - read_phase) / d.poll_s)
+            join.append(read_phase + k * d.poll_s + search_s)
+    return ledger.figures(design.name, d.link_mbps, max(values), crash, join, search_s)

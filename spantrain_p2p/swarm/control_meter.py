@@ -31,11 +31,13 @@ def key_names(swarm: str) -> dict[bytes, str]:
     from hivemind.dht.routing import DHTID
 
     named = {
-        "members": keys.members_key(swarm), "planner": keys.lease_key(swarm), "job": keys.job_key(swarm),
+        "planner": keys.lease_key(swarm), "job": keys.job_key(swarm),
         "stagemap": keys.stagemap_key(swarm), "keyreq": keys.keyreq_key(swarm), "groupkey": keys.groupkey_key(swarm),
         **{w: keys.measure_key(swarm, w) for w in _MEASURE},
     }
-    return {DHTID.generate(source=k).to_bytes(): name for name, k in named.items()}
+    ids = {DHTID.generate(source=k).to_bytes(): name for name, k in named.items()}
+    ids.update({DHTID.generate(source=k).to_bytes(): "members" for k in keys.members_keys(swarm)})  # one row for all buckets
+    return ids
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from hivemind.utils import ValueWithExpiration
 
+from .holders import pick
 from .identity import peer_id_from_public_der
 from .keys import is_key_exchange
 from .membership import BadRecordLog
@@ -65,6 +66,7 @@ class GuardedDHT:
         self._log = BadRecordLog("DHT value")
         self._read: dict[str, dict] = {}  # per dictionary key: the unexpired entries read or stored (``_merge``)
         self._holders: dict[str, tuple[float, dict]] = {}  # per key: (when, its nearest nodes: DHTID -> PeerID)
+        self._rng = random.Random()
         validator = getattr(getattr(node, "protocol", None), "record_validator", None)
         if validator is not None and hasattr(validator, "sealer_for"):  # a ``validator.SwarmValidator``
             validator.sealer_for = self.sealer_for  # sealed values that do not open are refused at store time
@@ -98,9 +100,27 @@ class GuardedDHT:
         """``holders``: with ``latest``, how many of the key's nodes are asked (fewer: one of them at
         random, for a read that may miss an entry one node lacks until the next read)."""
         kwargs.setdefault("beam_size", REPLICAS)
-        found = await self._ask_holders(key, holders) if latest and kwargs == {"beam_size": REPLICAS} else _NOBODY
+        found = (await self._ask_holders([key], holders))[key] if latest and kwargs == {"beam_size": REPLICAS} else _NOBODY
         if found is _NOBODY:
             found = await self.node.get(key, latest=latest, **kwargs)
+        return self._accept(key, found)
+
+    async def get_many(self, keys: list[str], latest: bool = False, holders: int = REPLICAS) -> dict[str, Optional[ValueWithExpiration]]:
+        """``get`` of several keys in one go: with ``latest``, each node picked is asked once for
+        every key it holds (``holders.pick``); the keys whose nodes are not known, or did not
+        answer, in one search of hivemind's for them all."""
+        keys = list(dict.fromkeys(keys))
+        found = await self._ask_holders(keys, holders) if latest else dict.fromkeys(keys, _NOBODY)
+        rest = [k for k in keys if found[k] is _NOBODY]
+        if rest:
+            more = await self.node.get_many(rest, sufficient_expiration_time=float("inf") if latest else None,
+                                            beam_size=REPLICAS)
+            found.update({k: more.get(k) for k in rest})
+        return {k: self._accept(k, found[k]) for k in keys}
+
+    def _accept(self, key: str, found: Optional[ValueWithExpiration]) -> Optional[ValueWithExpiration]:
+        """What this peer believes of a value ``found`` for ``key``: the entries it admits, merged into
+        what it read before (``_merge``)."""
         if found is None:
             merged = self._merge(key, {})  # nothing answered: what this peer read before, until it expires
             return ValueWithExpiration(merged, max(v.expiration_time for v in merged.values())) if merged else None
@@ -115,59 +135,70 @@ class GuardedDHT:
         value = self._admit(key, None, found.value, found.expiration_time)
         return None if value is None else ValueWithExpiration(value, found.expiration_time)
 
-    async def _ask_holders(self, key: str, ask: int = REPLICAS):
-        """The latest value of ``key`` from the REPLICAS nodes nearest to it (and this node), asked
-        directly, as hivemind's search merges it (``ask`` of them, picked at random); _NOBODY when
-        they are not known or none answered (the caller searches). Copies on other nodes are not
-        seen: they are not where stores go."""
+    async def _ask_holders(self, keys: list[str], ask: int = REPLICAS) -> dict:
+        """Per key, its latest value from the REPLICAS nodes nearest to it (and this node), asked
+        directly, as hivemind's search merges it (``ask`` of them, picked by ``holders.pick``: a node
+        is asked once for all the keys it is picked for); _NOBODY where they are not known or none
+        answered (the caller searches). Copies on other nodes are not seen: they are not where
+        stores go."""
         from hivemind.dht.node import _SearchState
         from hivemind.dht.routing import DHTID
 
+        out: dict = dict.fromkeys(keys, _NOBODY)
         node = self.node
         protocol = getattr(node, "protocol", None)
         if protocol is None or not hasattr(node, "find_nearest_nodes"):
-            return _NOBODY
-        key_id = DHTID.generate(source=key)
-        held = list((await self._holders_of(key, key_id)).values())
-        if not held:
-            return _NOBODY
-        if ask < len(held):
-            held = random.sample(held, max(1, ask))
-        state = _SearchState(key_id, float("inf"), serializer=protocol.serializer, record_validator=protocol.record_validator)
-        state.add_candidate(protocol.storage.get(key_id), source_node_id=node.node_id)
-        state.add_candidate(protocol.cache.get(key_id), source_node_id=node.node_id)
-        answers = await asyncio.gather(*(node._call_find_with_blacklist(p, [key_id]) for p in held),
+            return out
+        ids = {k: DHTID.generate(source=k) for k in keys}
+        held = await self._holders_of(ids)
+        calls = pick({k: list(h.values()) for k, h in held.items() if h}, ask, self._rng)
+        answers = await asyncio.gather(*(node._call_find_with_blacklist(p, [ids[k] for k in ks]) for p, ks in calls.items()),
                                        return_exceptions=True)
-        answered = 0
-        for answer in answers:
-            if isinstance(answer, dict) and key_id in answer:
-                answered += 1
-                state.add_candidate(answer[key_id][0], source_node_id=None)
-        if answered < len(held):
-            self._holders.pop(key, None)  # one is gone or busy: look them up again next time
-            if not answered:
-                return _NOBODY
-        state.finish_search()
-        return await state.future
+        got: dict[str, list] = {k: [] for k in keys}
+        asked: Counter[str] = Counter()
+        for ks, answer in zip(calls.values(), answers):
+            for k in ks:
+                asked[k] += 1
+                if isinstance(answer, dict) and ids[k] in answer:
+                    got[k].append(answer[ids[k]][0])
+        for k in keys:
+            if not asked[k]:
+                continue
+            if len(got[k]) < asked[k]:
+                self._holders.pop(k, None)  # one is gone or busy: look them up again next time
+            if not got[k]:
+                continue
+            state = _SearchState(ids[k], float("inf"), serializer=protocol.serializer,
+                                 record_validator=protocol.record_validator)
+            state.add_candidate(protocol.storage.get(ids[k]), source_node_id=node.node_id)
+            state.add_candidate(protocol.cache.get(ids[k]), source_node_id=node.node_id)
+            for value in got[k]:
+                state.add_candidate(value, source_node_id=None)
+            state.finish_search()
+            out[k] = await state.future
+        return out
 
-    async def _holders_of(self, key: str, key_id) -> dict:
-        """The REPLICAS nodes nearest to ``key`` but this one (DHTID -> PeerID), looked up at most
-        every HOLDERS_TTL_S (at once after one of them did not answer)."""
-        held = self._holders.get(key)
-        if held is None or time.monotonic() - held[0] > HOLDERS_TTL_S or self._nearer_known(key_id, held[1]):
+    async def _holders_of(self, ids: dict) -> dict:
+        """Per key of ``ids`` (key -> its DHTID), the REPLICAS nodes nearest to it but this one
+        (DHTID -> PeerID), or {} where the swarm has fewer; looked up at most every HOLDERS_TTL_S (at
+        once after one of them did not answer), the stale keys' in one search."""
+        from hivemind.dht.routing import DHTID
+
+        now = time.monotonic()
+        stale = [k for k, key_id in ids.items() if (held := self._holders.get(k)) is None
+                 or now - held[0] > HOLDERS_TTL_S or self._nearer_known(key_id, held[1])]
+        if stale:
             # searched for an id beside the key's, which nobody holds: the same nearest nodes (XOR
             # order is kept but between two nodes that differ in the last bit alone), and not one of
-            # them answers with the key's whole value (every member's record: 1.5 MB at 1,000 peers)
-            from hivemind.dht.routing import DHTID
-
-            beside = DHTID(int(key_id) ^ 1)
-            nearest = await self.node.find_nearest_nodes([beside], k_nearest=REPLICAS, beam_size=REPLICAS,
+            # them answers with the key's whole value (a member key's records: 1.5 MB at 1,000 peers)
+            beside = {k: DHTID(int(ids[k]) ^ 1) for k in stale}
+            nearest = await self.node.find_nearest_nodes(list(beside.values()), k_nearest=REPLICAS, beam_size=REPLICAS,
                                                          exclude_self=True)
-            held = (time.monotonic(), dict(nearest.get(beside, {})))
-            self._holders[key] = held
+            for k, b in beside.items():
+                self._holders[k] = (now, dict(nearest.get(b, {})))
         # a swarm of fewer nodes than that grows: each read and store searches (hivemind's), so that
         # the first nodes found are not the only ones asked while the key's nearest ones join
-        return held[1] if len(held[1]) >= REPLICAS else {}
+        return {k: h if len(h := self._holders[k][1]) >= REPLICAS else {} for k in ids}
 
     def _nearer_known(self, key_id, holders: dict) -> bool:
         """Whether this node's routing table knows a node nearer to ``key_id`` than one of ``holders``
@@ -195,7 +226,7 @@ class GuardedDHT:
         if protocol is None or not hasattr(node, "find_nearest_nodes"):
             return None
         key_id = DHTID.generate(source=key)
-        holders = await self._holders_of(key, key_id)
+        holders = (await self._holders_of({key: key_id}))[key]
         if not holders:
             return None
         value_bytes = protocol.serializer.dumps(value)

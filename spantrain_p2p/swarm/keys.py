@@ -2,7 +2,8 @@
 
 All keys are ``spantrain/<swarm>/<what>``; each holds a dictionary of signed entries, one per subkey:
 
-- ``members``: peer records, subkey = the peer id (``membership``);
+- ``members.00`` .. ``members.07``: peer records, subkey = the peer id, each in the bucket its id
+  hashes to (``member_bucket``): no key's value holds the whole swarm (``membership``);
 - ``profiles``, ``links``, ``pings``, ``groups``, ``accuse``: measurements, grouping votes and
   accusations, subkey = the peer id (``measure``);
 - ``planner``: the planner's lease, subkey = its term and the claimant (``election``);
@@ -20,6 +21,8 @@ The strings are part of the protocol: peers of one version must build the same o
 """
 from __future__ import annotations
 
+import hashlib
+
 # what a measurement key holds (``measure_key(swarm, what)``)
 PROFILES, LINKS, GROUPS, PINGS = "profiles", "links", "groups", "pings"
 ACCUSE = "accuse"  # the peers a replica convicted of attacking the job (``train.defence``)
@@ -29,9 +32,34 @@ def _key(swarm: str, what: str) -> str:
     return f"spantrain/{swarm}/{what}"
 
 
-def members_key(swarm: str) -> str:
-    """The peer records of ``swarm``, one per peer id."""
-    return _key(swarm, "members")
+# Member records are split over this many keys by peer id (issue 33). One key held every record
+# (~1.5 KB each): at 1,000 peers a 1.4 MB value, read whole by every reader, and every member's
+# heartbeat stored on the same five nodes. Eight keys keep a value under 256 KiB to about 1,400
+# peers and spread the heartbeats over forty nodes; a read of them all asks each node it picks once
+# for all the keys it holds (``holders.pick``), so a small swarm's read is no more calls than before.
+MEMBER_BUCKETS = 8
+
+
+def member_bucket(peer_id: str) -> int:
+    """Which of the ``MEMBER_BUCKETS`` member keys holds ``peer_id``'s record."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") % MEMBER_BUCKETS
+
+
+def members_key(swarm: str, bucket: int) -> str:
+    """The peer records of ``swarm`` whose ids hash to ``bucket``, one per peer id."""
+    if not 0 <= bucket < MEMBER_BUCKETS:
+        raise ValueError(f"member bucket {bucket} is not in 0..{MEMBER_BUCKETS - 1}")
+    return f"{_key(swarm, 'members')}.{bucket:02d}"
+
+
+def members_keys(swarm: str) -> list[str]:
+    """Every member key of ``swarm``, by bucket."""
+    return [members_key(swarm, b) for b in range(MEMBER_BUCKETS)]
+
+
+def member_key_of(swarm: str, peer_id: str) -> str:
+    """The member key ``peer_id``'s record is stored under."""
+    return members_key(swarm, member_bucket(peer_id))
 
 
 def measure_key(swarm: str, what: str) -> str:

@@ -1,6 +1,7 @@
 """Membership in the DHT: announcing our signed record on a heartbeat, reading everybody's.
 
-All records live under one DHT key per swarm, one subkey per peer id. A record expires after a
+All records live under the swarm's member keys (``keys.members_keys``: one per bucket of peer
+ids), one subkey per peer id. A record expires after a
 few heartbeats, so a crashed peer falls out by itself; a peer that leaves writes a tombstone
 (state ``left``) whose expiry is later than its last heartbeat's, so it replaces it at once.
 
@@ -15,13 +16,13 @@ from typing import Optional
 from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
 
-from .keys import members_key
+from .keys import member_key_of, members_key, members_keys
 from .records import BadRecord, PeerRecord, open_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BadRecordLog", "announce", "describe", "diff_members", "members_key", "parse_members", "read_interval",
-           "read_members", "watchers"]
+__all__ = ["BadRecordLog", "announce", "describe", "diff_members", "member_key_of", "members_key", "members_keys",
+           "parse_members", "read_interval", "read_members", "watchers"]
 
 WATCHERS = 2  # with no planner, the first members by peer id stand in for it and its standby
 # of the member key's 5 nodes, a read asks this many, picked at random: a watcher 2 (an entry one
@@ -93,15 +94,26 @@ def parse_members(entries: object, now: float, on_bad: BadRecordLog) -> dict[str
 
 async def read_members(node: DHTNode, swarm: str, on_bad: BadRecordLog, latest: bool = True,
                        holders: Optional[int] = None) -> dict[str, PeerRecord]:
-    """Every member's record; ``holders``: ask only that many of the key's nodes (``GuardedDHT``)."""
-    found = await node.get(members_key(swarm), latest=latest, **({"holders": holders} if holders else {}))
-    if found is None:
-        return {}
-    return parse_members(found.value, get_dht_time(), on_bad)
+    """Every member's record, from every member key at once; ``holders``: ask only that many of
+    each key's nodes (``GuardedDHT.get_many``). A record found under a key its peer id does not
+    hash to is refused (the nodes refuse to store it there, ``validator``)."""
+    keys = members_keys(swarm)
+    found = await node.get_many(keys, latest=latest, **({"holders": holders} if holders else {}))
+    now, out = get_dht_time(), {}
+    for key in keys:
+        item = found.get(key)
+        if item is None:
+            continue
+        for peer_id, rec in parse_members(item.value, now, on_bad).items():
+            if member_key_of(swarm, peer_id) != key:
+                on_bad(peer_id, f"stored under {key}, not its own member key")
+                continue
+            out[peer_id] = rec
+    return out
 
 
 async def announce(node: DHTNode, swarm: str, sealed: dict, peer_id: str, ttl: float) -> bool:
-    return bool(await node.store(members_key(swarm), sealed, get_dht_time() + ttl, subkey=peer_id))
+    return bool(await node.store(member_key_of(swarm, peer_id), sealed, get_dht_time() + ttl, subkey=peer_id))
 
 
 def diff_members(old: dict[str, PeerRecord], new: dict[str, PeerRecord]) -> tuple[list[str], list[str]]:

@@ -48,9 +48,16 @@ OWN, SUFFIX = "own", "suffix"
 
 @dataclass(frozen=True)
 class KeyRule:
-    key: Callable[[str], str]  # the DHT key of a swarm (a builder of ``keys``)
+    key: Callable[..., str]  # the DHT key of a swarm (a builder of ``keys``; with ``buckets``, of a swarm and a bucket)
     ttl_s: float  # the longest life a value of this key may ask for
     owner: str  # OWN or SUFFIX
+    buckets: int = 0  # a key per bucket of peer ids: a subkey only under its owner's (``keys.member_bucket``)
+
+    def dht_keys(self, swarm: str) -> list[tuple[str, Optional[int]]]:
+        """(DHT key, its bucket or None) of every key of ``swarm`` this rule covers."""
+        if not self.buckets:
+            return [(self.key(swarm), None)]
+        return [(self.key(swarm, b), b) for b in range(self.buckets)]
 
 
 def _measure(what: str) -> Callable[[str], str]:
@@ -58,7 +65,7 @@ def _measure(what: str) -> Callable[[str], str]:
 
 
 RULES = (
-    KeyRule(keys.members_key, 600.0, OWN),  # a record lives a few heartbeats (--heartbeat up to 200 s)
+    KeyRule(keys.members_key, 600.0, OWN, keys.MEMBER_BUCKETS),  # a record lives a few heartbeats (--heartbeat up to 200 s)
     *(KeyRule(_measure(what), 3600.0, OWN) for what in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS,
                                                          keys.ACCUSE)),
     KeyRule(keys.lease_key, 120.0, SUFFIX),  # a lease: seconds
@@ -88,10 +95,10 @@ class SwarmValidator(RecordValidatorBase):
 
     def __init__(self, swarm: str, identity: Optional[Identity] = None, closed: bool = False):
         self.swarm, self.identity, self.closed = swarm, identity, closed
-        self.rules: dict[bytes, tuple[str, KeyRule]] = {}
+        self.rules: dict[bytes, tuple[str, KeyRule, Optional[int]]] = {}
         for rule in RULES:
-            dht_key = rule.key(swarm)
-            self.rules[DHTID.generate(source=dht_key).to_bytes()] = (dht_key, rule)
+            for dht_key, bucket in rule.dht_keys(swarm):
+                self.rules[DHTID.generate(source=dht_key).to_bytes()] = (dht_key, rule, bucket)
         self.sealer_for: Callable[[str], Any] = lambda dht_key: None
         self.refused: dict[str, int] = {}
         self._seen: OrderedDict[bytes, bool] = OrderedDict()
@@ -119,7 +126,7 @@ class SwarmValidator(RecordValidatorBase):
         found = self.rules.get(record.key)
         if found is None:
             return "not-this-swarm"
-        dht_key, rule = found
+        dht_key, rule, bucket = found
         exp = record.expiration_time
         if not isinstance(exp, (int, float)) or not math.isfinite(exp) or exp > get_dht_time() + rule.ttl_s + SKEW_S:
             return "far-expiry"
@@ -136,6 +143,8 @@ class SwarmValidator(RecordValidatorBase):
         owner = owner_of(subkey, rule)
         if owner is None:
             return "bad-subkey"
+        if bucket is not None and keys.member_bucket(owner) != bucket:
+            return "wrong-bucket"  # one record a peer, under its own bucket's key: no key grows past its share
         digest = hashlib.sha256(record.key + record.subkey + record.value + repr(float(exp)).encode()).digest()
         if digest not in self._seen:
             signed = verify(der, _signed_bytes(record.key, record.subkey, inner, exp), sig)

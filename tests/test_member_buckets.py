@@ -58,3 +58,41 @@ async def test_a_record_read_under_another_bucket_is_refused():
     other = next(k for k in keys.members_keys("s") if k != mine)
     assert await membership.read_members(Fake(other), "s", lambda k, why: bad.append(why)) == {}
     assert bad and "not its own member key" in bad[0]
+
+
+async def test_a_read_at_a_keys_holder_gets_the_values_without_the_neighbours():
+    """``find_values``: the same validated values as hivemind's find, no neighbours; a node that does
+    not serve it (a bare hivemind node) is asked with hivemind's find instead."""
+    from hivemind.dht.node import DHTNode
+    from hivemind.dht.routing import DHTID
+    from hivemind.p2p import P2P
+
+    from spantrain_p2p.peer import Peer, PeerConfig
+    from spantrain_p2p.swarm import find_values
+
+    fast = dict(heartbeat_s=0.5, poll_s=0.25)
+    async with Peer(PeerConfig(name="a", **fast)) as a:
+        async with Peer(PeerConfig(name="b", join=(a.address,), **fast)) as b, \
+                Peer(PeerConfig(name="c", join=(a.address,), **fast)) as c:
+            await b.wait_members(3, 10)
+            ids = [DHTID.generate(source=k) for k in keys.members_keys("default")]
+            a_id = a._p2p.peer_id
+            node = b.dht.node
+            plain = await node._call_find_with_blacklist(a_id, ids)
+            lean = await find_values.call(node, a_id, ids)
+            assert set(lean) == set(ids) and all(near == {} for _, near in lean.values())
+            assert any(near for _, near in plain.values())  # hivemind's carries a's neighbours (c)
+            held = {k: sorted(s for s, _ in v.value.items()) for k, (v, _) in lean.items() if v is not None}
+            assert held == {k: sorted(s for s, _ in v.value.items()) for k, (v, _) in plain.items() if v is not None}
+            assert sorted(s for subs in held.values() for s in subs) == sorted([a.peer_id, b.peer_id, c.peer_id])
+            rows = b.status()["control"]["out"]
+            assert rows["find_values members"]["calls"] >= 1
+            # a bare hivemind node serves no find_values: asked with rpc_find
+            p2p = await P2P.create(initial_peers=[a.address])
+            bare = await DHTNode.create(p2p=p2p, initial_peers=[a.address], wait_timeout=3)
+            try:
+                got = await find_values.call(node, p2p.peer_id, ids)
+                assert got is not None and set(got) == set(ids)
+            finally:
+                await bare.shutdown()
+                await p2p.shutdown()

@@ -22,7 +22,7 @@ from ..net.addresses import announced_urls, order_maddrs, p2p_announce
 from ..net.dataplane import DataPlaneServer, Retry
 from ..net.handshake import Authenticator, HandshakeError
 from ..net.probe_messages import PROBE_KIND, handle_probe
-from ..swarm import discovery, membership
+from ..swarm import discovery, find_values, membership
 from ..swarm.daemon import tie_daemons_to_this_process
 from ..swarm import group_key
 from ..swarm.bootstrap import BootstrapFailed, bootstrap
@@ -297,6 +297,7 @@ class Peer:
         node = await DHTNode.create(p2p=self._p2p, wait_timeout=3, record_validator=validator,
                                     num_replicas=REPLICAS, cache_refresh_before_expiry=0, cache_nearest=0)
         self._dht = node  # closed with the peer, even if joining fails below
+        await find_values.serve(self._p2p, node.protocol)  # reads at a key's holders, without the neighbours
         try:
             if join:  # retried with backoff: a founder busy starting its job may miss one ping
                 await asyncio.wait_for(bootstrap(node, join, cfg.join_timeout_s), cfg.join_timeout_s + 10)
@@ -315,7 +316,7 @@ class Peer:
                 raise SwarmUnreachable(f"could not join via {', '.join(join)}: {e}") from None
             raise
 
-        self._dht = GuardedDHT(node, self.swarm_key, self.allow)
+        self._dht = GuardedDHT(node, self.swarm_key, self.allow, values_only=True)
         if self._dht.grouped:
             await self._take_group_key(joining=bool(join))
         view = await self._check_admission() if join else {}

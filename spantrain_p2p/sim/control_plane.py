@@ -77,6 +77,7 @@ class Design:
     # asks each node it picks once for every key it holds (``holders.pick``, ``direct_lookup_s`` only)
     buckets: int = 1
     key_bytes: int = 22  # one more key id in a find request
+    values_only: bool = False  # a read at the buckets' nodes is answered without neighbours (``find_values``)
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
     link_mbps: float = 100.0  # a peer's link: a search's answers all come down it
     sizes: Sizes = field(default_factory=Sizes)
@@ -104,11 +105,13 @@ DESIGNS = {
     # and a watcher's asks two of them (as shipped since 2026-11-27 12:45 UTC)
     "watchers-2-1": Design("watchers-2-1", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
                            watch_holders=2),
-    # and the member records in 8 keys by peer id, read together (as shipped since 2026-11-27 16:00 UTC)
+    # and the member records in 8 keys by peer id, read together (commit a974bcb, measured live)
     "buckets-8": Design("buckets-8", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
                         watch_holders=2, buckets=8),
-    "buckets-16": Design("buckets-16", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
-                         watch_holders=2, buckets=16),
+    # and a watcher asks one node a key, the reads answered without neighbours, holders looked up
+    # every 60 s (as shipped since 2026-11-27 15:45 UTC)
+    "buckets-lean": Design("buckets-lean", direct_lookup_s=60.0, watchers=2, lookup_value=False, seldom_holders=1,
+                           watch_holders=1, buckets=8, values_only=True),
 }
 
 
@@ -309,10 +312,11 @@ def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int]
             call(p, dst, lookups, z.find_request + (q - 1) * d.key_bytes, q * neighbours)
         rate = reads if p in watching else seldom
         ask = d.watch_holders if p in watching else d.seldom_holders
+        near_bytes = 0 if d.values_only else neighbours
         for _ in range(reads_sampled):
             for dst, bs in pick(held, ask, rng).items():
                 call(p, dst, rate / reads_sampled, z.find_request + (len(bs) - 1) * d.key_bytes,
-                     sum(neighbours + values[b] for b in bs))
+                     sum(near_bytes + values[b] for b in bs))
         for r in held[of[p]]:
             call(p, r, beats, z.store_request_base + z.entry, z.store_response)
         if d.job_poll_s:
@@ -322,7 +326,7 @@ def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int]
     # the times: as one key's (a watcher reads every bucket every poll, all at once), the answers
     # (each bucket from ``watch_holders`` nodes) down the reader's link
     link = d.link_mbps * 1e6 / 8
-    search_s = d.call_s + d.watch_holders * (d.buckets * neighbours + sum(values)) / link
+    search_s = d.call_s + d.watch_holders * (d.buckets * (0 if d.values_only else neighbours) + sum(values)) / link
     ttl = d.heartbeat_s * d.ttl_heartbeats
     crash, join = [], []
     for _ in range(crashes):

@@ -25,9 +25,11 @@ __all__ = ["BadRecordLog", "announce", "describe", "diff_members", "member_key_o
            "parse_members", "read_interval", "read_members", "watchers"]
 
 WATCHERS = 2  # with no planner, the first members by peer id stand in for it and its standby
-# of the member key's 5 nodes, a read asks this many, picked at random: a watcher 2 (an entry one
-# node lacks is in the other's copy, or kept from earlier reads until it expires), any other peer 1
-WATCH_HOLDERS, SELDOM_HOLDERS = 2, 1
+# of each member key's 5 nodes, a read asks this many, picked at random (an entry the node asked
+# lacks is kept from earlier reads until it expires, and a read that lost members is read again
+# from all, ``member_view.lost``). A watcher asked 2 while one key held every record; with the
+# records in 8 keys that was 16 calls a second at 48 peers, and the watchers the busiest peers.
+WATCH_HOLDERS, SELDOM_HOLDERS = 1, 1
 RECORDS_PER_POLL = 8.0  # a member that does not watch reads about this many records a poll, on average
 MAX_POLLS = 60  # and reads the whole key at least every this many polls
 

@@ -196,3 +196,23 @@ async def test_a_read_of_many_keys_asks_each_node_it_picks_once_for_all_the_keys
         assert len(asked) <= most_calls and len({p for p, _ in asked}) == len(asked)
         assert reader.searches == 1  # the holders of all 8 keys looked up in one search
         assert not reader.fallbacks
+
+
+async def test_a_lookup_that_found_too_few_nodes_is_redone_once_the_routing_table_knows_more():
+    """A founder's first lookup finds nobody; once its routing table knows more nodes than that lookup
+    found, its next read looks the holders up again instead of searching until HOLDERS_TTL_S passes."""
+    world, key = World(4), "spantrain/s/members.00"
+    node = Node(world, 0)
+    known: list = [(i, f"peer-{i}") for i in world.ids[1:]]
+    node.protocol.routing_table = types.SimpleNamespace(
+        get_nearest_neighbors=lambda key_id, k, exclude=None: sorted(known, key=lambda x: key_id.xor_distance(x[0]))[:k])
+    guard = GuardedDHT(node)
+    await guard.get(key, latest=True)
+    await guard.get(key, latest=True)
+    assert node.searches == 1 and node.fallbacks.count(("get", key)) == 2  # 3 others: hivemind's search
+    new = [DHTID.generate() for _ in range(8)]
+    world.ids += new
+    world.storage.update({i: DHTLocalStorage() for i in new})
+    known += [(i, f"peer-{i}") for i in new]
+    await guard.get(key, latest=True)
+    assert node.searches == 2 and node.fallbacks.count(("get", key)) == 2  # looked up again, asked directly

@@ -210,13 +210,17 @@ class GuardedDHT:
 
     def _nearer_known(self, key_id, holders: dict) -> bool:
         """Whether this node's routing table knows a node nearer to ``key_id`` than one of ``holders``
-        (a node that joined since they were looked up): they are looked up again."""
+        (a node that joined since they were looked up), or, where fewer than REPLICAS were found (the
+        swarm was smaller), any node beside them: they are looked up again. (A lookup of a founder's
+        first seconds found nobody, and its reads searched for the rest of HOLDERS_TTL_S.)"""
         table = getattr(self.node.protocol, "routing_table", None)
-        if table is None or not holders:
+        if table is None:
             return False
+        near = table.get_nearest_neighbors(key_id, REPLICAS, exclude=self.node.node_id)
+        if len(holders) < REPLICAS:
+            return any(n not in holders for n, _ in near)
         farthest = max(key_id.xor_distance(h) for h in holders)
-        return any(n not in holders and key_id.xor_distance(n) < farthest
-                   for n, _ in table.get_nearest_neighbors(key_id, REPLICAS, exclude=self.node.node_id))
+        return any(n not in holders and key_id.xor_distance(n) < farthest for n, _ in near)
 
     async def _store_at_holders(self, key: str, value: Any, expiration_time: float, subkey: Any) -> Optional[bool]:
         """Stores at the REPLICAS nodes nearest to ``key`` (this one among them where it is), asked

@@ -1,13 +1,14 @@
 """The control plane's figures against N, simulated (``spantrain_p2p.sim.control_plane``), beside the
 live runs of ``scripts/control_plane_live.py`` where given (issue 33), and the design proposed for
-large swarms (``sim.control_swim``: direct probes, bucketed long-lived records; not built yet).
+large swarms (``sim.control_swim``: direct probes, long-lived records; not built yet).
 
     .venv/bin/python scripts/control_plane_sim.py
     .venv/bin/python scripts/control_plane_sim.py --live live.json --plot sim.png --json
 
 ``--live FILE``: the JSON line ``control_plane_live.py --json`` printed (its results are set beside the
 simulated ones of the same N and design, with the ratio sim / live of the mean bytes and calls per
-peer: the calibration). ``--live-design`` names the design those live runs ran (default ``watchers-2-1``, as shipped since 2026-11-27; ``direct`` before).
+peer: the calibration). ``--live-design`` names the design those live runs ran (default ``buckets-lean``, as shipped since
+2026-11-27 15:45 UTC; ``watchers-2-1`` from 12:45 UTC that day, ``direct`` before).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def main() -> int:
     p.add_argument("--peers", type=int, nargs="+", default=[8, 16, 32, 100, 1000, 10000])
     p.add_argument("--designs", nargs="+", default=[*DESIGNS, PROPOSED], choices=[*DESIGNS, PROPOSED])
     p.add_argument("--live", default="", help="a control_plane_live.py --json output to calibrate against")
-    p.add_argument("--live-design", default="watchers-2-1", choices=list(DESIGNS))
+    p.add_argument("--live-design", default="buckets-lean", choices=list(DESIGNS))
     p.add_argument("--plot", default="")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()

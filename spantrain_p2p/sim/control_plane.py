@@ -21,7 +21,8 @@ What it models, and nothing more, one virtual clock, plain data:
   another, plus its answers' bytes over the reader's link of ``link_mbps``: a large dictionary read
   from five nodes is slow on a home link). With ``watchers``, only that many peers (the planner and
   its standby) read every poll and the others seldom (``membership.read_interval``); the times are
-  then the planner's, which re-plans on them.
+  then the planner's, which re-plans on them. With ``buckets``, the member records are split over
+  that many keys by peer id (``keys.MEMBER_BUCKETS``), each on its own nodes (``_simulate_buckets``).
 
 ``simulate(design, n)`` returns ``ControlFigures``; the script ``scripts/control_plane_sim.py``
 prints them against N beside the live runs.

@@ -4,8 +4,10 @@ The member records are split over ``keys.MEMBER_BUCKETS`` keys (issue 33: no val
 whole swarm, and the heartbeats land on many nodes, not five). A read of all of them asks, for
 each key, ``ask`` of its nodes at random; where one node holds several of the keys (a small swarm:
 every node holds every key), it is asked once, for all of them together: a node already picked is
-preferred for the next key. Pure logic, shared by the guard (``GuardedDHT.get_many``) and the
-simulator (``sim.control_plane``).
+preferred for the next key. (A greedy cover, always the node that holds the most keys still to
+read, made fewer calls but sent every reader to the nodes that hold several keys, and those take
+the most heartbeats already: the busiest node 10.4x the mean at 48 peers, simulated, against 3.4x.)
+Pure logic, shared by the guard (``GuardedDHT.get_many``) and the simulator (``sim.control_plane``).
 """
 from __future__ import annotations
 

@@ -127,3 +127,36 @@ async def test_a_read_some_replicas_miss_still_gives_what_an_earlier_read_saw_un
     assert await dht.store("k", b"mine", now + 60, subkey="me")
     answers.append(None)
     assert (await dht.get("k", latest=True)).value["me"].value == b"mine"
+
+
+async def test_an_idle_peers_job_poll_asks_one_of_the_job_keys_nodes_and_a_job_in_sight_all(monkeypatch):
+    """With no member showing a job, the backstop poll reads one of the job key's 5 nodes (every idle
+    peer asking all five made the key's nodes the busiest of 48); once a member shows one, all five."""
+    import types
+
+    from hivemind.utils import ValueWithExpiration, get_dht_time
+
+    from spantrain_p2p.job.spec import JobSpec
+    from spantrain_p2p.swarm.identity import Identity
+    from spantrain_p2p.swarm.records import sign_payload
+    from spantrain_p2p.train import run_records
+
+    monkeypatch.setattr(run_records, "JOB_IDLE_POLL_S", 0.0)
+    me, other = Identity.generate(), Identity.generate()
+    idle = types.SimpleNamespace(peer_id=other.peer_id, state="idle", progress={})
+    asked = []
+    job = JobSpec(steps=3).finalized()
+    copy = {other.peer_id: ValueWithExpiration(sign_payload(job.to_dict(), other), get_dht_time() + 60)}
+
+    async def get(key, latest=False, **kw):
+        asked.append(kw.get("holders"))
+        if len(asked) < 3:
+            return None
+        idle.state = "training"  # a member shows a job: the next read asks every node, and finds it
+        return ValueWithExpiration(copy, get_dht_time() + 60) if len(asked) > 3 else None
+
+    peer = types.SimpleNamespace(peer_id=me.peer_id, dht=types.SimpleNamespace(get=get),
+                                 live_members=lambda: [idle], config=types.SimpleNamespace(swarm="s"))
+    found = await run_records.RunRecords(peer, log_bad=lambda s, w: None, poll_s=0.01).await_job()
+    assert found.job_id == job.job_id
+    assert asked[:3] == [1, 1, 1] and asked[3:] == [None]

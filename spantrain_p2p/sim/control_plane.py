@@ -79,6 +79,7 @@ class Design:
     buckets: int = 1
     key_bytes: int = 22  # one more key id in a find request
     values_only: bool = False  # a read at the buckets' nodes is answered without neighbours (``find_values``)
+    job_holders: int = 5  # of the job key's nodes, how many an idle peer's job poll asks (at random)
     call_s: float = 0.002  # one find or store, request to response, besides its bytes (loopback here)
     link_mbps: float = 100.0  # a peer's link: a search's answers all come down it
     sizes: Sizes = field(default_factory=Sizes)
@@ -110,9 +111,10 @@ DESIGNS = {
     "buckets-8": Design("buckets-8", direct_lookup_s=30.0, watchers=2, lookup_value=False, seldom_holders=1,
                         watch_holders=2, buckets=8),
     # and a watcher asks one node a key, the reads answered without neighbours, holders looked up
-    # every 60 s (as shipped since 2026-11-27 15:45 UTC)
+    # every 60 s, an idle peer's job poll asks one of the job key's nodes (as shipped since
+    # 2026-11-27 16:30 UTC)
     "buckets-lean": Design("buckets-lean", direct_lookup_s=60.0, watchers=2, lookup_value=False, seldom_holders=1,
-                           watch_holders=1, buckets=8, values_only=True),
+                           watch_holders=1, buckets=8, values_only=True, job_holders=1),
 }
 
 
@@ -321,9 +323,10 @@ def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int]
         for r in held[of[p]]:
             call(p, r, beats, z.store_request_base + z.entry, z.store_response)
         if d.job_poll_s:
-            for r in job_replicas - {p}:
+            others = job_replicas - {p}
+            for r in others:
                 call(p, r, lookups, z.find_request, neighbours)  # its holders, looked up
-                call(p, r, 1.0 / d.job_poll_s, z.find_request, neighbours)
+                call(p, r, min(1.0, d.job_holders / len(others)) / d.job_poll_s, z.find_request, near_bytes)
     # the times: as one key's (a watcher reads every bucket every poll, all at once), the answers
     # (each bucket from ``watch_holders`` nodes) down the reader's link
     link = d.link_mbps * 1e6 / 8

@@ -17,8 +17,9 @@ async def test_two_peers_count_heartbeats_and_member_reads_under_the_members_key
             await asyncio.sleep(1.5)
             after = b.status()["control"]
             ca = a.status()["control"]
-    # b reads the member key (its watch loop) and stores its heartbeat there, both through a's node
-    assert after["out"]["rpc_find members"]["calls"] > before["out"].get("rpc_find members", {"calls": 0})["calls"]
+    # b reads the member keys (its watch loop: asking a, the only other node, with find_values) and
+    # stores its heartbeat there, both through a's node
+    assert after["out"]["find_values members"]["calls"] > before["out"].get("find_values members", {"calls": 0})["calls"]
     assert after["out"]["rpc_store members"]["calls"] >= 2
     # what b sent to a is what a got from b, and the other way round (only these two talk)
     b_out = sum(r["bytes_out"] for r in after["out"].values())

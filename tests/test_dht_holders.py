@@ -109,15 +109,24 @@ async def test_with_no_node_known_or_none_answering_hiveminds_own_search_runs():
     assert node.fallbacks.count(("get", key)) == 2
 
 
-async def test_a_swarm_under_five_nodes_searches_and_a_nearer_newcomer_brings_a_new_lookup():
-    """Holders found while the swarm had fewer than REPLICAS other nodes are not asked alone (the
-    key's nearest nodes join later); once known, a node nearer than one of them in the routing table
-    (it joined since) makes the next call look them up again."""
+async def test_a_swarm_under_five_nodes_is_asked_whole_and_a_nearer_newcomer_brings_a_new_lookup():
+    """A swarm of fewer than REPLICAS other nodes: a read asks every one of them, once, as hivemind's
+    search would visit them (8 keys searched by hivemind made 12 calls a read at 4 peers); once
+    known, a node nearer than one of the holders in the routing table (it joined since) makes the
+    next call look them up again."""
     world, key = World(4), "spantrain/s/members"
     node = Node(world, 0)
+    asked = []
+    real = node._call_find_with_blacklist
+
+    async def counted(peer, keys):
+        asked.append(peer)
+        return await real(peer, keys)
+
+    node._call_find_with_blacklist = counted
     guard = GuardedDHT(node)
-    await guard.get(key, latest=True)
-    assert ("get", key) in node.fallbacks  # 3 others: hivemind's search, as before
+    await guard.get(key, latest=True, holders=1)
+    assert not node.fallbacks and sorted(asked) == sorted(f"peer-{i}" for i in world.ids[1:])
     world.ids += [DHTID.generate() for _ in range(8)]
     world.storage.update({i: DHTLocalStorage() for i in world.ids[4:]})
     guard._holders.clear()
@@ -199,8 +208,8 @@ async def test_a_read_of_many_keys_asks_each_node_it_picks_once_for_all_the_keys
 
 
 async def test_a_lookup_that_found_too_few_nodes_is_redone_once_the_routing_table_knows_more():
-    """A founder's first lookup finds nobody; once its routing table knows more nodes than that lookup
-    found, its next read looks the holders up again instead of searching until HOLDERS_TTL_S passes."""
+    """A founder's first lookup finds few nodes; once its routing table knows more nodes than that
+    lookup found, its next read looks the holders up again (not after HOLDERS_TTL_S)."""
     world, key = World(4), "spantrain/s/members.00"
     node = Node(world, 0)
     known: list = [(i, f"peer-{i}") for i in world.ids[1:]]
@@ -209,10 +218,29 @@ async def test_a_lookup_that_found_too_few_nodes_is_redone_once_the_routing_tabl
     guard = GuardedDHT(node)
     await guard.get(key, latest=True)
     await guard.get(key, latest=True)
-    assert node.searches == 1 and node.fallbacks.count(("get", key)) == 2  # 3 others: hivemind's search
+    assert node.searches == 1 and not node.fallbacks  # the 3 others, asked directly
     new = [DHTID.generate() for _ in range(8)]
     world.ids += new
     world.storage.update({i: DHTLocalStorage() for i in new})
     known += [(i, f"peer-{i}") for i in new]
     await guard.get(key, latest=True)
-    assert node.searches == 2 and node.fallbacks.count(("get", key)) == 2  # looked up again, asked directly
+    assert node.searches == 2 and not node.fallbacks  # looked up again: the 5 nearest of 11
+
+
+async def test_a_holder_dropped_by_another_call_during_a_lookup_is_no_error():
+    """A store whose holder failed drops that key's holders while a read of several keys waits for its
+    lookup of the others: the read goes on (the dropped key searched), it does not raise."""
+    world = World(12)
+    node = Node(world, 0)
+    guard = GuardedDHT(node)
+    a, b = "spantrain/s/members.00", "spantrain/s/members.01"
+    await guard.get(a, latest=True)  # a's holders known
+    real = node.find_nearest_nodes
+
+    async def lookup(queries, **kw):
+        guard._holders.pop(a, None)  # meanwhile, another call found one of a's holders gone
+        return await real(queries, **kw)
+
+    node.find_nearest_nodes = lookup
+    found = await guard.get_many([a, b], latest=True)
+    assert set(found) == {a, b}

@@ -57,6 +57,9 @@ def test_a_node_keeps_only_values_signed_by_their_subkeys_owner_with_a_near_expi
         "junk": DHTRecord(genuine.key, genuine.subkey, b"\x01\x02junk", now + 10),
         "not-ours": _record(v, keys.member_key_of("t", me.peer_id), me.peer_id, mine, now + 10),
         "payload-of-another": _record(v, keys.member_key_of("s", me.peer_id), me.peer_id, sign_payload({}, other), now + 10),
+        # a map key no reader decodes (hivemind's serializer takes strings only): taken, it failed
+        # every reader's search of the key
+        "int-key": _record(v, keys.member_key_of("s", me.peer_id), me.peer_id, {**mine, 1: 0}, now + 10),
     }
     assert {name: v.validate(r) for name, r in refused.items()} == {name: False for name in refused}
     assert set(v.refused) == {"far-expiry", "not-owner", "unsigned", "not-this-swarm", "malformed", "wrong-bucket"}

@@ -320,8 +320,9 @@ def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int]
             for dst, bs in pick(held, ask, rng).items():
                 call(p, dst, rate / reads_sampled, z.find_request + (len(bs) - 1) * d.key_bytes,
                      sum(near_bytes + values[b] for b in bs))
-        for r in held[of[p]]:
-            call(p, r, beats, z.store_request_base + z.entry, z.store_response)
+        for r in near[of[p]][:d.replicas]:  # the bucket's nearest nodes, this one stored locally where among them
+            if r != p:
+                call(p, r, beats, z.store_request_base + z.entry, z.store_response)
         if d.job_poll_s:
             others = job_replicas - {p}
             for r in others:

@@ -25,8 +25,9 @@ async def serve(p2p, protocol) -> None:
     from hivemind.proto import dht_pb2
 
     async def find_values(request: dht_pb2.FindRequest, context) -> dht_pb2.FindResponse:
-        if len(request.keys) > MAX_KEYS:
-            raise ValueError(f"a find of {len(request.keys)} keys, over the {MAX_KEYS} this node answers")
+        if len(request.keys) > MAX_KEYS or len(set(request.keys)) != len(request.keys):
+            raise ValueError(f"a find of {len(request.keys)} keys ({len(set(request.keys))} different): "
+                             f"this node answers at most {MAX_KEYS}, each once")
         response = await protocol.rpc_find(request, context)
         for result in response.results:
             del result.nearest_node_ids[:]
@@ -55,15 +56,17 @@ async def call(node, peer, keys: Collection) -> Optional[dict]:
             response = await asyncio.wait_for(
                 protocol.p2p.call_protobuf_handler(peer, NAME, request, dht_pb2.FindResponse), protocol.wait_timeout)
     except asyncio.TimeoutError:
-        node.blacklist.register_failure(peer)
+        _failed(node, peer)
         return None
     except Exception as e:  # no such handler (a bare hivemind node), or the peer is gone: hivemind's call says which
         log.debug("find_values at %s failed (%s): asking with rpc_find", peer, e)
         return await node._call_find_with_blacklist(peer, keys)
     if len(response.results) != len(keys):
-        node.blacklist.register_failure(peer)
+        _failed(node, peer)
         return None
     node.blacklist.register_success(peer)
+    if response.peer and response.peer.node_id:  # as hivemind's call_find: the routing table learns who answered
+        asyncio.create_task(protocol.update_routing_table(DHTID.from_bytes(response.peer.node_id), peer, responded=True))
     out = {}
     for key, result in zip(keys, response.results):
         key_bytes = DHTID.to_bytes(key)
@@ -80,3 +83,12 @@ async def call(node, peer, keys: Collection) -> Optional[dict]:
                 value = ValueWithExpiration(dictionary, result.expiration_time)
         out[key] = (value, {})
     return out
+
+
+def _failed(node, peer) -> None:
+    """As hivemind's ``call_find`` and ``_call_find_with_blacklist`` after no answer: the peer is
+    blacklisted for a while and leaves the routing table (else a lookup would keep finding it nearer
+    than the holders it found, and look them up again on every read)."""
+    node.blacklist.register_failure(peer)
+    protocol = node.protocol
+    asyncio.create_task(protocol.update_routing_table(protocol.routing_table.get(peer_id=peer), peer, responded=False))

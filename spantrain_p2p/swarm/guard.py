@@ -158,7 +158,11 @@ class GuardedDHT:
             return out
         ids = {k: DHTID.generate(source=k) for k in keys}
         held = await self._holders_of(ids)
-        calls = pick({k: list(h.values()) for k, h in held.items() if h}, ask, self._rng)
+        # a key of a swarm smaller than REPLICAS: every node there is, as hivemind's search would ask
+        calls = pick({k: list(h.values()) for k, h in held.items() if len(h) >= REPLICAS}, ask, self._rng)
+        for p, ks in pick({k: list(h.values()) for k, h in held.items() if 0 < len(h) < REPLICAS}, REPLICAS,
+                          self._rng).items():
+            calls.setdefault(p, []).extend(ks)
         find = functools.partial(find_values.call, node) if self.values_only else node._call_find_with_blacklist
         answers = await asyncio.gather(*(find(p, [ids[k] for k in ks]) for p, ks in calls.items()),
                                        return_exceptions=True)
@@ -178,12 +182,16 @@ class GuardedDHT:
                 continue
             state = _SearchState(ids[k], float("inf"), serializer=protocol.serializer,
                                  record_validator=protocol.record_validator)
-            state.add_candidate(protocol.storage.get(ids[k]), source_node_id=node.node_id)
-            state.add_candidate(protocol.cache.get(ids[k]), source_node_id=node.node_id)
-            for value in got[k]:
-                state.add_candidate(value, source_node_id=None)
-            state.finish_search()
-            out[k] = await state.future
+            try:
+                state.add_candidate(protocol.storage.get(ids[k]), source_node_id=node.node_id)
+                state.add_candidate(protocol.cache.get(ids[k]), source_node_id=node.node_id)
+                for value in got[k]:
+                    state.add_candidate(value, source_node_id=None)
+                state.finish_search()
+                out[k] = await state.future
+            except Exception as e:  # an answer that does not decode: nothing from them this time, logged once
+                self._log(k, f"an answer of its nodes could not be merged ({e.__class__.__name__})")
+                out[k] = None
         return out
 
     async def _holders_of(self, ids: dict) -> dict:
@@ -204,9 +212,15 @@ class GuardedDHT:
                                                          exclude_self=True)
             for k, b in beside.items():
                 self._holders[k] = (now, dict(nearest.get(b, {})))
-        # a swarm of fewer nodes than that grows: each read and store searches (hivemind's), so that
-        # the first nodes found are not the only ones asked while the key's nearest ones join
-        return {k: h if len(h := self._holders[k][1]) >= REPLICAS else {} for k in ids}
+        # (another call may have dropped an entry meanwhile: one of its holders failed). A swarm of
+        # fewer nodes: the ones found, while the routing table knows no other (every read asks them
+        # all, ``_ask_holders``); one that joins brings a new lookup (``_nearer_known``). None found
+        # yet: hivemind's search.
+        out = {}
+        for k, key_id in ids.items():
+            h = self._holders.get(k, (0.0, {}))[1]
+            out[k] = h if len(h) >= REPLICAS or (h and not self._nearer_known(key_id, h)) else {}
+        return out
 
     def _nearer_known(self, key_id, holders: dict) -> bool:
         """Whether this node's routing table knows a node nearer to ``key_id`` than one of ``holders``

@@ -94,10 +94,10 @@ def parse_members(entries: object, now: float, on_bad: BadRecordLog) -> dict[str
     return out
 
 
-async def read_members(node: DHTNode, swarm: str, on_bad: BadRecordLog, latest: bool = True,
+async def read_members(node, swarm: str, on_bad: BadRecordLog, latest: bool = True,
                        holders: Optional[int] = None) -> dict[str, PeerRecord]:
-    """Every member's record, from every member key at once; ``holders``: ask only that many of
-    each key's nodes (``GuardedDHT.get_many``). A record found under a key its peer id does not
+    """Every member's record, from every member key at once, through ``node``, a ``GuardedDHT``;
+    ``holders``: ask only that many of each key's nodes (``GuardedDHT.get_many``). A record found under a key its peer id does not
     hash to is refused (the nodes refuse to store it there, ``validator``)."""
     keys = members_keys(swarm)
     found = await node.get_many(keys, latest=latest, **({"holders": holders} if holders else {}))

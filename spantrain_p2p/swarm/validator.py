@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import msgpack
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import get_dht_time
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from . import keys
 from .identity import Identity, peer_id_from_public_der, verify
@@ -155,7 +155,9 @@ class SwarmValidator(RecordValidatorBase):
 
     def _inner_reason(self, dht_key: str, subkey: str, inner: bytes, der: bytes, exp: float) -> Optional[str]:
         try:
-            value = msgpack.unpackb(inner, raw=False, strict_map_key=False)
+            # decoded as every reader decodes it (hivemind's serializer: map keys strings only): a
+            # value a node took but a reader cannot decode made that reader's whole search fail
+            value = MSGPackSerializer.loads(inner)
         except Exception:
             return "malformed"
         if not is_sealed(value):  # a signed payload of the same peer (the reader checks its signature)

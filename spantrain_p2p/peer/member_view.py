@@ -1,9 +1,9 @@
-"""How a peer keeps its view of the members (issue 33): who reads the whole member key how often,
-and from how many of its DHT nodes.
+"""How a peer keeps its view of the members (issue 33): who reads the member keys (``keys.members_keys``)
+how often, and from how many of each key's DHT nodes.
 
 A read returns every member's record, so in a large swarm the reads are most of the control
-plane's cost (``membership.read_interval``). The planner and its standby read every poll, from
-``membership.WATCH_HOLDERS`` of the key's nodes; any other peer reads seldom, from one node at
+plane's cost (``membership.read_interval``). The planner and its standby read every poll, any other
+peer seldom, both from ``membership.WATCH_HOLDERS`` / ``SELDOM_HOLDERS`` of each key's nodes at
 random, and at once when a new stage map needs it (``for_map``). A read of fewer nodes that lost
 members the view had is read again from all of them (``read``).
 """

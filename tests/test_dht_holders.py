@@ -244,3 +244,30 @@ async def test_a_holder_dropped_by_another_call_during_a_lookup_is_no_error():
     node.find_nearest_nodes = lookup
     found = await guard.get_many([a, b], latest=True)
     assert set(found) == {a, b}
+
+
+async def test_a_stores_lookup_of_a_member_key_looks_up_all_eight_with_it():
+    """A heartbeat's store and a read of all 8 member keys share one lookup: the store's key found
+    stale brings the others with it (before, the two ran out of step: two lookups a minute, not one)."""
+    from spantrain_p2p.swarm import guard as guard_module
+    from spantrain_p2p.swarm import keys as swarm_keys
+
+    world = World(30)
+    node = Node(world, 0)
+    g = GuardedDHT(node)
+    names = swarm_keys.members_keys("s")
+    clock = [1000.0]
+    real = guard_module.time.monotonic
+    guard_module.time.monotonic = lambda: clock[0]
+    try:
+        assert await g.store(names[3], {"seq": 1}, get_dht_time() + 60, subkey="p0")
+        assert node.searches == 1 and set(g._holders) == set(names)  # all 8 in the store's one lookup
+        await g.get_many(names, latest=True, holders=1)
+        assert node.searches == 1
+        clock[0] += guard_module.HOLDERS_TTL_S + 1
+        assert await g.store(names[3], {"seq": 2}, get_dht_time() + 60, subkey="p0")
+        await g.get_many(names, latest=True, holders=1)
+        assert node.searches == 2  # one lookup for both again, in step
+    finally:
+        guard_module.time.monotonic = real
+    assert swarm_keys.read_together("spantrain/s/job") == ["spantrain/s/job"]

@@ -26,7 +26,7 @@ from hivemind.utils import ValueWithExpiration
 from . import find_values
 from .holders import pick
 from .identity import peer_id_from_public_der
-from .keys import is_key_exchange
+from .keys import is_key_exchange, read_together
 from .membership import BadRecordLog
 from .sealing import GroupKey, SealError, Sealer, SwarmKey, is_group_sealed, is_sealed, sealed_key_id
 
@@ -252,7 +252,7 @@ class GuardedDHT:
         if protocol is None or not hasattr(node, "find_nearest_nodes"):
             return None
         key_id = DHTID.generate(source=key)
-        holders = (await self._holders_of({key: key_id}))[key]
+        holders = (await self._holders_of({k: DHTID.generate(source=k) for k in read_together(key)}))[key]
         if not holders:
             return None
         value_bytes = protocol.serializer.dumps(value)

@@ -57,6 +57,16 @@ def members_keys(swarm: str) -> list[str]:
     return [members_key(swarm, b) for b in range(MEMBER_BUCKETS)]
 
 
+def read_together(dht_key: str) -> list[str]:
+    """The keys read with ``dht_key`` in one go: a member key's 8 buckets (their nodes are looked up
+    together, so a heartbeat's store does not look up its own bucket's nodes apart from the reads'
+    lookup of all 8), else the key alone."""
+    head, _, tail = dht_key.rpartition(".")
+    if head.endswith("/members") and len(tail) == 2 and tail.isdigit():
+        return [f"{head}.{b:02d}" for b in range(MEMBER_BUCKETS)]
+    return [dht_key]
+
+
 def member_key_of(swarm: str, peer_id: str) -> str:
     """The member key ``peer_id``'s record is stored under."""
     return members_key(swarm, member_bucket(peer_id))

@@ -266,6 +266,19 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
     search_s = visits * design.call_s + answers / (design.link_mbps * 1e6 / 8)
     if design.direct_lookup_s:  # the replicas asked at once: one call's time, all answers down the link
         search_s = design.call_s + visits * (neighbours + value) / (design.link_mbps * 1e6 / 8)
+    stored = search_s + (design.replicas * design.call_s)  # the joiner's first store lands
+    if design.direct_lookup_s:  # its first store: a search for the holders, then one call to each at once
+        stored = visits * design.call_s + design.call_s
+    crash, join = _membership_times(design, n, rng, search_s, stored, crashes, joins)
+    return ledger.figures(design.name, design.link_mbps, value, crash, join, search_s)
+
+
+def _membership_times(design: Design, n: int, rng: random.Random, search_s: float, stored: float, crashes: int,
+                      joins: int) -> tuple[list[float], list[float]]:
+    """(crash to noticed, join to visible) in seconds, over ``crashes`` and ``joins`` and up to 8
+    observers each: a crashed peer's record expires ``ttl_heartbeats`` after its last heartbeat (at a
+    random phase), a joiner's first record lands ``stored`` after it starts; an observer sees either
+    at its first read after, which takes ``search_s``."""
     ttl = design.heartbeat_s * design.ttl_heartbeats
     crash, join = [], []
     for _ in range(crashes):
@@ -276,15 +289,11 @@ def simulate(design: Design, n: int, seed: int = 0, crashes: int = 20, joins: in
             k = math.ceil(max(0.0, expires - read_phase) / design.poll_s)
             crash.append(read_phase + k * design.poll_s + search_s)
     for _ in range(joins):
-        stored = search_s + (design.replicas * design.call_s)  # the joiner's first store lands
-        if design.direct_lookup_s:  # its first store: a search for the holders, then one call to each at once
-            stored = visits * design.call_s + design.call_s
         for _obs in range(min(8, n - 1)):
             read_phase = rng.uniform(0, design.poll_s)
             k = math.ceil(max(0.0, stored - read_phase) / design.poll_s)
             join.append(read_phase + k * design.poll_s + search_s)
-
-    return ledger.figures(design.name, design.link_mbps, value, crash, join, search_s)
+    return crash, join
 
 
 def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int], ledger: Ledger, job: int,
@@ -337,18 +346,5 @@ def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int]
     # (each bucket from ``watch_holders`` nodes) down the reader's link
     link = d.link_mbps * 1e6 / 8
     search_s = d.call_s + d.watch_holders * (d.buckets * (0 if d.values_only else neighbours) + sum(values)) / link
-    ttl = d.heartbeat_s * d.ttl_heartbeats
-    crash, join = [], []
-    for _ in range(crashes):
-        expires = ttl - rng.uniform(0, d.heartbeat_s)
-        for _obs in range(min(8, n - 1)):
-            read_phase = rng.uniform(0, d.poll_s)
-            k = math.ceil(max(0.0, expires - read_phase) / d.poll_s)
-            crash.append(read_phase + k * d.poll_s + search_s)
-    stored = min(d.visits, n - 1) * d.call_s + d.call_s
-    for _ in range(joins):
-        for _obs in range(min(8, n - 1)):
-            read_phase = rng.uniform(0, d.poll_s)
-            k = math.ceil(max(0.0, stored - read_phase) / d.poll_s)
-            join.append(read_phase + k * d.poll_s + search_s)
+    crash, join = _membership_times(d, n, rng, search_s, min(d.visits, n - 1) * d.call_s + d.call_s, crashes, joins)
     return ledger.figures(design.name, d.link_mbps, max(values), crash, join, search_s)

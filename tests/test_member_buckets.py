@@ -24,6 +24,9 @@ def test_keys_on_different_nodes_are_each_asked_of_their_own():
     assert sorted(k for ks in calls.values() for k in ks) == sorted([*range(8)] * 2)
     # a key with fewer nodes than asked: all of them, no error
     assert pick({"k": ["a"]}, 2, random.Random(0)) == {"a": ["k"]}
+    # a key with fewer nodes than ``whole_below`` (a swarm that small) is asked of every one
+    small = pick({"k": ["a", "b", "c"], "l": ["a", "b", "c"]}, 1, random.Random(0), whole_below=5)
+    assert sorted(small) == ["a", "b", "c"] and all(sorted(ks) == ["k", "l"] for ks in small.values())
 
 
 def test_buckets_split_peer_ids_about_evenly_and_keys_name_them():

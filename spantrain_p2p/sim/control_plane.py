@@ -325,13 +325,8 @@ def _simulate_buckets(design: Design, n: int, rng: random.Random, ids: list[int]
         rate = reads if p in watching else seldom
         ask = d.watch_holders if p in watching else d.seldom_holders
         near_bytes = 0 if d.values_only else neighbours
-        big = {b: h for b, h in held.items() if len(h) >= d.replicas}
-        small = {b: h for b, h in held.items() if len(h) < d.replicas}  # a swarm that small: all its nodes
         for _ in range(reads_sampled):
-            calls = pick(big, ask, rng)
-            for dst, bs in pick(small, d.replicas, rng).items():
-                calls.setdefault(dst, []).extend(bs)
-            for dst, bs in calls.items():
+            for dst, bs in pick(held, ask, rng, whole_below=d.replicas).items():
                 call(p, dst, rate / reads_sampled, z.find_request + (len(bs) - 1) * d.key_bytes,
                      sum(near_bytes + values[b] for b in bs))
         for r in near[of[p]][:d.replicas]:  # the bucket's nearest nodes, this one stored locally where among them

@@ -158,11 +158,7 @@ class GuardedDHT:
             return out
         ids = {k: DHTID.generate(source=k) for k in keys}
         held = await self._holders_of(ids)
-        # a key of a swarm smaller than REPLICAS: every node there is, as hivemind's search would ask
-        calls = pick({k: list(h.values()) for k, h in held.items() if len(h) >= REPLICAS}, ask, self._rng)
-        for p, ks in pick({k: list(h.values()) for k, h in held.items() if 0 < len(h) < REPLICAS}, REPLICAS,
-                          self._rng).items():
-            calls.setdefault(p, []).extend(ks)
+        calls = pick({k: list(h.values()) for k, h in held.items() if h}, ask, self._rng, whole_below=REPLICAS)
         find = functools.partial(find_values.call, node) if self.values_only else node._call_find_with_blacklist
         answers = await asyncio.gather(*(find(p, [ids[k] for k in ks]) for p, ks in calls.items()),
                                        return_exceptions=True)

@@ -20,9 +20,10 @@ P = TypeVar("P", bound=Hashable)
 __all__ = ["pick"]
 
 
-def pick(held: Mapping[K, Sequence[P]], ask: int, rng: random.Random) -> dict[P, list[K]]:
+def pick(held: Mapping[K, Sequence[P]], ask: int, rng: random.Random, whole_below: int = 0) -> dict[P, list[K]]:
     """Per node, the keys to ask it for: each key of ``held`` (key -> its nodes) from ``ask`` of its
-    nodes (all where it has fewer), chosen at random but preferring nodes already asked for an
+    nodes (all where it has fewer, or fewer than ``whole_below``: a swarm that small is asked whole,
+    as hivemind's search would visit it), chosen at random but preferring nodes already asked for an
     earlier key, so that a read of many keys makes as few calls as their nodes allow."""
     calls: dict[P, list[K]] = {}
     order = list(held)
@@ -31,6 +32,6 @@ def pick(held: Mapping[K, Sequence[P]], ask: int, rng: random.Random) -> dict[P,
         nodes = list(dict.fromkeys(held[key]))
         rng.shuffle(nodes)
         nodes.sort(key=lambda p: p not in calls)  # stable: the asked ones first, each group shuffled
-        for p in nodes[:max(1, ask)]:
+        for p in nodes[:len(nodes) if len(nodes) < whole_below else max(1, ask)]:
             calls.setdefault(p, []).append(key)
     return calls

@@ -26,6 +26,7 @@ log = logging.getLogger("spantrain.train")
 # links whose round trip reads under this are pinged again in a quieter moment (see ping_phase)
 SHORT_RTT_S = 0.010
 QUIET_SLOT_S = 0.5  # one turn of pinging short links again
+MEASURING = ("joining", "idle", "measuring")  # the states of a peer that measures (or is about to)
 
 
 class Measuring:
@@ -195,6 +196,9 @@ class Measuring:
         me = self.peer.peer_id
         members = self.peer.live_members()
         order = {r.peer_id for r in members}
+        # slots for the peers that measure now: a joiner of a training swarm took a slot for every
+        # member, idle turns of peers that pinged long ago (8 s of its 61 from launch to map at 16 peers)
+        pinging = {r.peer_id for r in members if r.state in MEASURING} | {me}
         pings: dict[str, float] = {}
         own = self.peer.dataplane.url if self.peer.dataplane else None
         # rounds of one ping to each; each peer starts its rounds with the next one in peer-id
@@ -221,7 +225,7 @@ class Measuring:
         # peers whose record we cannot read (a newcomer, a malformed one) have no slot
         recs = await measure.read(self.peer, measure.PINGS, lambda d: (bool(d.get("short")), float(d.get("finished", 0))),
                                   self.log_bad)
-        slots = ping_slots(recs, order, at_once, QUIET_SLOT_S)
+        slots = ping_slots(recs, pinging, at_once, QUIET_SLOT_S)
         if slots is None:
             return pings
 
@@ -243,7 +247,7 @@ class Measuring:
         deadline = time.monotonic() + max_wait_s
         while time.monotonic() < deadline:
             have = {p for p, ok in (await measure.read(self.peer, what, final, self.log_bad)).items() if ok}
-            measuring = {r.peer_id for r in self.peer.live_members() if r.state in ("joining", "idle", "measuring")}
+            measuring = {r.peer_id for r in self.peer.live_members() if r.state in MEASURING}
             if all(p in have for p in peers & measuring):
                 return
             await asyncio.sleep(0.5)  # DHT reads cost CPU on every peer: not too often

@@ -72,6 +72,10 @@ def test_four_peers_train_on_a_local_corpus_like_one_process(corpus, tmp_path):
     for row in summary["peers"]:
         assert row["control"]["calls_out_per_s"] > 0 and row["control"]["bytes_per_s"] > 0, row
         assert row["control"]["largest_value"]["members"] > 300
+        # its way to its first plan (issue 33): joined, ready (a fixed plan measures nothing), a stage
+        # map, training, done, in that order, in seconds from its start
+        m = row["milestones"]
+        assert "measuring" not in m and 0 < m["idle"] <= m["ready"] <= m["map"] <= m["training"] <= m["done"], m
     ref, _ = reference_run(with_data(JobSpec(steps=steps), data, tok), steps)
     worst = max(abs(a - b) / b for a, b in zip(summary["losses"], ref))
     print(f"\nlocal corpus, BPE tokenizer, 2 stages x 2 replicas: worst loss rel. error {worst:.2e} over {steps} steps")

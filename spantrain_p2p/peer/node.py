@@ -60,6 +60,9 @@ class Peer:
         self.paths = None  # net.paths.Paths, once started
         self.progress: dict = {}
         self.started_at = time.monotonic()
+        # seconds from start to the first time this peer entered each state, and ("map") first had a
+        # stage map: a joiner's way to its first plan, in the run summary
+        self.milestones: dict[str, float] = {}
         self.maddrs: list[str] = []
         self.dataplane: Optional[DataPlaneServer] = None
         self.client = DataPlaneClient(config.max_message_bytes)
@@ -145,6 +148,8 @@ class Peer:
         if state != self.state or (progress and progress != self.progress):
             if state != self.state:
                 log.info("state %s -> %s", self.state, state)
+            for mark in (state, *(("map",) if "epoch" in progress else ())):
+                self.milestones.setdefault(mark, round(time.monotonic() - self.started_at, 2))
             self.state = state
             # the training step stays, and the most memory this peer found it can hold (``train.decide.memory_caps``)
             kept = {k: self.progress[k] for k in ("step", "memory_cap") if k in self.progress}

@@ -140,3 +140,27 @@ def test_with_a_job_the_trainers_check_decides_without_one_the_two_lowest_ids_wa
     assert not member_view.watching(peer)  # with a job, neither planner nor standby
     peer.watch_checks, peer._waiting = [lambda: False], 1
     assert member_view.watching(peer)  # someone waits for members
+
+
+async def test_a_heartbeat_with_nothing_new_stores_the_same_signed_record_and_a_change_a_new_one():
+    from spantrain_p2p.swarm import records
+
+    fast = dict(heartbeat_s=0.3, poll_s=0.25)
+    async with Peer(PeerConfig(name="a", **fast)) as a, Peer(PeerConfig(name="b", join=(a.address,), **fast)) as b:
+        await b.wait_members(2, 10)
+        rec, sealed = a._record()
+        await asyncio.sleep(1.0)  # three heartbeats
+        again, resealed = a._record()
+        assert again.seq == rec.seq and resealed is sealed  # the same bytes, re-stored with a later expiry
+        seen = {r.peer_id: r for r in b.live_members()}
+        assert seen[a.peer_id].seq == rec.seq
+        await a.set_state("measuring", job="x")
+        changed, _ = a._record()
+        assert changed.seq == rec.seq + 1 and changed.state == "measuring"
+
+        async def b_sees_it():
+            while {r.peer_id: r for r in b.live_members()}[a.peer_id].state != "measuring":
+                await asyncio.sleep(0.1)
+        await asyncio.wait_for(b_sees_it(), 5)
+        # b read a's unchanged record again and again and checked its signature once
+        assert records._triple_digest(sealed["key"], sealed["body"], sealed["sig"]) in records._VERIFIED

@@ -121,3 +121,25 @@ def test_garbage_identity_file_gives_a_clear_error(tmp_path):
     path.write_bytes(b"not a key")
     with pytest.raises(ValueError, match="not a libp2p RSA identity"):
         Identity.load(str(path))
+
+
+def test_a_checked_signature_is_remembered_and_a_bad_one_never(ids, monkeypatch):
+    from spantrain_p2p.swarm import records
+
+    calls = []
+    real = records.verify
+    monkeypatch.setattr(records, "verify", lambda *a: calls.append(1) or real(*a))
+    sealed = seal(record(ids[0], seq=77), ids[0])
+    for _ in range(3):
+        assert open_record(ids[0].peer_id, dict(sealed)).seq == 77
+    assert len(calls) == 1  # checked once, then remembered
+    bad = {**sealed, "sig": bytes(len(sealed["sig"]))}
+    for _ in range(2):
+        with pytest.raises(BadRecord, match="signature"):
+            open_record(ids[0].peer_id, bad)
+    assert len(calls) == 3  # a bad signature is checked every time, never kept
+    # the same bytes split differently (part of the key moved into the body) are another triple
+    moved = {"key": sealed["key"][:-1], "body": sealed["key"][-1:] + sealed["body"], "sig": sealed["sig"]}
+    with pytest.raises(BadRecord):
+        open_record(ids[0].peer_id, moved)
+    assert len(calls) == 4

@@ -13,6 +13,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
 from .. import PROTOCOL_VERSION, __version__
@@ -76,6 +77,7 @@ class Peer:
         self._tmpdir: Optional[str] = None
         self._tasks: list[asyncio.Task] = []
         self._seq = 0
+        self._sealed: Optional[tuple[PeerRecord, PeerRecord, dict]] = None  # (content, record, signed value)
         self._view: dict[str, PeerRecord] = {}
         self._last_url: dict[str, str] = {}  # peer id -> data-plane address of its latest live record
         self._on_bad = membership.BadRecordLog()
@@ -486,23 +488,30 @@ class Peer:
             raise PeerError(f"swarm {self.config.swarm!r} refused this peer ({self.peer_id}): " + "; ".join(refusals))
         return view
 
-    def _record(self) -> PeerRecord:
+    def _record(self) -> tuple[PeerRecord, dict]:
+        """This peer's record and its signed value: the last ones while nothing in it changed, so
+        that a heartbeat re-stores the same signed bytes (with a later expiry, under the store's own
+        signature) and readers, who keep the signatures they checked, do not check them again."""
         from hivemind.utils import get_dht_time
 
-        self._seq += 1
-        return PeerRecord(
-            peer_id=self.peer_id, seq=self._seq, ts=get_dht_time(), state=self.state, version=__version__,
+        content = PeerRecord(
+            peer_id=self.peer_id, seq=0, ts=0.0, state=self.state, version=__version__,
             data_url=self.dataplane.url if self.dataplane else "", maddrs=tuple(self.maddrs[:4]),
-            instance=self.instance, name=self.config.name, device=self.config.device or local_device_summary(),
-            progress=self.progress, reach=self.reach,
+            instance=self.instance, name=self.config.name, device=dict(self.config.device or local_device_summary()),
+            progress=dict(self.progress), reach=self.reach,
         )
+        if self._sealed is None or self._sealed[0] != content:
+            self._seq += 1
+            rec = replace(content, seq=self._seq, ts=get_dht_time())
+            self._sealed = (content, rec, seal(rec, self.identity))
+        return self._sealed[1], self._sealed[2]
 
     async def _announce(self) -> None:
         if self._dht is None:
             return
         ttl = self.config.heartbeat_s * self.config.ttl_heartbeats
-        rec = self._record()
-        ok = await membership.announce(self._dht, self.config.swarm, seal(rec, self.identity), self.peer_id, ttl)
+        rec, sealed = self._record()
+        ok = await membership.announce(self._dht, self.config.swarm, sealed, self.peer_id, ttl)
         if not ok:
             log.debug("heartbeat %d was not stored by any DHT node", rec.seq)
         self._view[self.peer_id] = rec

@@ -1,13 +1,15 @@
-"""Which (src, dst) pairs of a swarm to probe: the full mesh for small swarms, else every pair inside
-each candidate group plus a few samples across groups (about linear in N).
+"""Which links of a swarm to probe: the full mesh for small swarms, else a bounded set per peer
+(``probe_targets``, what the peers probe: its nearest members by round trip and a few others), or
+every pair inside each candidate group plus a few samples across groups (``sparse_probe_plan``).
 
-A pure function of the peer ids and the candidate groups (``grouping``), so every peer computes the
-same plan; probing a pair is ``net.prober.probe_link``.
+Pure functions; ``sparse_probe_plan`` of the peer ids and the candidate groups (``grouping``), so
+every peer computes the same plan. Probing a link is ``net.prober.probe_link``.
 """
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+import math
+from typing import Mapping, Sequence
 
 FULL_MESH_MAX_PEERS = 16
 
@@ -60,3 +62,31 @@ def sparse_probe_plan(
                 if choices:
                     pairs.add((p, min(choices, key=lambda q: _h(p, q))))
     return sorted(pairs)
+
+
+NEAREST, FAR = 8, 2  # beyond the full mesh, the links one peer probes: its nearest members and a few others
+
+
+def probe_budget(members: int, full_mesh_max: int = FULL_MESH_MAX_PEERS, nearest: int = NEAREST, far: int = FAR) -> int:
+    """How many links a peer of a swarm of ``members`` probes (``probe_targets``)."""
+    return members - 1 if members <= full_mesh_max else min(members - 1, nearest + far)
+
+
+def probe_targets(me: str, others: Sequence[str], rtts: Mapping[str, float], full_mesh_max: int = FULL_MESH_MAX_PEERS,
+                  nearest: int = NEAREST, far: int = FAR) -> list[str]:
+    """The members ``me`` probes the links to, from its own pings (``rtts``: peer id -> seconds).
+
+    Up to ``full_mesh_max`` members, all of them. Beyond, a bounded set, so that a peer's probing
+    (a bulk transfer each, one at a time) does not grow with the swarm: its ``nearest`` members by
+    round trip (its region's, where the planner needs each link) and ``far`` others picked by a hash
+    of the pair (different for every peer, so that together they measure the links between
+    regions). A member it has no ping of counts as far. The planner prices a link nobody probed by
+    the median of the measured ones between the same two groups (``plan.layout.LinkTable``), and a
+    pair probed one way only by that direction."""
+    pool = sorted(set(others) - {me})
+    if len(pool) + 1 <= full_mesh_max:
+        return pool
+    pinged = sorted((p for p in pool if p in rtts and math.isfinite(rtts[p])), key=lambda p: (rtts[p], _h(me, p)))
+    near = pinged[:nearest]
+    rest = sorted(set(pool) - set(near), key=lambda p: _h(me, p))
+    return sorted(near + rest[:far])

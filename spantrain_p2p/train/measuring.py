@@ -18,6 +18,7 @@ from ..net.ping import paired_rtt, ping_links
 from ..net.prober import probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
+from ..swarm.probe_plan import FULL_MESH_MAX_PEERS, probe_budget, probe_targets
 from ..models import workload
 from .decide import REPLAN_CHECK_S, ping_slots
 
@@ -125,16 +126,20 @@ class Measuring:
 
     # ---- the links --------------------------------------------------------------------------------
     async def _probe_loop(self) -> None:
-        """Probes every member not yet probed (newcomers included), one link at a time."""
+        """Probes the links to its members (``probe_plan.probe_targets``: every member up to 16, else
+        its nearest and a few others; newcomers included), one link at a time."""
         # probe a quiet swarm: profiling (up to 10 s on a slow virtual device) loads the CPUs
         await self.wait_published(measure.PROFILES, {r.peer_id for r in self.peer.live_members()}, 30.0,
                                   final=lambda d: not d.get("provisional"))
         t_start = time.monotonic()
         self.probe_window = [time.time(), time.time()]
         pings = await self._ping_phase()
+        rtts = dict(pings)  # what each target is picked by (``pings`` is handed to the probes)
         await self._wait_probe_turn()
         while True:
-            members = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
+            others = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
+            targets = set(probe_targets(self.peer.peer_id, [r.peer_id for r in others], rtts))
+            members = [r for r in others if r.peer_id in targets]
             todo = [r for r in members if r.peer_id not in self.probes and r.data_url]
             for r in todo:
                 m = await probe_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator,
@@ -150,7 +155,7 @@ class Measuring:
                 self.probe_window[1] = time.time()
                 await self._publish_links()
                 log.info("probed %d link(s) in %.1fs", len(self.probes), self.probe_seconds)
-            if len(members) + 1 >= self.job.peers and all(r.peer_id in self.probes for r in members):
+            if len(others) + 1 >= self.job.peers and all(r.peer_id in self.probes for r in members):
                 self.measured.set()
             await self._publish_passive()
             await asyncio.sleep(1.0)
@@ -259,9 +264,13 @@ class Measuring:
         order = sorted(r.peer_id for r in self.peer.live_members())
         mine = order.index(self.peer.peer_id) if self.peer.peer_id in order else 0
         before = order[: mine - mine % at_once]
+        # done: every other member probed, or beyond the full mesh as many links as a peer probes
+        # (which ones depends on its own pings)
+        done = (lambda p, got: set(order) - {p} <= got) if len(order) <= FULL_MESH_MAX_PEERS else \
+            (lambda p, got: len(got) >= probe_budget(len(order)))
         deadline = time.monotonic() + max_wait_s
         while before and time.monotonic() < deadline:
             links = await measure.read(self.peer, measure.LINKS, lambda d: set(d["links"]), self.log_bad)
-            if all(p in links and set(order) - {p} <= links[p] for p in before):
+            if all(p in links and done(p, links[p]) for p in before):
                 return
             await asyncio.sleep(0.3)

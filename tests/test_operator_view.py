@@ -126,9 +126,10 @@ def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_movin
                    120, interval=0.5)
         driver.get(swarm["p2"].info["data_url"] + "/")
 
-        def members():
-            rows = driver.find_elements(By.CSS_SELECTOR, "#members tr.member")
-            return sorted(r.find_element(By.TAG_NAME, "td").text for r in rows) or None
+        def members():  # in one script, as the charts below: a row found before a redraw is stale after it
+            return sorted(driver.execute_script(
+                "return Array.from(document.querySelectorAll('#members tr.member'))"
+                ".map(r => r.querySelector('td').innerText.trim());")) or None
         wait_until(lambda: members() == list(NAMES), 30, interval=0.5)
         wait_until(lambda: len(driver.find_elements(By.CSS_SELECTOR, "#stagemap g.stage")) == 4, 30, interval=0.5)
         stage_text = driver.find_element(By.ID, "stagemap").text
@@ -142,8 +143,12 @@ def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_movin
         assert driver.find_elements(By.CSS_SELECTOR, "#losschart polyline")
         # the charts draw the whole run: the loss from step 0, the swarm's tokens/s from its first steps on
         assert "step 0.000" in driver.find_element(By.ID, "losschart").text
-        points = driver.find_element(By.CSS_SELECTOR, "#tpschart polyline").get_attribute("points").split()
-        labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#tpschart text")]
+        # read in one script: the page redraws its charts every poll, and an element found before a
+        # redraw is stale after it (seen once in the suite)
+        points, labels = driver.execute_script(
+            "const c = document.getElementById('tpschart');"
+            "return [(c.querySelector('polyline').getAttribute('points') || '').trim().split(/\\s+/),"
+            " Array.from(c.querySelectorAll('text')).map(t => t.textContent)];")
         assert len(points) >= 10 and float(labels[-1]) >= 3.0, (len(points), labels)  # (40 steps at ~10 a second)
         rows = driver.find_element(By.ID, "members").text  # each peer's step breakdown and background CPU
         assert rows.count(" / ") >= 12 and rows.count(" %") >= 8, rows

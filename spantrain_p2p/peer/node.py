@@ -77,7 +77,7 @@ class Peer:
         self._tmpdir: Optional[str] = None
         self._tasks: list[asyncio.Task] = []
         self._seq = 0
-        self._sealed: Optional[tuple[PeerRecord, PeerRecord, dict]] = None  # (content, record, signed value)
+        self._sealed: Optional[tuple[PeerRecord, dict]] = None  # (record, signed value) last announced
         self._view: dict[str, PeerRecord] = {}
         self._last_url: dict[str, str] = {}  # peer id -> data-plane address of its latest live record
         self._on_bad = membership.BadRecordLog()
@@ -500,11 +500,11 @@ class Peer:
             instance=self.instance, name=self.config.name, device=dict(self.config.device or local_device_summary()),
             progress=dict(self.progress), reach=self.reach,
         )
-        if self._sealed is None or self._sealed[0] != content:
+        if self._sealed is None or replace(self._sealed[0], seq=0, ts=0.0) != content:
             self._seq += 1
             rec = replace(content, seq=self._seq, ts=get_dht_time())
-            self._sealed = (content, rec, seal(rec, self.identity))
-        return self._sealed[1], self._sealed[2]
+            self._sealed = (rec, seal(rec, self.identity))
+        return self._sealed
 
     async def _announce(self) -> None:
         if self._dht is None:

@@ -139,8 +139,8 @@ class Measuring:
         while True:
             others = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
             targets = set(probe_targets(self.peer.peer_id, [r.peer_id for r in others], rtts))
-            members = [r for r in others if r.peer_id in targets]
-            todo = [r for r in members if r.peer_id not in self.probes and r.data_url]
+            targeted = [r for r in others if r.peer_id in targets]
+            todo = [r for r in targeted if r.peer_id not in self.probes and r.data_url]
             for r in todo:
                 m = await probe_link(self.peer.client, r.data_url, r.name or r.peer_id, self.peer.emulator,
                                      rtt_s=pings.pop(r.peer_id, None))
@@ -155,7 +155,7 @@ class Measuring:
                 self.probe_window[1] = time.time()
                 await self._publish_links()
                 log.info("probed %d link(s) in %.1fs", len(self.probes), self.probe_seconds)
-            if len(others) + 1 >= self.job.peers and all(r.peer_id in self.probes for r in members):
+            if len(others) + 1 >= self.job.peers and all(r.peer_id in self.probes for r in targeted):
                 self.measured.set()
             await self._publish_passive()
             await asyncio.sleep(1.0)

@@ -1,0 +1,240 @@
+"""Liveness by direct probes (SWIM), the pure part: who to probe next, what a missed ack or a piece
+of news does to the member list, what news to send along (issue 33).
+
+Today's members prove they live by re-storing a DHT record every 2 s, and the planner reads every
+record every second: a peer's traffic grows with the swarm (``sim.control_plane``). Here, as in
+SWIM (Das, Gupta, Motivala 2002) with Lifeguard's refutation, each peer pings one member each
+``probe_s`` in a shuffled round-robin; a ping with no ack within ``ack_s`` is retried through
+``indirect`` others; a member still silent is *suspected*, and *dead* ``suspect_s`` later unless
+news that it is alive with a newer incarnation arrives first (a suspected member that hears of it
+raises its incarnation and says so). News (a member's state and incarnation) rides on pings and
+acks, each piece sent ``retransmit_factor * log2(n)`` times by each peer that knows it, fewest-sent
+first and news about the receiver itself before any other: a peer's traffic does not grow with the
+swarm. ``sim.control_swim`` simulated this design before it was built.
+
+A member is one *life* of a peer (its record's ``instance``, new with every start): a restarted
+peer is a new life that replaces a dead one, and news of another life of a live member is taken
+only from the member itself (an ack or a ping it sent). News is plain data; whoever passes it on is
+authenticated (the data plane's handshake), the news itself is not signed: a member can spread a
+false suspicion, which the accused refutes, or a false "alive" of a dead member, which the next
+probe of it ends. Everything here is plain data and a clock passed in: ``peer.swim_loop`` runs it.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = ["ALIVE", "DEAD", "LEFT", "News", "STATES", "SUSPECT", "Swim", "SwimParams", "news_from_wire"]
+
+ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
+STATES = (ALIVE, SUSPECT, DEAD, LEFT)
+GONE = (DEAD, LEFT)
+MAX_INC = 2 ** 31 - 1
+
+
+@dataclass(frozen=True)
+class SwimParams:
+    probe_s: float = 1.0  # one ping sent every this often
+    ack_s: float = 0.5  # a direct ping's ack is awaited this long (an indirect one twice as long)
+    indirect: int = 3  # members asked to ping a silent one for us
+    suspect_s: float = 2.0  # a suspect not heard of alive again is dead this long after
+    piggyback: int = 6  # pieces of news on one ping or ack, at most
+    retransmit_factor: float = 3.0
+    forget_s: float = 60.0  # a dead or departed member's entry is dropped this long after
+
+
+@dataclass(frozen=True)
+class News:
+    """One member's state as somebody saw it: ``peer`` id, ``state`` (``STATES``), its incarnation
+    ``inc`` (raised by the member itself to refute a suspicion), and its ``life`` (record instance)."""
+    peer: str
+    state: str
+    inc: int
+    life: str
+
+    def to_wire(self) -> list:
+        return [self.peer, self.state, self.inc, self.life]
+
+
+@dataclass
+class Member:
+    life: str
+    state: str = ALIVE
+    inc: int = 0
+    since: float = 0.0  # when it entered this state (the clock passed in)
+
+
+def overrides(new: News, old: Member) -> bool:
+    """Whether news ``new`` about the same life replaces what is known (SWIM's order): alive
+    overrides a lower incarnation; suspect overrides alive of its incarnation or lower, and suspect
+    of a lower one; dead and left override everything but themselves, and are overridden only by
+    alive with a higher incarnation: the member's refutation of a false verdict, which only it
+    raises (``Swim.merge``), passed on by others."""
+    if new.state == ALIVE:
+        return new.inc > old.inc
+    if new.state == SUSPECT:
+        if old.state == ALIVE:
+            return new.inc >= old.inc
+        return old.state == SUSPECT and new.inc > old.inc
+    return old.state not in GONE  # dead or left
+
+
+@dataclass
+class Swim:
+    """One peer's member list under the protocol. ``me``/``life``: this peer; ``rng``: the probe
+    order's and helpers' randomness (seeded in tests)."""
+    me: str
+    life: str
+    params: SwimParams = field(default_factory=SwimParams)
+    rng: random.Random = field(default_factory=random.Random)
+    inc: int = 0
+    members: dict[str, Member] = field(default_factory=dict)
+    _order: list[str] = field(default_factory=list)
+    _sent: dict[News, int] = field(default_factory=dict)  # news to pass on -> times sent so far
+
+    # ---- the member list ---------------------------------------------------------------------
+    def live(self) -> list[str]:
+        """Members not known dead or departed (suspects included: they may refute), this peer not."""
+        return sorted(p for p, m in self.members.items() if m.state not in GONE)
+
+    def gone(self, peer: str, life: str) -> bool:
+        """Whether that life of ``peer`` is known dead or departed."""
+        m = self.members.get(peer)
+        return m is not None and m.life == life and m.state in GONE
+
+    def add(self, peer: str, life: str, now: float) -> bool:
+        """A member seen in a record (a read of the member keys). Added alive where unknown, or where
+        the entry is of another life that is gone (a restart); a record of a gone life does not
+        revive it. Whether the list changed."""
+        if peer == self.me:
+            return False
+        m = self.members.get(peer)
+        if m is not None and (m.life == life or m.state not in GONE):
+            return False
+        self.members[peer] = Member(life, ALIVE, 0, now)
+        return True
+
+    # ---- probing -----------------------------------------------------------------------------
+    def next_target(self) -> Optional[str]:
+        """The member to ping now: each live member once per round, in an order shuffled anew every
+        round (so every member is probed within two rounds, and nobody learns the order)."""
+        while self._order:
+            p = self._order.pop()
+            if p in self.members and self.members[p].state not in GONE:
+                return p
+        self._order = self.live()
+        self.rng.shuffle(self._order)
+        return self._order.pop() if self._order else None
+
+    def helpers(self, target: str) -> list[str]:
+        """Up to ``indirect`` other live members to ping ``target`` for us."""
+        others = [p for p in self.live() if p != target and self.members[p].state == ALIVE]
+        return self.rng.sample(others, min(self.params.indirect, len(others)))
+
+    def acked(self, peer: str, life: str, inc: int, now: float) -> list[News]:
+        """``peer`` answered (an ack, or a ping it sent us) as ``life`` with incarnation ``inc``: its
+        own word, so it may also be a new life. The changes made (news to pass on)."""
+        return self.merge([News(peer, ALIVE, inc, life)], now, sender=peer)
+
+    def missed(self, peer: str, now: float) -> list[News]:
+        """Neither ``peer`` nor any helper answered: it is suspected (news)."""
+        m = self.members.get(peer)
+        if m is None or m.state != ALIVE:
+            return []
+        return self.merge([News(peer, SUSPECT, m.inc, m.life)], now)
+
+    def tick(self, now: float) -> list[News]:
+        """Suspects not cleared within ``suspect_s`` are dead (news); gone entries older than
+        ``forget_s`` are dropped (a record of theirs still in the DHT may re-add them: a dead life
+        is kept as long as a record lives, ``forget_s``)."""
+        out = []
+        for p, m in list(self.members.items()):
+            if m.state == SUSPECT and now - m.since >= self.params.suspect_s:
+                out += self.merge([News(p, DEAD, m.inc, m.life)], now)
+            elif m.state in GONE and now - m.since >= self.params.forget_s:
+                del self.members[p]
+        return out
+
+    def leave(self) -> News:
+        """This peer's goodbye (news, to send to a few members)."""
+        return self._spread(News(self.me, LEFT, self.inc, self.life))
+
+    # ---- news --------------------------------------------------------------------------------
+    def merge(self, news: list[News], now: float, sender: str = "") -> list[News]:
+        """Applies pieces of news (from ``sender``, "" for this peer's own findings); returns those
+        that changed the list (each also queued to pass on). News about this peer that it is
+        suspected or dead is refuted: a higher incarnation, queued as alive."""
+        changed = []
+        for n in news:
+            if n.peer == self.me:
+                if n.life == self.life and n.state != ALIVE and n.inc >= self.inc:
+                    self.inc = min(MAX_INC, n.inc + 1)
+                    self._spread(News(self.me, ALIVE, self.inc, self.life))
+                continue
+            m = self.members.get(n.peer)
+            if m is None:  # a join (or the end of a member this peer never saw: kept, so that its
+                self.members[n.peer] = Member(n.life, n.state, n.inc, now)  # record does not revive it)
+            elif m.life != n.life:  # another life: a restart where the known one is gone, or the
+                if n.state in GONE or (m.state not in GONE and sender != n.peer):  # member's own word
+                    continue
+                self.members[n.peer] = Member(n.life, n.state, n.inc, now)
+            elif overrides(n, m):
+                m.state, m.inc, m.since = n.state, n.inc, now
+            else:
+                continue
+            changed.append(self._spread(n))
+        return changed
+
+    def _spread(self, n: News) -> News:
+        for old in [o for o in self._sent if o.peer == n.peer]:
+            del self._sent[old]  # newer news of a member replaces older
+        self._sent[n] = 0
+        return n
+
+    def outgoing(self, to: str) -> list[News]:
+        """News for a ping or ack to ``to``: news about ``to`` first (a suspect hears of it and
+        refutes), then the least-sent, at most ``piggyback``; each sent at most
+        ``retransmit_factor * log2(n + 1)`` times, then dropped. This peer's own state comes along
+        with every message anyway (``inc`` and ``life`` in the header)."""
+        limit = max(1, math.ceil(self.params.retransmit_factor * math.log2(len(self.members) + 2)))
+        pick = sorted(self._sent, key=lambda n: (n.peer != to, self._sent[n]))[: self.params.piggyback]
+        for n in pick:
+            self._sent[n] += 1
+            if self._sent[n] >= limit:
+                del self._sent[n]
+        return pick
+
+
+MAX_NEWS = 16  # pieces of news one message may carry (``SwimParams.piggyback`` is what we send)
+MAX_NAME = 128  # bytes of a peer id or a life
+
+
+def news_from_wire(items: object) -> list[News]:
+    """News from a message's ``news`` field (untrusted): a list of at most ``MAX_NEWS`` entries
+    ``[peer, state, inc, life]``; ValueError naming what is wrong."""
+    if not isinstance(items, list) or len(items) > MAX_NEWS:
+        raise ValueError(f"news must be a list of at most {MAX_NEWS} entries")
+    out = []
+    for it in items:
+        if not isinstance(it, list) or len(it) != 4:
+            raise ValueError("a piece of news is [peer, state, incarnation, life]")
+        peer, state, inc, life = it
+        check_name(peer, "peer")
+        check_name(life, "life")
+        if state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}, not {str(state)[:20]!r}")
+        check_inc(inc)
+        out.append(News(peer, state, inc, life))
+    return out
+
+
+def check_name(v: object, what: str) -> None:
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME:
+        raise ValueError(f"{what} must be a string of 1-{MAX_NAME} characters")
+
+
+def check_inc(v: object) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_INC:
+        raise ValueError(f"an incarnation is an int in 0..{MAX_INC}")

@@ -1,0 +1,133 @@
+"""SWIM's member list (swarm/swim.py): probe order, suspicion and refutation, news spread and its
+bounds, lives of a restarted peer, and the wire's validation (issue 33)."""
+import random
+
+import pytest
+
+from spantrain_p2p.swarm.swim import (ALIVE, DEAD, LEFT, SUSPECT, News, Swim, SwimParams,
+                                      news_from_wire)
+
+
+def swim(me="a", peers=("b", "c", "d"), **kw) -> Swim:
+    s = Swim(me, "life-" + me, SwimParams(**kw), random.Random(1))
+    for p in peers:
+        s.add(p, "life-" + p, 0.0)
+    return s
+
+
+def test_every_live_member_is_probed_once_a_round_in_a_new_order_each_round():
+    s = swim(peers=[f"p{i}" for i in range(10)])
+    rounds = [[s.next_target() for _ in range(10)] for _ in range(3)]
+    for r in rounds:
+        assert sorted(r) == [f"p{i}" for i in range(10)]
+    assert rounds[0] != rounds[1] or rounds[1] != rounds[2]
+    assert "a" not in s.live()
+
+
+def test_a_silent_member_is_suspected_then_dead_unless_it_refutes_in_time():
+    s = swim(suspect_s=2.0)
+    [n] = s.missed("b", 10.0)
+    assert (n.state, n.inc) == (SUSPECT, 0) and s.members["b"].state == SUSPECT
+    assert "b" in s.live()  # a suspect may still refute
+    assert s.tick(11.9) == []
+    [d] = s.tick(12.0)
+    assert d == News("b", DEAD, 0, "life-b") and "b" not in s.live()
+    assert s.gone("b", "life-b")
+    # the member's own refutation with a higher incarnation brings it back, even after the verdict
+    assert s.merge([News("b", ALIVE, 1, "life-b")], 13.0, sender="c")
+    assert s.members["b"].state == ALIVE and "b" in s.live()
+
+
+def test_an_ack_of_the_same_incarnation_does_not_clear_a_suspicion_but_a_refutation_does():
+    s = swim()
+    s.merge([News("b", SUSPECT, 0, "life-b")], 1.0, sender="c")
+    assert s.acked("b", "life-b", 0, 1.5) == [] and s.members["b"].state == SUSPECT
+    assert s.acked("b", "life-b", 1, 1.6) and s.members["b"].state == ALIVE
+
+
+def test_a_suspected_peer_hears_of_it_and_refutes_with_a_higher_incarnation():
+    b = swim(me="b", peers=("a", "c"))
+    b.merge([News("b", SUSPECT, 0, "life-b")], 1.0, sender="a")
+    assert b.inc == 1
+    out = b.outgoing("c")
+    assert News("b", ALIVE, 1, "life-b") in out
+    # a verdict of dead is refuted too; news of an older life of ours is not
+    b.merge([News("b", DEAD, 1, "life-b"), News("b", DEAD, 7, "old-life")], 2.0, sender="a")
+    assert b.inc == 2
+
+
+def test_news_about_the_receiver_goes_first_and_each_piece_is_sent_a_bounded_number_of_times():
+    s = swim(peers=[f"p{i}" for i in range(6)], piggyback=2, retransmit_factor=1.0)
+    s.merge([News("p1", SUSPECT, 0, "life-p1"), News("p2", SUSPECT, 0, "life-p2"),
+              News("p3", SUSPECT, 0, "life-p3")], 1.0, sender="p0")
+    assert s.outgoing("p3")[0].peer == "p3"
+    sent = {}
+    for _ in range(20):
+        for n in s.outgoing("p5"):
+            sent[n.peer] = sent.get(n.peer, 0) + 1
+        assert len(sent) <= 3
+    limit = 3  # ceil(1.0 * log2(6 + 2))
+    assert all(v + (k == "p3") <= limit for k, v in sent.items()), sent
+    assert s.outgoing("p5") == []  # all passed on enough: messages carry no news
+
+
+def test_newer_news_of_a_member_replaces_older_in_the_queue():
+    s = swim()
+    s.merge([News("b", SUSPECT, 0, "life-b")], 1.0, sender="c")
+    s.merge([News("b", ALIVE, 1, "life-b")], 1.1, sender="b")
+    assert [n for n in s.outgoing("d") if n.peer == "b"] == [News("b", ALIVE, 1, "life-b")]
+
+
+def test_a_restart_is_a_new_life_a_dead_life_stays_dead_and_a_live_one_is_replaced_only_by_its_own_word():
+    s = swim()
+    # a live member's other life, heard from a third party: ignored
+    assert s.merge([News("b", ALIVE, 0, "new-b")], 1.0, sender="c") == []
+    assert s.members["b"].life == "life-b"
+    # from the member itself (its ping or ack): taken
+    assert s.acked("b", "new-b", 0, 2.0)
+    assert s.members["b"].life == "new-b"
+    # a dead life is not revived by its record; a record of another life replaces it
+    s.missed("c", 3.0)
+    s.tick(10.0)
+    assert s.gone("c", "life-c")
+    assert not s.add("c", "life-c", 11.0) and s.gone("c", "life-c")
+    assert s.add("c", "new-c", 12.0) and s.members["c"].state == ALIVE
+    # news that an unknown member is dead is kept, so that its record does not add it later
+    s.merge([News("z", DEAD, 0, "life-z")], 13.0, sender="d")
+    assert not s.add("z", "life-z", 14.0) and "z" not in s.live()
+    # gone entries are forgotten after forget_s
+    s.tick(13.0 + s.params.forget_s)
+    assert "z" not in s.members
+
+
+def test_leaving_is_news_and_departed_members_are_not_probed():
+    a, b = swim(), swim(me="b", peers=("a", "c", "d"))
+    bye = b.leave()
+    assert bye == News("b", LEFT, 0, "life-b")
+    assert bye in b.outgoing("a")
+    a.merge([bye], 1.0, sender="c")
+    assert "b" not in a.live()
+    assert all(a.next_target() != "b" for _ in range(6))
+    assert "b" not in a.helpers("c")
+
+
+def test_helpers_are_other_live_members_at_most_indirect():
+    s = swim(peers=[f"p{i}" for i in range(8)], indirect=3)
+    h = s.helpers("p0")
+    assert len(h) == 3 and "p0" not in h and "a" not in h
+    assert swim(peers=("b",)).helpers("b") == []
+
+
+@pytest.mark.parametrize("bad", [
+    "x", [["p", "alive", 0]], [["p", "zombie", 0, "l"]], [["p", "alive", -1, "l"]],
+    [["p", "alive", True, "l"]], [["", "alive", 0, "l"]], [["p" * 200, "alive", 0, "l"]],
+    [["p", "alive", 0, 5]], [["p", "alive", 0, "l"]] * 17, [["p", "alive", 2 ** 40, "l"]],
+])
+def test_bad_news_from_the_wire_is_refused_with_a_reason(bad):
+    with pytest.raises(ValueError):
+        news_from_wire(bad)
+
+
+def test_good_news_from_the_wire_round_trips():
+    n = [News("p", SUSPECT, 3, "l"), News("q", LEFT, 0, "m")]
+    assert news_from_wire([x.to_wire() for x in n]) == n

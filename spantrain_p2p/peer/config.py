@@ -20,7 +20,13 @@ class PeerConfig:
     name: str = ""  # human name, e.g. the scenario's peer name
     device: dict = field(default_factory=dict)
     heartbeat_s: float = 2.0
-    ttl_heartbeats: int = 3  # a record lives this many heartbeats
+    ttl_heartbeats: int = 3  # a record lives this many heartbeats (this many record_s with SWIM)
+    # how members learn who is alive: "records" (a record re-stored every heartbeat, gone a few
+    # heartbeats after the last) or "swim" (direct probes on the data plane, ``peer.swim_loop``;
+    # records re-stored when they change or every record_s): issue 33, measured on idle swarms
+    liveness: str = "records"
+    record_s: float = 60.0
+    swim_probe_s: float = 1.0  # SWIM: a ping every this often (ack within half, suspect dead after two)
     poll_s: float = 1.0  # how often the member view is refreshed
     # a peer that is not the planner or its standby reads all records only about this many a poll
     # (``membership.read_interval``): the whole member key every N / view_records_per_poll polls

@@ -37,7 +37,7 @@ from .config import PeerConfig, PeerError, SwarmUnreachable
 from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 from .loop_lag import LoopLag
-from . import member_view, reach
+from . import member_view, reach, swim_loop
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
@@ -92,6 +92,7 @@ class Peer:
         self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
         self.loop_lag = LoopLag()  # how long the event loop was held (nothing may hold it for long)
         self.control = ControlMeter(config.swarm)  # this peer's DHT calls and their bytes (/status "control")
+        self.swim: Optional[swim_loop.SwimLoop] = None  # liveness by direct probes (--liveness swim)
 
     # ---- public surface -------------------------------------------------------------------
     @property
@@ -262,6 +263,8 @@ class Peer:
         self.dataplane.is_member = self.in_main_budget
         self.dataplane.policy = self._message_policy
         self.dataplane.register(PROBE_KIND, handle_probe)
+        if cfg.liveness == "swim":
+            self.swim = swim_loop.install(self)
         dashboard.install(self, self.dataplane)
         if self.emulator is not None:
             self.dataplane.register(CHAOS_KIND, chaos_handler(lambda: self.emulator, cfg.operator))
@@ -334,6 +337,9 @@ class Peer:
         await self._announce()
         self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
         self.spawn(self._heartbeat_loop(), "heartbeat")
+        if self.swim is not None:
+            self.spawn(self.swim.run(), "swim")
+            self.spawn(self.swim.read_unknown(), "swim-reads")
         self.spawn(reach.keep(self, self.paths), "paths")
         self.spawn(member_view.keep(self), "watch-members")
         if auto or cfg.mdns:
@@ -362,6 +368,11 @@ class Peer:
         self._tasks.clear()
         if graceful and self._dht is not None and self.identity is not None and self.state != "left":
             self.state = "left"
+            if self.swim is not None:
+                try:
+                    await asyncio.wait_for(self.swim.leave(), 2)
+                except Exception as e:
+                    log.warning("could not say goodbye to the members: %s", e)
             try:
                 await asyncio.wait_for(self._announce(), 5)
             except Exception as e:
@@ -444,6 +455,8 @@ class Peer:
         come from anyone the handshake admitted; every other kind from members only."""
         if kind in (PROBE_KIND, CHAOS_KIND, reach.DIALBACK_KIND) or self.is_member(sender):
             return None
+        if kind == swim_loop.KIND and sender not in self.evicted:  # a joiner's first pings
+            return None
         raise Retry(f"{sender} is not a member of swarm {self.config.swarm!r} (or not yet seen by this peer)")
 
     async def _take_group_key(self, joining: bool) -> None:
@@ -509,7 +522,7 @@ class Peer:
     async def _announce(self) -> None:
         if self._dht is None:
             return
-        ttl = self.config.heartbeat_s * self.config.ttl_heartbeats
+        ttl = (self.config.record_s if self.swim else self.config.heartbeat_s) * self.config.ttl_heartbeats
         rec, sealed = self._record()
         ok = await membership.announce(self._dht, self.config.swarm, sealed, self.peer_id, ttl)
         if not ok:
@@ -517,19 +530,39 @@ class Peer:
         self._view[self.peer_id] = rec
 
     async def _heartbeat_loop(self) -> None:
+        """Re-stores our record every heartbeat; with SWIM (which tells liveness), only when it
+        changed or every ``record_s``."""
         loop = asyncio.get_running_loop()
         next_at = loop.time() + self.config.heartbeat_s
+        stored_at = loop.time()
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             try:
-                await self._announce()
+                last = self._view.get(self.peer_id)
+                if self.swim is None or last is None or self._record()[0].seq != last.seq or \
+                        loop.time() - stored_at >= self.config.record_s:
+                    stored_at = loop.time()
+                    await self._announce()
             except Exception as e:
                 log.warning("heartbeat failed: %s", e)
             # a fixed rate: a slow store (a busy machine) must not stretch the period towards the TTL
             next_at = max(next_at + self.config.heartbeat_s, loop.time())
 
+    async def read_records(self, peer_ids) -> None:
+        """Reads the member keys of ``peer_ids`` (not every key) into the view: records of members
+        SWIM told of (``swim_loop``)."""
+        got = await membership.read_members(self._dht, self.config.swarm, self._on_bad, peer_ids=peer_ids)
+        view = dict(self._view)
+        view.update({p: r for p, r in got.items() if p != self.peer_id and (p not in view or view[p].seq <= r.seq
+                                                                               or view[p].instance != r.instance)})
+        read_at = self._read_at
+        self._update_view(view)
+        self._read_at = read_at  # not a read of the whole key
+
     def _update_view(self, view: dict[str, PeerRecord]) -> None:
         self._read_at = time.monotonic()
+        if self.swim is not None:
+            view = self.swim.filter(view)
         if self.identity is not None and self.state != "left":
             own = self._view.get(self.peer_id)
             if own is not None and (self.peer_id not in view or view[self.peer_id].seq < own.seq):

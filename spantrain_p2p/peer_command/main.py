@@ -56,6 +56,11 @@ def peer_parser() -> argparse.ArgumentParser:
                    help="CLOCK_MONOTONIC time the scenario's bandwidth traces count from (default: peer start)")
     p.add_argument("--heartbeat", type=float, default=2.0, metavar="S",
                    help="seconds between heartbeats; a silent peer is dropped after 3 (default: %(default)s)")
+    p.add_argument("--liveness", choices=("records", "swim"), default="records",
+                   help="how members learn who is alive: records (a DHT record re-stored every heartbeat; "
+                        "the default) or swim (direct probes between peers, news carried on them; records "
+                        "re-stored only when they change: a peer's control traffic flat in the swarm's size; "
+                        "measured on idle swarms, not yet with a training job)")
     p.add_argument("--mdns", action="store_true", help="advertise this peer on the LAN through mDNS")
     p.add_argument("--swarm-key", metavar="PATH",
                    help="a closed swarm's key file (`spantrain keygen PATH`): only its holders join, read or send")
@@ -126,7 +131,7 @@ def config_from_args(a: argparse.Namespace):
     listen, host = default_binds(a.listen, a.host, join)
     return PeerConfig(join=join, swarm=a.swarm, listen=listen, host=host, data_port=a.data_port,
                       announce=tuple(a.announce), relay_circuits=max(0, a.relay),
-                      identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns,
+                      identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns, liveness=a.liveness,
                       emulate=a.emulate or "", emulate_t0=a.emulate_t0, operator=a.operator, swarm_key_path=a.swarm_key or "",
                       allow=allow, encrypt=True, stall_timeout_s=a.stall_timeout)
 

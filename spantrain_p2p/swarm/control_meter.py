@@ -97,6 +97,15 @@ class ControlMeter:
         row.bytes_out += size_in
         row.bytes_back += size_back
 
+    def tally(self, served: bool, method: str, key: str, bytes_out: int, bytes_back: int, ok: bool = True) -> None:
+        """Counts one call that is not a DHT call (a SWIM ping on the data plane, ``peer.swim_loop``):
+        ``served`` where this peer answered it, its request and response bytes."""
+        row = (self.served if served else self.out).setdefault((method, key), _Row())
+        row.calls += 1
+        row.failed += 0 if ok else 1
+        row.bytes_out += bytes_out
+        row.bytes_back += bytes_back
+
     # ---- wrapping a P2P instance ------------------------------------------------------------------
     def attach(self, p2p: Any) -> None:
         """Counts ``p2p``'s unary protobuf calls from now on, and the unary handlers added after this."""

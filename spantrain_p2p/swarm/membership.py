@@ -95,11 +95,13 @@ def parse_members(entries: object, now: float, on_bad: BadRecordLog) -> dict[str
 
 
 async def read_members(node, swarm: str, on_bad: BadRecordLog, latest: bool = True,
-                       holders: Optional[int] = None) -> dict[str, PeerRecord]:
+                       holders: Optional[int] = None, peer_ids=None) -> dict[str, PeerRecord]:
     """Every member's record, from every member key at once, through ``node``, a ``GuardedDHT``;
-    ``holders``: ask only that many of each key's nodes (``GuardedDHT.get_many``). A record found under a key its peer id does not
-    hash to is refused (the nodes refuse to store it there, ``validator``)."""
-    keys = members_keys(swarm)
+    ``holders``: ask only that many of each key's nodes (``GuardedDHT.get_many``); ``peer_ids``:
+    read only the keys these peers' records are under (every record found there is returned). A
+    record found under a key its peer id does not hash to is refused (the nodes refuse to store it
+    there, ``validator``)."""
+    keys = members_keys(swarm) if peer_ids is None else sorted({member_key_of(swarm, p) for p in peer_ids})
     found = await node.get_many(keys, latest=latest, **({"holders": holders} if holders else {}))
     now, out = get_dht_time(), {}
     for key in keys:

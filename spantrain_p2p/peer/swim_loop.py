@@ -1,0 +1,234 @@
+"""Liveness by direct probes on the data plane (``--liveness swim``, issue 33): ``swarm.swim``'s
+member list, run by a peer.
+
+Each ``probe_s`` the peer pings one member (message kind ``swim``, op ``ping``) with news on it; a
+member that does not ack within ``ack_s`` is pinged through up to ``indirect`` others (op ``req``:
+"ping it for me"), and suspected if none of them reaches it either. The news that a member died or
+left goes straight to the swarm's watchers too (the two lowest peer ids: the first in the
+election's rank, ``membership.watchers``), so the planner's view loses it within a probe round
+and ``suspect_s``; everybody else hears it on the pings. A member this peer has no record of (a
+joiner's first ping, news of a join) is read from its one member key, at most one read a poll.
+
+The peer's view (``Peer._view``, from the DHT records) keeps what SWIM does not know dead: a dead
+member's record stays in the DHT for its lifetime (a few minutes: records are re-stored only when
+they change or every ``record_s``, ``Peer._heartbeat_loop``) and is left out of every read.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Optional
+
+from ..net import framing
+from ..net.wire import RemoteError
+from ..swarm import membership
+from ..swarm.swim import GONE, LEFT, News, Swim, SwimParams, check_inc, check_name, news_from_wire
+
+if TYPE_CHECKING:
+    from .node import Peer
+
+log = logging.getLogger("spantrain.peer")
+
+KIND = "swim"
+VERSION = 1
+OPS = ("ping", "req", "news")
+
+
+class SwimLoop:
+    def __init__(self, peer: "Peer", params: SwimParams):
+        self.peer = peer
+        self.params = params
+        self.swim = Swim(peer.peer_id, peer.instance, params)
+        self._to_read: set[str] = set()  # members known here without a record: read next poll
+        self._read_wake = asyncio.Event()
+
+    # ---- the view ---------------------------------------------------------------------------------
+    def filter(self, view: dict) -> dict:
+        """A read's records less the lives SWIM knows dead or departed; the rest join the list."""
+        now = time.monotonic()
+        out = {}
+        for pid, rec in view.items():
+            if pid != self.peer.peer_id and rec.alive and self.swim.gone(pid, rec.instance):
+                continue
+            if rec.alive:
+                self.swim.add(pid, rec.instance, now)
+            out[pid] = rec
+        return out
+
+    def _apply(self, changes: list[News]) -> None:
+        """Changes of the member list into the view: a dead or departed life out of it at once, a
+        live member without a record read soon."""
+        view, dropped = self.peer._view, False
+        for n in changes:
+            rec = view.get(n.peer)
+            if n.state in GONE:
+                if rec is not None and rec.alive and rec.instance == n.life:
+                    log.info("peer %s %s", membership.describe(rec, n.peer), "left" if n.state == LEFT else "died")
+                    del view[n.peer]
+                    dropped = True
+            elif rec is None or rec.instance != n.life:
+                self._to_read.add(n.peer)
+                self._read_wake.set()
+        if dropped:
+            self.peer._view_changed.set()
+
+    # ---- messages ---------------------------------------------------------------------------------
+    def _header(self, op: str, to: str, **extra) -> dict:
+        return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life,
+                "news": [n.to_wire() for n in self.swim.outgoing(to)], **extra}
+
+    def _read(self, header: dict) -> tuple[str, int, list[News]]:
+        framing.check_fields(header, {"v": int, "op": str, "inc": int, "life": str, "news": list})
+        if header["v"] != VERSION:
+            raise framing.FrameError(f"swim version {header['v']} is not {VERSION}")
+        if header["op"] not in OPS:
+            raise framing.FrameError(f"swim op must be one of {', '.join(OPS)}")
+        try:
+            check_name(header["life"], "life")
+            check_inc(header["inc"])
+            return header["life"], header["inc"], news_from_wire(header["news"])
+        except ValueError as e:
+            raise framing.FrameError(str(e)) from None
+
+    async def handle(self, header: dict, buffers: list) -> tuple[dict, list]:
+        life, inc, news = self._read(header)
+        if buffers:
+            raise framing.FrameError("a swim message carries no buffers")
+        src, now = header["src"], time.monotonic()
+        size = _size(header)
+        # the sender's own word first (a joiner's first ping adds it), then what it heard
+        self._apply(self.swim.acked(src, life, inc, now) + self.swim.merge(news, now, sender=src))
+        ok = True
+        if header["op"] == "req":
+            target = header.get("target")
+            if not isinstance(target, str) or target not in self.swim.members or target == src:
+                raise framing.FrameError("a req names a member to ping, not the sender")
+            ok = await self._ping(target, self.params.ack_s)
+        reply = self._header("ack", src, ok=ok)
+        self.peer.control.tally(True, header["op"], KIND, size, _size(reply))
+        return reply, []
+
+    async def _send(self, to: str, op: str, timeout: float, **extra) -> Optional[dict]:
+        """One message to ``to`` and its ack's header (its sender's word taken), or None."""
+        url = self.peer.data_url_of(to) or self.peer.last_data_url(to)
+        if url is None:
+            self._to_read.add(to)
+            self._read_wake.set()
+            return None
+        header = self._header(op, to, **extra)
+        reply = None
+        try:
+            got = await asyncio.wait_for(self.peer.client.send(
+                url, KIND, header, timeout=timeout, link=self.peer.link_to(to), peer_id=to), timeout)
+            reply = got[0] if got else None
+            life, inc, news = self._read(reply) if reply else (None, 0, [])
+        except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
+            log.debug("swim %s to %s: %s", op, to[:12], e)
+            reply = None
+        except RemoteError as e:  # refused (it does not know us yet, a budget): alive, no word
+            log.debug("swim %s to %s refused: %s", op, to[:12], e)
+            self.peer.control.tally(False, op, KIND, _size(header), 0, False)
+            return {}
+        except Exception as e:
+            log.warning("swim %s to %s: %s", op, to[:12], e)
+            reply = None
+        self.peer.control.tally(False, op, KIND, _size(header), _size(reply) if reply else 0, reply is not None)
+        if reply is None:
+            return None
+        now = time.monotonic()
+        self._apply(self.swim.acked(to, life, inc, now) + self.swim.merge(news, now, sender=to))
+        return reply
+
+    async def _ping(self, target: str, timeout: float) -> bool:
+        return await self._send(target, "ping", timeout) is not None  # {}: refused, yet alive
+
+    async def probe(self, target: str) -> None:
+        """One probe: a direct ping, then indirect ones; a member nobody reached is suspected, and
+        told so (where it is alive after all, it refutes at once)."""
+        if self.peer.data_url_of(target) is None:  # known by news only: its record is read first
+            self._to_read.add(target)
+            self._read_wake.set()
+            return
+        if await self._ping(target, self.params.ack_s):
+            return
+        helpers = self.swim.helpers(target)
+        if helpers:
+            acks = await asyncio.gather(*(self._send(h, "req", 2 * self.params.ack_s + 0.5, target=target)
+                                          for h in helpers))
+            if any(a is not None and a.get("ok") is True for a in acks):
+                return
+        suspected = self.swim.missed(target, time.monotonic())
+        self._apply(suspected)
+        if suspected:
+            await self._send(target, "news", 2 * self.params.ack_s)
+
+    async def tell_watchers(self) -> None:
+        """Deaths and departures straight to the watchers (not waiting for the pings to carry
+        them): the news just queued goes first on any message, after news about its receiver."""
+        for w in membership.watchers(self.swim.live() + [self.peer.peer_id]):
+            if w != self.peer.peer_id:
+                await self._send(w, "news", self.params.ack_s * 2)
+
+    # ---- tasks ------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """The probe loop: a probe every ``probe_s`` (not waiting for the last to end: a silent member
+        takes up to ``2 * ack_s`` more), suspects timed out every round."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        pending: set[asyncio.Task] = set()
+        try:
+            while True:
+                next_at += self.params.probe_s
+                await asyncio.sleep(max(0.0, next_at - loop.time()))
+                next_at = max(next_at, loop.time() - self.params.probe_s)
+                dead = self.swim.tick(time.monotonic())
+                self._apply(dead)
+                if dead:
+                    t = asyncio.ensure_future(self.tell_watchers())
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+                target = self.swim.next_target()
+                if target is not None and len(pending) < 4:
+                    t = asyncio.ensure_future(self.probe(target))
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+        finally:
+            for t in pending:
+                t.cancel()
+
+    async def read_unknown(self) -> None:
+        """Reads the records of members known here only by news (a joiner), at most once a poll."""
+        while True:
+            await self._read_wake.wait()
+            self._read_wake.clear()
+            want = {p for p in self._to_read if p in self.swim.members and not self.swim.gone(p, self.swim.members[p].life)}
+            self._to_read.clear()
+            if want:
+                try:
+                    await self.peer.read_records(want)
+                except Exception as e:
+                    log.warning("reading the records of %d member(s) failed: %s", len(want), e)
+            await asyncio.sleep(self.peer.config.poll_s)
+
+    async def leave(self) -> None:
+        """Says goodbye to the watchers and a few others (the pings would carry it too, if we stayed)."""
+        self.swim.leave()
+        targets = set(membership.watchers(self.swim.live() + [self.peer.peer_id]))
+        targets.update(self.swim.helpers(""))
+        targets.discard(self.peer.peer_id)
+        await asyncio.gather(*(self._send(t, "news", self.params.ack_s * 2) for t in targets))
+
+
+def _size(header: Optional[dict]) -> int:
+    return framing.frame_size(framing.encode(header)) if header else 0
+
+
+def install(peer: "Peer") -> SwimLoop:
+    cfg = peer.config
+    ttl = cfg.record_s * cfg.ttl_heartbeats
+    params = SwimParams(probe_s=cfg.swim_probe_s, ack_s=cfg.swim_probe_s / 2, suspect_s=2 * cfg.swim_probe_s,
+                        forget_s=ttl + 10.0)
+    loop = SwimLoop(peer, params)
+    peer.dataplane.register(KIND, loop.handle)
+    return loop

@@ -20,6 +20,7 @@ swarm on loopback; once every peer lists all N, the script measures over ``--win
 
     .venv/bin/python scripts/control_plane_live.py --peers 8 16 --window 30
     .venv/bin/python scripts/control_plane_live.py --peers 8 16 32 --window 30 --json --plot cp.png
+    .venv/bin/python scripts/control_plane_live.py --peers 16 32 --liveness swim   # the design for large swarms
 
 Every process it starts is stopped at the end, also on failure or Ctrl-C.
 """
@@ -98,8 +99,11 @@ def sample(peers: list[PeerProcess]) -> dict:
     return out
 
 
+LIVENESS = ["--liveness", "records"]
+
+
 def start(name: str, run_dir: str, join: str | None) -> PeerProcess:
-    args = ["--name", name, "--swarm", SWARM, "--no-measure"]
+    args = ["--name", name, "--swarm", SWARM, "--no-measure", *LIVENESS]
     if join:
         args += ["--join", join]
     return PeerProcess(name, args, run_dir).start()
@@ -204,7 +208,7 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
             return f"{name} ({'watcher' if name == watcher.name else 'member'})"
 
         return {
-            "n": n, "window_s": window, "started_s": round(started_s, 1), "converged_s": converged_s,
+            "n": n, "liveness": LIVENESS[1], "window_s": window, "started_s": round(started_s, 1), "converged_s": converged_s,
             "listed": {"min": listed[0], "median": listed[len(listed) // 2], "max": listed[-1]},
             "control_bytes_per_s": stat("control_bytes_per_s"), "calls_out_per_s": stat("calls_out_per_s"),
             "calls_served_per_s": stat("calls_served_per_s"),
@@ -277,10 +281,13 @@ def main() -> int:
     p.add_argument("--converge-timeout", type=float, default=180.0,
                    help="how long to wait for every peer to list all N before measuring anyway (default 180)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--liveness", choices=("records", "swim"), default="records",
+                   help="the peers' --liveness: records (the default design) or swim (direct probes)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object, last")
     p.add_argument("--plot", default="", help="write a PNG of the figures against N here")
     args = p.parse_args()
     rng = random.Random(args.seed)
+    LIVENESS[1] = args.liveness
     results = []
     with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
         for n in args.peers:

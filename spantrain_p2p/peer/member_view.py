@@ -60,8 +60,8 @@ async def keep(peer) -> None:
         await asyncio.sleep(peer.config.poll_s)
         try:
             now = watching(peer)
-            if peer.swim is not None and not now:
-                continue  # with SWIM, joins and deaths come as news, a joiner's record read on news
+            if peer.swim is not None and not peer._waiting:
+                continue  # with SWIM, joins, deaths and new records come as news, the records read then
             every = membership.read_interval(len(peer._view), peer.config.poll_s, now, peer.config.view_records_per_poll)
             if time.monotonic() - peer._read_at >= every:
                 await read(peer, membership.WATCH_HOLDERS if now else membership.SELDOM_HOLDERS)

@@ -528,6 +528,8 @@ class Peer:
         if not ok:
             log.debug("heartbeat %d was not stored by any DHT node", rec.seq)
         self._view[self.peer_id] = rec
+        if self.swim is not None and ok:
+            self.swim.stored(rec.seq)
 
     async def _heartbeat_loop(self) -> None:
         """Re-stores our record every heartbeat; with SWIM (which tells liveness), only when it

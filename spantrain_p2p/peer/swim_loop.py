@@ -67,7 +67,7 @@ class SwimLoop:
                     log.info("peer %s %s", membership.describe(rec, n.peer), "left" if n.state == LEFT else "died")
                     del view[n.peer]
                     dropped = True
-            elif rec is None or rec.instance != n.life:
+            elif rec is None or rec.instance != n.life or rec.seq < n.rec:
                 self._to_read.add(n.peer)
                 self._read_wake.set()
         if dropped:
@@ -75,30 +75,32 @@ class SwimLoop:
 
     # ---- messages ---------------------------------------------------------------------------------
     def _header(self, op: str, to: str, **extra) -> dict:
-        return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life,
+        return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life, "rec": self.swim.rec,
                 "news": [n.to_wire() for n in self.swim.outgoing(to)], **extra}
 
-    def _read(self, header: dict) -> tuple[str, int, list[News]]:
-        framing.check_fields(header, {"v": int, "op": str, "inc": int, "life": str, "news": list})
+    def _read(self, header: dict, ops: tuple[str, ...] = OPS) -> tuple[str, int, int, list[News]]:
+        """(life, incarnation, record seq, news) of a message or an ack; FrameError if malformed."""
+        framing.check_fields(header, {"v": int, "op": str, "inc": int, "life": str, "rec": int, "news": list})
         if header["v"] != VERSION:
             raise framing.FrameError(f"swim version {header['v']} is not {VERSION}")
-        if header["op"] not in OPS:
-            raise framing.FrameError(f"swim op must be one of {', '.join(OPS)}")
+        if header["op"] not in ops:
+            raise framing.FrameError(f"swim op must be one of {', '.join(ops)}, not {str(header['op'])[:20]!r}")
         try:
             check_name(header["life"], "life")
             check_inc(header["inc"])
-            return header["life"], header["inc"], news_from_wire(header["news"])
+            check_inc(header["rec"])
+            return header["life"], header["inc"], header["rec"], news_from_wire(header["news"])
         except ValueError as e:
             raise framing.FrameError(str(e)) from None
 
     async def handle(self, header: dict, buffers: list) -> tuple[dict, list]:
-        life, inc, news = self._read(header)
+        life, inc, rec, news = self._read(header)
         if buffers:
             raise framing.FrameError("a swim message carries no buffers")
         src, now = header["src"], time.monotonic()
         size = _size(header)
         # the sender's own word first (a joiner's first ping adds it), then what it heard
-        self._apply(self.swim.acked(src, life, inc, now) + self.swim.merge(news, now, sender=src))
+        self._apply(self.swim.acked(src, life, inc, now, rec) + self.swim.merge(news, now, sender=src))
         ok = True
         if header["op"] == "req":
             target = header.get("target")
@@ -122,7 +124,7 @@ class SwimLoop:
             got = await asyncio.wait_for(self.peer.client.send(
                 url, KIND, header, timeout=timeout, link=self.peer.link_to(to), peer_id=to), timeout)
             reply = got[0] if got else None
-            life, inc, news = self._read(reply) if reply else (None, 0, [])
+            life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
         except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
             log.debug("swim %s to %s: %s", op, to[:12], e)
             reply = None
@@ -137,7 +139,7 @@ class SwimLoop:
         if reply is None:
             return None
         now = time.monotonic()
-        self._apply(self.swim.acked(to, life, inc, now) + self.swim.merge(news, now, sender=to))
+        self._apply(self.swim.acked(to, life, inc, now, rec) + self.swim.merge(news, now, sender=to))
         return reply
 
     async def _ping(self, target: str, timeout: float) -> bool:
@@ -163,9 +165,17 @@ class SwimLoop:
         if suspected:
             await self._send(target, "news", 2 * self.params.ack_s)
 
+    def stored(self, seq: int) -> None:
+        """This peer stored a new record: news for all, and told to the watchers at once (they
+        read it: a state change reaches the planner without anyone polling the member keys)."""
+        if seq > self.swim.rec and self.peer.state != "left":  # leaving: ``leave`` says goodbye
+            self.swim.record(seq)
+            self.peer.spawn(self.tell_watchers(), "swim-record")
+
     async def tell_watchers(self) -> None:
         """Deaths and departures straight to the watchers (not waiting for the pings to carry
-        them): the news just queued goes first on any message, after news about its receiver."""
+        them): the news just queued goes first on any message, after news about its receiver; and
+        at start, this peer itself (its ping is its join)."""
         for w in membership.watchers(self.swim.live() + [self.peer.peer_id]):
             if w != self.peer.peer_id:
                 await self._send(w, "news", self.params.ack_s * 2)
@@ -177,6 +187,9 @@ class SwimLoop:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         pending: set[asyncio.Task] = set()
+        hello = asyncio.ensure_future(self.tell_watchers())  # a joiner's first pings: to the watchers
+        pending.add(hello)
+        hello.add_done_callback(pending.discard)
         try:
             while True:
                 next_at += self.params.probe_s

@@ -48,14 +48,17 @@ class SwimParams:
 @dataclass(frozen=True)
 class News:
     """One member's state as somebody saw it: ``peer`` id, ``state`` (``STATES``), its incarnation
-    ``inc`` (raised by the member itself to refute a suspicion), and its ``life`` (record instance)."""
+    ``inc`` (raised by the member itself to refute a suspicion), its ``life`` (record instance),
+    and ``rec``, the ``seq`` of its latest DHT record (a reader with an older one reads it again:
+    records are not polled)."""
     peer: str
     state: str
     inc: int
     life: str
+    rec: int = 0
 
     def to_wire(self) -> list:
-        return [self.peer, self.state, self.inc, self.life]
+        return [self.peer, self.state, self.inc, self.life, self.rec]
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Member:
     state: str = ALIVE
     inc: int = 0
     since: float = 0.0  # when it entered this state (the clock passed in)
+    rec: int = 0  # the latest record seq heard of
 
 
 def overrides(new: News, old: Member) -> bool:
@@ -90,6 +94,7 @@ class Swim:
     params: SwimParams = field(default_factory=SwimParams)
     rng: random.Random = field(default_factory=random.Random)
     inc: int = 0
+    rec: int = 0  # this peer's latest record seq (``record``)
     members: dict[str, Member] = field(default_factory=dict)
     _order: list[str] = field(default_factory=list)
     _sent: dict[News, int] = field(default_factory=dict)  # news to pass on -> times sent so far
@@ -133,17 +138,17 @@ class Swim:
         others = [p for p in self.live() if p != target and self.members[p].state == ALIVE]
         return self.rng.sample(others, min(self.params.indirect, len(others)))
 
-    def acked(self, peer: str, life: str, inc: int, now: float) -> list[News]:
-        """``peer`` answered (an ack, or a ping it sent us) as ``life`` with incarnation ``inc``: its
-        own word, so it may also be a new life. The changes made (news to pass on)."""
-        return self.merge([News(peer, ALIVE, inc, life)], now, sender=peer)
+    def acked(self, peer: str, life: str, inc: int, now: float, rec: int = 0) -> list[News]:
+        """``peer`` answered (an ack, or a ping it sent us) as ``life`` with incarnation ``inc`` and
+        record ``rec``: its own word, so it may also be a new life. The changes (news to pass on)."""
+        return self.merge([News(peer, ALIVE, inc, life, rec)], now, sender=peer)
 
     def missed(self, peer: str, now: float) -> list[News]:
         """Neither ``peer`` nor any helper answered: it is suspected (news)."""
         m = self.members.get(peer)
         if m is None or m.state != ALIVE:
             return []
-        return self.merge([News(peer, SUSPECT, m.inc, m.life)], now)
+        return self.merge([News(peer, SUSPECT, m.inc, m.life, m.rec)], now)
 
     def tick(self, now: float) -> list[News]:
         """Suspects not cleared within ``suspect_s`` are dead (news); gone entries older than
@@ -152,14 +157,19 @@ class Swim:
         out = []
         for p, m in list(self.members.items()):
             if m.state == SUSPECT and now - m.since >= self.params.suspect_s:
-                out += self.merge([News(p, DEAD, m.inc, m.life)], now)
+                out += self.merge([News(p, DEAD, m.inc, m.life, m.rec)], now)
             elif m.state in GONE and now - m.since >= self.params.forget_s:
                 del self.members[p]
         return out
 
     def leave(self) -> News:
         """This peer's goodbye (news, to send to a few members)."""
-        return self._spread(News(self.me, LEFT, self.inc, self.life))
+        return self._spread(News(self.me, LEFT, self.inc, self.life, self.rec))
+
+    def record(self, seq: int) -> News:
+        """This peer stored a new record (``seq``): news, so that others read it again."""
+        self.rec = max(self.rec, seq)
+        return self._spread(News(self.me, ALIVE, self.inc, self.life, self.rec))
 
     # ---- news --------------------------------------------------------------------------------
     def merge(self, news: list[News], now: float, sender: str = "") -> list[News]:
@@ -171,17 +181,20 @@ class Swim:
             if n.peer == self.me:
                 if n.life == self.life and n.state != ALIVE and n.inc >= self.inc:
                     self.inc = min(MAX_INC, n.inc + 1)
-                    self._spread(News(self.me, ALIVE, self.inc, self.life))
+                    self._spread(News(self.me, ALIVE, self.inc, self.life, self.rec))
                 continue
             m = self.members.get(n.peer)
             if m is None:  # a join (or the end of a member this peer never saw: kept, so that its
-                self.members[n.peer] = Member(n.life, n.state, n.inc, now)  # record does not revive it)
+                self.members[n.peer] = Member(n.life, n.state, n.inc, now, n.rec)  # record does not revive it)
             elif m.life != n.life:  # another life: a restart where the known one is gone, or the
                 if n.state in GONE or (m.state not in GONE and sender != n.peer):  # member's own word
                     continue
-                self.members[n.peer] = Member(n.life, n.state, n.inc, now)
+                self.members[n.peer] = Member(n.life, n.state, n.inc, now, n.rec)
             elif overrides(n, m):
-                m.state, m.inc, m.since = n.state, n.inc, now
+                m.state, m.inc, m.since, m.rec = n.state, n.inc, now, max(m.rec, n.rec)
+            elif n.rec > m.rec and m.state not in GONE:  # a newer record of a member as it was
+                m.rec = n.rec
+                n = News(n.peer, m.state, m.inc, m.life, n.rec)
             else:
                 continue
             changed.append(self._spread(n))
@@ -218,15 +231,16 @@ def news_from_wire(items: object) -> list[News]:
         raise ValueError(f"news must be a list of at most {MAX_NEWS} entries")
     out = []
     for it in items:
-        if not isinstance(it, list) or len(it) != 4:
-            raise ValueError("a piece of news is [peer, state, incarnation, life]")
-        peer, state, inc, life = it
+        if not isinstance(it, list) or len(it) != 5:
+            raise ValueError("a piece of news is [peer, state, incarnation, life, record seq]")
+        peer, state, inc, life, rec = it
         check_name(peer, "peer")
         check_name(life, "life")
         if state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, not {str(state)[:20]!r}")
         check_inc(inc)
-        out.append(News(peer, state, inc, life))
+        check_inc(rec)
+        out.append(News(peer, state, inc, life, rec))
     return out
 
 

@@ -86,6 +86,11 @@ def status(p: PeerProcess, timeout: float = 10.0) -> dict:
 
 
 def members(p: PeerProcess) -> set[str]:
+    """The members ``p`` lists: the records in its view; with SWIM, its member list (a peer that
+    does not watch reads only the records it needs)."""
+    if LIVENESS[1] == "swim":
+        listed = p.status(timeout=10.0, path="/swim")["members"]
+        return {k for k, v in listed.items() if v["state"] not in ("dead", "left")} | {p.info["peer_id"]}
     return {m["peer_id"] for m in status(p)["members"]}
 
 

@@ -153,6 +153,7 @@ import asyncio  # noqa: E402
 import time  # noqa: E402
 
 from spantrain_p2p.peer import Peer, PeerConfig  # noqa: E402
+from spantrain_p2p.swarm import membership  # noqa: E402
 
 FAST = dict(heartbeat_s=0.5, poll_s=0.25, liveness="swim", record_s=30.0, swim_probe_s=0.5)
 
@@ -166,7 +167,13 @@ async def until(cond, timeout: float, what: str) -> float:
 
 
 def sees(p, other) -> bool:
+    """In ``p``'s view of the records (a watcher's holds every member's; the others' only those read)."""
     return other.peer_id in {r.peer_id for r in p.live_members()}
+
+
+def lists(p, other) -> bool:
+    """In ``p``'s member list under SWIM (every peer's holds every member)."""
+    return other.peer_id in p.swim.swim.live()
 
 
 async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_records_are_not_re_stored():
@@ -202,9 +209,10 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
             # a crash (no tombstone, its record still in the DHT): out of every view
             d = peers.pop()
             await d.close(graceful=False)
-            await until(lambda: not any(sees(p, d) for p in peers), 10, "the crash noticed")
-            await asyncio.sleep(1.0)  # the record read again by the watchers does not bring it back
-            assert not any(sees(p, d) for p in peers)
+            await until(lambda: not any(sees(p, d) or lists(p, d) for p in peers), 10, "the crash noticed")
+            await asyncio.sleep(1.0)  # its record, read again, does not bring it back
+            await asyncio.gather(*(p.members() for p in peers))
+            assert not any(sees(p, d) or lists(p, d) for p in peers)
 
             # a false suspicion is refuted: the accused raises its incarnation and stays a member
             a_, b, c = peers
@@ -213,19 +221,24 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
             await until(lambda: c.swim.swim.members[b.peer_id].state == ALIVE, 10, "the refutation heard")
             assert all(sees(p, b) for p in (a_, c))
 
-            # a record that changes (a state) reaches the others with nobody polling the member keys
-            await b.set_state("measuring")
-            await until(lambda: all(p._view[b.peer_id].state == "measuring" for p in (a_, c)), 10,
-                        "the new record read")
+            # a record that changes (a state) reaches the watchers with nobody polling the member keys
+            first = membership.watchers([p.peer_id for p in peers])
+            changer = next(p for p in peers if p.peer_id not in first)
+            watchers = [p for p in peers if p.peer_id in first]
+            await changer.set_state("measuring")
+            await until(lambda: all(w._view[changer.peer_id].state == "measuring" for w in watchers), 10,
+                        "the new record read by the watchers")
 
             # a departure, then a join
             await c.close()
             peers.pop()
-            await until(lambda: not any(sees(p, c) for p in peers), 10, "the departure noticed")
+            await until(lambda: not any(sees(p, c) or lists(p, c) for p in peers), 10, "the departure noticed")
             e = Peer(PeerConfig(name="e", join=(a.address,), **FAST))
             peers.append(e)
             await e.start()
-            await until(lambda: all(sees(p, e) for p in peers), 10, "the joiner seen")
+            first = membership.watchers([p.peer_id for p in peers])
+            await until(lambda: all(lists(p, e) for p in peers[:2]), 10, "the joiner in every list")
+            await until(lambda: all(sees(p, e) for p in peers if p.peer_id in first), 10, "the joiner's record read")
         finally:
             for p in peers[1:]:
                 await p.close()

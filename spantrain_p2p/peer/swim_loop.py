@@ -6,8 +6,12 @@ member that does not ack within ``ack_s`` is pinged through up to ``indirect`` o
 "ping it for me"), and suspected if none of them reaches it either. The news that a member died or
 left goes straight to the swarm's watchers too (the two lowest peer ids: the first in the
 election's rank, ``membership.watchers``), so the planner's view loses it within a probe round
-and ``suspect_s``; everybody else hears it on the pings. A member this peer has no record of (a
-joiner's first ping, news of a join) is read from its one member key, at most one read a poll.
+and ``suspect_s``; everybody else hears it on the pings. Every message carries its sender's
+incarnation, life, data-plane address and the ``seq`` of its latest record; a peer that stores a
+new record tells the watchers at once. The watchers read a record they hear is newer than theirs
+(its one member key, at most one read a poll); nobody polls the member keys, and the others read
+records only when they need them (a stage map's peers), so a peer's control traffic does not grow
+with the swarm. ``GET /swim`` shows the member list.
 
 The peer's view (``Peer._view``, from the DHT records) keeps what SWIM does not know dead: a dead
 member's record stays in the DHT for its lifetime (a few minutes: records are re-stored only when
@@ -33,6 +37,8 @@ log = logging.getLogger("spantrain.peer")
 KIND = "swim"
 VERSION = 1
 OPS = ("ping", "req", "news")
+MAX_URL = 256
+MAX_URLS = 100_000  # members' addresses kept, at most (a made-up sender per connection cannot grow it past this)
 
 
 class SwimLoop:
@@ -40,8 +46,9 @@ class SwimLoop:
         self.peer = peer
         self.params = params
         self.swim = Swim(peer.peer_id, peer.instance, params)
-        self._to_read: set[str] = set()  # members known here without a record: read next poll
+        self._to_read: set[str] = set()  # members whose record a watcher reads next poll
         self._read_wake = asyncio.Event()
+        self.urls: dict[str, str] = {}  # data-plane address of members, in their own words (their pings)
 
     # ---- the view ---------------------------------------------------------------------------------
     def filter(self, view: dict) -> dict:
@@ -57,9 +64,11 @@ class SwimLoop:
         return out
 
     def _apply(self, changes: list[News]) -> None:
-        """Changes of the member list into the view: a dead or departed life out of it at once, a
-        live member without a record read soon."""
+        """Changes of the member list into the view: a dead or departed life out of it at once; a
+        member whose record is newer than the view's is read soon by a watcher (the planner and its
+        standby), not by the others: they read a record when they need it (a stage map's peer)."""
         view, dropped = self.peer._view, False
+        watching = self.peer.watching()
         for n in changes:
             rec = view.get(n.peer)
             if n.state in GONE:
@@ -67,20 +76,37 @@ class SwimLoop:
                     log.info("peer %s %s", membership.describe(rec, n.peer), "left" if n.state == LEFT else "died")
                     del view[n.peer]
                     dropped = True
-            elif rec is None or rec.instance != n.life or rec.seq < n.rec:
+            elif watching and (rec is None or rec.instance != n.life or rec.seq < n.rec):
                 self._to_read.add(n.peer)
                 self._read_wake.set()
         if dropped:
             self.peer._view_changed.set()
 
     # ---- messages ---------------------------------------------------------------------------------
+    def url_of(self, peer_id: str) -> Optional[str]:
+        """Where to ping a member: its record's data plane, else what it said in its own messages."""
+        return self.peer.data_url_of(peer_id) or self.urls.get(peer_id) or self.peer.last_data_url(peer_id)
+
+    def _learn_url(self, peer_id: str, url: str) -> None:
+        if peer_id in self.urls or len(self.urls) < MAX_URLS:
+            self.urls[peer_id] = url
+
+    def page(self) -> dict:
+        """``GET /swim``: this peer's member list under SWIM (``state``, ``inc``), its own incarnation."""
+        return {"inc": self.swim.inc, "rec": self.swim.rec,
+                "members": {p: {"state": m.state, "inc": m.inc} for p, m in self.swim.members.items()}}
+
     def _header(self, op: str, to: str, **extra) -> dict:
         return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life, "rec": self.swim.rec,
+                "url": self.peer.dataplane.url,
                 "news": [n.to_wire() for n in self.swim.outgoing(to)], **extra}
 
     def _read(self, header: dict, ops: tuple[str, ...] = OPS) -> tuple[str, int, int, list[News]]:
         """(life, incarnation, record seq, news) of a message or an ack; FrameError if malformed."""
-        framing.check_fields(header, {"v": int, "op": str, "inc": int, "life": str, "rec": int, "news": list})
+        framing.check_fields(header, {"v": int, "op": str, "inc": int, "life": str, "rec": int, "url": str,
+                                      "news": list})
+        if not 0 < len(header["url"]) <= MAX_URL:
+            raise framing.FrameError(f"a swim url has 1-{MAX_URL} characters")
         if header["v"] != VERSION:
             raise framing.FrameError(f"swim version {header['v']} is not {VERSION}")
         if header["op"] not in ops:
@@ -98,6 +124,7 @@ class SwimLoop:
         if buffers:
             raise framing.FrameError("a swim message carries no buffers")
         src, now = header["src"], time.monotonic()
+        self._learn_url(src, header["url"])
         size = _size(header)
         # the sender's own word first (a joiner's first ping adds it), then what it heard
         self._apply(self.swim.acked(src, life, inc, now, rec) + self.swim.merge(news, now, sender=src))
@@ -113,10 +140,8 @@ class SwimLoop:
 
     async def _send(self, to: str, op: str, timeout: float, **extra) -> Optional[dict]:
         """One message to ``to`` and its ack's header (its sender's word taken), or None."""
-        url = self.peer.data_url_of(to) or self.peer.last_data_url(to)
+        url = self.url_of(to)
         if url is None:
-            self._to_read.add(to)
-            self._read_wake.set()
             return None
         header = self._header(op, to, **extra)
         reply = None
@@ -139,6 +164,7 @@ class SwimLoop:
         if reply is None:
             return None
         now = time.monotonic()
+        self._learn_url(to, reply["url"])
         self._apply(self.swim.acked(to, life, inc, now, rec) + self.swim.merge(news, now, sender=to))
         return reply
 
@@ -148,9 +174,7 @@ class SwimLoop:
     async def probe(self, target: str) -> None:
         """One probe: a direct ping, then indirect ones; a member nobody reached is suspected, and
         told so (where it is alive after all, it refutes at once)."""
-        if self.peer.data_url_of(target) is None:  # known by news only: its record is read first
-            self._to_read.add(target)
-            self._read_wake.set()
+        if self.url_of(target) is None:  # known by news only: others probe it
             return
         if await self._ping(target, self.params.ack_s):
             return
@@ -201,7 +225,10 @@ class SwimLoop:
                     t = asyncio.ensure_future(self.tell_watchers())
                     pending.add(t)
                     t.add_done_callback(pending.discard)
-                target = self.swim.next_target()
+                for _ in range(8):  # a member known by news only is probed by those who know its address
+                    target = self.swim.next_target()
+                    if target is None or self.url_of(target) is not None:
+                        break
                 if target is not None and len(pending) < 4:
                     t = asyncio.ensure_future(self.probe(target))
                     pending.add(t)
@@ -244,4 +271,5 @@ def install(peer: "Peer") -> SwimLoop:
                         forget_s=ttl + 10.0)
     loop = SwimLoop(peer, params)
     peer.dataplane.register(KIND, loop.handle)
+    peer.dataplane.add_json_get("/swim", loop.page)
     return loop

@@ -228,6 +228,12 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
             await changer.set_state("measuring")
             await until(lambda: all(w._view[changer.peer_id].state == "measuring" for w in watchers), 10,
                         "the new record read by the watchers")
+            # a record sent as one's own must be one's own: another's signed record is refused
+            w = watchers[0]
+            other = next(p for p in peers if p not in (w, changer))
+            reply = await changer.swim._send(w.peer_id, "news", 5.0, record=other._sealed[1])
+            assert reply == {}  # refused (and the sender counted as alive)
+            assert w._view[changer.peer_id].peer_id == changer.peer_id
 
             # a departure, then a join
             await c.close()

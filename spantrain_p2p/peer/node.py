@@ -528,8 +528,8 @@ class Peer:
         if not ok:
             log.debug("heartbeat %d was not stored by any DHT node", rec.seq)
         self._view[self.peer_id] = rec
-        if self.swim is not None and ok:
-            self.swim.stored(rec.seq)
+        if self.swim is not None:
+            self.swim.stored(rec.seq, sealed)
 
     async def _heartbeat_loop(self) -> None:
         """Re-stores our record every heartbeat; with SWIM (which tells liveness), only when it
@@ -553,10 +553,13 @@ class Peer:
     async def read_records(self, peer_ids) -> None:
         """Reads the member keys of ``peer_ids`` (not every key) into the view: records of members
         SWIM told of (``swim_loop``)."""
-        got = await membership.read_members(self._dht, self.config.swarm, self._on_bad, peer_ids=peer_ids)
+        self.take_records(await membership.read_members(self._dht, self.config.swarm, self._on_bad, peer_ids=peer_ids))
+
+    def take_records(self, got: dict[str, PeerRecord]) -> None:
+        """Records into the view where newer than its own (of a member's next life: changed later)."""
         view = dict(self._view)
-        view.update({p: r for p, r in got.items() if p != self.peer_id and (p not in view or view[p].seq <= r.seq
-                                                                               or view[p].instance != r.instance)})
+        view.update({p: r for p, r in got.items() if p != self.peer_id and (
+            p not in view or (view[p].seq <= r.seq if view[p].instance == r.instance else view[p].ts < r.ts))})
         read_at = self._read_at
         self._update_view(view)
         self._read_at = read_at  # not a read of the whole key

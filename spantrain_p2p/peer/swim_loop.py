@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Optional
 from ..net import framing
 from ..net.wire import RemoteError
 from ..swarm import membership
+from ..swarm.records import BadRecord, open_record
 from ..swarm.swim import GONE, LEFT, News, Swim, SwimParams, check_inc, check_name, news_from_wire
 
 if TYPE_CHECKING:
@@ -128,6 +129,13 @@ class SwimLoop:
         size = _size(header)
         # the sender's own word first (a joiner's first ping adds it), then what it heard
         self._apply(self.swim.acked(src, life, inc, now, rec) + self.swim.merge(news, now, sender=src))
+        if "record" in header and header["op"] == "news":
+            try:  # the sender's own signed record, sent to the watchers when it changes
+                record = open_record(src, header["record"])
+            except BadRecord as e:
+                raise framing.FrameError(f"the record sent is refused: {e}") from None
+            if record.instance == life and not self.swim.gone(src, life):
+                self.peer.take_records({src: record})
         ok = True
         if header["op"] == "req":
             target = header.get("target")
@@ -189,20 +197,21 @@ class SwimLoop:
         if suspected:
             await self._send(target, "news", 2 * self.params.ack_s)
 
-    def stored(self, seq: int) -> None:
-        """This peer stored a new record: news for all, and told to the watchers at once (they
-        read it: a state change reaches the planner without anyone polling the member keys)."""
+    def stored(self, seq: int, signed: dict) -> None:
+        """This peer has a new record (``seq``; ``signed``: its DHT value): news for all, and the
+        signed record itself to the watchers at once, so that a join or a state change reaches
+        the planner without anyone reading the member keys."""
         if seq > self.swim.rec and self.peer.state != "left":  # leaving: ``leave`` says goodbye
             self.swim.record(seq)
-            self.peer.spawn(self.tell_watchers(), "swim-record")
+            self.peer.spawn(self.tell_watchers(record=signed), "swim-record")
 
-    async def tell_watchers(self) -> None:
-        """Deaths and departures straight to the watchers (not waiting for the pings to carry
-        them): the news just queued goes first on any message, after news about its receiver; and
-        at start, this peer itself (its ping is its join)."""
+    async def tell_watchers(self, **extra) -> None:
+        """News straight to the watchers (deaths and departures, this peer's new record in
+        ``extra``), not waiting for the pings to carry it: news just queued goes first on any
+        message, after news about its receiver."""
         for w in membership.watchers(self.swim.live() + [self.peer.peer_id]):
             if w != self.peer.peer_id:
-                await self._send(w, "news", self.params.ack_s * 2)
+                await self._send(w, "news", self.params.ack_s * 2, **extra)
 
     # ---- tasks ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -211,9 +220,6 @@ class SwimLoop:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         pending: set[asyncio.Task] = set()
-        hello = asyncio.ensure_future(self.tell_watchers())  # a joiner's first pings: to the watchers
-        pending.add(hello)
-        hello.add_done_callback(pending.discard)
         try:
             while True:
                 next_at += self.params.probe_s
@@ -238,11 +244,15 @@ class SwimLoop:
                 t.cancel()
 
     async def read_unknown(self) -> None:
-        """Reads the records of members known here only by news (a joiner), at most once a poll."""
+        """A watcher's reads of the records it heard are newer than its own and did not get sent
+        (``stored``), at most one read a poll."""
         while True:
             await self._read_wake.wait()
             self._read_wake.clear()
-            want = {p for p in self._to_read if p in self.swim.members and not self.swim.gone(p, self.swim.members[p].life)}
+            await asyncio.sleep(self.peer.config.poll_s / 2)  # a record sent to us directly may be on its way
+            view = self.peer._view
+            want = {p for p in self._to_read if (m := self.swim.members.get(p)) is not None and m.state not in GONE
+                    and (p not in view or view[p].instance != m.life or view[p].seq < m.rec)}
             self._to_read.clear()
             if want:
                 try:

@@ -114,7 +114,7 @@ def start(name: str, run_dir: str, join: str | None) -> PeerProcess:
     return PeerProcess(name, args, run_dir).start()
 
 
-def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_timeout: float) -> dict:
+def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_timeout: float, settle: float) -> dict:
     peers: list[PeerProcess] = []
     try:
         t0 = time.monotonic()
@@ -137,7 +137,7 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
         except TimeoutError:  # measured all the same: this is how such a swarm runs
             converged_s = None
         listed = sorted(len(members(p)) for p in peers)
-        time.sleep(min(10.0, window / 3))  # the joins' own traffic settles
+        time.sleep(settle)  # the joins' own traffic settles (SWIM: their news passed on enough)
         a = sample(peers)
         time.sleep(window)
         b = sample(peers)
@@ -286,6 +286,9 @@ def main() -> int:
     p.add_argument("--converge-timeout", type=float, default=180.0,
                    help="how long to wait for every peer to list all N before measuring anyway (default 180)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds between all listing all and the window (default: a third of the window, at most "
+                        "10; with SWIM a join's news is passed on for a few minutes: 150 measures the steady state)")
     p.add_argument("--liveness", choices=("records", "swim"), default="records",
                    help="the peers' --liveness: records (the default design) or swim (direct probes)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object, last")
@@ -296,7 +299,8 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
         for n in args.peers:
-            r = one_n(n, args.window, tempfile.mkdtemp(prefix=f"n{n}-", dir=tmp), rng, args.converge_timeout)
+            settle = args.settle if args.settle is not None else min(10.0, args.window / 3)
+            r = one_n(n, args.window, tempfile.mkdtemp(prefix=f"n{n}-", dir=tmp), rng, args.converge_timeout, settle)
             show(r)
             results.append(r)
     if args.plot:

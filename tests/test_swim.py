@@ -242,9 +242,27 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
             e = Peer(PeerConfig(name="e", join=(a.address,), **FAST))
             peers.append(e)
             await e.start()
+            # it started with a member's list: every member in its own list at once, addresses known
+            assert all(lists(e, p) and e.swim.url_of(p.peer_id) for p in peers[:-1])
             first = membership.watchers([p.peer_id for p in peers])
             await until(lambda: all(lists(p, e) for p in peers[:2]), 10, "the joiner in every list")
             await until(lambda: all(sees(p, e) for p in peers if p.peer_id in first), 10, "the joiner's record read")
         finally:
             for p in peers[1:]:
                 await p.close()
+
+
+def test_a_member_list_from_the_wire_is_checked_entry_by_entry():
+    import msgpack
+
+    from spantrain_p2p.peer.swim_loop import MAX_LIST_BYTES, _list_from_wire
+
+    good = [["p", "alive", 0, "l", "http://127.0.0.1:1", 3], ["q", "suspect", 2, "m", "http://h:2", 0]]
+    assert _list_from_wire([msgpack.packb(good)]) == [tuple(x) for x in good]
+    for bad in ([["p", "dead", 0, "l", "u", 0]], [["p", "alive", 0, "l", "", 0]], [["p", "alive", 0, "l", 5, 0]],
+                [["p", "alive", 0, "l", "u"]], {"p": 1}, [["p", "alive", -1, "l", "u", 0]], [["p", "alive", 0, "l", "u" * 300, 0]]):
+        with pytest.raises(ValueError):
+            _list_from_wire([msgpack.packb(bad)])
+    for bufs in ([], [b"\xc1"], [b"x" * (MAX_LIST_BYTES + 1)], [msgpack.packb(good), msgpack.packb(good)]):
+        with pytest.raises(ValueError):
+            _list_from_wire(bufs)

@@ -25,7 +25,7 @@ class PeerConfig:
     # heartbeats after the last) or "swim" (direct probes on the data plane, ``peer.swim_loop``;
     # records re-stored when they change or every record_s): issue 33, measured on idle swarms
     liveness: str = "records"
-    record_s: float = 60.0
+    record_s: float = 300.0
     swim_probe_s: float = 1.0  # SWIM: a ping every this often (ack within half, suspect dead after two)
     poll_s: float = 1.0  # how often the member view is refreshed
     # a peer that is not the planner or its standby reads all records only about this many a poll

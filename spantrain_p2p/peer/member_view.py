@@ -61,7 +61,14 @@ async def keep(peer) -> None:
         try:
             now = watching(peer)
             if peer.swim is not None and not peer._waiting:
-                continue  # with SWIM, joins, deaths and new records come as news, the records read then
+                # with SWIM, joins, deaths and new records come as news, the records read then; a
+                # peer that begins to watch (the planner, its standby) reads every record once first
+                if now and not peer.swim.full_view:
+                    await peer.members()
+                    peer.swim.full_view = True
+                elif not now:
+                    peer.swim.full_view = False
+                continue
             every = membership.read_interval(len(peer._view), peer.config.poll_s, now, peer.config.view_records_per_poll)
             if time.monotonic() - peer._read_at >= every:
                 await read(peer, membership.WATCH_HOLDERS if now else membership.SELDOM_HOLDERS)

@@ -119,6 +119,12 @@ class Peer:
         """The members as of the last poll, without a DHT round trip."""
         return sorted((r for r in self._view.values() if r.alive), key=lambda r: r.peer_id)
 
+    def member_ids(self) -> frozenset[str]:
+        """Every live member's id, this peer's too: the records' and, with SWIM, its member list's (a
+        peer that does not watch holds the records it needed only)."""
+        ids = {p for p, r in self._view.items() if r.alive} | {self.peer_id}
+        return frozenset(ids | set(self.swim.swim.live()) if self.swim is not None else ids)
+
     async def wait_members(self, count: int, timeout: float) -> list[PeerRecord]:
         """Waits until the view has exactly ``count`` live members; TimeoutError otherwise."""
         loop = asyncio.get_running_loop()
@@ -327,6 +333,8 @@ class Peer:
             raise
 
         self._dht = GuardedDHT(node, self.swarm_key, self.allow, values_only=True)
+        if self.swim is not None:  # nobody reads every member key on a timer: a store looks up its own
+            self._dht.together, self._dht.holders_ttl = False, swim_loop.HOLDERS_TTL_S  # key's nodes, seldom
         if self._dht.grouped:
             await self._take_group_key(joining=bool(join))
         view = await self._check_admission() if join else {}
@@ -335,7 +343,10 @@ class Peer:
         self._update_view(view)  # the members a joiner asks to dial it back (a founder alone has none)
         await reach.at_start(self, joining=bool(join))  # before others read an address of ours that may not work
         await self._announce()
-        self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
+        if self.swim is None:
+            self._update_view(await membership.read_members(self._dht, cfg.swarm, self._on_bad))
+        else:  # SWIM's member list from a member, not every record (a watcher reads them: member_view)
+            await self.swim.fetch_list()
         self.spawn(self._heartbeat_loop(), "heartbeat")
         if self.swim is not None:
             self.spawn(self.swim.run(), "swim")
@@ -481,7 +492,8 @@ class Peer:
         """PeerError, at once, when this peer cannot take part in the swarm it joins: the swarm's
         records are sealed with a key it lacks (or not sealed while it has one), or its members
         refuse its connections (not on their allow-list). Returns the members it read."""
-        view = await membership.read_members(self._dht, self.config.swarm, self._on_bad)
+        view = await (membership.read_members(self._dht, self.config.swarm, self._on_bad) if self.swim is None
+                      else membership.read_some(self._dht, self.config.swarm, self._on_bad, 3))
         live = [r for r in view.values() if r.alive and r.peer_id != self.peer_id and r.data_url]
         if not live:
             reason = self._dht.why_locked_out(self.config.swarm)

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import TYPE_CHECKING, Optional
+
+import msgpack
 
 from ..net import framing
 from ..net.wire import RemoteError
@@ -37,8 +40,14 @@ log = logging.getLogger("spantrain.peer")
 
 KIND = "swim"
 VERSION = 1
-OPS = ("ping", "req", "news")
+OPS = ("ping", "req", "news", "list")
 MAX_URL = 256
+# a key's nearest nodes, looked up again after this long (at once where one does not answer or a
+# nearer node is known, ``guard``): every lookup of a key ends at its nodes, and at 1,000 idle peers
+# looking up the job key's every minute they were the busiest nodes by far (``sim.control_swim``)
+HOLDERS_TTL_S = 600.0
+MAX_LIST = 20_000  # members in one answer to "list", at most
+MAX_LIST_BYTES = 4 << 20
 MAX_URLS = 100_000  # members' addresses kept, at most (a made-up sender per connection cannot grow it past this)
 
 
@@ -50,6 +59,10 @@ class SwimLoop:
         self._to_read: set[str] = set()  # members whose record a watcher reads next poll
         self._read_wake = asyncio.Event()
         self.urls: dict[str, str] = {}  # data-plane address of members, in their own words (their pings)
+        self.hinted: set[str] = set()  # members whose address came from another's list, not their own word
+        self.full_view = False  # a watcher has read every record since it began to watch (member_view)
+        self._running = False
+        self._signed: Optional[dict] = None  # this peer's latest signed record
 
     # ---- the view ---------------------------------------------------------------------------------
     def filter(self, view: dict) -> dict:
@@ -88,9 +101,12 @@ class SwimLoop:
         """Where to ping a member: its record's data plane, else what it said in its own messages."""
         return self.peer.data_url_of(peer_id) or self.urls.get(peer_id) or self.peer.last_data_url(peer_id)
 
-    def _learn_url(self, peer_id: str, url: str) -> None:
+    def _learn_url(self, peer_id: str, url: str, hint: bool = False) -> None:
+        if hint and peer_id in self.urls:
+            return
         if peer_id in self.urls or len(self.urls) < MAX_URLS:
             self.urls[peer_id] = url
+            (self.hinted.add if hint else self.hinted.discard)(peer_id)
 
     def page(self) -> dict:
         """``GET /swim``: this peer's member list under SWIM (``state``, ``inc``), its own incarnation."""
@@ -136,18 +152,51 @@ class SwimLoop:
                 raise framing.FrameError(f"the record sent is refused: {e}") from None
             if record.instance == life and not self.swim.gone(src, life):
                 self.peer.take_records({src: record})
-        ok = True
+        ok, buffers_out = True, []
+        if header["op"] == "list":
+            buffers_out = [msgpack.packb(self._list(src), use_bin_type=True)]
         if header["op"] == "req":
             target = header.get("target")
             if not isinstance(target, str) or target not in self.swim.members or target == src:
                 raise framing.FrameError("a req names a member to ping, not the sender")
             ok = await self._ping(target, self.params.ack_s)
         reply = self._header("ack", src, ok=ok)
-        self.peer.control.tally(True, header["op"], KIND, size, _size(reply))
-        return reply, []
+        self.peer.control.tally(True, header["op"], KIND, size, _size(reply) + sum(len(b) for b in buffers_out))
+        return reply, buffers_out
 
-    async def _send(self, to: str, op: str, timeout: float, **extra) -> Optional[dict]:
-        """One message to ``to`` and its ack's header (its sender's word taken), or None."""
+    def _list(self, to: str) -> list:
+        """This peer's live members with their addresses (itself included, ``to`` not): a joiner's start."""
+        out = [[self.peer.peer_id, "alive", self.swim.inc, self.swim.life, self.peer.dataplane.url, self.swim.rec]]
+        for p, m in self.swim.members.items():
+            url = self.url_of(p)
+            if m.state not in GONE and p != to and url and len(out) < MAX_LIST:
+                out.append([p, m.state, m.inc, m.life, url, m.rec])
+        return out
+
+    async def fetch_list(self) -> None:
+        """A joiner's member list: asked of a member it read (the first that answers of up to three);
+        the addresses in it are hints (a member that does not answer at one is not suspected)."""
+        me = self.peer.peer_id
+        asked = [r.peer_id for r in self.peer.live_members() if r.peer_id != me]
+        for p in random.sample(asked, min(3, len(asked))):
+            got = await self._send(p, "list", 10.0, want_buffers=True)
+            if not got or "_buffers" not in got:
+                continue
+            try:
+                entries = _list_from_wire(got["_buffers"])
+            except ValueError as e:
+                log.warning("member list from %s refused: %s", p[:12], e)
+                continue
+            now = time.monotonic()
+            for peer, state, inc, life, url, rec in entries:
+                if peer != me and state == "alive":  # a suspicion is for us to find, not to take
+                    self._learn_url(peer, url, hint=True)
+                    self.swim.merge([News(peer, state, inc, life, rec)], now, sender=p if peer == p else "")
+            return
+
+    async def _send(self, to: str, op: str, timeout: float, want_buffers: bool = False, **extra) -> Optional[dict]:
+        """One message to ``to`` and its ack's header (its sender's word taken), or None; with
+        ``want_buffers`` the reply's buffers under ``_buffers``."""
         url = self.url_of(to)
         if url is None:
             return None
@@ -158,6 +207,8 @@ class SwimLoop:
                 url, KIND, header, timeout=timeout, link=self.peer.link_to(to), peer_id=to), timeout)
             reply = got[0] if got else None
             life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
+            if reply is not None and want_buffers:
+                reply = {**reply, "_buffers": got[1]}
         except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
             log.debug("swim %s to %s: %s", op, to[:12], e)
             reply = None
@@ -186,6 +237,10 @@ class SwimLoop:
             return
         if await self._ping(target, self.params.ack_s):
             return
+        if target in self.hinted:  # an address from another's list that did not answer: not evidence
+            self.urls.pop(target, None)
+            self.hinted.discard(target)
+            return
         helpers = self.swim.helpers(target)
         if helpers:
             acks = await asyncio.gather(*(self._send(h, "req", 2 * self.params.ack_s + 0.5, target=target)
@@ -201,9 +256,11 @@ class SwimLoop:
         """This peer has a new record (``seq``; ``signed``: its DHT value): news for all, and the
         signed record itself to the watchers at once, so that a join or a state change reaches
         the planner without anyone reading the member keys."""
+        self._signed = signed
         if seq > self.swim.rec and self.peer.state != "left":  # leaving: ``leave`` says goodbye
             self.swim.record(seq)
-            self.peer.spawn(self.tell_watchers(record=signed), "swim-record")
+            if self._running:  # else ``run`` sends it first, once the member list is known
+                self.peer.spawn(self.tell_watchers(record=signed), "swim-record")
 
     async def tell_watchers(self, **extra) -> None:
         """News straight to the watchers (deaths and departures, this peer's new record in
@@ -220,6 +277,11 @@ class SwimLoop:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         pending: set[asyncio.Task] = set()
+        self._running = True
+        if self._signed is not None:  # a joiner's record to the watchers: its join, as the planner sees it
+            hello = asyncio.ensure_future(self.tell_watchers(record=self._signed))
+            pending.add(hello)
+            hello.add_done_callback(pending.discard)
         try:
             while True:
                 next_at += self.params.probe_s
@@ -268,6 +330,29 @@ class SwimLoop:
         targets.update(self.swim.helpers(""))
         targets.discard(self.peer.peer_id)
         await asyncio.gather(*(self._send(t, "news", self.params.ack_s * 2) for t in targets))
+
+
+def _list_from_wire(buffers: list) -> list[tuple]:
+    """Entries of an answer to "list" (untrusted): ValueError saying what is wrong."""
+    if len(buffers) != 1 or len(buffers[0]) > MAX_LIST_BYTES:
+        raise ValueError(f"a member list is one buffer of at most {MAX_LIST_BYTES} bytes")
+    try:
+        items = msgpack.unpackb(bytes(buffers[0]), raw=False, max_array_len=MAX_LIST, max_str_len=MAX_URL,
+                                max_bin_len=0, max_map_len=0)
+    except Exception as e:
+        raise ValueError(f"not a msgpack list: {e}") from None
+    if not isinstance(items, list):
+        raise ValueError("a member list is a list")
+    out = []
+    for it in items:
+        if not isinstance(it, list) or len(it) != 6:
+            raise ValueError("an entry is [peer, state, incarnation, life, address, record seq]")
+        peer, state, inc, life, url, rec = it
+        news_from_wire([[peer, state, inc, life, rec]])
+        if state not in ("alive", "suspect") or not isinstance(url, str) or not 0 < len(url) <= MAX_URL:
+            raise ValueError("an entry's state is alive or suspect, its address a short string")
+        out.append((peer, state, inc, life, url, rec))
+    return out
 
 
 def _size(header: Optional[dict]) -> int:

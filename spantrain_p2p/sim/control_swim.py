@@ -1,34 +1,35 @@
-"""A proposed control plane for large swarms, simulated (issue 33): not built yet.
+"""The control plane of ``--liveness swim`` (``peer.swim_loop``), simulated (issue 33).
 
-``sim.control_plane`` shows where today's design stops: every peer reads every member's record
-every second, so a peer's traffic grows with the swarm and the member key's five replicas serve it
-all (their uplinks fill near 75 peers on 100 Mbit/s). This simulates the design proposed instead,
-with the same sizes (``control_plane.Sizes``, fitted to the live meter), to choose its parameters
-before building it:
+``sim.control_plane`` shows where the record design stops: every peer proves it lives by a DHT
+record every 2 s and the planner reads every record every second, so a peer's traffic grows with the
+swarm. This simulates the design built instead (first simulated here, then built and calibrated
+against the live meter), with the record design's sizes (``control_plane.Sizes``) and its own:
 
-- **liveness by direct probes** (SWIM): every ``probe_s`` each peer pings one member, in a shuffled
-  round-robin order; a ping that gets no ack within ``ack_s`` is retried through ``indirect``
-  others; a peer that still does not answer is suspected, and declared dead ``suspect_s`` later
-  unless it refutes (a newer incarnation). Membership news (joins, suspicions, deaths, a new planner
-  or stage-map epoch) rides on pings and acks (``piggyback`` updates each, every update sent
-  ``retransmit_factor * log2(n)`` times by each peer that knows it), and deaths and joins go to the
-  planner and its standby directly too;
-- **records that live long, in buckets**: a member's signed record (its addresses, device,
-  profile) is stored under ``members/<bucket>`` (``buckets`` keys: no value grows past
-  ``n / buckets`` records) and refreshed every ``record_s`` straight to the bucket's known
-  replicas, with a search for them every ``search_every`` refreshes; records are read on demand
-  (a new member's, by the planner), never polled;
-- **churn**: each peer joins or leaves ``churn_per_hour`` times an hour: the news piggybacked.
+- **liveness by direct probes** (SWIM): every ``probe_s`` each peer pings one member (a shuffled
+  round-robin); a ping with no ack within ``ack_s`` is retried through ``indirect`` others; a peer
+  still silent is suspected, and dead ``suspect_s`` later unless it refutes. News (joins, deaths,
+  new records, refutations) rides on pings and acks (``piggyback`` pieces each, each piece sent
+  ``retransmit_factor * log2(n)`` times by each peer that knows it); deaths go to the watchers
+  (the planner and its standby) directly too;
+- **records stored when they change, else every ``record_s``**, straight to their member key's
+  ``replicas`` nodes (``buckets`` keys by peer id, as the record design), which each peer looks up
+  every ``lookup_s``; a peer's new record goes signed to the watchers in a message; nobody polls a
+  member key: a joiner reads one (enough members in it) and asks one of those members for its list
+  of members with their addresses, the others read a record when they need it (a stage map's peer:
+  not in an idle swarm; a peer that begins to watch reads every key once: not modeled, rare);
+- an idle peer (no job) reads the job key every ``job_poll_s`` at one of its nodes, as in the record
+  design; **churn**: each peer joins or leaves ``churn_per_hour`` times an hour.
 
-What a peer sends and receives a second, the busiest node's share, and how long a crash and a join
-take to reach the planner, by Monte Carlo over the probe rounds (``simulate_swim``). The figures
-are the design's, not a measurement: the live control plane is today's (``control_plane``).
+What a peer sends and receives a second (as the live meter counts it: DHT protobuf sizes and the
+swim messages' frame sizes), the busiest node's share, and how long a crash takes to reach the
+planner, by Monte Carlo over the probe rounds (``simulate_swim``).
 """
 from __future__ import annotations
 
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Optional
 
 from .control_plane import ControlFigures, Ledger, Sizes, _ids, _key_id, _nearest
 
@@ -37,20 +38,24 @@ __all__ = ["SwimDesign", "simulate_swim"]
 
 @dataclass(frozen=True)
 class SwimDesign:
-    name: str = "swim-buckets"
+    name: str = "swim"
     probe_s: float = 1.0
     ack_s: float = 0.5
     indirect: int = 3
     suspect_s: float = 2.0
-    piggyback: int = 6  # updates on one ping or ack, at most
+    piggyback: int = 6  # pieces of news on one ping or ack, at most
     retransmit_factor: float = 3.0
-    ping_bytes: int = 120  # signed ping or ack without news: sender, incarnation, sequence, signature
-    update_bytes: int = 110  # one piece of news: peer id, state, incarnation, signed
-    buckets: int = 64
-    record_s: float = 60.0
-    search_every: int = 60  # once an hour, and whenever a replica fails to take a store (not modeled)
+    ping_bytes: int = 110  # a ping or an ack without news: its header (version, op, incarnation, life, record seq, address)
+    update_bytes: int = 75  # one piece of news: peer id, state, incarnation, life, record seq
+    list_entry_bytes: int = 100  # one member in the list a joiner asks a member for (news and its address)
+    buckets: int = 8  # member keys (``keys.MEMBER_BUCKETS``)
+    record_s: float = 300.0
+    lookup_s: float = 600.0  # a key's nodes looked up again after this long (``swim_loop.HOLDERS_TTL_S``)
     replicas: int = 5
     visits: int = 5
+    watchers: int = 2
+    job_poll_s: Optional[float] = 5.0  # an idle peer's reads of the job key, at one of its nodes, and
+    job_reads_per_s: float = 20.0  # no more of them swarm-wide (``run_records.JOB_IDLE_READS_PER_S``)
     churn_per_hour: float = 1.0
     rtt_s: float = 0.05  # between peers (a region); a direct message to the planner takes one
     link_mbps: float = 100.0
@@ -74,33 +79,47 @@ def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200,
     ledger = Ledger(n)
     call = ledger.call
 
-    # news a second swarm-wide, and how many updates ride on each ping and ack on average
+    # news a second swarm-wide, and how many pieces ride on each ping and ack on average
     events_per_s = n * d.churn_per_hour / 3600.0
     sends_per_event = n * d.retransmit_factor * max(1.0, math.log2(n))
     carried = min(2.0 * d.piggyback, events_per_s * sends_per_event / (2.0 * n / d.probe_s))  # per ping + ack pair
     ping = d.ping_bytes + carried / 2 * d.update_bytes
-    per_bucket = n / d.buckets
-    value = z.value_base + per_bucket * z.entry
+    of = [rng.randrange(d.buckets) for _ in range(n)]
+    values = [z.value_base + of.count(b) * z.entry for b in range(d.buckets)]
     neighbours = min(z.bucket, n - 1) * z.neighbour
-    bucket_ids = [_key_id(f"spantrain/sim/members/{b}") for b in range(d.buckets)]
-    bucket_replicas = [_nearest(ids, k, d.replicas) for k in bucket_ids]
-    search_nodes = [_nearest(ids, k, d.visits + 1) for k in bucket_ids]
+    bucket_ids = [_key_id(f"spantrain/sim/members.{b:02d}") for b in range(d.buckets)]
+    near = [_nearest(ids, k, d.replicas + 1) for k in bucket_ids]  # the caller left out below
+    job_near = _nearest(ids, _key_id("spantrain/sim/job"), d.replicas + 1)
+    watchers = sorted(range(n), key=ids.__getitem__)[:d.watchers]
+    joins_per_s = d.churn_per_hour / 2 / 3600.0  # of each peer: half its churn is joining
     for p in range(n):
         # one probe a round to a random member (its ack back); on average each peer is probed once a round
         other = rng.randrange(n - 1)
         call(p, other + (other >= p), 1.0 / d.probe_s, ping, ping)  # any peer but p itself
+        mine = [i for i in near[of[p]] if i != p][:d.replicas]
+        for r in mine:  # its record, re-stored; its key's nodes, looked up (a search beside the key: no value)
+            call(p, r, 1.0 / d.record_s, z.store_request_base + z.entry, z.store_response)
+            call(p, r, 1.0 / d.lookup_s, z.find_request, neighbours)
+        if d.job_poll_s:
+            job = [i for i in job_near if i != p][:d.replicas]
+            for r in job:
+                call(p, r, 1.0 / d.lookup_s, z.find_request, neighbours)
+                call(p, r, 1.0 / max(d.job_poll_s, n / d.job_reads_per_s) / len(job), z.find_request, 0)
+        # joining: one member key read at one of its nodes (enough members in it: a large swarm's),
+        # the member list from one of them, its record to the watchers
         b = rng.randrange(d.buckets)
-        for r in bucket_replicas[b]:
-            if r != p:
-                call(p, r, 1.0 / d.record_s, z.store_request_base + z.entry, z.store_response)
-        for r in [i for i in search_nodes[b] if i != p][: d.visits]:
-            call(p, r, 1.0 / (d.record_s * d.search_every), z.find_request, neighbours + value)
+        call(p, rng.choice([i for i in near[b] if i != p][:d.replicas]), joins_per_s, z.find_request, values[b])
+        other = rng.randrange(n - 1)
+        call(p, other + (other >= p), joins_per_s, d.ping_bytes, d.ping_bytes + (n - 1) * d.list_entry_bytes)
+        for w in watchers:
+            if w != p:
+                call(p, w, joins_per_s, d.ping_bytes + z.entry, d.ping_bytes)
 
     # a crash, as the planner sees it: the first probe of the dead peer, its ack and the indirect
     # probes time out, the suspicion runs out, and the confirmer tells the planner directly
     crash = [_first_probe_s(rng, n, d.probe_s) + 2 * d.ack_s + d.suspect_s + d.rtt_s / 2 for _ in range(crashes)]
-    # a join: the joiner reads the planner's lease (one search), stores its record and tells the planner
-    lease_read = d.visits * (d.rtt_s + (z.find_request + neighbours + 400) / (d.link_mbps * 1e6 / 8))
-    join = [lease_read + rng.uniform(0.5, 1.5) * d.rtt_s + d.rtt_s / 2 for _ in range(joins)]
+    # a join: the joiner stores its record (its key's nodes looked up first) and sends it to the planner
+    lookup = d.visits * d.rtt_s
+    join = [lookup + rng.uniform(0.5, 1.5) * d.rtt_s + d.rtt_s / 2 for _ in range(joins)]
 
-    return ledger.figures(d.name, d.link_mbps, int(value), crash, join, lease_read)
+    return ledger.figures(d.name, d.link_mbps, int(max(values)), crash, join, lookup)

@@ -67,6 +67,10 @@ class GuardedDHT:
         a read at a key's holders asks for the values without the neighbours."""
         self.node, self.key, self.allow = node, key, allow
         self.values_only = values_only
+        # a store's lookup finds the nodes of the keys read with its key too (``keys.read_together``:
+        # every member key, where the members are read together); False: its own key's only (SWIM)
+        self.together = True
+        self.holders_ttl = HOLDERS_TTL_S  # SWIM: longer (its peers read little; a lookup's last nodes are the key's)
         self.group: Optional[GroupKey] = None  # set once made or handed over (grouped swarms only)
         self.refused: Counter[str] = Counter()
         self.other_key_ids: set[str] = set()
@@ -198,7 +202,7 @@ class GuardedDHT:
 
         now = time.monotonic()
         stale = [k for k, key_id in ids.items() if (held := self._holders.get(k)) is None
-                 or now - held[0] > HOLDERS_TTL_S or self._nearer_known(key_id, held[1])]
+                 or now - held[0] > self.holders_ttl or self._nearer_known(key_id, held[1])]
         if stale:
             # searched for an id beside the key's, which nobody holds: the same nearest nodes (XOR
             # order is kept but between two nodes that differ in the last bit alone), and not one of
@@ -248,7 +252,8 @@ class GuardedDHT:
         if protocol is None or not hasattr(node, "find_nearest_nodes"):
             return None
         key_id = DHTID.generate(source=key)
-        holders = (await self._holders_of({k: DHTID.generate(source=k) for k in read_together(key)}))[key]
+        keys = read_together(key) if self.together else [key]
+        holders = (await self._holders_of({k: DHTID.generate(source=k) for k in keys}))[key]
         if not holders:
             return None
         value_bytes = protocol.serializer.dumps(value)

@@ -11,6 +11,7 @@ cost in a large swarm (``read_interval``).
 from __future__ import annotations
 
 import logging
+import random
 from typing import Optional
 
 from hivemind.dht.node import DHTNode
@@ -22,7 +23,7 @@ from .records import BadRecord, PeerRecord, open_record
 log = logging.getLogger(__name__)
 
 __all__ = ["BadRecordLog", "announce", "describe", "diff_members", "member_key_of", "members_key", "members_keys",
-           "parse_members", "read_interval", "read_members", "watchers"]
+           "parse_members", "read_interval", "read_members", "read_some", "watchers"]
 
 WATCHERS = 2  # with no planner, the first members by peer id stand in for it and its standby
 # of each member key's 5 nodes, a read asks this many, picked at random (an entry the node asked
@@ -113,6 +114,21 @@ async def read_members(node, swarm: str, on_bad: BadRecordLog, latest: bool = Tr
                 on_bad(peer_id, f"stored under {key}, not its own member key")
                 continue
             out[peer_id] = rec
+    return out
+
+
+async def read_some(node, swarm: str, on_bad: BadRecordLog, want: int) -> dict[str, PeerRecord]:
+    """Records of at least ``want`` live members where the swarm has them: member keys read one at a
+    time in a random order (a joiner that learns the members another way: one key of a large swarm,
+    every key of a small one)."""
+    out: dict[str, PeerRecord] = {}
+    for key in random.sample(members_keys(swarm), len(members_keys(swarm))):
+        item = (await node.get_many([key], latest=True, holders=1)).get(key)
+        if item is not None:
+            out.update({p: r for p, r in parse_members(item.value, get_dht_time(), on_bad).items()
+                        if member_key_of(swarm, p) == key})
+        if sum(r.alive for r in out.values()) >= want:
+            break
     return out
 
 

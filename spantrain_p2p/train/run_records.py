@@ -36,6 +36,10 @@ MAP_REUSE_S = MAP_POLL_S
 # ``job`` progress field, or any state past idle), else only this often: idle peers each read it
 # every 0.5 s before, a third of an idle swarm's DHT calls (issue 33)
 JOB_IDLE_POLL_S = 5.0
+# and no more often than the swarm's idle peers read it this many times a second in all: every
+# lookup and read of a key ends at its few nodes, and at 1,000 idle peers polling every 5 s those
+# were the busiest nodes of the swarm (``sim.control_swim``); a joiner reads it at once all the same
+JOB_IDLE_READS_PER_S = 20.0
 
 
 def job_in_sight(records) -> bool:
@@ -82,7 +86,8 @@ class RunRecords:
         while True:
             others = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
             sight = job_in_sight(others)
-            if not sight and waited - read_at < JOB_IDLE_POLL_S:
+            idle_poll = max(JOB_IDLE_POLL_S, len(self.peer.member_ids()) / JOB_IDLE_READS_PER_S)
+            if not sight and waited - read_at < idle_poll:
                 await asyncio.sleep(self.poll_s)
                 waited += self.poll_s
                 continue
@@ -90,7 +95,7 @@ class RunRecords:
             # with no job in sight, one of the key's nodes (every idle peer's poll asked all five:
             # at 48 idle peers the job key's nodes answered 9 calls a second each, the busiest peers)
             found = await self.peer.dht.get(job_key(self.swarm), latest=True, **({} if sight else {"holders": 1}))
-            members = {r.peer_id for r in self.peer.live_members()}
+            members = self.peer.member_ids()
             votes: dict[str, list] = {}
             for sub, entry in (found.value.items() if found is not None and isinstance(found.value, dict) else ()):
                 if sub not in members:  # a copy by a peer that never joined is nobody's job

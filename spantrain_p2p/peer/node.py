@@ -11,7 +11,6 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
 import time
 from dataclasses import replace
 from typing import Any, Optional
@@ -21,15 +20,14 @@ from ..net.client import DataPlaneClient
 from ..net.budget import Limits
 from ..net.addresses import announced_urls, order_maddrs, p2p_announce
 from ..net.dataplane import DataPlaneServer, Retry
-from ..net.handshake import Authenticator, HandshakeError
+from ..net.handshake import Authenticator
 from ..net.probe_messages import PROBE_KIND, handle_probe
 from ..swarm import discovery, find_values, membership
 from ..swarm.daemon import tie_daemons_to_this_process
-from ..swarm import group_key
 from ..swarm.bootstrap import BootstrapFailed, bootstrap
 from ..swarm.control_meter import ControlMeter
 from ..swarm.guard import REPLICAS, GuardedDHT
-from ..swarm.sealing import GroupKey, SwarmKey
+from ..swarm.sealing import SwarmKey
 from ..swarm.identity import Identity
 from ..swarm.validator import SwarmValidator
 from ..swarm.records import PeerRecord, seal
@@ -37,7 +35,7 @@ from .config import PeerConfig, PeerError, SwarmUnreachable
 from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
 from .loop_lag import LoopLag
-from . import member_view, reach, swim_loop
+from . import admission, member_view, reach, swim_loop
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
@@ -244,7 +242,7 @@ class Peer:
         daemon_wire.install()
         cfg = self.config
         self.spawn(self.loop_lag.run(), "loop-lag")
-        identity_path, check_identity = self._prepare_identity()
+        identity_path, check_identity = admission.prepare_identity(self)
         if cfg.swarm_key_path:
             try:
                 self.swarm_key = SwarmKey.load(cfg.swarm_key_path)
@@ -290,7 +288,7 @@ class Peer:
                 host_maddrs=[cfg.listen],
                 announce_maddrs=p2p_announce(cfg.listen, cfg.announce) or None,
                 identity_path=identity_path,
-                check_if_identity_free=False,  # hivemind's check misses live peers; see _refuse_duplicate
+                check_if_identity_free=False,  # hivemind's check misses live peers; see admission.refuse_duplicate
                 startup_timeout=cfg.join_timeout_s,
             )
         except P2PDaemonError as e:
@@ -336,10 +334,10 @@ class Peer:
         if self.swim is not None:  # nobody reads every member key on a timer: a store looks up its own
             self._dht.together, self._dht.holders_ttl = False, swim_loop.HOLDERS_TTL_S  # key's nodes, seldom
         if self._dht.grouped:
-            await self._take_group_key(joining=bool(join))
-        view = await self._check_admission() if join else {}
+            await admission.take_group_key(self, joining=bool(join))
+        view = await admission.check_admission(self) if join else {}
         if check_identity:
-            await self._refuse_duplicate()
+            await admission.refuse_duplicate(self)
         self._update_view(view)  # the members a joiner asks to dial it back (a founder alone has none)
         await reach.at_start(self, joining=bool(join))  # before others read an address of ours that may not work
         await self._announce()
@@ -400,38 +398,6 @@ class Peer:
             self._tmpdir = None
 
     # ---- internals ------------------------------------------------------------------------
-    def _prepare_identity(self) -> tuple[str, bool]:
-        """(key path for p2pd, whether to check it is not in use already)."""
-        path = self.config.identity_path
-        if path:
-            try:
-                self.identity, created = Identity.load_or_create(path)
-            except (OSError, ValueError) as e:
-                raise PeerError(f"--identity {path}: {e}") from None
-            return path, not created
-        self._tmpdir = tempfile.mkdtemp(prefix="spantrain-id-")
-        path = os.path.join(self._tmpdir, "identity.key")
-        self.identity = Identity.generate()
-        self.identity.save(path)
-        return path, False
-
-    async def _refuse_duplicate(self) -> None:
-        """PeerError if another live process already runs with our identity (a stale record is fine)."""
-        view = await membership.read_members(self._dht, self.config.swarm, self._on_bad)
-        other = view.get(self.peer_id)
-        if other is None or not other.alive or other.instance == self.instance or not other.data_url:
-            return
-        try:
-            st = await self.client.status(other.data_url, timeout=3.0)
-        except Exception:
-            log.info("replacing the record of an earlier run of this identity (it does not answer)")
-            return
-        if st.get("peer_id") == self.peer_id:
-            raise PeerError(
-                f"identity {self.config.identity_path} (peer id {self.peer_id}) is already used by a live peer of "
-                f"this swarm at {other.data_url}; stop that peer or use another --identity"
-            )
-
     def is_member(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is this peer or one whose live record it has seen (and no tombstone since)."""
         if peer_id in self.evicted:
@@ -469,49 +435,6 @@ class Peer:
         if kind == swim_loop.KIND and sender not in self.evicted:  # a joiner's first pings
             return None
         raise Retry(f"{sender} is not a member of swarm {self.config.swarm!r} (or not yet seen by this peer)")
-
-    async def _take_group_key(self, joining: bool) -> None:
-        """A closed swarm with an allow-list: the first peer makes the group key, a joiner waits to be
-        handed it (PeerError at once for a wrong swarm key, or after ``group_key_timeout_s`` when no
-        member hands it over: not on their list); then this peer hands it to listed joiners."""
-        cfg, dht = self.config, self._dht
-        if not joining:
-            dht.group = GroupKey.generate(self.swarm_key.key_id)
-            log.info("made the group key (id %s) of swarm %r", dht.group.key_id.hex(), cfg.swarm)
-        else:
-            try:
-                dht.group = await group_key.request(dht, cfg.swarm, self.identity, cfg.group_key_timeout_s,
-                                                    min(cfg.poll_s, 1.0), self._on_bad)
-            except group_key.GroupKeyTimeout as e:
-                raise PeerError(str(e)) from None
-        self.client.auth.operator_token = dht.group.operator_token
-        self.spawn(group_key.keep_handing_out(dht, cfg.swarm, self.identity, dht.group, min(cfg.poll_s, 1.0)),
-                   "group-key")
-
-    async def _check_admission(self) -> dict[str, PeerRecord]:
-        """PeerError, at once, when this peer cannot take part in the swarm it joins: the swarm's
-        records are sealed with a key it lacks (or not sealed while it has one), or its members
-        refuse its connections (not on their allow-list). Returns the members it read."""
-        view = await (membership.read_members(self._dht, self.config.swarm, self._on_bad) if self.swim is None
-                      else membership.read_some(self._dht, self.config.swarm, self._on_bad, 3))
-        live = [r for r in view.values() if r.alive and r.peer_id != self.peer_id and r.data_url]
-        if not live:
-            reason = self._dht.why_locked_out(self.config.swarm)
-            if reason:
-                raise PeerError(reason)
-            return view
-        refusals = []
-        for rec in live[:3]:
-            try:
-                await self.client.hello(rec.data_url, rec.peer_id)
-                return view
-            except HandshakeError as e:
-                refusals.append(f"{membership.describe(rec, rec.peer_id)}: {e}")
-            except (OSError, asyncio.TimeoutError):
-                continue  # that member is gone; another may answer, or the heartbeat will tell
-        if refusals:
-            raise PeerError(f"swarm {self.config.swarm!r} refused this peer ({self.peer_id}): " + "; ".join(refusals))
-        return view
 
     def _record(self) -> tuple[PeerRecord, dict]:
         """This peer's record and its signed value: the last ones while nothing in it changed, so

@@ -155,7 +155,7 @@ import time  # noqa: E402
 from spantrain_p2p.peer import Peer, PeerConfig  # noqa: E402
 from spantrain_p2p.swarm import membership  # noqa: E402
 
-FAST = dict(heartbeat_s=0.5, poll_s=0.25, liveness="swim", record_s=30.0, swim_probe_s=0.5)
+FAST = dict(heartbeat_s=0.5, poll_s=0.25, liveness="swim", swim_probe_s=0.5)  # records: as by default
 
 
 async def until(cond, timeout: float, what: str) -> float:

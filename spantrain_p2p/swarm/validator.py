@@ -65,7 +65,8 @@ def _measure(what: str) -> Callable[[str], str]:
 
 
 RULES = (
-    KeyRule(keys.members_key, 600.0, OWN, keys.MEMBER_BUCKETS),  # a record lives a few heartbeats (--heartbeat up to 200 s)
+    # a record lives a few heartbeats (--heartbeat up to 200 s), or with SWIM 3 x record_s (300 s)
+    KeyRule(keys.members_key, 1200.0, OWN, keys.MEMBER_BUCKETS),
     *(KeyRule(_measure(what), 3600.0, OWN) for what in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS,
                                                          keys.ACCUSE)),
     KeyRule(keys.lease_key, 120.0, SUFFIX),  # a lease: seconds

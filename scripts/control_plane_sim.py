@@ -1,14 +1,15 @@
 """The control plane's figures against N, simulated (``spantrain_p2p.sim.control_plane``), beside the
-live runs of ``scripts/control_plane_live.py`` where given (issue 33), and the design proposed for
-large swarms (``sim.control_swim``: direct probes, long-lived records; not built yet).
+live runs of ``scripts/control_plane_live.py`` where given (issue 33), and the design for large
+swarms, ``--liveness swim`` (``sim.control_swim``: direct probes, records stored when they change).
 
     .venv/bin/python scripts/control_plane_sim.py
-    .venv/bin/python scripts/control_plane_sim.py --live live.json --plot sim.png --json
+    .venv/bin/python scripts/control_plane_sim.py --live live.json swim-live.json --plot sim.png --json
 
-``--live FILE``: the JSON line ``control_plane_live.py --json`` printed (its results are set beside the
-simulated ones of the same N and design, with the ratio sim / live of the mean bytes and calls per
-peer: the calibration). ``--live-design`` names the design those live runs ran (default ``buckets-lean``, as shipped since
-2026-11-27 15:45 UTC; ``watchers-2-1`` from 12:45 UTC that day, ``direct`` before).
+``--live FILE...``: JSON lines ``control_plane_live.py --json`` printed (their results are set beside
+the simulated ones of the same N and design, with the ratio sim / live of the mean bytes and calls
+per peer: the calibration). A file of ``--liveness swim`` runs goes with design ``swim``; the others
+with ``--live-design`` (default ``buckets-lean``, the record design as shipped since 2026-11-27
+15:45 UTC; ``watchers-2-1`` from 12:45 UTC that day, ``direct`` before).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from spantrain_p2p.sim.control_plane import DESIGNS, simulate  # noqa: E402
 from spantrain_p2p.sim.control_swim import SwimDesign, simulate_swim  # noqa: E402
 
-PROPOSED = "swim-buckets"  # not built: the design issue 33 proposes (sim/control_swim.py)
+SWIM = "swim"  # --liveness swim (sim/control_swim.py)
 
 KB = 1024
 
@@ -30,31 +31,32 @@ KB = 1024
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--peers", type=int, nargs="+", default=[8, 16, 32, 100, 1000, 10000])
-    p.add_argument("--designs", nargs="+", default=[*DESIGNS, PROPOSED], choices=[*DESIGNS, PROPOSED])
-    p.add_argument("--live", default="", help="a control_plane_live.py --json output to calibrate against")
+    p.add_argument("--designs", nargs="+", default=[*DESIGNS, SWIM], choices=[*DESIGNS, SWIM])
+    p.add_argument("--live", nargs="+", default=[], help="control_plane_live.py --json outputs to calibrate against")
     p.add_argument("--live-design", default="buckets-lean", choices=list(DESIGNS))
     p.add_argument("--plot", default="")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    live = {}
-    if a.live:
-        with open(a.live) as f:
+    live: dict[tuple[str, int], dict] = {}  # (design, N) -> the live run's results
+    for path in a.live:
+        with open(path) as f:
             line = [x for x in f.read().splitlines() if x.startswith("{")][-1]
-        live = {r["n"]: r for r in json.loads(line)["results"]}
+        for r in json.loads(line)["results"]:
+            live[(SWIM if r.get("liveness") == "swim" else a.live_design, r["n"])] = r
     out = {}
     for name in a.designs:
-        print(f"design {name}{' (proposed, not built)' if name == PROPOSED else ''}:")
+        print(f"design {name}{' (--liveness swim)' if name == SWIM else ''}:")
         print(f"  {'N':>6} {'KB/s mean':>10} {'p99':>9} {'max':>10} {'calls/s':>8} {'busiest':>8} "
               f"{'value KB':>9} {'crash p95 s':>11} {'join p95 s':>10} {'read s':>7} {'link load':>9}")
         rows = []
         for n in a.peers:
-            f = simulate_swim(SwimDesign(), n) if name == PROPOSED else simulate(DESIGNS[name], n)
+            f = simulate_swim(SwimDesign(), n) if name == SWIM else simulate(DESIGNS[name], n)
             rows.append(f.to_dict())
             print(f"  {n:>6} {f.bytes_per_s['mean'] / KB:>10.1f} {f.bytes_per_s['p99'] / KB:>9.1f} "
                   f"{f.bytes_per_s['max'] / KB:>10.1f} {f.calls_per_s['mean']:>8.1f} {f.busiest_over_mean:>7.1f}x "
                   f"{f.largest_value / KB:>9.1f} {f.crash_to_noticed_s['p95']:>11.2f} {f.join_to_visible_s['p95']:>10.2f} {f.search_s:>7.2f} {f.link_load['max']:>9.3f}")
-            if name == a.live_design and n in live:
-                lv = live[n]
+            if (name, n) in live:
+                lv = live[(name, n)]
                 rb = f.bytes_per_s["mean"] / lv["control_bytes_per_s"]["mean"]
                 rc = f.calls_per_s["mean"] / lv["calls_out_per_s"]["mean"]
                 rows[-1]["live"] = {"bytes_per_s_mean": lv["control_bytes_per_s"]["mean"],

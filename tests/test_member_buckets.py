@@ -99,3 +99,33 @@ async def test_a_read_at_a_keys_holder_gets_the_values_without_the_neighbours():
             finally:
                 await bare.shutdown()
                 await p2p.shutdown()
+
+
+async def test_a_joiner_that_needs_a_few_members_reads_keys_one_at_a_time_until_it_has_them():
+    """``membership.read_some`` (a SWIM joiner): member keys in a random order, one node each, until
+    enough live members are found; every key where the swarm has fewer."""
+    from hivemind.utils import ValueWithExpiration, get_dht_time
+
+    from spantrain_p2p.swarm.identity import Identity
+    from spantrain_p2p.swarm.records import PeerRecord, seal
+
+    ids = [Identity.generate() for _ in range(24)]
+    by_key: dict = {}
+    for me in ids:
+        rec = PeerRecord(me.peer_id, 1, get_dht_time(), "idle", "t", "", (), "i")
+        by_key.setdefault(keys.member_key_of("s", me.peer_id), {})[me.peer_id] = ValueWithExpiration(
+            seal(rec, me), get_dht_time() + 30)
+    asked = []
+
+    class Fake:
+        async def get_many(self, names, latest=False, holders=None):
+            assert latest and holders == 1 and len(names) == 1
+            asked.append(names[0])
+            v = by_key.get(names[0])
+            return {names[0]: ValueWithExpiration(v, get_dht_time() + 30) if v else None}
+
+    got = await membership.read_some(Fake(), "s", lambda k, why: None, 3)
+    assert len(got) >= 3 and len(asked) == len(set(asked)) < len(keys.members_keys("s"))
+    asked.clear()
+    everyone = await membership.read_some(Fake(), "s", lambda k, why: None, 100)  # more than there are
+    assert set(everyone) == {i.peer_id for i in ids} and sorted(asked) == sorted(keys.members_keys("s"))

@@ -85,6 +85,7 @@ class Peer:
         self.swarm_key: Optional[SwarmKey] = None
         self.member_checks: list = []  # callables(peer_id) -> bool: more ways to know a member (the stage map)
         self.watch_checks: list = []  # callables() -> bool: this peer reads the members every poll (the planner)
+        self.watcher_ids = None  # callable() -> [peer id]: the planner and its standby, where a job says (SWIM)
         self._waiting = 0  # callers of wait_members: they read every poll
         self._read_at = 0.0  # monotonic time of the last read of the whole member key
         self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
@@ -404,6 +405,8 @@ class Peer:
             return False
         rec = self._view.get(peer_id)
         if peer_id == self.peer_id or (rec.alive if rec is not None else peer_id in self._last_url):
+            return True
+        if self.swim is not None and self.swim.swim.is_live(peer_id):  # known by SWIM's news alone
             return True
         return any(check(peer_id) for check in self.member_checks)
 

@@ -266,7 +266,8 @@ class SwimLoop:
         """News straight to the watchers (deaths and departures, this peer's new record in
         ``extra``), not waiting for the pings to carry it: news just queued goes first on any
         message, after news about its receiver."""
-        for w in membership.watchers(self.swim.live() + [self.peer.peer_id]):
+        said = self.peer.watcher_ids() if self.peer.watcher_ids is not None else []
+        for w in dict.fromkeys([*said, *membership.watchers(self.swim.live() + [self.peer.peer_id])]):
             if w != self.peer.peer_id:
                 await self._send(w, "news", self.params.ack_s * 2, **extra)
 

@@ -114,11 +114,16 @@ class Election:
         others = [p for p in rank(self._candidates()) if self.leader is None or p != self.leader.peer_id]
         return bool(others) and others[0] == self.peer.peer_id
 
+    def watchers(self) -> list[str]:
+        """The leader and the candidate that claims first should its lease lapse (``watches``)."""
+        lead = [self.leader.peer_id] if self.leader is not None else []
+        return lead + [p for p in rank(self._candidates()) if p not in lead][:1]
+
     async def _read(self) -> list[Lease]:
-        """The valid leases of members: a lease signed by a peer with no live record (one that
-        never joined, say, claiming term 10**9) is not a planner anyone follows."""
+        """The valid leases of members: a lease signed by a peer that is no member (one that never
+        joined, say, claiming term 10**9) is not a planner anyone follows."""
         found = await self.peer.dht.get(lease_key(self.peer.config.swarm), latest=True)
-        members = {r.peer_id for r in self.peer.live_members()} | {self.peer.peer_id}
+        members = self.peer.member_ids()
         return [l for l in parse_leases(found.value if found is not None else None, self._log_bad)
                 if l.peer_id in members]
 

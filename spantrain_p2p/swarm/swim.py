@@ -104,6 +104,10 @@ class Swim:
         """Members not known dead or departed (suspects included: they may refute), this peer not."""
         return sorted(p for p, m in self.members.items() if m.state not in GONE)
 
+    def is_live(self, peer: str) -> bool:
+        m = self.members.get(peer)
+        return m is not None and m.state not in GONE
+
     def gone(self, peer: str, life: str) -> bool:
         """Whether that life of ``peer`` is known dead or departed."""
         m = self.members.get(peer)

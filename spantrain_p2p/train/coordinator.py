@@ -79,6 +79,7 @@ class Coordinator:
     def start(self, job, handle, has_map) -> None:
         self.job, self.handle, self.has_map = job, handle, has_map
         self.election = Election(self.peer, lease_s=6.0, candidates=lambda: [r.peer_id for r in ready_peers(self.peer)])
+        self.peer.watcher_ids = self.election.watchers  # whom SWIM tells of joins, deaths and new records
         self.peer.spawn(self.election.run(1.0), "election")
         self.peer.spawn(self._groups_loop(), "groups")
         self.peer.spawn(self._planner_loop(), "planner")

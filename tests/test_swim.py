@@ -119,10 +119,11 @@ def test_helpers_are_other_live_members_at_most_indirect():
 
 
 @pytest.mark.parametrize("bad", [
-    "x", [["p", "alive", 0, "l"]], [["p", "zombie", 0, "l", 0]], [["p", "alive", -1, "l", 0]],
-    [["p", "alive", True, "l", 0]], [["", "alive", 0, "l", 0]], [["p" * 200, "alive", 0, "l", 0]],
-    [["p", "alive", 0, 5, 0]], [["p", "alive", 0, "l", 0]] * 17, [["p", "alive", 2 ** 40, "l", 0]],
-    [["p", "alive", 0, "l", -3]], [["p", "alive", 0, "l", "7"]],
+    "x", [["p", 0, 0, "l"]], [["p", 4, 0, "l", 0]], [["p", "alive", 0, "l", 0]], [["p", 0, -1, "l", 0]],
+    [["p", True, 0, "l", 0]], [["p", 0, True, "l", 0]], [["", 0, 0, "l", 0]], [["p" * 200, 0, 0, "l", 0]],
+    [["p", 0, 0, b"l", 0]], [["p", 0, 0, 2 ** 64, 0]], [["p", 0, 0, -1, 0]], [["p", 0, 0, "l", 0]] * 17,
+    [["p", 0, 2 ** 40, "l", 0]],
+    [["p", 0, 0, "l", -3]], [["p", 0, 0, "l", "7"]],
 ])
 def test_bad_news_from_the_wire_is_refused_with_a_reason(bad):
     with pytest.raises(ValueError):
@@ -142,9 +143,15 @@ def test_a_newer_record_of_a_member_is_news_though_its_state_is_not():
     assert s.record(9) == News("a", ALIVE, 0, "life-a", 9) and News("a", ALIVE, 0, "life-a", 9) in s.outgoing("c")
 
 
-def test_good_news_from_the_wire_round_trips():
-    n = [News("p", SUSPECT, 3, "l", 2), News("q", LEFT, 0, "m")]
-    assert news_from_wire([x.to_wire() for x in n]) == n
+def test_good_news_from_the_wire_round_trips_and_a_hex_life_travels_as_bytes():
+    import msgpack
+
+    n = [News("p", SUSPECT, 3, "l", 2), News("q", LEFT, 0, "m"), News("r", ALIVE, 1, "0a1b2c3d4e5f6071", 9),
+         News("s", DEAD, 0, "0A1B2C3D4E5F6071"), News("t", ALIVE, 0, "0000000000000001")]  # upper case: as it is
+    # frame headers take no bytes (``framing``): what travels is ints and strings
+    wire = msgpack.unpackb(msgpack.packb([x.to_wire() for x in n], use_bin_type=True), raw=False, max_bin_len=0)
+    assert news_from_wire(wire) == n
+    assert n[2].to_wire()[3] == 0x0a1b2c3d4e5f6071 and n[2].to_wire()[1] == 0 and n[3].to_wire()[3] == "0A1B2C3D4E5F6071"
 
 
 # ---- live: peers on loopback with --liveness swim ------------------------------------------------
@@ -225,9 +232,12 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
             first = membership.watchers([p.peer_id for p in peers])
             changer = next(p for p in peers if p.peer_id not in first)
             watchers = [p for p in peers if p.peer_id in first]
+            taken = [w.swim.records_taken for w in watchers]
             await changer.set_state("measuring")
             await until(lambda: all(w._view[changer.peer_id].state == "measuring" for w in watchers), 10,
                         "the new record read by the watchers")
+            # sent to them with the news (a watcher reads the key only where a record it heard of did not come)
+            await until(lambda: all(w.swim.records_taken > n for w, n in zip(watchers, taken)), 10, "the record sent")
             # a record sent as one's own must be one's own: another's signed record is refused
             w = watchers[0]
             other = next(p for p in peers if p not in (w, changer))

@@ -31,7 +31,7 @@ from ..net import framing
 from ..net.wire import RemoteError
 from ..swarm import membership
 from ..swarm.records import BadRecord, open_record
-from ..swarm.swim import GONE, LEFT, News, Swim, SwimParams, check_inc, check_name, news_from_wire
+from ..swarm.swim import GONE, LEFT, STATES, News, Swim, SwimParams, check_inc, check_name, news_from_wire
 
 if TYPE_CHECKING:
     from .node import Peer
@@ -48,6 +48,7 @@ MAX_URL = 256
 HOLDERS_TTL_S = 600.0
 MAX_LIST = 20_000  # members in one answer to "list", at most
 MAX_LIST_BYTES = 4 << 20
+MAX_SENT_RECORD = 16 << 10  # bytes of a record sent in a news message (``records.MAX_RECORD_BYTES`` and its key)
 MAX_URLS = 100_000  # members' addresses kept, at most (a made-up sender per connection cannot grow it past this)
 
 
@@ -63,6 +64,7 @@ class SwimLoop:
         self.full_view = False  # a watcher has read every record since it began to watch (member_view)
         self._running = False
         self._signed: Optional[dict] = None  # this peer's latest signed record
+        self.records_taken = 0  # members' records taken as they sent them (not read from the DHT)
 
     # ---- the view ---------------------------------------------------------------------------------
     def filter(self, view: dict) -> dict:
@@ -138,20 +140,25 @@ class SwimLoop:
 
     async def handle(self, header: dict, buffers: list) -> tuple[dict, list]:
         life, inc, rec, news = self._read(header)
-        if buffers:
-            raise framing.FrameError("a swim message carries no buffers")
+        with_record = header["op"] == "news" and header.get("record") is True
+        if len(buffers) != (1 if with_record else 0) or (with_record and buffers[0].nbytes > MAX_SENT_RECORD):
+            raise framing.FrameError("a swim message carries no buffers but a news message's record")
         src, now = header["src"], time.monotonic()
         self._learn_url(src, header["url"])
-        size = _size(header)
+        size = _size(header) + sum(b.nbytes for b in buffers)
         # the sender's own word first (a joiner's first ping adds it), then what it heard
         self._apply(self.swim.acked(src, life, inc, now, rec) + self.swim.merge(news, now, sender=src))
-        if "record" in header and header["op"] == "news":
+        if with_record:
             try:  # the sender's own signed record, sent to the watchers when it changes
-                record = open_record(src, header["record"])
+                record = open_record(src, msgpack.unpackb(bytes(buffers[0]), raw=False, max_array_len=16,
+                                                          max_map_len=16, max_str_len=MAX_SENT_RECORD))
             except BadRecord as e:
                 raise framing.FrameError(f"the record sent is refused: {e}") from None
+            except Exception as e:
+                raise framing.FrameError(f"the record sent is not msgpack ({e.__class__.__name__})") from None
             if record.instance == life and not self.swim.gone(src, life):
                 self.peer.take_records({src: record})
+                self.records_taken += 1
         ok, buffers_out = True, []
         if header["op"] == "list":
             buffers_out = [msgpack.packb(self._list(src), use_bin_type=True)]
@@ -200,11 +207,13 @@ class SwimLoop:
         url = self.url_of(to)
         if url is None:
             return None
-        header = self._header(op, to, **extra)
+        signed = extra.pop("record", None)
+        header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}))
+        sent = [msgpack.packb(signed, use_bin_type=True)] if signed is not None else []
         reply = None
         try:
             got = await asyncio.wait_for(self.peer.client.send(
-                url, KIND, header, timeout=timeout, link=self.peer.link_to(to), peer_id=to), timeout)
+                url, KIND, header, sent, timeout=timeout, link=self.peer.link_to(to), peer_id=to), timeout)
             reply = got[0] if got else None
             life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
             if reply is not None and want_buffers:
@@ -214,12 +223,13 @@ class SwimLoop:
             reply = None
         except RemoteError as e:  # refused (it does not know us yet, a budget): alive, no word
             log.debug("swim %s to %s refused: %s", op, to[:12], e)
-            self.peer.control.tally(False, op, KIND, _size(header), 0, False)
+            self.peer.control.tally(False, op, KIND, _size(header) + sum(map(len, sent)), 0, False)
             return {}
         except Exception as e:
             log.warning("swim %s to %s: %s", op, to[:12], e)
             reply = None
-        self.peer.control.tally(False, op, KIND, _size(header), _size(reply) if reply else 0, reply is not None)
+        self.peer.control.tally(False, op, KIND, _size(header) + sum(map(len, sent)), _size(reply) if reply else 0,
+                                reply is not None)
         if reply is None:
             return None
         now = time.monotonic()
@@ -349,9 +359,9 @@ def _list_from_wire(buffers: list) -> list[tuple]:
         if not isinstance(it, list) or len(it) != 6:
             raise ValueError("an entry is [peer, state, incarnation, life, address, record seq]")
         peer, state, inc, life, url, rec = it
-        news_from_wire([[peer, state, inc, life, rec]])
         if state not in ("alive", "suspect") or not isinstance(url, str) or not 0 < len(url) <= MAX_URL:
             raise ValueError("an entry's state is alive or suspect, its address a short string")
+        news_from_wire([[peer, STATES.index(state), inc, life, rec]])
         out.append((peer, state, inc, life, url, rec))
     return out
 

@@ -58,7 +58,10 @@ class News:
     rec: int = 0
 
     def to_wire(self) -> list:
-        return [self.peer, self.state, self.inc, self.life, self.rec]
+        """``[peer, state code, inc, life, rec]``: the state as its index in ``STATES``, a life of 16
+        hex digits (a record instance) as that number: a piece is 62 bytes, not 74 (news is what
+        grows with a swarm's churn: ``sim.control_swim``)."""
+        return [self.peer, STATES.index(self.state), self.inc, _life_out(self.life), self.rec]
 
 
 @dataclass
@@ -224,13 +227,17 @@ class Swim:
         return pick
 
 
+def _life_out(life: str) -> "str | int":
+    return int(life, 16) if len(life) == 16 and all(c in "0123456789abcdef" for c in life) else life
+
+
 MAX_NEWS = 16  # pieces of news one message may carry (``SwimParams.piggyback`` is what we send)
 MAX_NAME = 128  # bytes of a peer id or a life
 
 
 def news_from_wire(items: object) -> list[News]:
     """News from a message's ``news`` field (untrusted): a list of at most ``MAX_NEWS`` entries
-    ``[peer, state, inc, life]``; ValueError naming what is wrong."""
+    ``News.to_wire`` made; ValueError naming what is wrong."""
     if not isinstance(items, list) or len(items) > MAX_NEWS:
         raise ValueError(f"news must be a list of at most {MAX_NEWS} entries")
     out = []
@@ -239,9 +246,12 @@ def news_from_wire(items: object) -> list[News]:
             raise ValueError("a piece of news is [peer, state, incarnation, life, record seq]")
         peer, state, inc, life, rec = it
         check_name(peer, "peer")
+        if isinstance(life, int) and not isinstance(life, bool) and 0 <= life < 2 ** 64:
+            life = f"{life:016x}"
         check_name(life, "life")
-        if state not in STATES:
-            raise ValueError(f"state must be one of {', '.join(STATES)}, not {str(state)[:20]!r}")
+        if not isinstance(state, int) or isinstance(state, bool) or not 0 <= state < len(STATES):
+            raise ValueError(f"a state is a code 0-{len(STATES) - 1}, not {str(state)[:20]!r}")
+        state = STATES[state]
         check_inc(inc)
         check_inc(rec)
         out.append(News(peer, state, inc, life, rec))

@@ -46,7 +46,7 @@ class SwimDesign:
     piggyback: int = 6  # pieces of news on one ping or ack, at most
     retransmit_factor: float = 3.0
     ping_bytes: int = 96  # a ping or an ack without news: its frame (version, op, incarnation, life, record seq, address)
-    update_bytes: int = 75  # one piece of news: peer id, state, incarnation, life, record seq
+    update_bytes: int = 62  # one piece of news: peer id, state code, incarnation, life, record seq (measured)
     list_entry_bytes: int = 100  # one member in the list a joiner asks a member for (news and its address)
     buckets: int = 8  # member keys (``keys.MEMBER_BUCKETS``)
     record_s: float = 300.0

@@ -86,8 +86,9 @@ def status(p: PeerProcess, timeout: float = 10.0) -> dict:
 
 
 def members(p: PeerProcess) -> set[str]:
-    """The members ``p`` lists: the records in its view; with SWIM, its member list (a peer that
-    does not watch reads only the records it needs)."""
+    """The members ``p`` lists: the records in its view; with SWIM, its member list, those it has
+    only heard of included (a peer that does not watch reads only the records it needs, and a
+    member is confirmed once it has heard from it)."""
     if LIVENESS[1] == "swim":
         listed = p.status(timeout=10.0, path="/swim")["members"]
         return {k for k, v in listed.items() if v["state"] not in ("dead", "left")} | {p.info["peer_id"]}

@@ -157,7 +157,8 @@ async def test_an_idle_peers_job_poll_asks_one_of_the_job_keys_nodes_and_a_job_i
         return ValueWithExpiration(copy, get_dht_time() + 60) if len(asked) > 3 else None
 
     peer = types.SimpleNamespace(peer_id=me.peer_id, dht=types.SimpleNamespace(get=get),
-                                 live_members=lambda: [idle], config=types.SimpleNamespace(swarm="s"))
+                                 live_members=lambda: [idle], member_ids=lambda: frozenset({me.peer_id, other.peer_id}),
+                                 config=types.SimpleNamespace(swarm="s"))
     found = await run_records.RunRecords(peer, log_bad=lambda s, w: None, poll_s=0.01).await_job()
     assert found.job_id == job.job_id
     assert asked[:3] == [1, 1, 1] and asked[3:] == [None]

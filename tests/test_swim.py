@@ -276,3 +276,48 @@ def test_a_member_list_from_the_wire_is_checked_entry_by_entry():
     for bufs in ([], [b"\xc1"], [b"x" * (MAX_LIST_BYTES + 1)], [msgpack.packb(good), msgpack.packb(good)]):
         with pytest.raises(ValueError):
             _list_from_wire(bufs)
+
+
+def test_a_stale_verdict_does_not_undo_a_refutation_and_a_forged_incarnation_is_refused():
+    s = swim()
+    s.merge([News("b", SUSPECT, 0, "life-b")], 1.0, sender="c")
+    s.tick(5.0)  # dead at incarnation 0
+    assert s.merge([News("b", ALIVE, 1, "life-b")], 6.0, sender="b")  # its refutation
+    assert s.merge([News("b", DEAD, 0, "life-b")], 7.0, sender="d") == []  # the old verdict, still going round
+    assert s.members["b"].state == ALIVE and "b" in s.live()
+    # a made-up incarnation far above the known one is no news; about ourselves, no cause to refute
+    assert s.merge([News("c", SUSPECT, 5000, "life-c")], 8.0, sender="d") == []
+    s.merge([News("a", SUSPECT, 10 ** 9, "life-a")], 8.0, sender="d")
+    assert s.inc == 0
+
+
+def test_a_member_held_dead_that_pings_is_told_and_refutes():
+    s, b = swim(), swim(me="b", peers=("a", "c", "d"))
+    s.merge([News("b", DEAD, 0, "life-b")], 1.0, sender="c")
+    for _ in range(40):  # the verdict passed on until it is no news any more
+        s.outgoing("d")
+    assert s.acked("b", "life-b", 0, 2.0) == [] and "b" not in s.live()
+    told = s.outgoing("b")
+    assert told[0] == News("b", DEAD, 0, "life-b")
+    b.merge(told, 2.1, sender="a")
+    assert b.inc == 1
+    assert s.acked("b", "life-b", b.inc, 2.2) and "b" in s.live()
+
+
+def test_ids_heard_only_from_others_are_not_members_until_confirmed_and_are_bounded():
+    from spantrain_p2p.swarm import swim as swim_mod
+
+    s = swim(forget_s=60.0)
+    s.merge([News("x", ALIVE, 0, "life-x")], 1.0, sender="c")  # a join, as c tells it
+    assert "x" not in s.live() and not s.is_live("x")
+    assert s.acked("x", "life-x", 0, 2.0) and "x" in s.live()  # its own word
+    s.merge([News("y", ALIVE, 0, "life-y")], 1.0, sender="c")
+    assert s.add("y", "life-y", 3.0) and "y" in s.live()  # its signed record
+    s.hear("z", "life-z", 0, 0, 1.0)  # from a joiner's list: no news to pass on
+    assert "z" in s.members and "z" not in s.live() and all(n.peer != "z" for n in s.outgoing("c"))
+    s.tick(61.0)
+    assert "z" not in s.members and "x" in s.members  # unconfirmed and forgotten; confirmed kept
+    for i in range(swim_mod.MAX_UNCONFIRMED + 10):
+        s.merge([News(f"fake{i}", ALIVE, 0, "l")], 62.0, sender="c")
+    assert sum(not m.confirmed for m in s.members.values()) == swim_mod.MAX_UNCONFIRMED
+    assert s.acked("real", "life-r", 0, 63.0) and "real" in s.live()  # room for a member's own word

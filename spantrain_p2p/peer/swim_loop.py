@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import msgpack
 
@@ -31,10 +31,7 @@ from ..net import framing
 from ..net.wire import RemoteError
 from ..swarm import membership
 from ..swarm.records import BadRecord, open_record
-from ..swarm.swim import GONE, LEFT, STATES, News, Swim, SwimParams, check_inc, check_name, news_from_wire
-
-if TYPE_CHECKING:
-    from .node import Peer
+from ..swarm.swim import GONE, LEFT, STATES, SUSPECT, News, Swim, SwimParams, check_inc, check_name, news_from_wire
 
 log = logging.getLogger("spantrain.peer")
 
@@ -53,7 +50,7 @@ MAX_URLS = 100_000  # members' addresses kept, at most (a made-up sender per con
 
 
 class SwimLoop:
-    def __init__(self, peer: "Peer", params: SwimParams):
+    def __init__(self, peer, params: SwimParams):  # peer: node.Peer (not imported: node imports this)
         self.peer = peer
         self.params = params
         self.swim = Swim(peer.peer_id, peer.instance, params)
@@ -65,6 +62,7 @@ class SwimLoop:
         self._running = False
         self._signed: Optional[dict] = None  # this peer's latest signed record
         self.records_taken = 0  # members' records taken as they sent them (not read from the DHT)
+        self._mine: set[str] = set()  # members this peer suspected (their deaths it tells the watchers)
 
     # ---- the view ---------------------------------------------------------------------------------
     def filter(self, view: dict) -> dict:
@@ -100,20 +98,35 @@ class SwimLoop:
 
     # ---- messages ---------------------------------------------------------------------------------
     def url_of(self, peer_id: str) -> Optional[str]:
-        """Where to ping a member: its record's data plane, else what it said in its own messages."""
-        return self.peer.data_url_of(peer_id) or self.urls.get(peer_id) or self.peer.last_data_url(peer_id)
+        """Where to ping a member: its record's data plane (a record of the life SWIM knows), else
+        what it said in its own messages."""
+        rec, m = self.peer._view.get(peer_id), self.swim.members.get(peer_id)
+        if rec is not None and rec.alive and rec.data_url and (m is None or m.life == rec.instance):
+            return rec.data_url
+        return self.urls.get(peer_id) or self.peer.last_data_url(peer_id)
 
     def _learn_url(self, peer_id: str, url: str, hint: bool = False) -> None:
         if hint and peer_id in self.urls:
             return
-        if peer_id in self.urls or len(self.urls) < MAX_URLS:
-            self.urls[peer_id] = url
-            (self.hinted.add if hint else self.hinted.discard)(peer_id)
+        if peer_id not in self.urls and len(self.urls) >= MAX_URLS:  # the oldest makes room
+            old = next(iter(self.urls))
+            del self.urls[old]
+            self.hinted.discard(old)
+        self.urls.pop(peer_id, None)
+        self.urls[peer_id] = url
+        (self.hinted.add if hint else self.hinted.discard)(peer_id)
+
+    def _prune_urls(self) -> None:
+        for p in [p for p in self.urls if p not in self.swim.members]:  # forgotten members
+            del self.urls[p]
+            self.hinted.discard(p)
 
     def page(self) -> dict:
-        """``GET /swim``: this peer's member list under SWIM (``state``, ``inc``), its own incarnation."""
+        """``GET /swim``: this peer's member list under SWIM (``state``, ``inc``, ``confirmed``: seen
+        in its record or heard from itself, not only of), its own incarnation."""
         return {"inc": self.swim.inc, "rec": self.swim.rec,
-                "members": {p: {"state": m.state, "inc": m.inc} for p, m in self.swim.members.items()}}
+                "members": {p: {"state": m.state, "inc": m.inc, "confirmed": m.confirmed}
+                            for p, m in self.swim.members.items()}}
 
     def _header(self, op: str, to: str, **extra) -> dict:
         return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life, "rec": self.swim.rec,
@@ -198,7 +211,7 @@ class SwimLoop:
             for peer, state, inc, life, url, rec in entries:
                 if peer != me and state == "alive":  # a suspicion is for us to find, not to take
                     self._learn_url(peer, url, hint=True)
-                    self.swim.merge([News(peer, state, inc, life, rec)], now, sender=p if peer == p else "")
+                    self.swim.hear(peer, life, inc, rec, now)  # unconfirmed, and no news to pass on
             return
 
     async def _send(self, to: str, op: str, timeout: float, want_buffers: bool = False, **extra) -> Optional[dict]:
@@ -247,11 +260,13 @@ class SwimLoop:
             return
         if await self._ping(target, self.params.ack_s):
             return
-        if target in self.hinted:  # an address from another's list that did not answer: not evidence
+        m = self.swim.members.get(target)
+        if target in self.hinted or (m is not None and not m.confirmed):
+            # an address from another's list, or a member nobody vouched for: not evidence
             self.urls.pop(target, None)
             self.hinted.discard(target)
             return
-        helpers = self.swim.helpers(target)
+        helpers = self.swim.helpers(target, lambda p: self.url_of(p) is not None)
         if helpers:
             acks = await asyncio.gather(*(self._send(h, "req", 2 * self.params.ack_s + 0.5, target=target)
                                           for h in helpers))
@@ -260,6 +275,7 @@ class SwimLoop:
         suspected = self.swim.missed(target, time.monotonic())
         self._apply(suspected)
         if suspected:
+            self._mine.add(target)  # its death, if it comes, this peer tells the watchers
             await self._send(target, "news", 2 * self.params.ack_s)
 
     def stored(self, seq: int, signed: dict) -> None:
@@ -294,24 +310,34 @@ class SwimLoop:
             pending.add(hello)
             hello.add_done_callback(pending.discard)
         try:
+            rounds = 0
             while True:
                 next_at += self.params.probe_s
                 await asyncio.sleep(max(0.0, next_at - loop.time()))
                 next_at = max(next_at, loop.time() - self.params.probe_s)
-                dead = self.swim.tick(time.monotonic())
-                self._apply(dead)
-                if dead:
-                    t = asyncio.ensure_future(self.tell_watchers())
-                    pending.add(t)
-                    t.add_done_callback(pending.discard)
-                for _ in range(8):  # a member known by news only is probed by those who know its address
-                    target = self.swim.next_target()
-                    if target is None or self.url_of(target) is not None:
-                        break
-                if target is not None and len(pending) < 4:
-                    t = asyncio.ensure_future(self.probe(target))
-                    pending.add(t)
-                    t.add_done_callback(pending.discard)
+                try:
+                    dead = self.swim.tick(time.monotonic())
+                    self._apply(dead)
+                    # every peer that heard a suspicion times it out; the one that raised it tells
+                    if any(n.peer in self._mine for n in dead):
+                        t = asyncio.ensure_future(self.tell_watchers())
+                        pending.add(t)
+                        t.add_done_callback(pending.discard)
+                    self._mine = {p for p in self._mine if (m := self.swim.members.get(p)) is not None
+                                  and m.state == SUSPECT}
+                    rounds += 1
+                    if rounds % 60 == 0:
+                        self._prune_urls()
+                    for _ in range(8):  # a member known by news only is probed by those who know its address
+                        target = self.swim.next_target()
+                        if target is None or self.url_of(target) is not None:
+                            break
+                    if target is not None and len(pending) < 4:
+                        t = asyncio.ensure_future(self.probe(target))
+                        pending.add(t)
+                        t.add_done_callback(pending.discard)
+                except Exception as e:  # one bad round must not end liveness for good
+                    log.warning("swim round failed: %r", e)
         finally:
             for t in pending:
                 t.cancel()
@@ -370,7 +396,7 @@ def _size(header: Optional[dict]) -> int:
     return framing.frame_size(framing.encode(header)) if header else 0
 
 
-def install(peer: "Peer") -> SwimLoop:
+def install(peer) -> SwimLoop:
     cfg = peer.config
     ttl = cfg.record_s * cfg.ttl_heartbeats
     params = SwimParams(probe_s=cfg.swim_probe_s, ack_s=cfg.swim_probe_s / 2, suspect_s=2 * cfg.swim_probe_s,

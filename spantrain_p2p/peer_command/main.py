@@ -59,8 +59,7 @@ def peer_parser() -> argparse.ArgumentParser:
     p.add_argument("--liveness", choices=("records", "swim"), default="records",
                    help="how members learn who is alive: records (a DHT record re-stored every heartbeat; "
                         "the default) or swim (direct probes between peers, news carried on them; records "
-                        "re-stored only when they change: a peer's control traffic flat in the swarm's size; "
-                        "measured on idle swarms, not yet with a training job)")
+                        "re-stored only when they change: a peer's control traffic flat in the swarm's size)")
     p.add_argument("--mdns", action="store_true", help="advertise this peer on the LAN through mDNS")
     p.add_argument("--swarm-key", metavar="PATH",
                    help="a closed swarm's key file (`spantrain keygen PATH`): only its holders join, read or send")

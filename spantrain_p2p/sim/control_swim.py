@@ -115,9 +115,11 @@ def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200,
             if w != p:
                 call(p, w, joins_per_s, d.ping_bytes + z.entry, d.ping_bytes)
 
-    # a crash, as the planner sees it: the first probe of the dead peer, its ack and the indirect
-    # probes time out, the suspicion runs out, and the confirmer tells the planner directly
-    crash = [_first_probe_s(rng, n, d.probe_s) + 2 * d.ack_s + d.suspect_s + d.rtt_s / 2 for _ in range(crashes)]
+    # a crash, as the planner sees it: the first probe of the dead peer, its ack (``ack_s``) and the
+    # indirect probes' (``2 ack_s + 0.5``) time out, the suspicion runs out and is found so at the
+    # prober's next round (within ``probe_s``), and the prober tells the planner directly
+    crash = [_first_probe_s(rng, n, d.probe_s) + 3 * d.ack_s + 0.5 + d.suspect_s + rng.uniform(0, d.probe_s)
+             + d.rtt_s / 2 for _ in range(crashes)]
     # a join: the joiner stores its record (its key's nodes looked up first) and sends it to the planner
     lookup = d.visits * d.rtt_s
     join = [lookup + rng.uniform(0.5, 1.5) * d.rtt_s + d.rtt_s / 2 for _ in range(joins)]

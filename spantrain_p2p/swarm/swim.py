@@ -71,21 +71,32 @@ class Member:
     inc: int = 0
     since: float = 0.0  # when it entered this state (the clock passed in)
     rec: int = 0  # the latest record seq heard of
+    # seen in its own signed record or heard from itself (an authenticated connection), not only
+    # in others' news: a hostile member can make up ids, not keys (``Swim.live``)
+    confirmed: bool = False
 
 
 def overrides(new: News, old: Member) -> bool:
     """Whether news ``new`` about the same life replaces what is known (SWIM's order): alive
     overrides a lower incarnation; suspect overrides alive of its incarnation or lower, and suspect
-    of a lower one; dead and left override everything but themselves, and are overridden only by
-    alive with a higher incarnation: the member's refutation of a false verdict, which only it
-    raises (``Swim.merge``), passed on by others."""
+    of a lower one; dead and left override what is not gone of their incarnation or lower (a stale
+    verdict does not undo a refutation), and are overridden only by alive with a higher one: the
+    member's refutation, which only it raises (``Swim.merge``), passed on by others."""
     if new.state == ALIVE:
         return new.inc > old.inc
     if new.state == SUSPECT:
         if old.state == ALIVE:
             return new.inc >= old.inc
         return old.state == SUSPECT and new.inc > old.inc
-    return old.state not in GONE  # dead or left
+    return old.state not in GONE and new.inc >= old.inc  # dead or left
+
+
+# news that raises a known member's incarnation by more than this is refused as made up (a member
+# raises its own by one per refutation): a forged suspicion at the top of the range would leave
+# its victim no incarnation to refute with
+MAX_INC_STEP = 1024
+MAX_MEMBERS = 100_000  # members kept, at most
+MAX_UNCONFIRMED = 2_000  # of them known only from others' news (made-up ids cost a hostile peer nothing)
 
 
 @dataclass
@@ -100,55 +111,95 @@ class Swim:
     rec: int = 0  # this peer's latest record seq (``record``)
     members: dict[str, Member] = field(default_factory=dict)
     _order: list[str] = field(default_factory=list)
-    _sent: dict[News, int] = field(default_factory=dict)  # news to pass on -> times sent so far
+    _sent: dict[str, list] = field(default_factory=dict)  # peer -> [its latest news to pass on, times sent]
+    _unconfirmed: int = 0
 
     # ---- the member list ---------------------------------------------------------------------
     def live(self) -> list[str]:
-        """Members not known dead or departed (suspects included: they may refute), this peer not."""
-        return sorted(p for p, m in self.members.items() if m.state not in GONE)
+        """Confirmed members not known dead or departed (suspects included: they may refute), this
+        peer not."""
+        return sorted(p for p, m in self.members.items() if m.confirmed and m.state not in GONE)
 
     def is_live(self, peer: str) -> bool:
         m = self.members.get(peer)
-        return m is not None and m.state not in GONE
+        return m is not None and m.confirmed and m.state not in GONE
 
     def gone(self, peer: str, life: str) -> bool:
         """Whether that life of ``peer`` is known dead or departed."""
         m = self.members.get(peer)
         return m is not None and m.life == life and m.state in GONE
 
+    def _put(self, peer: str, m: Member) -> None:
+        old = self.members.get(peer)
+        self._unconfirmed += (not m.confirmed) - (old is not None and not old.confirmed)
+        self.members[peer] = m
+
+    def _drop(self, peer: str) -> None:
+        m = self.members.pop(peer)
+        self._unconfirmed -= not m.confirmed
+
+    def _confirm(self, peer: str, life: str) -> bool:
+        m = self.members.get(peer)
+        if m is None or m.life != life or m.confirmed:
+            return False
+        m.confirmed = True
+        self._unconfirmed -= 1
+        return True
+
+    def _room(self, confirmed: bool) -> bool:
+        return len(self.members) < MAX_MEMBERS and (confirmed or self._unconfirmed < MAX_UNCONFIRMED)
+
     def add(self, peer: str, life: str, now: float) -> bool:
-        """A member seen in a record (a read of the member keys). Added alive where unknown, or where
-        the entry is of another life that is gone (a restart); a record of a gone life does not
-        revive it. Whether the list changed."""
+        """A member seen in its signed record (a read of the member keys): added alive where unknown
+        or where the entry is of another life that is gone (a restart), confirmed where known; a
+        record of a gone life does not revive it. Whether the list of live members changed."""
         if peer == self.me:
             return False
         m = self.members.get(peer)
         if m is not None and (m.life == life or m.state not in GONE):
+            return self._confirm(peer, life) and m.state not in GONE
+        if not self._room(True):
             return False
-        self.members[peer] = Member(life, ALIVE, 0, now)
+        self._put(peer, Member(life, ALIVE, 0, now, confirmed=True))
         return True
+
+    def hear(self, peer: str, life: str, inc: int, rec: int, now: float) -> None:
+        """A member from another's list (a joiner's start): kept unconfirmed where unknown, not news."""
+        if peer != self.me and peer not in self.members and self._room(False):
+            self._put(peer, Member(life, ALIVE, inc, now, rec))
 
     # ---- probing -----------------------------------------------------------------------------
     def next_target(self) -> Optional[str]:
-        """The member to ping now: each live member once per round, in an order shuffled anew every
-        round (so every member is probed within two rounds, and nobody learns the order)."""
+        """The member to ping now: each member not gone once per round (unconfirmed ones too: an
+        ack confirms them), in an order shuffled anew every round (so every member is probed within
+        two rounds, and nobody learns the order)."""
         while self._order:
             p = self._order.pop()
             if p in self.members and self.members[p].state not in GONE:
                 return p
-        self._order = self.live()
+        self._order = [p for p, m in self.members.items() if m.state not in GONE]
         self.rng.shuffle(self._order)
         return self._order.pop() if self._order else None
 
-    def helpers(self, target: str) -> list[str]:
-        """Up to ``indirect`` other live members to ping ``target`` for us."""
-        others = [p for p in self.live() if p != target and self.members[p].state == ALIVE]
+    def helpers(self, target: str, usable=lambda p: True) -> list[str]:
+        """Up to ``indirect`` other live members (``usable``: that this peer can reach) to ping
+        ``target`` for us."""
+        others = [p for p in self.live() if p != target and self.members[p].state == ALIVE and usable(p)]
         return self.rng.sample(others, min(self.params.indirect, len(others)))
 
     def acked(self, peer: str, life: str, inc: int, now: float, rec: int = 0) -> list[News]:
         """``peer`` answered (an ack, or a ping it sent us) as ``life`` with incarnation ``inc`` and
-        record ``rec``: its own word, so it may also be a new life. The changes (news to pass on)."""
-        return self.merge([News(peer, ALIVE, inc, life, rec)], now, sender=peer)
+        record ``rec``: its own word, so it may also be a new life, and it is confirmed. Where this
+        peer holds that life dead at that incarnation or later, the verdict goes back to it (first
+        on the ack or the next message to it), so that it refutes. The changes (news to pass on)."""
+        m = self.members.get(peer)
+        if m is not None and m.life == life and m.state in GONE and inc <= m.inc:
+            self._spread(News(peer, m.state, m.inc, m.life, m.rec))
+            return []
+        out = self.merge([News(peer, ALIVE, inc, life, rec)], now, sender=peer)
+        if self._confirm(peer, life) and not out:
+            out = [News(peer, ALIVE, inc, life, rec)]  # newly among the live members, though known
+        return out
 
     def missed(self, peer: str, now: float) -> list[News]:
         """Neither ``peer`` nor any helper answered: it is suspected (news)."""
@@ -158,15 +209,16 @@ class Swim:
         return self.merge([News(peer, SUSPECT, m.inc, m.life, m.rec)], now)
 
     def tick(self, now: float) -> list[News]:
-        """Suspects not cleared within ``suspect_s`` are dead (news); gone entries older than
-        ``forget_s`` are dropped (a record of theirs still in the DHT may re-add them: a dead life
-        is kept as long as a record lives, ``forget_s``)."""
+        """Suspects not cleared within ``suspect_s`` are dead (news); gone entries, and entries
+        nobody confirmed, older than ``forget_s`` are dropped (a record of theirs still in the DHT
+        may re-add them: a dead life is kept as long as a record lives, ``forget_s``)."""
         out = []
         for p, m in list(self.members.items()):
             if m.state == SUSPECT and now - m.since >= self.params.suspect_s:
                 out += self.merge([News(p, DEAD, m.inc, m.life, m.rec)], now)
-            elif m.state in GONE and now - m.since >= self.params.forget_s:
-                del self.members[p]
+            elif (m.state in GONE or not m.confirmed) and now - m.since >= self.params.forget_s:
+                self._drop(p)
+                self._sent.pop(p, None)
         return out
 
     def leave(self) -> News:
@@ -186,17 +238,22 @@ class Swim:
         changed = []
         for n in news:
             if n.peer == self.me:
-                if n.life == self.life and n.state != ALIVE and n.inc >= self.inc:
+                if n.life == self.life and n.state != ALIVE and self.inc <= n.inc <= self.inc + MAX_INC_STEP:
                     self.inc = min(MAX_INC, n.inc + 1)
                     self._spread(News(self.me, ALIVE, self.inc, self.life, self.rec))
                 continue
             m = self.members.get(n.peer)
+            own = sender == n.peer
             if m is None:  # a join (or the end of a member this peer never saw: kept, so that its
-                self.members[n.peer] = Member(n.life, n.state, n.inc, now, n.rec)  # record does not revive it)
-            elif m.life != n.life:  # another life: a restart where the known one is gone, or the
-                if n.state in GONE or (m.state not in GONE and sender != n.peer):  # member's own word
+                if not self._room(own):  # record does not revive it)
                     continue
-                self.members[n.peer] = Member(n.life, n.state, n.inc, now, n.rec)
+                self._put(n.peer, Member(n.life, n.state, n.inc, now, n.rec, confirmed=own))
+            elif m.life != n.life:  # another life: a restart where the known one is gone, or the
+                if n.state in GONE or (m.state not in GONE and not own):  # member's own word
+                    continue
+                self._put(n.peer, Member(n.life, n.state, n.inc, now, n.rec, confirmed=own))
+            elif n.inc > m.inc + MAX_INC_STEP:
+                continue  # made up
             elif overrides(n, m):
                 m.state, m.inc, m.since, m.rec = n.state, n.inc, now, max(m.rec, n.rec)
             elif n.rec > m.rec and m.state not in GONE:  # a newer record of a member as it was
@@ -208,23 +265,22 @@ class Swim:
         return changed
 
     def _spread(self, n: News) -> News:
-        for old in [o for o in self._sent if o.peer == n.peer]:
-            del self._sent[old]  # newer news of a member replaces older
-        self._sent[n] = 0
+        self._sent.pop(n.peer, None)  # newer news of a member replaces older, and goes last in line
+        self._sent[n.peer] = [n, 0]
         return n
 
     def outgoing(self, to: str) -> list[News]:
         """News for a ping or ack to ``to``: news about ``to`` first (a suspect hears of it and
-        refutes), then the least-sent, at most ``piggyback``; each sent at most
-        ``retransmit_factor * log2(n + 1)`` times, then dropped. This peer's own state comes along
-        with every message anyway (``inc`` and ``life`` in the header)."""
+        refutes), then the least-sent, the newest first among those, at most ``piggyback``; each
+        sent at most ``retransmit_factor * log2(n + 2)`` times, then dropped. This peer's own state
+        comes along with every message anyway (``inc`` and ``life`` in the header)."""
         limit = max(1, math.ceil(self.params.retransmit_factor * math.log2(len(self.members) + 2)))
-        pick = sorted(self._sent, key=lambda n: (n.peer != to, self._sent[n]))[: self.params.piggyback]
-        for n in pick:
-            self._sent[n] += 1
-            if self._sent[n] >= limit:
-                del self._sent[n]
-        return pick
+        pick = sorted(reversed(self._sent.values()), key=lambda e: (e[0].peer != to, e[1]))[: self.params.piggyback]
+        for e in pick:
+            e[1] += 1
+            if e[1] >= limit:
+                del self._sent[e[0].peer]
+        return [e[0] for e in pick]
 
 
 def _life_out(life: str) -> "str | int":

@@ -252,8 +252,10 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
             e = Peer(PeerConfig(name="e", join=(a.address,), **FAST))
             peers.append(e)
             await e.start()
-            # it started with a member's list: every member in its own list at once, addresses known
-            assert all(lists(e, p) and e.swim.url_of(p.peer_id) for p in peers[:-1])
+            # it started with a member's list: every member known at once, with an address (confirmed
+            # once its record is read or it answers)
+            assert all(p.peer_id in e.swim.swim.members and e.swim.url_of(p.peer_id) for p in peers[:-1])
+            await until(lambda: all(lists(e, p) for p in peers[:-1]), 10, "the joiner's list confirmed")
             first = membership.watchers([p.peer_id for p in peers])
             await until(lambda: all(lists(p, e) for p in peers[:2]), 10, "the joiner in every list")
             await until(lambda: all(sees(p, e) for p in peers if p.peer_id in first), 10, "the joiner's record read")

@@ -293,7 +293,11 @@ class SwimLoop:
         ``extra``), not waiting for the pings to carry it: news just queued goes first on any
         message, after news about its receiver."""
         said = self.peer.watcher_ids() if self.peer.watcher_ids is not None else []
-        for w in dict.fromkeys([*said, *membership.watchers(self.swim.live() + [self.peer.peer_id])]):
+        me = [self.peer.peer_id]
+        # the lowest ids among the confirmed members, and among all heard of (a joiner has confirmed
+        # few yet: its list's members are the best it knows; a made-up one costs one message)
+        heard = [p for p, m in self.swim.members.items() if m.state not in GONE]
+        for w in dict.fromkeys([*said, *membership.watchers(self.swim.live() + me), *membership.watchers(heard + me)]):
             if w != self.peer.peer_id:
                 await self._send(w, "news", self.params.ack_s * 2, **extra)
 

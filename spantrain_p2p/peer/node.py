@@ -498,12 +498,12 @@ class Peer:
         view = dict(self._view)
         view.update({p: r for p, r in got.items() if p != self.peer_id and (
             p not in view or (view[p].seq <= r.seq if view[p].instance == r.instance else view[p].ts < r.ts))})
-        read_at = self._read_at
-        self._update_view(view)
-        self._read_at = read_at  # not a read of the whole key
+        self._update_view(view, whole=False)
 
-    def _update_view(self, view: dict[str, PeerRecord]) -> None:
-        self._read_at = time.monotonic()
+    def _update_view(self, view: dict[str, PeerRecord], whole: bool = True) -> None:
+        """The view from now on (``whole``: read from every member key, ``status``'s age of the view)."""
+        if whole:
+            self._read_at = time.monotonic()
         if self.swim is not None:
             view = self.swim.filter(view)
         if self.identity is not None and self.state != "left":

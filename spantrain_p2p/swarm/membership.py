@@ -103,6 +103,11 @@ async def read_members(node, swarm: str, on_bad: BadRecordLog, latest: bool = Tr
     record found under a key its peer id does not hash to is refused (the nodes refuse to store it
     there, ``validator``)."""
     keys = members_keys(swarm) if peer_ids is None else sorted({member_key_of(swarm, p) for p in peer_ids})
+    return await _read_keys(node, swarm, keys, on_bad, latest, holders)
+
+
+async def _read_keys(node, swarm: str, keys: list[str], on_bad: BadRecordLog, latest: bool,
+                     holders: Optional[int]) -> dict[str, PeerRecord]:
     found = await node.get_many(keys, latest=latest, **({"holders": holders} if holders else {}))
     now, out = get_dht_time(), {}
     for key in keys:
@@ -122,11 +127,10 @@ async def read_some(node, swarm: str, on_bad: BadRecordLog, want: int) -> dict[s
     time in a random order (a joiner that learns the members another way: one key of a large swarm,
     every key of a small one)."""
     out: dict[str, PeerRecord] = {}
-    for key in random.sample(members_keys(swarm), len(members_keys(swarm))):
-        item = (await node.get_many([key], latest=True, holders=1)).get(key)
-        if item is not None:
-            out.update({p: r for p, r in parse_members(item.value, get_dht_time(), on_bad).items()
-                        if member_key_of(swarm, p) == key})
+    keys = members_keys(swarm)
+    random.shuffle(keys)
+    for key in keys:
+        out.update(await _read_keys(node, swarm, [key], on_bad, True, 1))
         if sum(r.alive for r in out.values()) >= want:
             break
     return out

@@ -223,14 +223,12 @@ class SwimLoop:
         signed = extra.pop("record", None)
         header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}))
         sent = [msgpack.packb(signed, use_bin_type=True)] if signed is not None else []
-        reply = None
+        reply, buffers = None, []
         try:
             got = await asyncio.wait_for(self.peer.client.send(
                 url, KIND, header, sent, timeout=timeout, link=self.peer.link_to(to), peer_id=to), timeout)
-            reply = got[0] if got else None
+            reply, buffers = got if got else (None, [])
             life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
-            if reply is not None and want_buffers:
-                reply = {**reply, "_buffers": got[1]}
         except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
             log.debug("swim %s to %s: %s", op, to[:12], e)
             reply = None
@@ -241,14 +239,14 @@ class SwimLoop:
         except Exception as e:
             log.warning("swim %s to %s: %s", op, to[:12], e)
             reply = None
-        self.peer.control.tally(False, op, KIND, _size(header) + sum(map(len, sent)), _size(reply) if reply else 0,
-                                reply is not None)
+        self.peer.control.tally(False, op, KIND, _size(header) + sum(map(len, sent)),
+                                _size(reply) + sum(b.nbytes for b in buffers) if reply else 0, reply is not None)
         if reply is None:
             return None
         now = time.monotonic()
         self._learn_url(to, reply["url"])
         self._apply(self.swim.acked(to, life, inc, now, rec) + self.swim.merge(news, now, sender=to))
-        return reply
+        return {**reply, "_buffers": buffers} if want_buffers else reply
 
     async def _ping(self, target: str, timeout: float) -> bool:
         return await self._send(target, "ping", timeout) is not None  # {}: refused, yet alive

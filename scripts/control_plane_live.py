@@ -85,11 +85,11 @@ def status(p: PeerProcess, timeout: float = 10.0) -> dict:
     return p.status(timeout=timeout)
 
 
-def members(p: PeerProcess) -> set[str]:
+def members(p: PeerProcess, liveness: str) -> set[str]:
     """The members ``p`` lists: the records in its view; with SWIM, its member list, those it has
     only heard of included (a peer that does not watch reads only the records it needs, and a
     member is confirmed once it has heard from it)."""
-    if LIVENESS[1] == "swim":
+    if liveness == "swim":
         listed = p.status(timeout=10.0, path="/swim")["members"]
         return {k for k, v in listed.items() if v["state"] not in ("dead", "left")} | {p.info["peer_id"]}
     return {m["peer_id"] for m in status(p)["members"]}
@@ -105,39 +105,37 @@ def sample(peers: list[PeerProcess]) -> dict:
     return out
 
 
-LIVENESS = ["--liveness", "records"]
-
-
-def start(name: str, run_dir: str, join: str | None) -> PeerProcess:
-    args = ["--name", name, "--swarm", SWARM, "--no-measure", *LIVENESS]
+def start(name: str, run_dir: str, join: str | None, liveness: str) -> PeerProcess:
+    args = ["--name", name, "--swarm", SWARM, "--no-measure", "--liveness", liveness]
     if join:
         args += ["--join", join]
     return PeerProcess(name, args, run_dir).start()
 
 
-def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_timeout: float, settle: float) -> dict:
+def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_timeout: float, settle: float,
+          liveness: str) -> dict:
     peers: list[PeerProcess] = []
     try:
         t0 = time.monotonic()
-        founder = start("c000", run_dir, None)
+        founder = start("c000", run_dir, None, liveness)
         founder.wait_ready(120)
         peers.append(founder)
         addr = founder.info["address"]
         wave = 8  # a wave at a time: 2 cores start ~8 daemons at once without timeouts
         for i in range(1, n, wave):
-            batch = [start(f"c{j:03d}", run_dir, addr) for j in range(i, min(n, i + wave))]
+            batch = [start(f"c{j:03d}", run_dir, addr, liveness) for j in range(i, min(n, i + wave))]
             for p in batch:
                 p.wait_ready(180)
             peers += batch
         started_s = time.monotonic() - t0
         ids = {p.name: p.info["peer_id"] for p in peers}
         try:
-            wait_until(lambda: all(len(members(p)) >= n for p in peers), converge_timeout, 1.0,
+            wait_until(lambda: all(len(members(p, liveness)) >= n for p in peers), converge_timeout, 1.0,
                        f"all {n} peers listing each other")
             converged_s = round(time.monotonic() - t0, 1)
         except TimeoutError:  # measured all the same: this is how such a swarm runs
             converged_s = None
-        listed = sorted(len(members(p)) for p in peers)
+        listed = sorted(len(members(p, liveness)) for p in peers)
         time.sleep(settle)  # the joins' own traffic settles (SWIM: their news passed on enough)
         a = sample(peers)
         time.sleep(window)
@@ -179,14 +177,14 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
         by_id = sorted(peers, key=lambda p: ids[p.name])
         watcher = by_id[0]
         other = rng.choice(by_id[2:]) if n > 2 else by_id[-1]
-        joiner = start(f"c{n:03d}", run_dir, addr)
+        joiner = start(f"c{n:03d}", run_dir, addr, liveness)
         wait_until(joiner.poll_ready, 180, 0.05, "the joiner's ready file")
         ready_at = time.monotonic()
         jid = joiner.info["peer_id"]
         seen = {}
         while len(seen) < 2 and time.monotonic() - ready_at < 60:
             for w in (watcher, other):
-                if w.name not in seen and jid in members(w):
+                if w.name not in seen and jid in members(w, liveness):
                     seen[w.name] = time.monotonic() - ready_at
             time.sleep(0.1)
         peers.append(joiner)
@@ -199,7 +197,7 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
         gone = {}
         while len(gone) < 2 and time.monotonic() - killed_at < 120:
             for w in (watcher, other):
-                if w.name not in gone and vid not in members(w):
+                if w.name not in gone and vid not in members(w, liveness):
                     gone[w.name] = time.monotonic() - killed_at
             time.sleep(0.1)
 
@@ -214,7 +212,7 @@ def one_n(n: int, window: float, run_dir: str, rng: random.Random, converge_time
             return f"{name} ({'watcher' if name == watcher.name else 'member'})"
 
         return {
-            "n": n, "liveness": LIVENESS[1], "window_s": window, "started_s": round(started_s, 1), "converged_s": converged_s,
+            "n": n, "liveness": liveness, "window_s": window, "started_s": round(started_s, 1), "converged_s": converged_s,
             "listed": {"min": listed[0], "median": listed[len(listed) // 2], "max": listed[-1]},
             "control_bytes_per_s": stat("control_bytes_per_s"), "calls_out_per_s": stat("calls_out_per_s"),
             "calls_served_per_s": stat("calls_served_per_s"),
@@ -296,12 +294,12 @@ def main() -> int:
     p.add_argument("--plot", default="", help="write a PNG of the figures against N here")
     args = p.parse_args()
     rng = random.Random(args.seed)
-    LIVENESS[1] = args.liveness
     results = []
     with tempfile.TemporaryDirectory(prefix="control-plane-") as tmp:
         for n in args.peers:
             settle = args.settle if args.settle is not None else min(10.0, args.window / 3)
-            r = one_n(n, args.window, tempfile.mkdtemp(prefix=f"n{n}-", dir=tmp), rng, args.converge_timeout, settle)
+            r = one_n(n, args.window, tempfile.mkdtemp(prefix=f"n{n}-", dir=tmp), rng, args.converge_timeout, settle,
+                      args.liveness)
             show(r)
             results.append(r)
     if args.plot:

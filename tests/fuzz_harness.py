@@ -158,9 +158,9 @@ async def http_request(rng: random.Random, session: aiohttp.ClientSession, url: 
 
 
 async def dht_value(rng: random.Random, me: Peer, swarm: str) -> str:
-    key = rng.choice([keys.member_key_of(swarm, me.peer_id), keys.job_key(swarm), keys.stagemap_key(swarm),
-                      keys.lease_key(swarm), keys.measure_key(swarm, keys.PROFILES),
-                      keys.measure_key(swarm, keys.LINKS), keys.measure_key(swarm, keys.GROUPS)])
+    key = rng.choice([keys.member_key_of(swarm, me.peer_id), keys.job_key_of(swarm, me.peer_id), keys.stagemap_key(swarm),
+                      keys.lease_key(swarm), keys.measure_key_of(swarm, keys.PROFILES, me.peer_id),
+                      keys.measure_key_of(swarm, keys.LINKS, me.peer_id), keys.measure_key_of(swarm, keys.GROUPS, me.peer_id)])
     r = rng.random()
     if r < 0.4:
         value = random_value(rng)

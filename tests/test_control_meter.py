@@ -149,16 +149,62 @@ async def test_an_idle_peers_job_poll_asks_one_of_the_job_keys_nodes_and_a_job_i
     job = JobSpec(steps=3).finalized()
     copy = {other.peer_id: ValueWithExpiration(sign_payload(job.to_dict(), other), get_dht_time() + 60)}
 
-    async def get(key, latest=False, **kw):
+    from spantrain_p2p.swarm import keys
+
+    async def get_many(ks, latest=False, **kw):
+        assert sorted(ks) == keys.job_keys("s")  # a small swarm's copies: every bucket at once
         asked.append(kw.get("holders"))
         if len(asked) < 3:
-            return None
+            return dict.fromkeys(ks)
         idle.state = "training"  # a member shows a job: the next read asks every node, and finds it
-        return ValueWithExpiration(copy, get_dht_time() + 60) if len(asked) > 3 else None
+        found = ValueWithExpiration(copy, get_dht_time() + 60) if len(asked) > 3 else None
+        return {k: found if k == keys.job_key_of("s", other.peer_id) else None for k in ks}
 
-    peer = types.SimpleNamespace(peer_id=me.peer_id, dht=types.SimpleNamespace(get=get),
+    peer = types.SimpleNamespace(peer_id=me.peer_id, dht=types.SimpleNamespace(get_many=get_many),
                                  live_members=lambda: [idle], member_ids=lambda: frozenset({me.peer_id, other.peer_id}),
                                  config=types.SimpleNamespace(swarm="s"))
     found = await run_records.RunRecords(peer, log_bad=lambda s, w: None, poll_s=0.01).await_job()
     assert found.job_id == job.job_id
     assert asked[:3] == [1, 1, 1] and asked[3:] == [None]
+
+
+async def test_a_joiner_of_a_large_swarm_reads_the_job_copies_one_bucket_at_a_time_until_enough_agree():
+    """Copies lie in 8 keys by member id: with more than 16 copies a key in sight, a joiner reads one
+    key at a time (a random order) and stops at 16 valid copies; a copy under another member's bucket
+    is refused."""
+    import types
+
+    from hivemind.utils import ValueWithExpiration, get_dht_time
+
+    from spantrain_p2p.job.spec import JobSpec
+    from spantrain_p2p.swarm import keys
+    from spantrain_p2p.swarm.identity import Identity
+    from spantrain_p2p.swarm.records import sign_payload
+    from spantrain_p2p.train import run_records
+
+    job = JobSpec(steps=3).finalized()
+    ids = [Identity.generate() for _ in range(40)]
+    by_key: dict = {}
+    for i in ids:
+        by_key.setdefault(keys.job_key_of("s", i.peer_id), {})[i.peer_id] = ValueWithExpiration(
+            sign_payload(job.to_dict(), i), get_dht_time() + 60)
+    stray = ids[0]  # its copy also under a key it does not hash to
+    wrong = next(k for k in keys.job_keys("s") if k != keys.job_key_of("s", stray.peer_id))
+    by_key.setdefault(wrong, {})[stray.peer_id] = by_key[keys.job_key_of("s", stray.peer_id)][stray.peer_id]
+    reads, bad = [], []
+
+    async def get_many(ks, latest=False, **kw):
+        reads.append(list(ks))
+        return {k: ValueWithExpiration(by_key[k], get_dht_time() + 60) if k in by_key else None for k in ks}
+
+    members = frozenset(i.peer_id for i in ids) | {f"Qm{n}" for n in range(200)}  # a large swarm
+    peer = types.SimpleNamespace(peer_id="QmMe", dht=types.SimpleNamespace(get_many=get_many),
+                                 member_ids=lambda: members, config=types.SimpleNamespace(swarm="s"))
+    rr = run_records.RunRecords(peer, log_bad=lambda s, why: bad.append(why))
+    votes, _ = await rr._read_copies(sight=True, bad="")
+    assert all(len(r) == 1 for r in reads)
+    got = sum(map(len, votes.values()))
+    assert got >= run_records.JOB_VOTES or len(reads) == keys.MEMBER_BUCKETS
+    assert len(reads) < keys.MEMBER_BUCKETS and list(votes) == [job.job_id]
+    if any(wrong in r for r in reads):
+        assert any("another bucket" in w for w in bad)

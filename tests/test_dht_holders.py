@@ -249,4 +249,4 @@ async def test_a_stores_lookup_of_a_member_key_looks_up_all_eight_with_it():
         assert node.searches == 2  # one lookup for both again, in step
     finally:
         guard_module.time.monotonic = real
-    assert swarm_keys.read_together("spantrain/s/job") == ["spantrain/s/job"]
+    assert swarm_keys.read_together("spantrain/s/stagemap") == ["spantrain/s/stagemap"]

@@ -100,9 +100,9 @@ async def _attack(node, swarm: str, victims: list[str], me: SwarmValidator, me_i
     now = get_dht_time()
     n = 0
     own_payload = sign_payload({"term": 10**6, "peer_id": me_id.peer_id, "expires": now + 60}, me_id)
-    for dht_key in (*keys.members_keys(swarm), keys.lease_key(swarm), keys.job_key(swarm), keys.stagemap_key(swarm),
+    for dht_key in (*keys.members_keys(swarm), keys.lease_key(swarm), *keys.job_keys(swarm), keys.stagemap_key(swarm),
                     keys.keyreq_key(swarm), keys.groupkey_key(swarm),
-                    *(keys.measure_key(swarm, w) for w in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS))):
+                    *(k for w in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS) for k in keys.measure_keys(swarm, w))):
         found = await node.get(dht_key, latest=True)
         genuine = found.value if found is not None and isinstance(found.value, dict) else {}
         subkeys = [*victims, *(keys.term_subkey(t, p) for t in (1, 2, 10**6) for p in victims),

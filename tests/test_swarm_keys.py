@@ -5,10 +5,15 @@ from spantrain_p2p.swarm import election, keys, measure, membership
 def test_every_key_of_a_swarm_is_spelled_as_peers_of_this_version_expect():
     assert keys.members_keys("s1") == [f"spantrain/s1/members.{b:02d}" for b in range(keys.MEMBER_BUCKETS)]
     assert keys.member_bucket("QmPeer") == 4 and keys.member_key_of("s1", "QmPeer") == "spantrain/s1/members.04"
-    assert [keys.measure_key("s1", w) for w in (keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS)] == [
-        "spantrain/s1/profiles", "spantrain/s1/links", "spantrain/s1/groups", "spantrain/s1/pings"]
+    assert [keys.measure_key("s1", w, 3) for w in (keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS, keys.ACCUSE)] == [
+        "spantrain/s1/profiles.03", "spantrain/s1/links.03", "spantrain/s1/groups.03", "spantrain/s1/pings.03",
+        "spantrain/s1/accuse.03"]
+    assert keys.measure_key_of("s1", keys.LINKS, "QmPeer") == "spantrain/s1/links.04"
+    assert keys.measure_keys("s1", keys.PINGS, ["QmPeer"]) == ["spantrain/s1/pings.04"]
+    assert len(keys.measure_keys("s1", keys.PINGS)) == keys.MEMBER_BUCKETS
     assert keys.lease_key("s1") == "spantrain/s1/planner"
-    assert keys.job_key("s1") == "spantrain/s1/job"
+    assert keys.job_keys("s1") == [f"spantrain/s1/job.{b:02d}" for b in range(keys.MEMBER_BUCKETS)]
+    assert keys.job_key_of("s1", "QmPeer") == "spantrain/s1/job.04"
     assert keys.stagemap_key("s1") == "spantrain/s1/stagemap"
 
 
@@ -23,3 +28,16 @@ def test_the_modules_that_store_records_use_these_keys():
     assert election.lease_key is keys.lease_key
     assert (measure.PROFILES, measure.LINKS, measure.GROUPS, measure.PINGS) == (
         keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS)
+
+
+def test_every_kind_with_an_entry_a_peer_is_split_into_buckets_and_read_together():
+    for what in keys.BUCKETED:
+        k = f"spantrain/s1/{what}.05"
+        assert keys.read_together(k) == [f"spantrain/s1/{what}.{b:02d}" for b in range(keys.MEMBER_BUCKETS)]
+    assert keys.read_together("spantrain/s1/stagemap") == ["spantrain/s1/stagemap"]
+    import pytest
+
+    with pytest.raises(ValueError):
+        keys.measure_key("s1", "members", 0)  # not a measurement
+    with pytest.raises(ValueError):
+        keys.measure_key("s1", keys.LINKS, keys.MEMBER_BUCKETS)

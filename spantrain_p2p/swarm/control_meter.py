@@ -31,12 +31,14 @@ def key_names(swarm: str) -> dict[bytes, str]:
     from hivemind.dht.routing import DHTID
 
     named = {
-        "planner": keys.lease_key(swarm), "job": keys.job_key(swarm),
-        "stagemap": keys.stagemap_key(swarm), "keyreq": keys.keyreq_key(swarm), "groupkey": keys.groupkey_key(swarm),
-        **{w: keys.measure_key(swarm, w) for w in _MEASURE},
+        "planner": keys.lease_key(swarm), "stagemap": keys.stagemap_key(swarm), "keyreq": keys.keyreq_key(swarm),
+        "groupkey": keys.groupkey_key(swarm),
     }
     ids = {DHTID.generate(source=k).to_bytes(): name for name, k in named.items()}
-    ids.update({DHTID.generate(source=k).to_bytes(): "members" for k in keys.members_keys(swarm)})  # one row for all buckets
+    bucketed = {"members": keys.members_keys(swarm), "job": keys.job_keys(swarm),
+                **{w: keys.measure_keys(swarm, w) for w in _MEASURE}}
+    for name, ks in bucketed.items():  # one row for all buckets of a kind
+        ids.update({DHTID.generate(source=k).to_bytes(): name for k in ks})
     return ids
 
 

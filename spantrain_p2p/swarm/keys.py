@@ -4,10 +4,12 @@ All keys are ``spantrain/<swarm>/<what>``; each holds a dictionary of signed ent
 
 - ``members.00`` .. ``members.07``: peer records, subkey = the peer id, each in the bucket its id
   hashes to (``member_bucket``): no key's value holds the whole swarm (``membership``);
-- ``profiles``, ``links``, ``pings``, ``groups``, ``accuse``: measurements, grouping votes and
-  accusations, subkey = the peer id (``measure``);
+- ``profiles.00`` .. ``.07``, ``links.*``, ``pings.*``, ``groups.*``, ``accuse.*``: measurements,
+  grouping votes and accusations, subkey = the peer id, in its bucket's key as member records
+  (``measure``);
 - ``planner``: the planner's lease, subkey = its term and the claimant (``election``);
-- ``job``: the job record, one copy per member that runs it, subkey = that member's peer id;
+- ``job.00`` .. ``job.07``: the job record, one copy per member that runs it, subkey = that
+  member's peer id, in its bucket's key;
 - ``stagemap``: stage maps, subkey = their epoch and the planner that signed it;
 - ``keyreq``, ``groupkey``: a closed swarm's group-key exchange (``group_key``), subkey = the
   peer id asking, and the peer id the key is wrapped for with the wrapper's; sealed with the swarm
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 
-# what a measurement key holds (``measure_key(swarm, what)``)
+# what a measurement key holds (``measure_key(swarm, what, bucket)``)
 PROFILES, LINKS, GROUPS, PINGS = "profiles", "links", "groups", "pings"
 ACCUSE = "accuse"  # the peers a replica convicted of attacking the job (``train.defence``)
 
@@ -45,11 +47,21 @@ def member_bucket(peer_id: str) -> int:
     return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") % MEMBER_BUCKETS
 
 
+# Every key with one entry per peer is split the same way (issue 33): at 1,000 peers the link
+# probes (about 10 links a peer) were a 2 MB value in one key, the profiles and the job's copies
+# about 1 MB each, over the 256 KiB a value may have and read whole by every reader.
+BUCKETED = ("members", PROFILES, LINKS, PINGS, GROUPS, ACCUSE, "job")
+
+
+def _bucketed(swarm: str, what: str, bucket: int) -> str:
+    if not 0 <= bucket < MEMBER_BUCKETS:
+        raise ValueError(f"{what} bucket {bucket} is not in 0..{MEMBER_BUCKETS - 1}")
+    return f"{_key(swarm, what)}.{bucket:02d}"
+
+
 def members_key(swarm: str, bucket: int) -> str:
     """The peer records of ``swarm`` whose ids hash to ``bucket``, one per peer id."""
-    if not 0 <= bucket < MEMBER_BUCKETS:
-        raise ValueError(f"member bucket {bucket} is not in 0..{MEMBER_BUCKETS - 1}")
-    return f"{_key(swarm, 'members')}.{bucket:02d}"
+    return _bucketed(swarm, "members", bucket)
 
 
 def members_keys(swarm: str) -> list[str]:
@@ -58,11 +70,11 @@ def members_keys(swarm: str) -> list[str]:
 
 
 def read_together(dht_key: str) -> list[str]:
-    """The keys read with ``dht_key`` in one go: a member key's 8 buckets (their nodes are looked up
-    together, so a heartbeat's store does not look up its own bucket's nodes apart from the reads'
+    """The keys read with ``dht_key`` in one go: a bucketed key's 8 buckets (their nodes are looked
+    up together, so a heartbeat's store does not look up its own bucket's nodes apart from the reads'
     lookup of all 8), else the key alone."""
     head, _, tail = dht_key.rpartition(".")
-    if head.endswith("/members") and len(tail) == 2 and tail.isdigit():
+    if head.rsplit("/", 1)[-1] in BUCKETED and len(tail) == 2 and tail.isdigit():
         return [f"{head}.{b:02d}" for b in range(MEMBER_BUCKETS)]
     return [dht_key]
 
@@ -72,9 +84,24 @@ def member_key_of(swarm: str, peer_id: str) -> str:
     return members_key(swarm, member_bucket(peer_id))
 
 
-def measure_key(swarm: str, what: str) -> str:
-    """Measurements of one kind (PROFILES, LINKS, GROUPS, PINGS), one entry per peer id."""
-    return _key(swarm, what)
+def measure_key(swarm: str, what: str, bucket: int) -> str:
+    """Measurements of one kind (PROFILES, LINKS, GROUPS, PINGS, ACCUSE) of the peers whose ids hash
+    to ``bucket``, one entry per peer id."""
+    if what not in BUCKETED or what in ("members", "job"):
+        raise ValueError(f"no measurements of kind {what!r}")
+    return _bucketed(swarm, what, bucket)
+
+
+def measure_keys(swarm: str, what: str, peer_ids=None) -> list[str]:
+    """The keys of measurements ``what``: every bucket's, or those of ``peer_ids``."""
+    if peer_ids is None:
+        return [measure_key(swarm, what, b) for b in range(MEMBER_BUCKETS)]
+    return [measure_key(swarm, what, b) for b in sorted({member_bucket(p) for p in peer_ids})]
+
+
+def measure_key_of(swarm: str, what: str, peer_id: str) -> str:
+    """The key ``peer_id``'s measurements ``what`` are stored under."""
+    return measure_key(swarm, what, member_bucket(peer_id))
 
 
 def lease_key(swarm: str) -> str:
@@ -82,9 +109,18 @@ def lease_key(swarm: str) -> str:
     return _key(swarm, "planner")
 
 
-def job_key(swarm: str) -> str:
-    """The swarm's job record: each member's signed copy under its own peer id."""
-    return _key(swarm, "job")
+def job_key(swarm: str, bucket: int) -> str:
+    """The swarm's job record: the signed copies of the members whose ids hash to ``bucket``, each
+    under its own peer id."""
+    return _bucketed(swarm, "job", bucket)
+
+
+def job_keys(swarm: str) -> list[str]:
+    return [job_key(swarm, b) for b in range(MEMBER_BUCKETS)]
+
+
+def job_key_of(swarm: str, peer_id: str) -> str:
+    return job_key(swarm, member_bucket(peer_id))
 
 
 def stagemap_key(swarm: str) -> str:

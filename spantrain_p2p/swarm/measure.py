@@ -1,16 +1,18 @@
 """Measurements in the DHT: each peer's device profile, its probes of the links to others, its
 pings and its vote on the grouping.
 
-One key per kind (``PROFILES``, ``LINKS``, ``PINGS``, ``GROUPS``: ``keys.measure_key``), one signed
-entry per peer (subkey = its peer id), so every peer can read the same snapshot and nobody can
-publish in another's name. ``read`` validates each entry and skips (and logs once) the bad ones.
+One signed entry per peer and kind (``PROFILES``, ``LINKS``, ``PINGS``, ``GROUPS``, ``ACCUSE``;
+subkey = its peer id), under the key of its id's bucket (``keys.measure_key_of``: eight keys a kind,
+so that no value holds the whole swarm's), so every peer can read the same snapshot and nobody can
+publish in another's name. ``read`` takes every bucket, or only those of the peers it is asked
+about; it validates each entry and skips (and logs once) the bad ones.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Optional
 
-from .keys import GROUPS, LINKS, PINGS, PROFILES, measure_key
+from .keys import GROUPS, LINKS, PINGS, PROFILES, measure_key_of, measure_keys, member_bucket
 from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.measure")
@@ -25,21 +27,35 @@ async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S) -> None:
     from hivemind.utils import get_dht_time
 
     value = sign_payload(payload, peer.identity, MAX_BYTES)
-    await peer.dht.store(measure_key(peer.config.swarm, what), value, get_dht_time() + ttl_s, subkey=peer.peer_id)
+    await peer.dht.store(measure_key_of(peer.config.swarm, what, peer.peer_id), value, get_dht_time() + ttl_s,
+                         subkey=peer.peer_id)
 
 
-async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[object, str], None]) -> dict[str, Any]:
-    """{peer id: parse(payload)} of the valid entries signed by the peer they are filed under."""
-    found = await peer.dht.get(measure_key(peer.config.swarm, what), latest=True)
+async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[object, str], None],
+               peer_ids: Optional[Iterable[str]] = None) -> dict[str, Any]:
+    """{peer id: parse(payload)} of the valid entries signed by the peer they are filed under, from
+    every bucket's key, or (``peer_ids``) only from the keys those peers' entries are under (other
+    entries found there are returned too). An entry under another bucket's key than its peer's is
+    refused (the nodes refuse to store it there: ``validator``)."""
+    ids = None if peer_ids is None else list(peer_ids)
+    if ids is not None and not ids:
+        return {}
+    keys = measure_keys(peer.config.swarm, what, ids)
+    found = await peer.dht.get_many(keys, latest=True)
     out: dict[str, Any] = {}
-    if found is None or not isinstance(found.value, dict):
-        return out
-    for sub, item in found.value.items():
-        try:
-            signer, payload = open_payload(getattr(item, "value", None), MAX_BYTES)
-            if signer != sub:
-                raise BadRecord(f"{what} entry filed under {str(sub)[:16]} but signed by {signer[:16]}")
-            out[signer] = parse(payload)
-        except (BadRecord, ValueError, TypeError, KeyError) as e:
-            on_bad(sub, f"{what}: {e}")
+    for key in keys:
+        item = found.get(key)
+        if item is None or not isinstance(item.value, dict):
+            continue
+        bucket = int(key.rsplit(".", 1)[1])
+        for sub, entry in item.value.items():
+            try:
+                signer, payload = open_payload(getattr(entry, "value", None), MAX_BYTES)
+                if signer != sub:
+                    raise BadRecord(f"{what} entry filed under {str(sub)[:16]} but signed by {signer[:16]}")
+                if member_bucket(signer) != bucket:
+                    raise BadRecord(f"{what} entry of {signer[:16]} under another bucket's key")
+                out[signer] = parse(payload)
+            except (BadRecord, ValueError, TypeError, KeyError) as e:
+                on_bad(sub, f"{what}: {e}")
     return out

@@ -60,17 +60,17 @@ class KeyRule:
         return [(self.key(swarm, b), b) for b in range(self.buckets)]
 
 
-def _measure(what: str) -> Callable[[str], str]:
-    return lambda swarm: keys.measure_key(swarm, what)
+def _measure(what: str) -> Callable[[str, int], str]:
+    return lambda swarm, bucket: keys.measure_key(swarm, what, bucket)
 
 
 RULES = (
     # a record lives a few heartbeats (--heartbeat up to 200 s), or with SWIM 3 x record_s (300 s)
     KeyRule(keys.members_key, 1200.0, OWN, keys.MEMBER_BUCKETS),
-    *(KeyRule(_measure(what), 3600.0, OWN) for what in (keys.PROFILES, keys.LINKS, keys.PINGS, keys.GROUPS,
-                                                         keys.ACCUSE)),
+    *(KeyRule(_measure(what), 3600.0, OWN, keys.MEMBER_BUCKETS) for what in (keys.PROFILES, keys.LINKS, keys.PINGS,
+                                                                              keys.GROUPS, keys.ACCUSE)),
     KeyRule(keys.lease_key, 120.0, SUFFIX),  # a lease: seconds
-    KeyRule(keys.job_key, 600.0, OWN),
+    KeyRule(keys.job_key, 600.0, OWN, keys.MEMBER_BUCKETS),
     KeyRule(keys.stagemap_key, 600.0, SUFFIX),
     KeyRule(keys.keyreq_key, 60.0, OWN),
     KeyRule(keys.groupkey_key, 3600.0, SUFFIX),

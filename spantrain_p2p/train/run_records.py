@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import math
 import logging
+import random
 import time
 from typing import Callable, Optional
 
 from ..plan.stagemap import StageMap
-from ..swarm.keys import epoch_subkey, job_key, stagemap_key
+from ..swarm.keys import epoch_subkey, job_key_of, job_keys, stagemap_key
 from ..swarm.records import BadRecord, open_payload, sign_payload
 from ..job.spec import JobRefused, JobSpec
 
@@ -40,6 +41,8 @@ JOB_IDLE_POLL_S = 5.0
 # lookup and read of a key ends at its few nodes, and at 1,000 idle peers polling every 5 s those
 # were the busiest nodes of the swarm (``sim.control_swim``); a joiner reads it at once all the same
 JOB_IDLE_READS_PER_S = 20.0
+# A joiner of a large swarm decides on this many members' copies of the job (``_read_copies``)
+JOB_VOTES = 16
 
 
 def job_in_sight(records) -> bool:
@@ -75,7 +78,8 @@ class RunRecords:
     # ---- the job ----------------------------------------------------------------------------------
     async def publish_job(self, job: JobSpec) -> None:
         """This peer's signed copy of the job it runs."""
-        await self.store(job_key(self.swarm), self.peer.peer_id, sign_payload(job.to_dict(), self.peer.identity))
+        await self.store(job_key_of(self.swarm, self.peer.peer_id), self.peer.peer_id,
+                         sign_payload(job.to_dict(), self.peer.identity))
 
     async def await_job(self) -> JobSpec:
         """The swarm's job, once it is in the DHT: the one most live members' copies agree on (ties:
@@ -92,24 +96,7 @@ class RunRecords:
                 waited += self.poll_s
                 continue
             read_at = waited
-            # with no job in sight, one of the key's nodes (every idle peer's poll asked all five:
-            # at 48 idle peers the job key's nodes answered 9 calls a second each, the busiest peers)
-            found = await self.peer.dht.get(job_key(self.swarm), latest=True, **({} if sight else {"holders": 1}))
-            members = self.peer.member_ids()
-            votes: dict[str, list] = {}
-            for sub, entry in (found.value.items() if found is not None and isinstance(found.value, dict) else ()):
-                if sub not in members:  # a copy by a peer that never joined is nobody's job
-                    continue
-                try:
-                    signer, payload = open_payload(entry.value)
-                    if signer != sub:
-                        raise BadRecord(f"a copy filed under {str(sub)[:16]} is signed by {signer[:16]}")
-                    job = JobSpec.from_dict(payload)
-                except (BadRecord, ValueError, TypeError) as e:
-                    self.log_bad(sub, f"job: {e}")
-                    bad = str(e)
-                    continue
-                votes.setdefault(job.job_id, []).append(job)
+            votes, bad = await self._read_copies(sight, bad)
             if votes:
                 if len(votes) > 1:
                     log.warning("the swarm's job copies disagree (%s): taking the one most members run",
@@ -121,6 +108,40 @@ class RunRecords:
                 log.info("waiting for the swarm's job to appear in the DHT")
             await asyncio.sleep(self.poll_s)
             waited += self.poll_s
+
+    async def _read_copies(self, sight: bool, bad: str) -> tuple[dict[str, list], str]:
+        """({job id: its valid copies by members}, the last invalid copy's fault or ``bad``). The
+        copies lie in 8 keys by their members' ids (``keys.job_key_of``): all read at once, or, in a
+        swarm of more than ``JOB_VOTES`` copies a key, one key at a time in a random order until
+        ``JOB_VOTES`` valid copies are in (a random eighth of 1,000 members votes as they all do)."""
+        keys = job_keys(self.swarm)
+        random.shuffle(keys)
+        members = self.peer.member_ids()
+        per = 1 if sight and len(members) > JOB_VOTES * len(keys) else len(keys)
+        votes: dict[str, list] = {}
+        for i in range(0, len(keys), per):
+            # with no job in sight, one of each key's nodes (every idle peer's poll asked all five:
+            # at 48 idle peers the job key's nodes answered 9 calls a second each, the busiest peers)
+            found = await self.peer.dht.get_many(keys[i:i + per], latest=True, **({} if sight else {"holders": 1}))
+            for key, item in found.items():
+                for sub, entry in (item.value.items() if item is not None and isinstance(item.value, dict) else ()):
+                    if sub not in members:  # a copy by a peer that never joined is nobody's job
+                        continue
+                    try:
+                        signer, payload = open_payload(entry.value)
+                        if signer != sub:
+                            raise BadRecord(f"a copy filed under {str(sub)[:16]} is signed by {signer[:16]}")
+                        if job_key_of(self.swarm, signer) != key:
+                            raise BadRecord(f"a copy of {signer[:16]} under another bucket's key")
+                        job = JobSpec.from_dict(payload)
+                    except (BadRecord, ValueError, TypeError) as e:
+                        self.log_bad(sub, f"job: {e}")
+                        bad = str(e)
+                        continue
+                    votes.setdefault(job.job_id, []).append(job)
+            if sum(map(len, votes.values())) >= JOB_VOTES:
+                break
+        return votes, bad
 
     async def refresh_job(self) -> None:
         """This peer keeps its copy of the job alive, so the job outlives the peer that started it."""

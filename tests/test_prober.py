@@ -13,7 +13,7 @@ from spantrain_p2p.net.passive import PassiveEstimator, link_update
 from spantrain_p2p.net.ping import paired_rtt, ping_link, ping_links
 from spantrain_p2p.net.probe_messages import PROBE_KIND, handle_probe
 from spantrain_p2p.net.prober import LinkMeasurement, probe_link
-from spantrain_p2p.swarm.probe_plan import probe_budget, probe_targets, sparse_probe_plan
+from spantrain_p2p.swarm.probe_plan import PING_MAX, ping_targets, probe_budget, probe_targets, sparse_probe_plan
 from spantrain_p2p.scenario import parse
 
 pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
@@ -287,6 +287,23 @@ def test_each_peer_probes_every_member_up_to_16_and_a_bounded_set_beyond():
             near = [p for p in got if region[p] == region[me]]
             assert len(near) >= 8  # its 8 nearest are its region's; the 2 others by hash, anywhere
             assert got == probe_targets(me, list(reversed(peers)), rtts)  # not the members' order
+
+
+def test_each_peer_pings_every_member_up_to_16_and_24_beyond_its_probes_picked_from_them():
+    """A joiner of 1,000 pinged all 1,000 in turn (ten rounds): beyond the full mesh it pings 24 by a
+    hash of the pair, a different sample for every peer, and probes its nearest among them."""
+    peers, region, rtt = _two_regions(16)
+    assert ping_targets(peers[3], peers) == [p for p in peers if p != peers[3]]
+    for n in (48, 1000):
+        peers, region, rtt = _two_regions(n)
+        samples = [ping_targets(me, peers) for me in peers[:20]]
+        assert all(len(t) == PING_MAX and me not in t for me, t in zip(peers, samples))
+        assert len({tuple(t) for t in samples}) == 20 and ping_targets(peers[0], list(reversed(peers))) == samples[0]
+        me = peers[0]
+        rtts = {p: rtt[(me, p)] for p in samples[0]}
+        got = probe_targets(me, peers, rtts)
+        eighth = sorted(rtts.values())[7]
+        assert len(got) == 10 and sum(rtts.get(p, 1.0) <= eighth for p in got) >= 8  # its 8 nearest pinged, 2 by hash
 
 
 def test_members_without_a_ping_count_as_far_and_newcomers_barely_move_the_set():

@@ -151,13 +151,17 @@ class Peer:
         """A new stage map names ``peer_ids``: the members read as it needs (``member_view.for_map``)."""
         await member_view.for_map(self, peer_ids)
 
+    def mark(self, milestone: str) -> None:
+        """Notes the first time this peer reached ``milestone`` (seconds from its start: ``milestones``)."""
+        self.milestones.setdefault(milestone, round(time.monotonic() - self.started_at, 2))
+
     async def set_state(self, state: str, **progress) -> None:
         """Changes this peer's state (and progress fields others read), announced at once."""
         if state != self.state or (progress and progress != self.progress):
             if state != self.state:
                 log.info("state %s -> %s", self.state, state)
             for mark in (state, *(("map",) if "epoch" in progress else ())):
-                self.milestones.setdefault(mark, round(time.monotonic() - self.started_at, 2))
+                self.mark(mark)
             self.state = state
             # the training step stays, and the most memory this peer found it can hold (``train.decide.memory_caps``)
             kept = {k: self.progress[k] for k in ("step", "memory_cap") if k in self.progress}

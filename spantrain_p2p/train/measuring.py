@@ -18,7 +18,7 @@ from ..net.ping import paired_rtt, ping_links
 from ..net.prober import probe_link
 from ..profile.profiler import profile_layers
 from ..swarm import measure
-from ..swarm.probe_plan import FULL_MESH_MAX_PEERS, probe_budget, probe_targets
+from ..swarm.probe_plan import FULL_MESH_MAX_PEERS, ping_targets, probe_budget, probe_targets
 from ..models import workload
 from .decide import REPLAN_CHECK_S, ping_slots
 
@@ -119,6 +119,7 @@ class Measuring:
             await self.wait_published(measure.PROFILES, {r.peer_id for r in self.peer.live_members()}, 30.0)
             late, _ = await profile(None)
             await publish(False)
+        self.peer.mark("profiled")
         log.info("device profile published: %.4g TFLOP/s, %.1f ms per micro-batch through the whole model%s",
                  self.tflops(), self.profile.total_s * 1e3, f" (layers {late} never kept up)" if late else "")
         self.peer.spawn(self._probe_loop(), "probe-links")
@@ -134,8 +135,10 @@ class Measuring:
         t_start = time.monotonic()
         self.probe_window = [time.time(), time.time()]
         pings = await self._ping_phase()
+        self.peer.mark("pinged")
         rtts = dict(pings)  # what each target is picked by (``pings`` is handed to the probes)
         await self._wait_probe_turn()
+        self.peer.mark("probe_turn")
         while True:
             others = [r for r in self.peer.live_members() if r.peer_id != self.peer.peer_id]
             targets = set(probe_targets(self.peer.peer_id, [r.peer_id for r in others], rtts))
@@ -156,6 +159,7 @@ class Measuring:
                 await self._publish_links()
                 log.info("probed %d link(s) in %.1fs", len(self.probes), self.probe_seconds)
             if len(others) + 1 >= self.job.peers and all(r.peer_id in self.probes for r in targeted):
+                self.peer.mark("probed")
                 self.measured.set()
             await self._publish_passive()
             await asyncio.sleep(1.0)
@@ -206,10 +210,11 @@ class Measuring:
         pinging = {r.peer_id for r in members if r.state in MEASURING} | {me}
         pings: dict[str, float] = {}
         own = self.peer.dataplane.url if self.peer.dataplane else None
-        # rounds of one ping to each; each peer starts its rounds with the next one in peer-id
-        # order (wrapping around), so that a peer is pinged by about one other at a time
-        targets = sorted((r for r in members if r.peer_id != me and r.data_url),
-                         key=lambda r: (r.peer_id < me, r.peer_id))
+        # rounds of one ping to each (every member up to 16, else a bounded sample: ``ping_targets``);
+        # each peer starts its rounds with the next one in peer-id order (wrapping around), so that a
+        # peer is pinged by about one other at a time
+        chosen = set(ping_targets(me, [r.peer_id for r in members if r.data_url]))
+        targets = sorted((r for r in members if r.peer_id in chosen), key=lambda r: (r.peer_id < me, r.peer_id))
         names = {r.name or r.peer_id: r.peer_id for r in targets}
 
         async def ping(rs, **kw) -> None:
@@ -229,7 +234,7 @@ class Measuring:
         await self.wait_published(measure.PINGS, order, max_wait_s)
         # peers whose record we cannot read (a newcomer, a malformed one) have no slot
         recs = await measure.read(self.peer, measure.PINGS, lambda d: (bool(d.get("short")), float(d.get("finished", 0))),
-                                  self.log_bad)
+                                  self.log_bad, peer_ids=pinging)
         slots = ping_slots(recs, pinging, at_once, QUIET_SLOT_S)
         if slots is None:
             return pings
@@ -251,26 +256,32 @@ class Measuring:
         nobody but other newcomers."""
         deadline = time.monotonic() + max_wait_s
         while time.monotonic() < deadline:
-            have = {p for p, ok in (await measure.read(self.peer, what, final, self.log_bad)).items() if ok}
             measuring = {r.peer_id for r in self.peer.live_members() if r.state in MEASURING}
-            if all(p in have for p in peers & measuring):
+            wanted = peers & measuring
+            have = {p for p, ok in (await measure.read(self.peer, what, final, self.log_bad, peer_ids=wanted)).items() if ok}
+            if all(p in have for p in wanted):
                 return
             await asyncio.sleep(0.5)  # DHT reads cost CPU on every peer: not too often
         log.warning("went on without every peer's %s after %.0f s", what, max_wait_s)
 
     async def _wait_probe_turn(self, at_once: int = 3, max_wait_s: float = 60.0) -> None:
-        """Peers probe in turns of ``at_once``, in peer-id order: many concurrent probes would share
-        the CPU (and the loopback) and measure each other instead of the links."""
-        order = sorted(r.peer_id for r in self.peer.live_members())
-        mine = order.index(self.peer.peer_id) if self.peer.peer_id in order else 0
-        before = order[: mine - mine % at_once]
+        """Peers that measure now probe in turns of ``at_once``, in peer-id order: many concurrent
+        probes would share the CPU (and the loopback) and measure each other instead of the links. A
+        joiner of a training swarm waits for nobody but other newcomers (members that probed long
+        ago, or could not probe all they meant to, are not ahead of it)."""
+        members = self.peer.live_members()
+        everyone = {r.peer_id for r in members}
+        measuring = {r.peer_id for r in members if r.state in MEASURING}
+        order = sorted(everyone | {self.peer.peer_id})
+        mine = order.index(self.peer.peer_id)
+        before = [p for p in order[: mine - mine % at_once] if p in measuring]
         # done: every other member probed, or beyond the full mesh as many links as a peer probes
         # (which ones depends on its own pings)
-        done = (lambda p, got: set(order) - {p} <= got) if len(order) <= FULL_MESH_MAX_PEERS else \
-            (lambda p, got: len(got) >= probe_budget(len(order)))
+        done = (lambda p, got: everyone - {p} <= got) if len(everyone) <= FULL_MESH_MAX_PEERS else \
+            (lambda p, got: len(got) >= probe_budget(len(everyone)))
         deadline = time.monotonic() + max_wait_s
         while before and time.monotonic() < deadline:
-            links = await measure.read(self.peer, measure.LINKS, lambda d: set(d["links"]), self.log_bad)
+            links = await measure.read(self.peer, measure.LINKS, lambda d: set(d["links"]), self.log_bad, peer_ids=before)
             if all(p in links and done(p, links[p]) for p in before):
                 return
             await asyncio.sleep(0.3)

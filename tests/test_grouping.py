@@ -93,3 +93,15 @@ def test_a_thousand_peers_with_sparse_links_group_by_region_in_well_under_half_a
     assert len(g.groups) == 10
     for x in g.groups:
         assert len({region[p] for p in x.peers}) == 1
+
+
+def test_the_first_16_ready_peers_by_id_vote_on_the_grouping_naming_their_snapshot_by_a_digest():
+    """At 1,000 peers every peer read every profile and link every 5 s and voted with the whole id
+    list; the grouping's voters are now the first 16 by id (the election's order), and a vote names
+    its snapshot by a digest of the sorted ids (the same set in any order, another set another)."""
+    from spantrain_p2p.train.coordinator import GROUP_VOTERS, group_voters, snapshot_digest
+
+    ids = [f"Qm{i:04d}" for i in range(1000)]
+    assert group_voters(reversed(ids)) == ids[:GROUP_VOTERS] and group_voters(ids[:3]) == ids[:3]
+    assert snapshot_digest(ids) == snapshot_digest(list(reversed(ids))) != snapshot_digest(ids[1:])
+    assert len(snapshot_digest(ids)) == 32

@@ -31,6 +31,24 @@ LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser 
 ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
 log = logging.getLogger("spantrain.train")
 
+# The ready peers first by id (the election's rank order) compute the grouping and vote on it; a
+# majority of them agreeing lets the planner plan (issue 33: every peer read every profile and
+# link every 5 s, about 3 MB each at 1,000 peers, and voted with the whole list of peer ids)
+GROUP_VOTERS = 16
+
+
+def group_voters(ids) -> list[str]:
+    """Who votes on the grouping of a snapshot of ``ids``."""
+    return sorted(ids)[:GROUP_VOTERS]
+
+
+def snapshot_digest(ids) -> str:
+    """What a vote names its snapshot by: a digest of its sorted peer ids."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:32]
+
+
 PLAN_PROBE_S = 5.0  # a re-plan leaves out a peer of the broken map that does not answer /status in this long
 
 READY_STATES = ("ready", "training", "recovering", "done")
@@ -106,7 +124,9 @@ class Coordinator:
             # DHT reads cost every peer CPU: once a stage map is in force and the live peers are
             # the same, the measurements are read again only every REPLAN_CHECK_S
             live = sorted(r.peer_id for r in ready_peers(self.peer))
-            if self.has_map() and live == last_live and time.monotonic() - last_round < REPLAN_CHECK_S:
+            leading = self.election is not None and self.election.is_leader
+            if (self.has_map() and live == last_live and time.monotonic() - last_round < REPLAN_CHECK_S) or (
+                    self.peer.peer_id not in group_voters(live) and not leading):
                 await asyncio.sleep(1.0)
                 continue
             last_round, last_live = time.monotonic(), live
@@ -117,19 +137,22 @@ class Coordinator:
                     g = grouping.group(snap)
                     self.groups_digest = g.digest()
                     self.groups = [sorted(self.peer.name_of(p) for p in grp.peers) for grp in g.groups]
-                    if (self.groups_digest, ids) != published:
-                        await measure.publish(self.peer, measure.GROUPS, {"digest": self.groups_digest, "peers": ids})
+                    if (self.groups_digest, ids) != published and self.peer.peer_id in group_voters(ids):
+                        await measure.publish(self.peer, measure.GROUPS, {"digest": self.groups_digest,
+                                                                          "of": snapshot_digest(ids)})
                         published = (self.groups_digest, ids)
             except Exception as e:
                 log.warning("grouping round failed: %s", e)
             await asyncio.sleep(1.0)
 
     async def _quorum(self, ids: list[str], digest: str) -> bool:
-        """More than half of the snapshot's peers published the same groups digest for it."""
-        votes = await measure.read(self.peer, measure.GROUPS, lambda d: (d["digest"], list(d["peers"])),
-                                   self.log_bad)
-        agree = sum(1 for p in ids if votes.get(p) == (digest, ids))
-        return agree * 2 > len(ids)
+        """More than half of the snapshot's voters (``group_voters``) published the same groups digest
+        for it."""
+        voters = group_voters(ids)
+        votes = await measure.read(self.peer, measure.GROUPS, lambda d: (str(d["digest"]), str(d["of"])),
+                                   self.log_bad, peer_ids=voters)
+        agree = sum(1 for p in voters if votes.get(p) == (digest, snapshot_digest(ids)))
+        return agree * 2 > len(voters)
 
     # ---- the planner's loop -----------------------------------------------------------------------
     async def _planner_loop(self) -> None:

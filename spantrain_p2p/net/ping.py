@@ -104,11 +104,14 @@ async def ping_links(
     baseline_url: Optional[str] = None,
     around_emulator: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    at_once: int = 1,
 ) -> dict[str, list[float]]:
     """``ping_link`` for several ``(dst_name, url)`` targets at once: rounds of one ping to each
     (up to 4 to a link much shorter than the longest; ``gap_s`` between two pings), at least
     ``count`` rounds, more (up to 4 x ``count``) until ``min_s`` have passed. A whole swarm's pings take about ``count`` times the sum of the RTTs,
-    instead of one ``min_s`` per target. A target that fails or does not answer within
+    instead of one ``min_s`` per target; with ``at_once`` > 1, a round pings that many targets at a
+    time (each its own pings in turn): a sample of members across continents pinged one after
+    another took the whole deadline. A target that fails or does not answer within
     ``ping_timeout_s`` drops out of the rounds with the samples it gave; ``baseline_url`` as in
     ``ping_link``. Returns the samples per target name.
 
@@ -118,8 +121,8 @@ async def ping_links(
     after it: what the link adds, with both peers' HTTP stacks and the far side's load (which a
     ping to our own server cannot see: a 1 ms link read 1.2-1.5 ms while seven peers pinged at once)
     taken off. On real links (no emulator) there is no such path: use ``baseline_url``."""
-    if count < 1 or deadline_s <= 0 or gap_s < 0 or ping_timeout_s <= 0:
-        raise ValueError("ping_links: need count >= 1, deadline_s > 0, gap_s >= 0, ping_timeout_s > 0")
+    if count < 1 or deadline_s <= 0 or gap_s < 0 or ping_timeout_s <= 0 or at_once < 1:
+        raise ValueError("ping_links: need count >= 1, deadline_s > 0, gap_s >= 0, ping_timeout_s > 0, at_once >= 1")
     t0 = clock()
     deadline = t0 + deadline_s
     out: dict[str, list[float]] = {name: [] for name, _ in targets}
@@ -143,7 +146,9 @@ async def ping_links(
         # short links are pinged several times a round (up to 4, as many as fit in the longest
         # link's round trip): their relative noise is the largest, and their pings are cheap
         longest = max((min(v) for v in out.values() if v), default=0.0)
-        for name in list(live):
+
+        async def pings_to(name: str, seq: int = seq) -> None:
+            nonlocal first
             repeat = min(4, max(1, int(longest / max(min(out[name]), 1e-4)))) if out[name] else 1
             for _ in range(repeat):
                 if not first and gap_s > 0:
@@ -164,6 +169,10 @@ async def ping_links(
                     out[name].append(dt)
                     if paired:
                         base[name].append(b)
+
+        names = list(live)
+        for i in range(0, len(names), at_once):
+            await asyncio.gather(*(pings_to(name) for name in names[i:i + at_once]))
     if paired:
         # each link ping less the baseline ping right after it: a burst of load delays both
         return {name: [r - b for r, b in zip(out[name], base[name])] for name in out}

@@ -27,6 +27,7 @@ log = logging.getLogger("spantrain.train")
 # links whose round trip reads under this are pinged again in a quieter moment (see ping_phase)
 SHORT_RTT_S = 0.010
 QUIET_SLOT_S = 0.5  # one turn of pinging short links again
+PING_AT_ONCE = 8  # members a joiner of a large swarm pings at a time (``ping_targets``: 24 of them)
 MEASURING = ("joining", "idle", "measuring")  # the states of a peer that measures (or is about to)
 
 
@@ -226,8 +227,9 @@ class Measuring:
                 log.debug("pings to %s, less the baseline's round trip: %s ms", name,
                           " ".join(f"{x * 1e3:.2f}" for x in sorted(samples)))
 
-        if own and targets:
-            await ping(targets, count=10, gap_s=0.01, min_s=0.5)
+        if own and targets:  # beyond the full mesh, a sample spread over the world: PING_AT_ONCE at a time
+            await ping(targets, count=10, gap_s=0.01, min_s=0.5,
+                       at_once=1 if len(members) <= FULL_MESH_MAX_PEERS else PING_AT_ONCE)
         short = [r for r in targets if r.peer_id in pings and pings[r.peer_id] < SHORT_RTT_S]
         await measure.publish(self.peer, measure.PINGS, {"peers": len(pings), "short": bool(short),
                                                          "finished": time.time()})

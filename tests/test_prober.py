@@ -131,6 +131,26 @@ async def test_pinging_several_links_in_rounds_gives_each_its_samples_and_drops_
     assert statistics.median(found["peer-wan"]) == pytest.approx(0.040, rel=0.1)
 
 
+async def test_pinging_links_several_at_a_time_takes_the_longest_round_trip_not_their_sum(probe_server):
+    """``at_once``: a joiner of a large swarm pings its sample 8 at a time; the same samples come
+    back, each round taking about the slowest link's round trip instead of all of them in turn."""
+    srv, client = probe_server
+    emu = LinkEmulator(star_scenario(), "me")
+    targets = [("peer-wan", srv.url), ("peer-slow", srv.url)]
+    t = time.perf_counter()
+    apart = await ping_links(client, targets, emu, count=6)
+    in_turn = time.perf_counter() - t
+    t = time.perf_counter()
+    both = await ping_links(client, targets, emu, count=6, at_once=2)
+    together = time.perf_counter() - t
+    assert all(len(v) >= 6 for v in (*apart.values(), *both.values())), (apart, both)
+    assert statistics.median(both["peer-wan"]) == pytest.approx(0.040, rel=0.15)
+    assert statistics.median(both["peer-slow"]) == pytest.approx(0.100, rel=0.15)
+    assert together < 0.9 * in_turn, (in_turn, together)  # rounds of ~100 ms instead of ~140
+    with pytest.raises(ValueError):
+        await ping_links(client, targets, emu, at_once=0)
+
+
 def test_paired_rtt_is_the_median_and_shrugs_off_stalls_either_way():
     assert paired_rtt([0.005] * 10 + [0.4, -0.3]) == pytest.approx(0.005)
     assert paired_rtt([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == pytest.approx(3.5)

@@ -36,7 +36,7 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
             "step_s": round(step_s, 5) if step_s else None,
             "samples_per_s_wall": round(len(steps) * samples_per_step / wall, 3) if wall > 0 else 0.0,
             "wall_s": round(wall, 3), "plan": last["plan"],
-            "peers": [_peer_row(r) for r in reports], "mfu": _swarm_mfu(reports), **_loss_scale(staged),
+            "peers": [_peer_row(r, _weighed(reports)) for r in reports], "mfu": _swarm_mfu(reports), **_loss_scale(staged),
             "paths": paths_of(reports)}
 
 
@@ -63,12 +63,30 @@ def _loss_sums(last_stage_reports) -> dict[int, tuple[float, int]]:
     return sums
 
 
-def _peer_row(r: dict) -> dict:
+def _weighed(reports: list[dict]) -> dict[str, float]:
+    """Peer id -> when (unix) a planner first planned with its measurements, over every planner."""
+    out: dict[str, float] = {}
+    for r in reports:
+        for p, t in (r.get("weighed") or {}).items():
+            out[p] = min(t, out.get(p, t))
+    return out
+
+
+def _milestones(r: dict, weighed: dict[str, float]) -> Optional[dict]:
+    """The peer's own milestones, and "planned": seconds from its start to the first plan a planner
+    made with its measurements (a plan may still leave it a spare: ``decide.ReplanHysteresis``)."""
+    m = r.get("milestones")
+    if m is None or r.get("peer_id") not in weighed or not r.get("started_unix"):
+        return m
+    return {**m, "planned": round(weighed[r["peer_id"]] - r["started_unix"], 2)}
+
+
+def _peer_row(r: dict, weighed: Optional[dict[str, float]] = None) -> dict:
     """One peer of the run summary."""
     return {"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
             "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
             "breakdown": r.get("step_breakdown"), "cpu": r.get("cpu"), "control": r.get("control"),
-            "milestones": r.get("milestones"),
+            "milestones": _milestones(r, weighed or {}),
             "device": (r.get("device") or {}).get("device"), **_work(r.get("work")), "error": r["error"]}
 
 
@@ -129,7 +147,7 @@ def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) ->
                         "send_s_median": round(statistics.median(exch), 4) if exch else None,
                         "wait_s_median": round(statistics.median(waits), 4) if waits else None,
                         "hidden": hidden, **_left_out(staged)},
-            "peers": [{"island": r.get("island"), **_peer_row(r)} for r in reports], "mfu": _swarm_mfu(reports),
+            "peers": [{"island": r.get("island"), **_peer_row(r, _weighed(reports))} for r in reports], "mfu": _swarm_mfu(reports),
             **_loss_scale(staged)}
 
 

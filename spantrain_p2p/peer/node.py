@@ -59,6 +59,7 @@ class Peer:
         self.paths = None  # net.paths.Paths, once started
         self.progress: dict = {}
         self.started_at = time.monotonic()
+        self.started_unix = time.time()  # the same moment on the wall clock, which other peers' reports share
         # seconds from start to the first time this peer entered each state, and ("map") first had a
         # stage map: a joiner's way to its first plan, in the run summary
         self.milestones: dict[str, float] = {}

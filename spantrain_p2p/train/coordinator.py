@@ -26,6 +26,7 @@ from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOL
 from .liveness import is_alive
 from .recovery import copy_cost_s_per_byte
 
+MAX_WEIGHED = 100_000  # peers whose first plan this planner remembers (one float each)
 MAX_FAILED_KEPT = 4096  # dead peers counted towards the failure rate (a swarm this churned copies every step anyway)
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
 ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
@@ -93,6 +94,9 @@ class Coordinator:
         self._failed: set[str] = set()
         self._watched = (0.0, 0.0)  # (peer-seconds watched, unix time it was last added to)
         self._gain_key: Optional[tuple] = None  # (measurements, gain, new step, current step) of the last check
+        # peer id -> when (unix) this planner first planned on a snapshot with its measurements: a
+        # joiner's way to its first plan ends here (``launch.report``: its "planned" milestone)
+        self.weighed: dict[str, float] = {}
 
     def start(self, job, handle, has_map) -> None:
         self.job, self.handle, self.has_map = job, handle, has_map
@@ -223,6 +227,12 @@ class Coordinator:
         await self.records.publish_map(replace(base, epoch=epoch, term=term, error=error))
         log.error("run stopped: %s", error)
 
+    def _weigh(self, ids) -> None:
+        now = time.time()
+        for p in ids:
+            if p not in self.weighed and len(self.weighed) < MAX_WEIGHED:
+                self.weighed[p] = now
+
     async def _worth_replanning(self, current: StageMap) -> bool:
         """A newcomer or a lasting change of links: re-plan only when a new plan is predicted to
         be much faster on the latest measurements, and still is a while later (the hysteresis)."""
@@ -243,6 +253,7 @@ class Coordinator:
             snap = planning.snapshot(profiles, links, ids)
             cur = planning.current_cost(current, self.job, snap)
             new = await asyncio.to_thread(planning.make_plan, self.job, snap, "planner")
+            self._weigh(ids)
             new_s = new.step_s
             gain = cur / new_s - 1 if new_s > 0 else 0.0
             self._gain_key = (key, gain, new_s, cur)
@@ -422,6 +433,7 @@ class Coordinator:
                               if current.islands else "global")
             try:
                 plan, why = await asyncio.to_thread(planning.make_sync_plan, job, snap, job.plan)
+                self._weigh(ids)
             except planning.NoPlan as e:
                 error = f"no plan can run this job on the {len(ids)} live peers: {e}"
         if error:

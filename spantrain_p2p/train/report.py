@@ -75,6 +75,7 @@ def report(t) -> dict:
             "loss_scale": t.loss_scale, "skipped_steps": list(t.skipped),
             "timelines": [t.timelines[k] for k in sorted(t.timelines)],
             "error": t.error, "refused": t.refused, "milestones": dict(t.peer.milestones),
+            "started_unix": t.peer.started_unix, "weighed": dict(t.coordinator.weighed),
             "network": t.peer.paths.status() if getattr(t.peer, "paths", None) is not None else None,
             **({"island": t.island, "islands": t.outer.report(),
                 "full_plan": t.full_map.summary()} if t.island is not None else {})}

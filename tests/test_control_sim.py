@@ -118,3 +118,40 @@ def test_member_buckets_keep_each_value_small_and_spread_the_heartbeats_at_a_cos
     assert small_one.calls_per_s["mean"] < small_eight.calls_per_s["mean"] < 2 * small_one.calls_per_s["mean"]
     assert small_eight.bytes_per_s["mean"] < 1.5 * small_one.bytes_per_s["mean"]
     assert small_eight.served_per_s["max"] < small_one.served_per_s["max"]  # no node takes every heartbeat
+
+
+def test_a_joiners_ping_phase_is_the_sum_of_its_round_trips_in_turn_and_the_slowest_at_once():
+    from spantrain_p2p.sim.join_path import ping_phase_s
+
+    far = [0.1] * 24
+    t1, r1 = ping_phase_s(far)  # 24 x 0.11 s a round: the 10 s deadline before 10 rounds
+    assert t1 == 10.0 and r1 < 10
+    t8, r8 = ping_phase_s(far, at_once=8)  # 3 groups a round
+    assert r8 == 10 and t8 == pytest.approx(11 * 3 * 0.1106, rel=0.01)
+    lan, rounds = ping_phase_s([0.0005] * 3)
+    assert 0.5 <= lan < 0.7 and rounds > 10  # at least min_s, more rounds to fill it
+    assert ping_phase_s([]) == (0.0, 0)
+
+
+def test_a_probe_takes_a_few_tenths_of_a_second_on_any_link_and_longer_for_a_long_one():
+    from spantrain_p2p.sim.join_path import probe_s
+
+    lan = probe_s(0.0005, 1000.0)
+    assert 0.4 < lan < 1.0  # 0.77 s a link live on the emulated LAN (lan-4, 2026-11-28)
+    assert probe_s(0.150, 100.0) > probe_s(0.005, 100.0) > 0.4
+
+
+def test_a_joiners_way_grows_little_with_the_swarm_and_its_phases_add_up():
+    from spantrain_p2p.sim.join_path import JoinCosts, simulate_join
+
+    costs = JoinCosts(start_s=2.6, job_s=1.2, profile_s=2.0, ready_s=0.0)
+    small, large = simulate_join(20, costs, samples=50), simulate_join(1000, costs, samples=50, plan_s=1.0,
+                                                                         map_bytes=80_000)
+    for r in (small, large):
+        at = [r["at"][m]["p50"] for m in ("joined", "job", "profiled", "pinged", "probed", "map")]
+        assert at == sorted(at) and r["at"]["planned"]["p50"] >= r["at"]["probed"]["p50"]
+    # 24 members pinged 8 at a time (10 s one after another), 10 links probed, about a second each
+    assert large["phase"]["pinged"]["p95"] < 8.0 and large["phase"]["probed"]["p95"] < 12.0
+    assert large["at"]["map"]["p95"] < small["at"]["map"]["p95"] + 5.0
+    with pytest.raises(ValueError):
+        simulate_join(1)

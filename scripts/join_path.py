@@ -23,8 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spantrain_p2p.sim.join_path import (JoinCosts, JoinWorld, entry_sizes, planner_at,  # noqa: E402
-                                         simulate_join)
+from spantrain_p2p.sim.join_path import (JoinCosts, JoinWorld, entry_sizes, largest_values,  # noqa: E402
+                                         planner_at, simulate_join)
 
 PHASES = ("joined", "job", "profiled", "pinged", "probed", "map")
 LAN = JoinWorld(regions=1, link_mbps=1000.0, intra_rtt_ms=(0.5, 0.5), intra_mbps=(1000.0, 1000.0))
@@ -99,7 +99,12 @@ def main() -> int:
         sim = simulate_join(n, costs, sizes, JoinWorld(), plan_s, map_bytes, samples=a.samples)
         print(f"  {n:>6} {plan_s:>7.2f} {map_bytes / 1024:>7.1f} " + " ".join(
             f"{sim['at'][ph]['p50']:>6.1f}/{sim['at'][ph]['p95']:<6.1f}" for ph in (*PHASES, "planned")))
-        out["sim"].append({"n": n, "plan_s": plan_s, "map_bytes": map_bytes, **sim})
+        big = largest_values(n, sizes)
+        out["sim"].append({"n": n, "plan_s": plan_s, "map_bytes": map_bytes, "largest_values": big, **sim})
+    print("\nthe largest value of each kind, KB (256 KiB at most):")
+    for row in out["sim"]:
+        print(f"  {row['n']:>6} " + ", ".join(f"{k} {v / 1024:.0f}" for k, v in
+                                               {**row["largest_values"], "stagemap": row["map_bytes"]}.items()))
     if a.json:
         print(json.dumps(out))
     return 0

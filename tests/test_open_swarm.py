@@ -38,6 +38,8 @@ def test_a_node_keeps_only_values_signed_by_their_subkeys_owner_with_a_near_expi
     assert msgpack.unpackb(v.strip_value(genuine)) == mine  # readers see the value they always saw
     lease = _record(v, keys.lease_key("s"), keys.term_subkey(3, me.peer_id), mine, now + 6)
     assert v.validate(lease)
+    assert v.validate(_record(v, keys.measure_key_of("s", keys.LINKS, me.peer_id), me.peer_id, mine, now + 10))
+    assert v.validate(_record(v, keys.job_key_of("s", me.peer_id), me.peer_id, mine, now + 10))
 
     refused = {
         # replayed with a later expiry: the outer signature covers the expiry
@@ -52,6 +54,11 @@ def test_a_node_keeps_only_values_signed_by_their_subkeys_owner_with_a_near_expi
         # its own record, well signed, under a member key its peer id does not hash to
         "elsewhere": _record(v, keys.members_key("s", (keys.member_bucket(me.peer_id) + 1) % keys.MEMBER_BUCKETS),
                              me.peer_id, mine, now + 10),
+        # its links under another of the 32 link keys, its copy of the job under another job key
+        "links-elsewhere": _record(v, keys.measure_key("s", keys.LINKS, (keys.bucket_of(me.peer_id, 32) + 8) % 32),
+                                   me.peer_id, mine, now + 10),
+        "job-elsewhere": _record(v, keys.job_key("s", (keys.bucket_of(me.peer_id, 16) + 3) % 16),
+                                 me.peer_id, mine, now + 10),
         # no outer signature at all, plain junk, another swarm's key, a payload signed by another key
         "unsigned": DHTRecord(genuine.key, genuine.subkey, msgpack.packb(mine), now + 10),
         "junk": DHTRecord(genuine.key, genuine.subkey, b"\x01\x02junk", now + 10),

@@ -8,8 +8,8 @@ daemon and joining, building and profiling the model) is taken from a live run
 
 - **joined**: the live start, then (``--liveness swim``) one member's list with addresses, 100 bytes
   a member, down the joiner's link;
-- **job**: the job's copies, one key of ``n / 8`` copies beyond 128 members (``run_records.JOB_VOTES``),
-  else all 8 keys, down the link;
+- **job**: the job's copies, one key of ``n / 16`` copies beyond 256 members (``run_records.JOB_VOTES``
+  a key), else all 16 keys, down the link;
 - **profiled**: the live build and profile, then its entry stored at its key's nodes (a lookup of
   ``visits`` round trips first);
 - **pinged**: ``ping_targets`` members (every one up to 16, else 24, 8 at a time), rounds of one
@@ -23,7 +23,7 @@ daemon and joining, building and profiling the model) is taken from a live run
 - **map**: the stage map in force, read (its size at ``n``: a real plan of a synthetic swarm of
   ``n``, with peer ids as long as real ones);
 - **planned**: the planner's next check (every ``REPLAN_CHECK_S``), its read of every profile and
-  link (16 keys of ``n / 8`` entries), and planning (timed: the real planner on a synthetic swarm of
+  link (every key of both kinds), and planning (timed: the real planner on a synthetic swarm of
   ``n``). The new plan moves the joiner in only if it is 15 % faster for 10 s (``decide``); a plan
   that leaves it a spare has still weighed it.
 
@@ -40,10 +40,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..swarm.probe_plan import PING_MAX, FULL_MESH_MAX_PEERS, probe_budget
+from ..swarm.keys import buckets_of
 from ..train.measuring import PING_AT_ONCE, QUIET_SLOT_S, SHORT_RTT_S
+from ..train.run_records import JOB_VOTES
 from .control_plane import spread
 
-__all__ = ["JoinCosts", "JoinWorld", "Sizes", "entry_sizes", "planner_at", "ping_phase_s", "probe_s", "simulate_join"]
+__all__ = ["JoinCosts", "JoinWorld", "Sizes", "entry_sizes", "largest_values", "planner_at", "ping_phase_s", "probe_s", "simulate_join"]
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,25 @@ def entry_sizes(num_layers: int = 8, links: int = 10) -> Sizes:
     )
 
 
+def largest_values(n: int, sizes: Sizes, seed: int = 0) -> dict[str, int]:
+    """Bytes of the largest value of each kind with one entry a peer, at ``n`` peers: the fullest of
+    its keys (``keys.buckets_of``, by the hash of ``n`` random peer ids) times its entry's size."""
+    from ..swarm import keys
+    from .control_plane import Sizes as RecordSizes
+
+    rng = random.Random(seed)
+    ids = [f"12D3KooW{rng.getrandbits(200):050x}" for _ in range(n)]
+    out = {}
+    for kind, entry in (("members", RecordSizes().entry), ("job", sizes.job_copy), (keys.PROFILES, sizes.profile),
+                        (keys.LINKS, sizes.links)):
+        b = keys.buckets_of(kind)
+        counts = [0] * b
+        for p in ids:
+            counts[keys.bucket_of(p, b)] += 1
+        out[kind] = max(counts) * entry
+    return out
+
+
 def planner_at(n: int, regions: int = 10, seed: int = 0) -> tuple[float, int]:
     """(seconds the planner took, bytes of the signed stage map) for a synthetic swarm of ``n``
     (``plan.synthetic``), its peers renamed to ids as long as real ones: the real planner, timed here."""
@@ -217,7 +238,8 @@ def simulate_join(n: int, costs: JoinCosts = JoinCosts(), sizes: Sizes = Sizes()
         lookup = world.visits * (near + world.call_s)
         ph = {}
         ph["joined"] = costs.start_s + ((near + (n - 1) * sizes.member_list_entry / link) if world.swim else 0.0)
-        copies = n / 8 if n > 128 else n  # one key beyond 128 members, else all 8 at once
+        jb = buckets_of("job")  # one key of copies beyond JOB_VOTES a key, else every key at once
+        copies = n / jb if n > JOB_VOTES * jb else n
         ph["job"] = costs.job_s + lookup + near + copies * sizes.job_copy / link
         ph["profiled"] = costs.profile_s + lookup + near  # its entry stored at its key's nodes
         k = min(n - 1, PING_MAX if n > FULL_MESH_MAX_PEERS else n - 1)

@@ -4,11 +4,11 @@ All keys are ``spantrain/<swarm>/<what>``; each holds a dictionary of signed ent
 
 - ``members.00`` .. ``members.07``: peer records, subkey = the peer id, each in the bucket its id
   hashes to (``member_bucket``): no key's value holds the whole swarm (``membership``);
-- ``profiles.00`` .. ``.07``, ``links.*``, ``pings.*``, ``groups.*``, ``accuse.*``: measurements,
-  grouping votes and accusations, subkey = the peer id, in its bucket's key as member records
-  (``measure``);
+- ``profiles.00`` .. ``.15``, ``links.00`` .. ``.31``, ``pings.*``, ``groups.*``, ``accuse.*`` (8
+  each): measurements, grouping votes and accusations, subkey = the peer id, in its bucket's key as
+  member records (``measure``, ``buckets_of``);
 - ``planner``: the planner's lease, subkey = its term and the claimant (``election``);
-- ``job.00`` .. ``job.07``: the job record, one copy per member that runs it, subkey = that
+- ``job.00`` .. ``job.15``: the job record, one copy per member that runs it, subkey = that
   member's peer id, in its bucket's key;
 - ``stagemap``: stage maps, subkey = their epoch and the planner that signed it;
 - ``keyreq``, ``groupkey``: a closed swarm's group-key exchange (``group_key``), subkey = the
@@ -42,20 +42,36 @@ def _key(swarm: str, what: str) -> str:
 MEMBER_BUCKETS = 8
 
 
+def bucket_of(peer_id: str, buckets: int = MEMBER_BUCKETS) -> int:
+    """Which of ``buckets`` keys of a kind holds ``peer_id``'s entry."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") % buckets
+
+
 def member_bucket(peer_id: str) -> int:
     """Which of the ``MEMBER_BUCKETS`` member keys holds ``peer_id``'s record."""
-    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "big") % MEMBER_BUCKETS
+    return bucket_of(peer_id, MEMBER_BUCKETS)
 
 
 # Every key with one entry per peer is split the same way (issue 33): at 1,000 peers the link
 # probes (about 10 links a peer) were a 2 MB value in one key, the profiles and the job's copies
 # about 1 MB each, over the 256 KiB a value may have and read whole by every reader.
 BUCKETED = ("members", PROFILES, LINKS, PINGS, GROUPS, ACCUSE, "job")
+# The entries of a kind go in as many keys as keep each under 256 KiB to about 2,000 peers: a peer's
+# links (about 10 probes, 3.1 KB with its signatures) in 32, its profile (1.6 KB) and its copy of the
+# job (1.8 KB) in 16 (in 8, the fullest job key held 255 KiB at 1,000 peers, sim.join_path); member
+# records (1.45 KB) stay in 8 (202 KiB at 1,000) and the small kinds too
+BUCKETS = {LINKS: 32, PROFILES: 16, "job": 16}
+
+
+def buckets_of(what: str) -> int:
+    """How many keys the entries of kind ``what`` are split over."""
+    return BUCKETS.get(what, MEMBER_BUCKETS)
 
 
 def _bucketed(swarm: str, what: str, bucket: int) -> str:
-    if not 0 <= bucket < MEMBER_BUCKETS:
-        raise ValueError(f"{what} bucket {bucket} is not in 0..{MEMBER_BUCKETS - 1}")
+    n = buckets_of(what)
+    if not 0 <= bucket < n:
+        raise ValueError(f"{what} bucket {bucket} is not in 0..{n - 1}")
     return f"{_key(swarm, what)}.{bucket:02d}"
 
 
@@ -74,8 +90,9 @@ def read_together(dht_key: str) -> list[str]:
     up together, so a heartbeat's store does not look up its own bucket's nodes apart from the reads'
     lookup of all 8), else the key alone."""
     head, _, tail = dht_key.rpartition(".")
-    if head.rsplit("/", 1)[-1] in BUCKETED and len(tail) == 2 and tail.isdigit():
-        return [f"{head}.{b:02d}" for b in range(MEMBER_BUCKETS)]
+    kind = head.rsplit("/", 1)[-1]
+    if kind in BUCKETED and len(tail) == 2 and tail.isdigit():
+        return [f"{head}.{b:02d}" for b in range(buckets_of(kind))]
     return [dht_key]
 
 
@@ -94,14 +111,15 @@ def measure_key(swarm: str, what: str, bucket: int) -> str:
 
 def measure_keys(swarm: str, what: str, peer_ids=None) -> list[str]:
     """The keys of measurements ``what``: every bucket's, or those of ``peer_ids``."""
+    n = buckets_of(what)
     if peer_ids is None:
-        return [measure_key(swarm, what, b) for b in range(MEMBER_BUCKETS)]
-    return [measure_key(swarm, what, b) for b in sorted({member_bucket(p) for p in peer_ids})]
+        return [measure_key(swarm, what, b) for b in range(n)]
+    return [measure_key(swarm, what, b) for b in sorted({bucket_of(p, n) for p in peer_ids})]
 
 
 def measure_key_of(swarm: str, what: str, peer_id: str) -> str:
     """The key ``peer_id``'s measurements ``what`` are stored under."""
-    return measure_key(swarm, what, member_bucket(peer_id))
+    return measure_key(swarm, what, bucket_of(peer_id, buckets_of(what)))
 
 
 def lease_key(swarm: str) -> str:
@@ -116,11 +134,11 @@ def job_key(swarm: str, bucket: int) -> str:
 
 
 def job_keys(swarm: str) -> list[str]:
-    return [job_key(swarm, b) for b in range(MEMBER_BUCKETS)]
+    return [job_key(swarm, b) for b in range(buckets_of("job"))]
 
 
 def job_key_of(swarm: str, peer_id: str) -> str:
-    return job_key(swarm, member_bucket(peer_id))
+    return job_key(swarm, bucket_of(peer_id, buckets_of("job")))
 
 
 def stagemap_key(swarm: str) -> str:

@@ -3,7 +3,7 @@ pings and its vote on the grouping.
 
 One signed entry per peer and kind (``PROFILES``, ``LINKS``, ``PINGS``, ``GROUPS``, ``ACCUSE``;
 subkey = its peer id), under the key of its id's bucket (``keys.measure_key_of``: eight keys a kind,
-so that no value holds the whole swarm's), so every peer can read the same snapshot and nobody can
+32 for the links, so that no value holds the whole swarm's), so every peer can read the same snapshot and nobody can
 publish in another's name. ``read`` takes every bucket, or only those of the peers it is asked
 about; it validates each entry and skips (and logs once) the bad ones.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Optional
 
-from .keys import GROUPS, LINKS, PINGS, PROFILES, measure_key_of, measure_keys, member_bucket
+from .keys import GROUPS, LINKS, PINGS, PROFILES, bucket_of, buckets_of, measure_key_of, measure_keys
 from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.measure")
@@ -53,7 +53,7 @@ async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[
                 signer, payload = open_payload(getattr(entry, "value", None), MAX_BYTES)
                 if signer != sub:
                     raise BadRecord(f"{what} entry filed under {str(sub)[:16]} but signed by {signer[:16]}")
-                if member_bucket(signer) != bucket:
+                if bucket_of(signer, buckets_of(what)) != bucket:
                     raise BadRecord(f"{what} entry of {signer[:16]} under another bucket's key")
                 out[signer] = parse(payload)
             except (BadRecord, ValueError, TypeError, KeyError) as e:

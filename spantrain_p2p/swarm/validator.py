@@ -51,7 +51,7 @@ class KeyRule:
     key: Callable[..., str]  # the DHT key of a swarm (a builder of ``keys``; with ``buckets``, of a swarm and a bucket)
     ttl_s: float  # the longest life a value of this key may ask for
     owner: str  # OWN or SUFFIX
-    buckets: int = 0  # a key per bucket of peer ids: a subkey only under its owner's (``keys.member_bucket``)
+    buckets: int = 0  # a key per bucket of peer ids: a subkey only under its owner's (``keys.bucket_of``)
 
     def dht_keys(self, swarm: str) -> list[tuple[str, Optional[int]]]:
         """(DHT key, its bucket or None) of every key of ``swarm`` this rule covers."""
@@ -67,10 +67,10 @@ def _measure(what: str) -> Callable[[str, int], str]:
 RULES = (
     # a record lives a few heartbeats (--heartbeat up to 200 s), or with SWIM 3 x record_s (300 s)
     KeyRule(keys.members_key, 1200.0, OWN, keys.MEMBER_BUCKETS),
-    *(KeyRule(_measure(what), 3600.0, OWN, keys.MEMBER_BUCKETS) for what in (keys.PROFILES, keys.LINKS, keys.PINGS,
-                                                                              keys.GROUPS, keys.ACCUSE)),
+    *(KeyRule(_measure(what), 3600.0, OWN, keys.buckets_of(what)) for what in (keys.PROFILES, keys.LINKS, keys.PINGS,
+                                                                                keys.GROUPS, keys.ACCUSE)),
     KeyRule(keys.lease_key, 120.0, SUFFIX),  # a lease: seconds
-    KeyRule(keys.job_key, 600.0, OWN, keys.MEMBER_BUCKETS),
+    KeyRule(keys.job_key, 600.0, OWN, keys.buckets_of("job")),
     KeyRule(keys.stagemap_key, 600.0, SUFFIX),
     KeyRule(keys.keyreq_key, 60.0, OWN),
     KeyRule(keys.groupkey_key, 3600.0, SUFFIX),
@@ -144,7 +144,7 @@ class SwarmValidator(RecordValidatorBase):
         owner = owner_of(subkey, rule)
         if owner is None:
             return "bad-subkey"
-        if bucket is not None and keys.member_bucket(owner) != bucket:
+        if bucket is not None and keys.bucket_of(owner, rule.buckets) != bucket:
             return "wrong-bucket"  # one record a peer, under its own bucket's key: no key grows past its share
         digest = hashlib.sha256(record.key + record.subkey + record.value + repr(float(exp)).encode()).digest()
         if digest not in self._seen:

@@ -111,9 +111,9 @@ class RunRecords:
 
     async def _read_copies(self, sight: bool, bad: str) -> tuple[dict[str, list], str]:
         """({job id: its valid copies by members}, the last invalid copy's fault or ``bad``). The
-        copies lie in 8 keys by their members' ids (``keys.job_key_of``): all read at once, or, in a
+        copies lie in 16 keys by their members' ids (``keys.job_key_of``): all read at once, or, in a
         swarm of more than ``JOB_VOTES`` copies a key, one key at a time in a random order until
-        ``JOB_VOTES`` valid copies are in (a random eighth of 1,000 members votes as they all do)."""
+        ``JOB_VOTES`` valid copies are in (a random 16th of 1,000 members votes as they all do)."""
         keys = job_keys(self.swarm)
         random.shuffle(keys)
         members = self.peer.member_ids()

@@ -23,7 +23,7 @@ daemon and joining, building and profiling the model) is taken from a live run
 - **map**: the stage map in force, read (its size at ``n``: a real plan of a synthetic swarm of
   ``n``, with peer ids as long as real ones);
 - **planned**: the planner's next check (every ``REPLAN_CHECK_S``), its read of every profile and
-  link (every key of both kinds), and planning (timed: the real planner on a synthetic swarm of
+  link (every key of both kinds, from 2 of each key's nodes: ``measure.READ_HOLDERS``), and planning (timed: the real planner on a synthetic swarm of
   ``n``). The new plan moves the joiner in only if it is 15 % faster for 10 s (``decide``); a plan
   that leaves it a spare has still weighed it.
 
@@ -41,6 +41,7 @@ from typing import Optional
 
 from ..swarm.probe_plan import PING_MAX, FULL_MESH_MAX_PEERS, probe_budget
 from ..swarm.keys import buckets_of
+from ..swarm.measure import READ_HOLDERS
 from ..train.measuring import PING_AT_ONCE, QUIET_SLOT_S, SHORT_RTT_S
 from ..train.run_records import JOB_VOTES
 from .control_plane import spread
@@ -263,7 +264,7 @@ def simulate_join(n: int, costs: JoinCosts = JoinCosts(), sizes: Sizes = Sizes()
         ph["probed"] = probes + near + world.call_s + costs.ready_s  # its links stored
         ph["map"] = 2 * near + (map_bytes or 0) / link
         # the planner: its next check, every profile and link read (16 keys), the plan
-        planner_read = n * (sizes.profile + sizes.links) / link + 2 * near
+        planner_read = READ_HOLDERS * n * (sizes.profile + sizes.links) / link + 2 * near
         ph["planned"] = rng.uniform(0, replan_check_s) + planner_read + (plan_s or 0.0) + near
         t, row = 0.0, {}
         for name in ("joined", "job", "profiled", "pinged", "probed", "map"):

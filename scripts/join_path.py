@@ -1,5 +1,5 @@
 """A joiner's way to its first plan against the swarm's size (issue 33), simulated
-(``spantrain_p2p.sim.join_path``) with the costs that do not depend on the size taken from a live
+(``spantrain_p2p.cli.join_path``) with the costs that do not depend on the size taken from a live
 joiner, beside the live joiners given.
 
     .venv/bin/python scripts/join_path.py --calibrate runs/lan4.json:p3 --live runs/lan20.json:p19
@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spantrain_p2p.sim.join_path import (JoinCosts, JoinWorld, entry_sizes, largest_values,  # noqa: E402
+from spantrain_p2p.cli.join_path import (JoinCosts, JoinWorld, entry_sizes, largest_values,  # noqa: E402
                                          planner_at, simulate_join)
 
 PHASES = ("joined", "job", "profiled", "pinged", "probed", "map")

@@ -121,7 +121,7 @@ def test_member_buckets_keep_each_value_small_and_spread_the_heartbeats_at_a_cos
 
 
 def test_a_joiners_ping_phase_is_the_sum_of_its_round_trips_in_turn_and_the_slowest_at_once():
-    from spantrain_p2p.sim.join_path import ping_phase_s
+    from spantrain_p2p.cli.join_path import ping_phase_s
 
     far = [0.1] * 24
     t1, r1 = ping_phase_s(far)  # 24 x 0.11 s a round: the 10 s deadline before 10 rounds
@@ -134,7 +134,7 @@ def test_a_joiners_ping_phase_is_the_sum_of_its_round_trips_in_turn_and_the_slow
 
 
 def test_a_probe_takes_a_few_tenths_of_a_second_on_any_link_and_longer_for_a_long_one():
-    from spantrain_p2p.sim.join_path import probe_s
+    from spantrain_p2p.cli.join_path import probe_s
 
     lan = probe_s(0.0005, 1000.0)
     assert 0.4 < lan < 1.0  # 0.77 s a link live on the emulated LAN (lan-4, 2026-11-28)
@@ -142,7 +142,7 @@ def test_a_probe_takes_a_few_tenths_of_a_second_on_any_link_and_longer_for_a_lon
 
 
 def test_a_joiners_way_grows_little_with_the_swarm_and_its_phases_add_up():
-    from spantrain_p2p.sim.join_path import JoinCosts, simulate_join
+    from spantrain_p2p.cli.join_path import JoinCosts, simulate_join
 
     costs = JoinCosts(start_s=2.6, job_s=1.2, profile_s=2.0, ready_s=0.0)
     small, large = simulate_join(20, costs, samples=50), simulate_join(1000, costs, samples=50, plan_s=1.0,

@@ -44,7 +44,7 @@ from ..swarm.keys import buckets_of
 from ..swarm.measure import READ_HOLDERS
 from ..train.measuring import PING_AT_ONCE, QUIET_SLOT_S, SHORT_RTT_S
 from ..train.run_records import JOB_VOTES
-from .control_plane import spread
+from ..sim.control_plane import spread
 
 __all__ = ["JoinCosts", "JoinWorld", "Sizes", "entry_sizes", "largest_values", "planner_at", "ping_phase_s", "probe_s", "simulate_join"]
 
@@ -171,7 +171,7 @@ def largest_values(n: int, sizes: Sizes, seed: int = 0) -> dict[str, int]:
     """Bytes of the largest value of each kind with one entry a peer, at ``n`` peers: the fullest of
     its keys (``keys.buckets_of``, by the hash of ``n`` random peer ids) times its entry's size."""
     from ..swarm import keys
-    from .control_plane import Sizes as RecordSizes
+    from ..sim.control_plane import Sizes as RecordSizes
 
     rng = random.Random(seed)
     ids = [f"12D3KooW{rng.getrandbits(200):050x}" for _ in range(n)]

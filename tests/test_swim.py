@@ -238,6 +238,20 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
                         "the new record read by the watchers")
             # sent to them with the news (a watcher reads the key only where a record it heard of did not come)
             await until(lambda: all(w.swim.records_taken > n for w, n in zip(watchers, taken)), 10, "the record sent")
+            # a training step alone is not stored at once (every record re-stored and sent each
+            # heartbeat while training): only with the next other change, or after step_record_s
+            def stores_of(p):
+                return p.control.snapshot()["out"].get("rpc_store members", {}).get("calls", 0)
+
+            before = stores_of(changer)
+            for step in range(1, 5):
+                changer.progress = {**changer.progress, "step": step}
+                await asyncio.sleep(0.5)  # a heartbeat
+            assert stores_of(changer) == before and "step" not in watchers[0]._view[changer.peer_id].progress
+            await changer.set_state("ready")
+            await until(lambda: all(w._view[changer.peer_id].state == "ready" for w in watchers), 10, "a state stored")
+            assert watchers[0]._view[changer.peer_id].progress.get("step") == 4
+
             # a record sent as one's own must be one's own: another's signed record is refused
             w = watchers[0]
             other = next(p for p in peers if p not in (w, changer))

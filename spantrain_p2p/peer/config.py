@@ -26,6 +26,10 @@ class PeerConfig:
     # records re-stored when they change or every record_s): issue 33, measured on idle swarms
     liveness: str = "records"
     record_s: float = 300.0
+    # with SWIM, a record whose only change is the training step is stored at most this often: a
+    # training peer's step changes every step, which re-stored (and sent the watchers) every record of
+    # the swarm every heartbeat; what acts on a step reads it on the data plane or waits this long
+    step_record_s: float = 30.0
     swim_probe_s: float = 1.0  # SWIM: a ping every this often (ack within half, suspect dead after two)
     poll_s: float = 1.0  # how often the member view is refreshed
     # a peer that is not the planner or its standby reads all records only about this many a poll

@@ -476,7 +476,7 @@ class Peer:
 
     async def _heartbeat_loop(self) -> None:
         """Re-stores our record every heartbeat; with SWIM (which tells liveness), only when it
-        changed or every ``record_s``."""
+        changed (its training step alone: at most every ``step_record_s``) or every ``record_s``."""
         loop = asyncio.get_running_loop()
         next_at = loop.time() + self.config.heartbeat_s
         stored_at = loop.time()
@@ -484,8 +484,10 @@ class Peer:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             try:
                 last = self._view.get(self.peer_id)
-                if self.swim is None or last is None or self._record()[0].seq != last.seq or \
-                        loop.time() - stored_at >= self.config.record_s:
+                rec = self._record()[0]
+                since = loop.time() - stored_at
+                if self.swim is None or last is None or since >= self.config.record_s or (rec.seq != last.seq and (
+                        since >= self.config.step_record_s or _but_step(rec) != _but_step(last))):
                     stored_at = loop.time()
                     await self._announce()
             except Exception as e:
@@ -553,3 +555,8 @@ class Peer:
             await self._p2p.shutdown()
             self._p2p = None
         self.emulator = self.device = None
+
+
+def _but_step(rec: PeerRecord) -> PeerRecord:
+    """A record as compared for a change worth storing at once: without its seq, time and step."""
+    return replace(rec, seq=0, ts=0.0, progress={k: v for k, v in rec.progress.items() if k != "step"})

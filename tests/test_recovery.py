@@ -75,3 +75,25 @@ def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(
     assert worst <= 1e-3, worst  # the newcomers started from the swarm's state, not from scratch
     print(f"\n2 joiners at step 5: used from epoch {last['epoch']} ({len(used)} peers), "
           f"worst loss deviation {worst:.1e}, events {out['events']}")
+
+
+async def test_an_evicted_peer_is_asked_for_no_layer_state():
+    """A joiner of a stage fetched its layers from the replica the swarm had just evicted for
+    attacking (a pipeline test under --liveness swim, 2026-11-28): evicted peers' inventories are
+    not read, so nothing is fetched from them."""
+    import types
+
+    from spantrain_p2p.train.recovery import Recovery
+
+    asked = []
+
+    async def status(url, timeout, path):
+        asked.append(url)
+        return {"inventory": {"0": [3]}}
+
+    rec = lambda p: types.SimpleNamespace(peer_id=p, data_url=f"http://{p}")  # noqa: E731
+    peer = types.SimpleNamespace(peer_id="me", evicted={"bad"}, live_members=lambda: [rec("me"), rec("good"), rec("bad")],
+                                 client=types.SimpleNamespace(status=status), name_of=lambda p: p)
+    r = Recovery.__new__(Recovery)
+    r.peer = peer
+    assert await r.inventories() == {"good": {0: [3]}} and asked == ["http://good"]

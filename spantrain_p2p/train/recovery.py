@@ -283,10 +283,12 @@ class Recovery:
         return [*(w for w, _ in held.values()), whole, layer_state.covered([*(p for _, p in held.values()), part])]
 
     async def inventory_pages(self) -> dict[str, dict]:
-        """Every other live peer's ``/inventory`` page, as it sent it (untrusted): peer id -> page."""
+        """Every other live peer's ``/inventory`` page, as it sent it (untrusted): peer id -> page. A
+        peer the swarm evicted (``StageMap.evicted``) is asked nothing: what it hands over is what it
+        forged (a joiner of a stage fetched its layers from the replica just evicted for attacking)."""
         out = {}
         for r in self.peer.live_members():
-            if r.peer_id == self.peer.peer_id or not r.data_url:
+            if r.peer_id == self.peer.peer_id or not r.data_url or r.peer_id in self.peer.evicted:
                 continue
             try:
                 out[r.peer_id] = await self.peer.client.status(r.data_url, timeout=3.0, path="/inventory")

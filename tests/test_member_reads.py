@@ -51,7 +51,7 @@ async def test_a_peer_that_does_not_watch_reads_seldom_yet_knows_a_new_member_at
 
     monkeypatch.setattr(membership, "read_members", counted)
     # 1 record a poll: with 3 members a peer that does not watch reads the key every 3 polls
-    fast = dict(heartbeat_s=0.5, poll_s=0.25, view_records_per_poll=1.0)
+    fast = dict(heartbeat_s=0.5, poll_s=0.25, view_records_per_poll=1.0, liveness="records")  # the record design's readers
     async with Peer(PeerConfig(name="a", **fast)) as a:
         async with Peer(PeerConfig(name="b", join=(a.address,), **fast)) as b, \
                 Peer(PeerConfig(name="c", join=(a.address,), **fast)) as c:
@@ -146,7 +146,7 @@ def test_with_a_job_the_trainers_check_decides_without_one_the_two_lowest_ids_wa
 async def test_a_heartbeat_with_nothing_new_stores_the_same_signed_record_and_a_change_a_new_one():
     from spantrain_p2p.swarm import records
 
-    fast = dict(heartbeat_s=0.3, poll_s=0.25)
+    fast = dict(heartbeat_s=0.3, poll_s=0.25, liveness="records")
     async with Peer(PeerConfig(name="a", **fast)) as a, Peer(PeerConfig(name="b", join=(a.address,), **fast)) as b:
         await b.wait_members(2, 10)
         for _ in range(10):  # a newly started peer may still learn its addresses or reachability

@@ -211,7 +211,7 @@ class Peer:
             "uptime_s": round(time.monotonic() - self.started_at, 3),
             "members": [{"peer_id": r.peer_id, "name": r.name, "state": r.state, "progress": dict(r.progress)}
                         for r in members],
-            "member_count": len(members),
+            "member_count": len(self.member_ids()),  # with SWIM, its list's: a peer holds the records it needs
             "members_read_s_ago": round(time.monotonic() - self._read_at, 1) if self._read_at else None,
             "device": (self.config.device or {}).get("kind") or (str(self.device) if self.device else None),
             "region": self.emulator.me.region if self.emulator is not None else None,

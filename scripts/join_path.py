@@ -62,6 +62,35 @@ def live_phases(m: dict, start_extra: float) -> dict:
     return at
 
 
+def plot(out: dict, path: str) -> None:
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for design, style in (("before", "--"), ("now", "-")):
+        rows = [r for r in out["sim"] if r["design"] == design]
+        ns = [r["n"] for r in rows]
+        for ms, mark in (("map", "o"), ("planned", "s")):
+            ys = [r["at"][ms]["p95"] for r in rows]
+            ax.semilogx([n for n, y in zip(ns, ys) if math.isfinite(y)], [y for y in ys if math.isfinite(y)],
+                        mark + style, label=f"{design}: {ms} (p95)")
+    for lv in out["live"]:
+        for ms, mark in (("map", "o"), ("planned", "s")):
+            if ms in lv["live"]:
+                ax.semilogx([lv["n"]], [lv["live"][ms]], mark, color="black", mfc="none")
+    ax.axhline(30, color="grey", lw=0.8)
+    ax.set_xlabel("peers in the swarm")
+    ax.set_ylabel("seconds from a joiner's launch")
+    ax.set_title("a joiner's first stage map and first plan (open: live on this box)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--calibrate", required=True, metavar="FILE:PEER")
@@ -69,6 +98,7 @@ def main() -> int:
     p.add_argument("--peers", type=int, nargs="+", default=[20, 100, 1000, 10000])
     p.add_argument("--samples", type=int, default=200)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default="", metavar="PNG", help="the joiner's first map and plan (p95) against N, both designs")
     a = p.parse_args()
     imp = import_s()
     _n, m = joiner(a.calibrate)
@@ -92,19 +122,24 @@ def main() -> int:
                 print(f"  {ph:>9} live {at[ph]:7.2f}   sim {sim['at'][ph]['p50']:7.2f}")
         out["live"].append({"spec": spec, "n": n, "live": at, "sim_p50": {k: v["p50"] for k, v in sim["at"].items()}})
     print(f"\nsimulated joiners ({JoinWorld().regions} regions, a {JoinWorld().link_mbps:g} Mbit/s home link), "
-          "seconds from launch, p50 / p95:")
-    print(f"  {'N':>6} {'plan s':>7} {'map KB':>7} " + " ".join(f"{ph:>13}" for ph in (*PHASES, "planned")))
+          "seconds from launch, p50 / p95 (before: the design until 2026-11-28, b5ce1d1):")
+    print(f"  {'N':>6} {'design':>7} {'plan s':>7} {'map KB':>7} " + " ".join(f"{ph:>13}" for ph in (*PHASES, "planned")))
     for n in a.peers:
         plan_s, map_bytes = planner_at(n)
-        sim = simulate_join(n, costs, sizes, JoinWorld(), plan_s, map_bytes, samples=a.samples)
-        print(f"  {n:>6} {plan_s:>7.2f} {map_bytes / 1024:>7.1f} " + " ".join(
-            f"{sim['at'][ph]['p50']:>6.1f}/{sim['at'][ph]['p95']:<6.1f}" for ph in (*PHASES, "planned")))
-        big = largest_values(n, sizes)
-        out["sim"].append({"n": n, "plan_s": plan_s, "map_bytes": map_bytes, "largest_values": big, **sim})
-    print("\nthe largest value of each kind, KB (256 KiB at most):")
+        for before in (True, False):
+            sim = simulate_join(n, costs, sizes, JoinWorld(), plan_s, map_bytes, samples=a.samples, before=before)
+            print(f"  {n:>6} {'before' if before else 'now':>7} {plan_s:>7.2f} {map_bytes / 1024:>7.1f} " + " ".join(
+                f"{sim['at'][ph]['p50']:>6.1f}/{sim['at'][ph]['p95']:<6.1f}" for ph in (*PHASES, "planned")))
+            big = largest_values(n, sizes)
+            out["sim"].append({"n": n, "design": "before" if before else "now", "plan_s": plan_s,
+                               "map_bytes": map_bytes, "largest_values": big, **sim})
+    print("\nthe largest value of each kind now, KB (256 KiB at most):")
     for row in out["sim"]:
-        print(f"  {row['n']:>6} " + ", ".join(f"{k} {v / 1024:.0f}" for k, v in
-                                               {**row["largest_values"], "stagemap": row["map_bytes"]}.items()))
+        if row["design"] == "now":
+            print(f"  {row['n']:>6} " + ", ".join(f"{k} {v / 1024:.0f}" for k, v in
+                                                   {**row["largest_values"], "stagemap": row["map_bytes"]}.items()))
+    if a.plot:
+        plot(out, a.plot)
     if a.json:
         print(json.dumps(out))
     return 0

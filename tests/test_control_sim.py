@@ -155,3 +155,15 @@ def test_a_joiners_way_grows_little_with_the_swarm_and_its_phases_add_up():
     assert large["at"]["map"]["p95"] < small["at"]["map"]["p95"] + 5.0
     with pytest.raises(ValueError):
         simulate_join(1)
+
+
+def test_before_the_joiner_pinged_everyone_in_turn_and_the_planner_could_not_read_a_thousand_peers_links():
+    from spantrain_p2p.cli.join_path import JoinCosts, simulate_join
+
+    costs = JoinCosts(start_s=2.6, job_s=1.2, profile_s=2.0, ready_s=0.0)
+    old, new = (simulate_join(1000, costs, samples=30, plan_s=1.0, before=b) for b in (True, False))
+    assert old["phase"]["pinged"]["p50"] >= 10.0 > new["phase"]["pinged"]["p95"]  # 999 pings in turn: the deadline
+    assert old["at"]["planned"]["p50"] == float("inf")  # one links key of 3 MB: over a response's 2 MiB
+    assert new["at"]["planned"]["p95"] < 30.0
+    small_old, small_new = (simulate_join(20, costs, samples=30, before=b) for b in (True, False))
+    assert small_old["at"]["planned"]["p95"] < float("inf")

@@ -21,7 +21,8 @@ daemon and joining, building and profiling the model) is taken from a live run
   bandwidth (one ping, bulk transfers growing from 64 KiB until one takes 0.2 s, then that size
   once or twice more);
 - **map**: the stage map in force, read (its size at ``n``: a real plan of a synthetic swarm of
-  ``n``, with peer ids as long as real ones);
+  ``n``, with peer ids as long as real ones; over ``run_records.MAX_MAP_BYTES`` it cannot be
+  published: inf);
 - **planned**: the planner's next check (every ``REPLAN_CHECK_S``), its read of every profile and
   link (every key of both kinds, from 2 of each key's nodes: ``measure.READ_HOLDERS``), and planning (timed: the real planner on a synthetic swarm of
   ``n``). The new plan moves the joiner in only if it is 15 % faster for 10 s (``decide``); a plan
@@ -43,7 +44,7 @@ from ..swarm.probe_plan import PING_MAX, FULL_MESH_MAX_PEERS, probe_budget
 from ..swarm.keys import buckets_of
 from ..swarm.measure import READ_HOLDERS
 from ..train.measuring import PING_AT_ONCE, QUIET_SLOT_S, SHORT_RTT_S
-from ..train.run_records import JOB_VOTES
+from ..train.run_records import JOB_VOTES, MAX_MAP_BYTES
 from ..sim.control_plane import spread
 
 __all__ = ["JoinCosts", "JoinWorld", "Sizes", "entry_sizes", "largest_values", "planner_at", "ping_phase_s", "probe_s", "simulate_join"]
@@ -82,6 +83,10 @@ class JoinWorld:
     call_s: float = 0.0  # a DHT call's own time beyond its round trip
     visits: int = 5  # round trips of a lookup of a key's nodes
     swim: bool = True
+
+
+UNARY_MAX = 2 << 20  # the most a hivemind DHT response may carry (its unary payloads)
+RECORD_BYTES = 1450  # a member record as stored (``sim.control_plane.Sizes.entry``)
 
 
 def region_rtts(regions: int, rng: random.Random) -> list[list[float]]:
@@ -218,10 +223,15 @@ def _renamed(st, rid):
 
 def simulate_join(n: int, costs: JoinCosts = JoinCosts(), sizes: Sizes = Sizes(), world: JoinWorld = JoinWorld(),
                   plan_s: Optional[float] = None, map_bytes: Optional[int] = None, seed: int = 0,
-                  samples: int = 200, replan_check_s: float = 5.0) -> dict:
+                  samples: int = 200, replan_check_s: float = 5.0, before: bool = False) -> dict:
     """Phase by phase and in all, the seconds from a joiner's launch to each milestone (spread over
     ``samples`` joiners in random regions); ``plan_s``/``map_bytes``: the planner's time and the map's
-    size at ``n`` (``planner_at``; None: not charged)."""
+    size at ``n`` (``planner_at``; None: not charged).
+
+    ``before``: the design as it was until 2026-11-28 (commit b5ce1d1): the joiner read every member
+    record (records liveness, the default then), the job's copies in one key from its 5 nodes, pinged
+    every member one after another, and the planner read each measurement kind's one key whole from 5
+    nodes; a key over ``UNARY_MAX`` cannot be read at all (its milestone: inf)."""
     if n < 2:
         raise ValueError("a joiner needs a swarm of at least 1 peer: n >= 2")
     rng = random.Random(seed)
@@ -238,15 +248,20 @@ def simulate_join(n: int, costs: JoinCosts = JoinCosts(), sizes: Sizes = Sizes()
         near = min(rtt_to(r) for r in members[:8])  # the member it joins through, and asks (one of a few)
         lookup = world.visits * (near + world.call_s)
         ph = {}
-        ph["joined"] = costs.start_s + ((near + (n - 1) * sizes.member_list_entry / link) if world.swim else 0.0)
+        if before:  # every member record (8 keys), from one node each
+            ph["joined"] = costs.start_s + lookup + near + n * RECORD_BYTES / link
+        else:
+            ph["joined"] = costs.start_s + ((near + (n - 1) * sizes.member_list_entry / link) if world.swim else 0.0)
         jb = buckets_of("job")  # one key of copies beyond JOB_VOTES a key, else every key at once
-        copies = n / jb if n > JOB_VOTES * jb else n
+        copies = 5 * n if before else n / jb if n > JOB_VOTES * jb else n
         ph["job"] = costs.job_s + lookup + near + copies * sizes.job_copy / link
+        if before and n * sizes.job_copy > UNARY_MAX:
+            ph["job"] = math.inf
         ph["profiled"] = costs.profile_s + lookup + near  # its entry stored at its key's nodes
-        k = min(n - 1, PING_MAX if n > FULL_MESH_MAX_PEERS else n - 1)
+        k = n - 1 if before else min(n - 1, PING_MAX if n > FULL_MESH_MAX_PEERS else n - 1)
         pinged = rng.sample(members, k)
         rtts = [rtt_to(r) for r in pinged]
-        ping_s, _rounds = ping_phase_s(rtts, at_once=1 if n <= FULL_MESH_MAX_PEERS else PING_AT_ONCE)
+        ping_s, _rounds = ping_phase_s(rtts, at_once=1 if before or n <= FULL_MESH_MAX_PEERS else PING_AT_ONCE)
         # its entry stored, the measuring peers' read (its own bucket: n / 8 entries of a few bytes),
         # its quiet slot to ping the short links again (alone: nobody else measures)
         short = any(r < SHORT_RTT_S for r in rtts)
@@ -263,9 +278,13 @@ def simulate_join(n: int, costs: JoinCosts = JoinCosts(), sizes: Sizes = Sizes()
             probes += probe_s(r, min(world.link_mbps, rng.uniform(*world.inter_mbps)))
         ph["probed"] = probes + near + world.call_s + costs.ready_s  # its links stored
         ph["map"] = 2 * near + (map_bytes or 0) / link
+        if (map_bytes or 0) > MAX_MAP_BYTES:  # the planner cannot publish a map that large
+            ph["map"] = ph["planned_after"] = math.inf
         # the planner: its next check, every profile and link read (16 keys), the plan
-        planner_read = READ_HOLDERS * n * (sizes.profile + sizes.links) / link + 2 * near
+        planner_read = (5 if before else READ_HOLDERS) * n * (sizes.profile + sizes.links) / link + 2 * near
         ph["planned"] = rng.uniform(0, replan_check_s) + planner_read + (plan_s or 0.0) + near
+        if (before and n * max(sizes.profile, sizes.links) > UNARY_MAX) or ph.pop("planned_after", 0.0) == math.inf:
+            ph["planned"] = math.inf
         t, row = 0.0, {}
         for name in ("joined", "job", "profiled", "pinged", "probed", "map"):
             t += ph[name]

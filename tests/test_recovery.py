@@ -97,3 +97,23 @@ async def test_an_evicted_peer_is_asked_for_no_layer_state():
     r = Recovery.__new__(Recovery)
     r.peer = peer
     assert await r.inventories() == {"good": {0: [3]}} and asked == ["http://good"]
+
+
+def test_a_new_epoch_drops_every_state_after_its_start_of_every_layer_held():
+    """Layers a peer trained before it moved stage are held too: after a re-plan that redoes the steps
+    after its start, their later states are of the abandoned timeline (a peer back on its old stage
+    resumed from one, its weights parted from its replicas' and it was evicted)."""
+    from spantrain_p2p.plan.stagemap import StageMap
+    from spantrain_p2p.plan.types import Stage
+    from spantrain_p2p.train.recovery import Recovery
+
+    r = Recovery(peer=None, rtt_ms=lambda p: 0.0, on_event=lambda e: None)
+    for layer in (0, 1, 3):  # 3: a layer of the stage it left
+        for step in (1, 2, 3):
+            r.store.put(layer, step, {"w": layer})
+    r.copies.put(3, 3, {"w": 3})
+    smap = StageMap(4, "job", (Stage(("me",), (0, 2)),), start_step=1)
+    r.adopt(smap)
+    assert r.store.keys() == [(0, 1), (1, 1), (3, 1)] and r.copies.keys() == []
+    r.adopt(smap)  # the same map again: nothing more goes
+    assert r.store.keys() == [(0, 1), (1, 1), (3, 1)]

@@ -138,9 +138,18 @@ class Recovery:
         return st
 
     def adopt(self, smap: StageMap) -> None:
-        """The map this peer runs now (buddy copies are checked against it and the one before)."""
+        """The map this peer runs now (buddy copies are checked against it and the one before). A new
+        epoch redoes the steps after its start: whatever this peer holds after it, of any layer, is
+        of the abandoned timeline and goes. A peer that kept a stage's snapshots after it left the
+        stage, and took the stage again after the steps had been redone without it, resumed from its
+        own stale snapshot of the same step: its weights parted from its replicas', their checks of
+        its work failed and the honest peer was evicted (tests/test_robust.py, one run in five)."""
         if not self._maps or self._maps[-1] is not smap:
             self._maps = [*self._maps[-1:], smap]
+            if not smap.islands:  # (an islands map starts at a round, from the outer state)
+                for held in (self.store, self.copies):
+                    for layer in {layer for layer, _ in held.keys()}:
+                        held.drop_after(layer, smap.start_step)
 
     # ---- after each step --------------------------------------------------------------------------
     def snapshot(self, smap: StageMap, stage: int, layers, opt, first: int, step: int,

@@ -25,6 +25,21 @@ def test_honest_tensors_pass_an_odd_one_is_named_and_what_no_data_gives_is_refus
     assert g.judge("act", "b", _act(101, 2.2)) is None  # refused tensors are not remembered
 
 
+def test_a_checker_asks_whether_an_input_lies_past_the_limit_without_the_gate_remembering_it():
+    """A replica checking another's micro-batch recomputes it from the input it fetched; where that
+    input lies past the refusal limit the receiver refused it or took it scaled (pardoned), so the
+    check is skipped: ``beyond`` answers that and changes nothing."""
+    g = Gate()
+    for i in range(20):
+        assert g.judge("act", "b", _act(i)) is None
+    before = (dict(g.refused), g.accepted, list(g.hist[("act", "b")]))
+    assert g.beyond("act", "b", attacks.forge_boundary("scaleact", _act(50)))
+    assert not g.beyond("act", "b", _act(51)) and not g.beyond("act", "b", _act(52, 3.0))  # odd, not past the limit
+    assert g.beyond("act", "b", torch.zeros(4, 16, 32))
+    assert (dict(g.refused), g.accepted, list(g.hist[("act", "b")])) == before
+    assert not Gate().beyond("act", "b", _act(53, 1000.0))  # no reference yet: nothing to hold it against
+
+
 def test_a_refused_tensor_is_taken_when_its_step_is_redone_with_another_sender():
     """The step redone after the planner evicted its first sender: the same data, the same odd
     tensor, another peer: it was the data, not the sender (the run must not stall)."""

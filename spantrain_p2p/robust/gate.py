@@ -83,6 +83,16 @@ class Gate:
         others += list(self.shared_by.get(kind, {}).values())
         return own, (statistics.median(others) if len(others) >= MIN_OTHERS else None)
 
+    def beyond(self, kind: str, src: str, t: torch.Tensor) -> bool:
+        """Whether ``t`` (a ``kind`` tensor from ``src``) lies past the refusal limit from this peer's
+        references, without remembering it: what a replica checking another's micro-batch asks of
+        the input it fetched (a receiver took it scaled, or refused it: its work on it cannot be
+        recomputed from the input as sent)."""
+        lr = log_rms(t)
+        if lr == float("-inf"):
+            return not (self.zeros_ok or t.numel() == 0)
+        return any(ref is not None and abs(lr - ref) > self.refuse_limit for ref in self.references(kind, src))
+
     def judge(self, kind: str, src: str, t: torch.Tensor, step: int = -1, mb: int = -1) -> Optional[tuple[str, str]]:
         """None if ``t`` (a ``kind`` tensor from ``src``, of ``step`` and micro-batch ``mb``) passes
         and is remembered; ("suspect", why) if it is taken but its sender should be checked;

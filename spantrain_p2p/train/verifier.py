@@ -321,6 +321,13 @@ class Verifier:
             expect = Expect(kind, self.job.job_id, self.smap.epoch, frozenset([src]), tuple(shape),
                             len(st.assignments[k]), dtype=st.wire)
             t[slot] = decode_tensor(h, [memoryview(b) for b in bufs], expect, (step, step))[2]
+        gate = self.defence.gate
+        if gate is not None and any(gate.beyond(kind, src, t[slot]) for slot, kind, src, _shape in ins):
+            # an input past the gate's limit: its receiver refused it (no step) or took it scaled
+            # (``Gate.pardoned``), and the sender is judged for it; the work on it is not recomputed
+            # from it as sent (an honest receiver of a pardoned tensor was convicted so)
+            self.skipped["odd input"] = self.skipped.get("odd input", 0) + 1
+            return
         mine = await st.executor.recompute(step, mb, t.get("recv/act"), t.get("recv/grad"))
         attested = await self._attested(whom, step, mb)
         if attested is None:

@@ -151,9 +151,11 @@ async def test_an_idle_peers_job_poll_asks_one_of_the_job_keys_nodes_and_a_job_i
 
     from spantrain_p2p.swarm import keys
 
+    read = []
+
     async def get_many(ks, latest=False, **kw):
-        assert sorted(ks) == keys.job_keys("s")  # a small swarm's copies: every bucket at once
         asked.append(kw.get("holders"))
+        read.append(sorted(ks))
         if len(asked) < 3:
             return dict.fromkeys(ks)
         idle.state = "training"  # a member shows a job: the next read asks every node, and finds it
@@ -166,6 +168,10 @@ async def test_an_idle_peers_job_poll_asks_one_of_the_job_keys_nodes_and_a_job_i
     found = await run_records.RunRecords(peer, log_bad=lambda s, w: None, poll_s=0.01).await_job()
     assert found.job_id == job.job_id
     assert asked[:3] == [1, 1, 1] and asked[3:] == [None]
+    # its first read every key; then one a poll, the key its one other member's copy would be in; in
+    # sight, every key again
+    theirs = keys.job_key_of("s", other.peer_id)
+    assert read[0] == read[3] == keys.job_keys("s") and read[1] == read[2] == [theirs]
 
 
 async def test_a_joiner_of_a_large_swarm_reads_the_job_copies_one_bucket_at_a_time_until_enough_agree():
@@ -201,7 +207,7 @@ async def test_a_joiner_of_a_large_swarm_reads_the_job_copies_one_bucket_at_a_ti
     peer = types.SimpleNamespace(peer_id="QmMe", dht=types.SimpleNamespace(get_many=get_many),
                                  member_ids=lambda: members, config=types.SimpleNamespace(swarm="s"))
     rr = run_records.RunRecords(peer, log_bad=lambda s, why: bad.append(why))
-    votes, _ = await rr._read_copies(sight=True, bad="")
+    votes, _ = await rr._read_copies(sight=False, bad="")  # (a joiner's first read, or in sight: alike)
     assert all(len(r) == 1 for r in reads)
     got = sum(map(len, votes.values()))
     assert got >= run_records.JOB_VOTES or len(reads) == len(keys.job_keys("s"))

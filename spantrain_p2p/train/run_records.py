@@ -62,6 +62,7 @@ class RunRecords:
         self._news_at = 0.0
         self._maps_changed = 0  # news of a map received or a map published: a kept read is stale
         self._map_read: Optional[tuple[float, int, Optional[StageMap]]] = None  # (when, _maps_changed, map)
+        self._idle_turn = 0
 
     def start(self, job: JobSpec, num_layers: int) -> None:
         self.job, self.num_layers = job, num_layers
@@ -95,8 +96,10 @@ class RunRecords:
                 await asyncio.sleep(self.poll_s)
                 waited += self.poll_s
                 continue
-            read_at = waited
-            votes, bad = await self._read_copies(sight, bad)
+            first, read_at = read_at == -math.inf, waited
+            # a joiner reads every key at once; an idle peer with no job in sight, one key a poll, in
+            # turn over those its members' copies would be in (every key a poll was up to 16 calls)
+            votes, bad = await self._read_copies(sight, bad, None if sight or first else [self._idle_key()])
             if votes:
                 if len(votes) > 1:
                     log.warning("the swarm's job copies disagree (%s): taking the one most members run",
@@ -109,15 +112,23 @@ class RunRecords:
             await asyncio.sleep(self.poll_s)
             waited += self.poll_s
 
-    async def _read_copies(self, sight: bool, bad: str) -> tuple[dict[str, list], str]:
+    def _idle_key(self) -> str:
+        """The job key an idle peer's next poll reads: the keys of its other members' buckets in turn."""
+        me = self.peer.peer_id
+        keys = sorted({job_key_of(self.swarm, p) for p in self.peer.member_ids() if p != me}) or job_keys(self.swarm)
+        self._idle_turn += 1
+        return keys[self._idle_turn % len(keys)]
+
+    async def _read_copies(self, sight: bool, bad: str, only: Optional[list] = None) -> tuple[dict[str, list], str]:
         """({job id: its valid copies by members}, the last invalid copy's fault or ``bad``). The
-        copies lie in 16 keys by their members' ids (``keys.job_key_of``): all read at once, or, in a
-        swarm of more than ``JOB_VOTES`` copies a key, one key at a time in a random order until
-        ``JOB_VOTES`` valid copies are in (a random 16th of 1,000 members votes as they all do)."""
-        keys = job_keys(self.swarm)
+        copies lie in 16 keys by their members' ids (``keys.job_key_of``): all read at once (or
+        ``only`` those), or, in a swarm of more than ``JOB_VOTES`` members a key, one key at a time in
+        a random order until ``JOB_VOTES`` valid copies are in (a random 16th of 1,000 members votes
+        as they all do)."""
+        keys = list(only) if only else job_keys(self.swarm)
         random.shuffle(keys)
         members = self.peer.member_ids()
-        per = 1 if sight and len(members) > JOB_VOTES * len(keys) else len(keys)
+        per = 1 if len(members) > JOB_VOTES * len(keys) else len(keys)
         votes: dict[str, list] = {}
         for i in range(0, len(keys), per):
             # with no job in sight, one of each key's nodes (every idle peer's poll asked all five:

@@ -289,7 +289,8 @@ def main() -> int:
                    help="seconds between all listing all and the window (default: a third of the window, at most "
                         "10; with SWIM a join's news is passed on for a few minutes: 150 measures the steady state)")
     p.add_argument("--liveness", choices=("records", "swim"), default="records",
-                   help="the peers' --liveness: records (the default design) or swim (direct probes)")
+                   help="the peers' --liveness: records (the design before 2026-11-28, this script's default: its "
+                        "figures' baseline) or swim (the peers' default: direct probes)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object, last")
     p.add_argument("--plot", default="", help="write a PNG of the figures against N here")
     args = p.parse_args()

@@ -18,8 +18,8 @@ def add_swarm_arguments(sw: argparse.ArgumentParser) -> None:
                     help="stop the swarm after S seconds once formed (default: run until Ctrl-C)")
     sw.add_argument("--run-dir", default=None, help="where peer logs go (default: a new folder under runs/)")
     sw.add_argument("--heartbeat", type=float, default=2.0)
-    sw.add_argument("--liveness", choices=("records", "swim"), default="records",
-                    help="the peers' --liveness (default records; swim: direct probes, news carried on them)")
+    sw.add_argument("--liveness", choices=("records", "swim"), default="swim",
+                    help="the peers' --liveness (default swim: direct probes, news carried on them; records: a DHT record every heartbeat)")
     sw.add_argument("--time-dilation", type=float, default=None, metavar="K",
                     help="run the scenario's world K times slower than real time instead of its own time_dilation "
                     "(the same world: every figure is reported in real time)")

@@ -109,7 +109,7 @@ def run_swarm(args) -> tuple[int, Optional[dict]]:
         if os.path.exists(args.operator_identity):
             os.remove(args.operator_identity)
         operator.save(args.operator_identity)
-        every_args += ["--operator", operator.peer_id, "--liveness", getattr(args, "liveness", "records")]
+        every_args += ["--operator", operator.peer_id, "--liveness", getattr(args, "liveness", "swim")]
         if getattr(args, "verbose", 0) > 1:  # -vv: the peers log at debug level too
             every_args.append("-" + "v" * args.verbose)
         procs = launch_scenario(args.scenario, run_dir, heartbeat=args.heartbeat, extra_args=tuple(every_args),

@@ -24,7 +24,7 @@ class PeerConfig:
     # how members learn who is alive: "records" (a record re-stored every heartbeat, gone a few
     # heartbeats after the last) or "swim" (direct probes on the data plane, ``peer.swim_loop``;
     # records re-stored when they change or every record_s): issue 33, measured on idle swarms
-    liveness: str = "records"
+    liveness: str = "swim"
     record_s: float = 300.0
     # with SWIM, a record whose only change is the training step is stored at most this often: a
     # training peer's step changes every step, which re-stored (and sent the watchers) every record of

@@ -56,10 +56,10 @@ def peer_parser() -> argparse.ArgumentParser:
                    help="CLOCK_MONOTONIC time the scenario's bandwidth traces count from (default: peer start)")
     p.add_argument("--heartbeat", type=float, default=2.0, metavar="S",
                    help="seconds between heartbeats; a silent peer is dropped after 3 (default: %(default)s)")
-    p.add_argument("--liveness", choices=("records", "swim"), default="records",
-                   help="how members learn who is alive: records (a DHT record re-stored every heartbeat; "
-                        "the default) or swim (direct probes between peers, news carried on them; records "
-                        "re-stored only when they change: a peer's control traffic flat in the swarm's size)")
+    p.add_argument("--liveness", choices=("records", "swim"), default="swim",
+                   help="how members learn who is alive: swim (the default: direct probes between peers, news "
+                        "carried on them; records re-stored only when they change: a peer's control traffic flat "
+                        "in the swarm's size) or records (a DHT record re-stored every heartbeat)")
     p.add_argument("--mdns", action="store_true", help="advertise this peer on the LAN through mDNS")
     p.add_argument("--swarm-key", metavar="PATH",
                    help="a closed swarm's key file (`spantrain keygen PATH`): only its holders join, read or send")

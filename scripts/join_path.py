@@ -81,11 +81,15 @@ def plot(out: dict, path: str) -> None:
     for lv in out["live"]:
         for ms, mark in (("map", "o"), ("planned", "s")):
             if ms in lv["live"]:
-                ax.semilogx([lv["n"]], [lv["live"][ms]], mark, color="black", mfc="none")
+                ax.semilogx([lv["n"]], [lv["live"][ms]], mark, color="grey" if lv["before"] else "black", mfc="none")
+    stuck = [f"{r['design']}: no {ms} at {r['n']:,}" for r in out["sim"] for ms in ("map", "planned")
+             if not math.isfinite(r["at"][ms]["p95"])]
+    if stuck:  # a value past what a response carries, or a map past what may be published
+        ax.text(0.01, 0.01, "; ".join(stuck), transform=ax.transAxes, fontsize=7, va="bottom")
     ax.axhline(30, color="grey", lw=0.8)
     ax.set_xlabel("peers in the swarm")
     ax.set_ylabel("seconds from a joiner's launch")
-    ax.set_title("a joiner's first stage map and first plan (open: live on this box)")
+    ax.set_title("a joiner's first stage map and first plan (open: live on this box; grey: before)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -95,6 +99,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--calibrate", required=True, metavar="FILE:PEER")
     p.add_argument("--live", nargs="*", default=[], metavar="FILE:PEER")
+    p.add_argument("--live-before", nargs="*", default=[], metavar="FILE:PEER",
+                   help="live joiners of the design before (b5ce1d1), set beside its simulation")
     p.add_argument("--peers", type=int, nargs="+", default=[20, 100, 1000, 10000])
     p.add_argument("--samples", type=int, default=200)
     p.add_argument("--json", action="store_true")
@@ -110,17 +116,18 @@ def main() -> int:
           f"links {sizes.links} B")
     out = {"costs": costs.__dict__, "sizes": {k: v for k, v in sizes.__dict__.items() if k != "stage_map"},
            "import_s": imp, "live": [], "sim": []}
-    for spec in a.live:
+    for spec, before in [*((x, False) for x in a.live), *((x, True) for x in a.live_before)]:
         n, lm = joiner(spec)
         at = live_phases(lm, imp)
         plan_s, map_bytes = planner_at(n, regions=1)
-        sim = simulate_join(n, costs, sizes, LAN, plan_s, map_bytes, samples=a.samples)
-        print(f"\nlive {spec} ({n} peers, an emulated LAN), seconds from launch; beside it the simulation of {n} "
-              f"on a LAN (p50):")
+        sim = simulate_join(n, costs, sizes, LAN, plan_s, map_bytes, samples=a.samples, before=before)
+        print(f"\nlive {spec} ({n} peers, an emulated LAN{', the design before' if before else ''}), seconds from "
+              f"launch; beside it the simulation of {n} on a LAN (p50):")
         for ph in (*PHASES, "planned"):
             if ph in at:
                 print(f"  {ph:>9} live {at[ph]:7.2f}   sim {sim['at'][ph]['p50']:7.2f}")
-        out["live"].append({"spec": spec, "n": n, "live": at, "sim_p50": {k: v["p50"] for k, v in sim["at"].items()}})
+        out["live"].append({"spec": spec, "n": n, "before": before, "live": at,
+                            "sim_p50": {k: v["p50"] for k, v in sim["at"].items()}})
     print(f"\nsimulated joiners ({JoinWorld().regions} regions, a {JoinWorld().link_mbps:g} Mbit/s home link), "
           "seconds from launch, p50 / p95 (before: the design until 2026-11-28, b5ce1d1):")
     print(f"  {'N':>6} {'design':>7} {'plan s':>7} {'map KB':>7} " + " ".join(f"{ph:>13}" for ph in (*PHASES, "planned")))

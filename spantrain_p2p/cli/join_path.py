@@ -24,7 +24,8 @@ daemon and joining, building and profiling the model) is taken from a live run
   ``n``, with peer ids as long as real ones; over ``run_records.MAX_MAP_BYTES`` it cannot be
   published: inf);
 - **planned**: the planner's next check (every ``REPLAN_CHECK_S``), its read of every profile and
-  link (every key of both kinds, from 2 of each key's nodes: ``measure.READ_HOLDERS``), and planning (timed: the real planner on a synthetic swarm of
+  link (every key of both kinds, from 2 of each key's nodes: ``measure.READ_HOLDERS``; beyond 100
+  ready peers only the joiner's key of each kind, ``Coordinator._measured_snapshot``), and planning (timed: the real planner on a synthetic swarm of
   ``n``). The new plan moves the joiner in only if it is 15 % faster for 10 s (``decide``); a plan
   that leaves it a spare has still weighed it.
 
@@ -41,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..swarm.probe_plan import PING_MAX, FULL_MESH_MAX_PEERS, probe_budget
-from ..swarm.keys import buckets_of
+from ..swarm.keys import LINKS, PROFILES, buckets_of
+from ..train.coordinator import WHOLE_READ_PEERS
 from ..swarm.measure import READ_HOLDERS
 from ..train.measuring import PING_AT_ONCE, QUIET_SLOT_S, SHORT_RTT_S
 from ..train.run_records import JOB_VOTES, MAX_MAP_BYTES
@@ -281,7 +283,10 @@ def simulate_join(n: int, costs: JoinCosts = JoinCosts(), sizes: Sizes = Sizes()
         if (map_bytes or 0) > MAX_MAP_BYTES:  # the planner cannot publish a map that large
             ph["map"] = ph["planned_after"] = math.inf
         # the planner: its next check, every profile and link read (16 keys), the plan
-        planner_read = (5 if before else READ_HOLDERS) * n * (sizes.profile + sizes.links) / link + 2 * near
+        if before or n <= WHOLE_READ_PEERS:  # every profile and link
+            planner_read = (5 if before else READ_HOLDERS) * n * (sizes.profile + sizes.links) / link + 2 * near
+        else:  # the joiner's key of each kind (``Coordinator._measured_snapshot``)
+            planner_read = READ_HOLDERS * n * (sizes.profile / buckets_of(PROFILES) + sizes.links / buckets_of(LINKS)) / link + 2 * near
         ph["planned"] = rng.uniform(0, replan_check_s) + planner_read + (plan_s or 0.0) + near
         if (before and n * max(sizes.profile, sizes.links) > UNARY_MAX) or ph.pop("planned_after", 0.0) == math.inf:
             ph["planned"] = math.inf

@@ -132,7 +132,7 @@ async def test_a_read_some_replicas_miss_still_gives_what_an_earlier_read_saw_un
 
 async def test_an_idle_peers_job_poll_asks_one_of_the_job_keys_nodes_and_a_job_in_sight_all(monkeypatch):
     """With no member showing a job, the backstop poll reads one of the job key's 5 nodes (every idle
-    peer asking all five made the key's nodes the busiest of 48); once a member shows one, all five."""
+    peer asking all five made the key's nodes the busiest of 48); once a member shows one, two."""
     import types
 
     from hivemind.utils import ValueWithExpiration, get_dht_time
@@ -167,7 +167,7 @@ async def test_an_idle_peers_job_poll_asks_one_of_the_job_keys_nodes_and_a_job_i
                                  config=types.SimpleNamespace(swarm="s"))
     found = await run_records.RunRecords(peer, log_bad=lambda s, w: None, poll_s=0.01).await_job()
     assert found.job_id == job.job_id
-    assert asked[:3] == [1, 1, 1] and asked[3:] == [None]
+    assert asked[:3] == [1, 1, 1] and asked[3:] == [2]  # in sight: 2 of each key's nodes
     # its first read every key; then one a poll, the key its one other member's copy would be in; in
     # sight, every key again
     theirs = keys.job_key_of("s", other.peer_id)
@@ -214,3 +214,48 @@ async def test_a_joiner_of_a_large_swarm_reads_the_job_copies_one_bucket_at_a_ti
     assert len(reads) < len(keys.job_keys("s")) and list(votes) == [job.job_id]
     if any(wrong in r for r in reads):
         assert any("another bucket" in w for w in bad)
+
+
+async def test_copies_that_disagree_make_a_joiner_read_every_job_key():
+    """One bucket filled with copies of another job (ids made to hash there) cannot decide for a
+    joiner of a large swarm: where copies disagree it reads every key, and the job most copies run wins."""
+    import types
+
+    from hivemind.utils import ValueWithExpiration, get_dht_time
+
+    from spantrain_p2p.job.spec import JobSpec
+    from spantrain_p2p.swarm import keys
+    from spantrain_p2p.swarm.identity import Identity
+    from spantrain_p2p.swarm.records import sign_payload
+    from spantrain_p2p.train import run_records
+
+    good, bad = JobSpec(steps=3).finalized(), JobSpec(steps=4).finalized()
+    honest = [Identity.generate() for _ in range(48)]
+    while not any(keys.job_key_of("s", i.peer_id) == keys.job_keys("s")[0] for i in honest):
+        honest.append(Identity.generate())  # at scale every bucket holds honest copies (N / 16 each)
+    liars = []
+    while len(liars) < 20:  # ids that hash into one bucket, as an attacker would make them
+        i = Identity.generate()
+        if keys.job_key_of("s", i.peer_id) == keys.job_keys("s")[0]:
+            liars.append(i)
+    by_key: dict = {}
+    for ids, job in ((honest, good), (liars, bad)):
+        for i in ids:
+            by_key.setdefault(keys.job_key_of("s", i.peer_id), {})[i.peer_id] = ValueWithExpiration(
+                sign_payload(job.to_dict(), i), get_dht_time() + 60)
+    reads = []
+
+    async def get_many(ks, latest=False, **kw):
+        reads.extend(ks)
+        return {k: ValueWithExpiration(by_key[k], get_dht_time() + 60) if k in by_key else None for k in ks}
+
+    members = frozenset(i.peer_id for i in honest + liars) | {f"Qm{n}" for n in range(400)}
+    peer = types.SimpleNamespace(peer_id="QmMe", dht=types.SimpleNamespace(get_many=get_many),
+                                 member_ids=lambda: members, config=types.SimpleNamespace(swarm="s"))
+    rr = run_records.RunRecords(peer, log_bad=lambda s, why: None)
+    for _ in range(5):  # whichever key comes first
+        reads.clear()
+        votes, _ = await rr._read_copies(sight=True, bad="")
+        if len(votes) > 1:
+            assert sorted(reads) == keys.job_keys("s") and len(votes[good.job_id]) == len(honest)
+        assert max(votes.values(), key=len)[0].job_id == good.job_id

@@ -127,7 +127,7 @@ async def test_beyond_100_ready_peers_the_measurements_are_read_whole_every_n_ov
     c = co.Coordinator.__new__(co.Coordinator)
     c.peer = types.SimpleNamespace(live_members=lambda: list(peers), evicted=set())
     c.log_bad = lambda *a: None
-    c._measured, c._measured_at = None, 0.0
+    c._measured, c._measured_at, c._measured_ready = None, 0.0, set()
     ids, _, _ = await c._measured_snapshot()
     assert len(ids) == 120 and reads == [(measure.PROFILES, None), (measure.LINKS, None)]
     reads.clear()

@@ -7,9 +7,9 @@ daemon and joining, building and profiling the model) is taken from a live run
 (``scripts/join_path.py --calibrate``), the rest is computed from the code's own rules and sizes:
 
 - **joined**: the live start, then (``--liveness swim``) one member's list with addresses, 100 bytes
-  a member, down the joiner's link;
-- **job**: the job's copies, one key of ``n / 16`` copies beyond 256 members (``run_records.JOB_VOTES``
-  a key), else all 16 keys, down the link;
+  a member, and every member record once (a peer without a stage map watches), down the joiner's link;
+- **job**: the job's copies from 2 nodes, one key of ``n / 16`` copies beyond 256 members
+  (``run_records.JOB_VOTES`` a key), else all 16 keys, down the link;
 - **profiled**: the live build and profile, then its entry stored at its key's nodes (a lookup of
   ``visits`` round trips first);
 - **pinged**: ``ping_targets`` members (every one up to 16, else 24, 8 at a time), rounds of one
@@ -253,9 +253,11 @@ def simulate_join(n: int, costs: JoinCosts = JoinCosts(), sizes: Sizes = Sizes()
         if before:  # every member record (8 keys), from one node each
             ph["joined"] = costs.start_s + lookup + near + n * RECORD_BYTES / link
         else:
-            ph["joined"] = costs.start_s + ((near + (n - 1) * sizes.member_list_entry / link) if world.swim else 0.0)
+            # a member's list, and (a peer without a stage map watches) every member record once
+            ph["joined"] = costs.start_s + ((near + (n - 1) * sizes.member_list_entry / link + lookup
+                                             + n * RECORD_BYTES / link) if world.swim else 0.0)
         jb = buckets_of("job")  # one key of copies beyond JOB_VOTES a key, else every key at once
-        copies = 5 * n if before else n / jb if n > JOB_VOTES * jb else n
+        copies = 5 * n if before else 2 * (n / jb if n > JOB_VOTES * jb else n)  # from 2 of its nodes
         ph["job"] = costs.job_s + lookup + near + copies * sizes.job_copy / link
         if before and n * sizes.job_copy > UNARY_MAX:
             ph["job"] = math.inf

@@ -86,9 +86,9 @@ def members_keys(swarm: str) -> list[str]:
 
 
 def read_together(dht_key: str) -> list[str]:
-    """The keys read with ``dht_key`` in one go: a bucketed key's 8 buckets (their nodes are looked
-    up together, so a heartbeat's store does not look up its own bucket's nodes apart from the reads'
-    lookup of all 8), else the key alone."""
+    """The keys read with ``dht_key`` in one go: every bucket of a bucketed key's kind (8, 16 or 32:
+    ``buckets_of``; their nodes are looked up together, so a heartbeat's store does not look up its
+    own bucket's nodes apart from the reads' lookup of them all), else the key alone."""
     head, _, tail = dht_key.rpartition(".")
     kind = head.rsplit("/", 1)[-1]
     if kind in BUCKETED and len(tail) == 2 and tail.isdigit():

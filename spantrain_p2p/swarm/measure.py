@@ -2,8 +2,8 @@
 pings and its vote on the grouping.
 
 One signed entry per peer and kind (``PROFILES``, ``LINKS``, ``PINGS``, ``GROUPS``, ``ACCUSE``;
-subkey = its peer id), under the key of its id's bucket (``keys.measure_key_of``: eight keys a kind,
-32 for the links, so that no value holds the whole swarm's), so every peer can read the same snapshot and nobody can
+subkey = its peer id), under the key of its id's bucket (``keys.measure_key_of``: 32 keys for the
+links, 16 for the profiles, 8 for the rest, so that no value holds the whole swarm's), so every peer can read the same snapshot and nobody can
 publish in another's name. ``read`` takes every bucket, or only those of the peers it is asked
 about; it validates each entry and skips (and logs once) the bad ones.
 """

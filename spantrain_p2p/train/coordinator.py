@@ -100,6 +100,7 @@ class Coordinator:
         self.weighed: dict[str, float] = {}
         self._measured: Optional[tuple[dict, dict]] = None  # (profiles, links) last read (``_measured_snapshot``)
         self._measured_at = 0.0
+        self._measured_ready: set[str] = set()  # the ready peers as of that read
 
     def start(self, job, handle, has_map) -> None:
         self.job, self.handle, self.has_map = job, handle, has_map
@@ -129,14 +130,16 @@ class Coordinator:
             links = await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.log_bad)
             self._measured, self._measured_at = (profiles, links), now
         else:
+            # (a peer read while it still measured has a partial links entry: read again once ready)
             profiles, links = self._measured
-            new = [p for p in ready if p not in profiles or p not in links]
+            new = [p for p in ready if p not in profiles or p not in links or p not in self._measured_ready]
             if new:
                 profiles = {**profiles, **await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad,
                                                              peer_ids=new)}
                 links = {**links, **await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.log_bad,
                                                        peer_ids=new)}
                 self._measured = (profiles, links)
+        self._measured_ready = set(ready)
         ids = sorted(p for p in ready if p in profiles and p in links)
         return ids, profiles, links
 

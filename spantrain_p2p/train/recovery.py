@@ -137,7 +137,7 @@ class Recovery:
             st = self.checkpoints.load(layer, step, self._expected_layer_shapes(layer))
         return st
 
-    def adopt(self, smap: StageMap) -> None:
+    def adopt(self, smap: StageMap, islands: bool = False) -> None:
         """The map this peer runs now (buddy copies are checked against it and the one before). A new
         epoch redoes the steps after its start: whatever this peer holds after it, of any layer, is
         of the abandoned timeline and goes. A peer that kept a stage's snapshots after it left the
@@ -146,7 +146,8 @@ class Recovery:
         its work failed and the honest peer was evicted (tests/test_robust.py, one run in five)."""
         if not self._maps or self._maps[-1] is not smap:
             self._maps = [*self._maps[-1:], smap]
-            if not smap.islands:  # (an islands map starts at a round, from the outer state)
+            if not (islands or smap.islands):  # (an islands map starts at a round, from the outer state;
+                # ``islands``: this is one island's part of such a map)
                 for held in (self.store, self.copies):
                     for layer in {layer for layer, _ in held.keys()}:
                         held.drop_after(layer, smap.start_step)

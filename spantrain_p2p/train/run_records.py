@@ -123,8 +123,9 @@ class RunRecords:
         """({job id: its valid copies by members}, the last invalid copy's fault or ``bad``). The
         copies lie in 16 keys by their members' ids (``keys.job_key_of``): all read at once (or
         ``only`` those), or, in a swarm of more than ``JOB_VOTES`` members a key, one key at a time in
-        a random order until ``JOB_VOTES`` valid copies are in (a random 16th of 1,000 members votes
-        as they all do)."""
+        a random order until ``JOB_VOTES`` valid copies agree (a random 16th of 1,000 members votes as
+        they all do; where copies disagree, every key is read). With a job in sight, from 2 of each
+        key's nodes, else from 1."""
         keys = list(only) if only else job_keys(self.swarm)
         random.shuffle(keys)
         members = self.peer.member_ids()
@@ -133,7 +134,7 @@ class RunRecords:
         for i in range(0, len(keys), per):
             # with no job in sight, one of each key's nodes (every idle peer's poll asked all five:
             # at 48 idle peers the job key's nodes answered 9 calls a second each, the busiest peers)
-            found = await self.peer.dht.get_many(keys[i:i + per], latest=True, **({} if sight else {"holders": 1}))
+            found = await self.peer.dht.get_many(keys[i:i + per], latest=True, holders=2 if sight else 1)
             for key, item in found.items():
                 for sub, entry in (item.value.items() if item is not None and isinstance(item.value, dict) else ()):
                     if sub not in members:  # a copy by a peer that never joined is nobody's job
@@ -150,8 +151,9 @@ class RunRecords:
                         bad = str(e)
                         continue
                     votes.setdefault(job.job_id, []).append(job)
-            if sum(map(len, votes.values())) >= JOB_VOTES:
-                break
+            if sum(map(len, votes.values())) >= JOB_VOTES and len(votes) == 1:
+                break  # (copies that disagree: every key is read, so one bucket filled with ids an
+                # attacker made up cannot outvote the swarm)
         return votes, bad
 
     async def refresh_job(self) -> None:

@@ -286,7 +286,7 @@ class Trainer:
             if self.island is not None:  # islands: this peer runs its island's pipeline
                 smap = smap.island_map(self.island)
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)
-            self.recovery.adopt(smap)
+            self.recovery.adopt(smap, islands=bool(self.full_map.islands))
             self.epochs_adopted.add(smap.epoch)
             self.transport.begin_epoch(smap, self.stage)
             self.verifier.begin_epoch(smap)

@@ -321,14 +321,6 @@ class Verifier:
             expect = Expect(kind, self.job.job_id, self.smap.epoch, frozenset([src]), tuple(shape),
                             len(st.assignments[k]), dtype=st.wire)
             t[slot] = decode_tensor(h, [memoryview(b) for b in bufs], expect, (step, step))[2]
-        gate = self.defence.gate
-        if gate is not None and any(gate.beyond(kind, src, t[slot]) for slot, kind, src, _shape in ins):
-            # an input past the gate's limit: its receiver refused it (no step) or took it scaled
-            # (``Gate.pardoned``), and the sender is judged for it; the work on it is not recomputed
-            # from it as sent (an honest receiver of a pardoned tensor was convicted so)
-            self.skipped["odd input"] = self.skipped.get("odd input", 0) + 1
-            return
-        mine = await st.executor.recompute(step, mb, t.get("recv/act"), t.get("recv/grad"))
         attested = await self._attested(whom, step, mb)
         if attested is None:
             raise FrameError(f"{name} did not attest micro-batch {mb} of step {step}")
@@ -338,6 +330,16 @@ class Verifier:
                 await self._fetch(at, step, mb, whom, shown)
                 self._not_attested(whom, step, "what it attested did not match what its neighbours kept")
                 raise FrameError(f"{self.smap.name_of(at)}'s {slot} of micro-batch {mb} is not what {name} signed")
+        gate = self.defence.gate
+        if gate is not None and any(gate.beyond(kind, src, t[slot]) for slot, kind, src, _shape in ins):
+            # an input past the gate's limit, that the checked peer signed it received: it refused it
+            # (no step) or took it scaled (``Gate.pardoned``), and the sender is judged for it; the
+            # work on it is not recomputed from it as sent (an honest receiver of a pardoned tensor
+            # was convicted so). Checked after the attestation: a neighbour that answers the fetch
+            # with a tensor it never sent is caught by the digests, not let off
+            self.skipped["odd input"] = self.skipped.get("odd input", 0) + 1
+            return
+        mine = await st.executor.recompute(step, mb, t.get("recv/act"), t.get("recv/grad"))
         self.checks += 1
         self.missing.pop(whom, None)
         for slot, _kind, _src, _shape in outs:

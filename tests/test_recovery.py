@@ -117,3 +117,41 @@ def test_a_new_epoch_drops_every_state_after_its_start_of_every_layer_held():
     assert r.store.keys() == [(0, 1), (1, 1), (3, 1)] and r.copies.keys() == []
     r.adopt(smap)  # the same map again: nothing more goes
     assert r.store.keys() == [(0, 1), (1, 1), (3, 1)]
+
+
+async def test_a_buddys_copy_of_a_step_the_new_epoch_redoes_is_refused():
+    """A copy in flight from the epoch before, of a step after the one the new epoch redoes from, is
+    of the abandoned timeline: refused (``adopt`` dropped its like); one of an earlier step is taken."""
+    import types
+
+    import pytest
+
+    from spantrain_p2p.net.framing import FrameError
+    from spantrain_p2p.plan.stagemap import StageMap
+    from spantrain_p2p.plan.types import Stage
+    from spantrain_p2p.train.recovery import Recovery
+
+    r = Recovery(peer=None, rtt_ms=lambda p: 0.0, on_event=lambda e: None)
+    r.job, r.handle = types.SimpleNamespace(job_id="j", steps=100), types.SimpleNamespace(num_layers=4)
+    stages = (Stage(("buddy",), (0, 2)), Stage(("me",), (2, 4)))
+    r.adopt(StageMap(4, "j", stages, start_step=0))
+    r.adopt(StageMap(5, "j", stages, start_step=3))
+    header = {"job": "j", "layer": 0, "step": 5, "src": "buddy", "epoch": 4}
+    with pytest.raises(FrameError, match="abandoned"):
+        await r.on_ckpt(header, [])
+    with pytest.raises(FrameError, match="epoch must be an int"):
+        await r.on_ckpt({**header, "epoch": "4"}, [])
+    # (decoding a real state is tested elsewhere)
+    taken = []
+    r.copies.put = lambda *a, **k: taken.append(a[:2])
+    r._expected_layer_shapes = lambda layer: {}
+    import spantrain_p2p.models.state as layer_state
+
+    real = layer_state.decode
+    layer_state.decode = lambda *a: {}
+    try:
+        await r.on_ckpt({**header, "step": 3}, [])  # the step the new epoch starts from: kept
+        await r.on_ckpt({**header, "epoch": 5}, [])  # the new epoch's own
+    finally:
+        layer_state.decode = real
+    assert taken == [(0, 3), (0, 5)]

@@ -169,7 +169,8 @@ class Recovery:
             self.store.put(i, step, st, pin_every=every)
         buddy = choose_buddy(smap, stage, self.peer.peer_id, self.rtt_ms) if step % every == 0 else None
         if buddy is not None and (self._buddy_push is None or self._buddy_push.done()):
-            self._buddy_push = asyncio.create_task(self._push_to_buddy(buddy, states, step, loss_rows[-LOSS_ROWS:]))
+            self._buddy_push = asyncio.create_task(self._push_to_buddy(buddy, states, step, loss_rows[-LOSS_ROWS:],
+                                                                       smap.epoch))
         return states
 
     def _copier_for(self, layers) -> Optional[HostCopier]:
@@ -202,12 +203,12 @@ class Recovery:
         if self._copied is not None:
             self._copied.synchronize()
 
-    async def _push_to_buddy(self, buddy: str, states, step: int, rows: list) -> None:
+    async def _push_to_buddy(self, buddy: str, states, step: int, rows: list, epoch: int = 0) -> None:
         try:
             await self.settled()
             for i, (layer, st) in enumerate(states):
                 header, bufs = layer_state.encode(st)
-                header.update({"job": self.job.job_id, "layer": layer, "step": step})
+                header.update({"job": self.job.job_id, "layer": layer, "step": step, "epoch": epoch})
                 if i == 0 and rows:
                     header["losses"] = rows  # first, so the copy of a step never arrives without its loss
                 url = self.peer.data_url_of(buddy)
@@ -355,6 +356,14 @@ class Recovery:
         src = header.get("src")
         if not any(self._owns_alone(m, src, layer) for m in self._maps):
             raise FrameError(f"a copy of layer {layer} from {str(src)[:16]}, which the stage map does not give it alone")
+        epoch, cur = header.get("epoch", 0), self._maps[-1] if self._maps else None
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise FrameError("a copy's epoch must be an int")
+        if cur is not None and epoch < cur.epoch and step > cur.start_step:
+            # taken in an epoch before this one, after the step this one redoes from: of an abandoned
+            # timeline (``adopt`` dropped its like; a copy in flight must not bring one back)
+            raise FrameError(f"a copy of step {step} from epoch {epoch}, abandoned: epoch {cur.epoch} redoes from "
+                             f"step {cur.start_step}")
         self.copies.put(layer, step, layer_state.decode(header, buffers, self._expected_layer_shapes(layer)),
                         merge_parts=True)
         self._hold_losses(header.get("losses"))

@@ -36,7 +36,7 @@ def summarize(reports: list[dict], samples_per_step: int, seq_len: int) -> dict:
             "step_s": round(step_s, 5) if step_s else None,
             "samples_per_s_wall": round(len(steps) * samples_per_step / wall, 3) if wall > 0 else 0.0,
             "wall_s": round(wall, 3), "plan": last["plan"],
-            "peers": [_peer_row(r, _weighed(reports)) for r in reports], "mfu": _swarm_mfu(reports), **_loss_scale(staged),
+            "peers": _peer_rows(reports), "mfu": _swarm_mfu(reports), **_loss_scale(staged),
             "paths": paths_of(reports)}
 
 
@@ -79,6 +79,12 @@ def _milestones(r: dict, weighed: dict[str, float]) -> Optional[dict]:
     if m is None or r.get("peer_id") not in weighed or not r.get("started_unix"):
         return m
     return {**m, "planned": round(weighed[r["peer_id"]] - r["started_unix"], 2)}
+
+
+def _peer_rows(reports: list[dict], islands: bool = False) -> list[dict]:
+    """Every peer's row of the run summary (with its island), the planners' weighing taken once."""
+    weighed = _weighed(reports)
+    return [{**({"island": r.get("island")} if islands else {}), **_peer_row(r, weighed)} for r in reports]
 
 
 def _peer_row(r: dict, weighed: Optional[dict[str, float]] = None) -> dict:
@@ -147,7 +153,7 @@ def islands_summary(reports: list[dict], samples_per_step: int, seq_len: int) ->
                         "send_s_median": round(statistics.median(exch), 4) if exch else None,
                         "wait_s_median": round(statistics.median(waits), 4) if waits else None,
                         "hidden": hidden, **_left_out(staged)},
-            "peers": [{"island": r.get("island"), **_peer_row(r, _weighed(reports))} for r in reports], "mfu": _swarm_mfu(reports),
+            "peers": _peer_rows(reports, islands=True), "mfu": _swarm_mfu(reports),
             **_loss_scale(staged)}
 
 

@@ -3,8 +3,8 @@ pings and its vote on the grouping.
 
 One signed entry per peer and kind (``PROFILES``, ``LINKS``, ``PINGS``, ``GROUPS``, ``ACCUSE``;
 subkey = its peer id), under the key of its id's bucket (``keys.measure_key_of``: 32 keys for the
-links, 16 for the profiles, 8 for the rest, so that no value holds the whole swarm's), so every peer can read the same snapshot and nobody can
-publish in another's name. ``read`` takes every bucket, or only those of the peers it is asked
+links, 16 for the profiles, 8 for the rest, so that no value holds the whole swarm's), so every
+peer can read the same snapshot and nobody can publish in another's name. ``read`` takes every bucket, or only those of the peers it is asked
 about; it validates each entry and skips (and logs once) the bad ones.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterable, Optional
 
-from .keys import GROUPS, LINKS, PINGS, PROFILES, bucket_of, buckets_of, measure_key_of, measure_keys
+from .keys import GROUPS, LINKS, PINGS, PROFILES, measure_key_of, measure_keys
 from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.measure")
@@ -51,13 +51,12 @@ async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[
         item = found.get(key)
         if item is None or not isinstance(item.value, dict):
             continue
-        bucket = int(key.rsplit(".", 1)[1])
         for sub, entry in item.value.items():
             try:
                 signer, payload = open_payload(getattr(entry, "value", None), MAX_BYTES)
                 if signer != sub:
                     raise BadRecord(f"{what} entry filed under {str(sub)[:16]} but signed by {signer[:16]}")
-                if bucket_of(signer, buckets_of(what)) != bucket:
+                if measure_key_of(peer.config.swarm, what, signer) != key:
                     raise BadRecord(f"{what} entry of {signer[:16]} under another bucket's key")
                 out[signer] = parse(payload)
             except (BadRecord, ValueError, TypeError, KeyError) as e:

@@ -123,22 +123,22 @@ class Coordinator:
         and in between only the keys of ready peers it has no measurements of (a joiner's: one key
         of each kind). The planner and the grouping's voters read every profile and link every 5 s:
         9.4 MB at 1,000 peers, from two nodes a key."""
+        async def read(peer_ids=None) -> tuple[dict, dict]:
+            return (await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad, peer_ids=peer_ids),
+                    await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.log_bad, peer_ids=peer_ids))
+
         ready = [r.peer_id for r in ready_peers(self.peer)]
         now = time.monotonic()
         if self._measured is None or len(ready) <= WHOLE_READ_PEERS or now - self._measured_at >= len(ready) / 20.0:
-            profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad)
-            links = await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.log_bad)
-            self._measured, self._measured_at = (profiles, links), now
+            self._measured, self._measured_at = await read(), now
         else:
             # (a peer read while it still measured has a partial links entry: read again once ready)
             profiles, links = self._measured
             new = [p for p in ready if p not in profiles or p not in links or p not in self._measured_ready]
             if new:
-                profiles = {**profiles, **await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad,
-                                                             peer_ids=new)}
-                links = {**links, **await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.log_bad,
-                                                       peer_ids=new)}
-                self._measured = (profiles, links)
+                more_profiles, more_links = await read(new)
+                self._measured = ({**profiles, **more_profiles}, {**links, **more_links})
+        profiles, links = self._measured
         self._measured_ready = set(ready)
         ids = sorted(p for p in ready if p in profiles and p in links)
         return ids, profiles, links

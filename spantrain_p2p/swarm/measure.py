@@ -9,6 +9,7 @@ about; it validates each entry and skips (and logs once) the bad ones.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Callable, Iterable, Optional
 
@@ -17,11 +18,14 @@ from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.measure")
 
-__all__ = ["GROUPS", "LINKS", "MAX_BYTES", "PINGS", "PROFILES", "TTL_S", "publish", "read"]
+__all__ = ["GROUPS", "KEPT", "LINKS", "MAX_BYTES", "PINGS", "PROFILES", "TTL_S", "keep", "publish", "read"]
 
 MAX_BYTES = 256 << 10
 READ_HOLDERS = 2
 TTL_S = 3600.0
+# kinds a peer keeps in the DHT for as long as it runs (``keep``): what a planner plans from and
+# votes on (pings serve the measuring phase only; an accusation lasts its TTL on purpose)
+KEPT = (PROFILES, LINKS, GROUPS)
 
 
 async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S) -> None:
@@ -30,6 +34,28 @@ async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S) -> None:
     value = sign_payload(payload, peer.identity, MAX_BYTES)
     await peer.dht.store(measure_key_of(peer.config.swarm, what, peer.peer_id), value, get_dht_time() + ttl_s,
                          subkey=peer.peer_id)
+    if what in KEPT:
+        _kept(peer)[what] = payload
+
+
+def _kept(peer) -> dict:
+    kept = getattr(peer, "measurements_kept", None)
+    if kept is None:
+        kept = peer.measurements_kept = {}
+    return kept
+
+
+async def keep(peer, every_s: float = TTL_S / 4) -> None:
+    """A peer's task: publishes its latest entry of each ``KEPT`` kind again every ``every_s``. A
+    profile is published once and a vote when it changes: an hour into a run they had expired, and
+    the planner's snapshot (and a broken epoch's re-plan) lost every peer that had not re-measured."""
+    while True:
+        await asyncio.sleep(every_s)
+        for what, payload in list(_kept(peer).items()):
+            try:
+                await publish(peer, what, payload)
+            except Exception as e:
+                log.warning("re-publishing this peer's %s failed: %s", what, e)
 
 
 async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[object, str], None],

@@ -109,6 +109,8 @@ class Coordinator:
         self.peer.spawn(self.election.run(1.0), "election")
         self.peer.spawn(self._groups_loop(), "groups")
         self.peer.spawn(self._planner_loop(), "planner")
+        self.peer.spawn(self.records.keep_map(lambda: self.election.is_leader), "keep-map")
+        self.peer.spawn(measure.keep(self.peer), "keep-measurements")
 
     def status(self) -> dict:
         leader = self.election.leader if self.election else None

@@ -62,6 +62,7 @@ class RunRecords:
         self._news_at = 0.0
         self._maps_changed = 0  # news of a map received or a map published: a kept read is stale
         self._map_read: Optional[tuple[float, int, Optional[StageMap]]] = None  # (when, _maps_changed, map)
+        self._published: Optional[tuple[str, str, dict]] = None  # the last map this peer published: (key, subkey, value)
         self._idle_turn = 0
 
     def start(self, job: JobSpec, num_layers: int) -> None:
@@ -216,10 +217,25 @@ class RunRecords:
 
     async def publish_map(self, smap: StageMap) -> None:
         """Signs and stores ``smap`` under its epoch, then tells every live peer (best effort)."""
-        await self.store(stagemap_key(self.swarm), epoch_subkey(smap.epoch, self.peer.peer_id),
-                         sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
+        published = (stagemap_key(self.swarm), epoch_subkey(smap.epoch, self.peer.peer_id),
+                     sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
+        await self.store(*published)
+        self._published = published
         self._maps_changed += 1
         self.peer.spawn(self._announce(smap.epoch), "map-news")
+
+    async def keep_map(self, leading: Callable[[], bool], every_s: float = RECORD_TTL_S / 4) -> None:
+        """The planner's task: re-stores the last map it published (the same signed bytes, a later
+        expiry) every ``every_s`` while it leads. A map lives ``RECORD_TTL_S`` in the DHT: a run that
+        went 10 minutes without a new epoch found the key empty, its planner then published a "first
+        plan" as epoch 1 that no follower (on a later epoch) took, and a joiner found no map."""
+        while True:
+            await asyncio.sleep(every_s)
+            if self._published is not None and leading():
+                try:
+                    await self.store(*self._published)
+                except Exception as e:
+                    log.warning("re-storing the stage map failed: %s", e)
 
     # ---- news of a map ----------------------------------------------------------------------------
     async def on_news(self, header: dict, buffers) -> None:

@@ -91,7 +91,7 @@ def _peer_row(r: dict, weighed: Optional[dict[str, float]] = None) -> dict:
     """One peer of the run summary."""
     return {"name": r["name"], "stage": r["stage"], "layers": r["layers"], "steps_done": r["steps_done"],
             "step_s_median": r["step_s_median"], "compute_s_median": r["compute_s_median"],
-            "breakdown": r.get("step_breakdown"), "cpu": r.get("cpu"), "control": r.get("control"),
+            "breakdown": r.get("step_breakdown"), "cpu": r.get("cpu"), "control": r.get("control"), "control_training": r.get("control_training"),
             "milestones": _milestones(r, weighed or {}),
             "device": (r.get("device") or {}).get("device"), **_work(r.get("work")), "error": r["error"]}
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Optional
 
 from . import keys
 
-__all__ = ["ControlMeter", "key_names", "rates", "run_rates"]
+__all__ = ["ControlMeter", "key_names", "rates", "run_rates", "window_rates"]
 
 _MEASURE = (keys.PROFILES, keys.LINKS, keys.GROUPS, keys.PINGS, keys.ACCUSE)
 
@@ -182,3 +182,23 @@ def run_rates(snap: dict) -> dict:
     return {"seconds": snap["since_s"], "bytes_per_s": round((snap["bytes_sent"] + snap["bytes_received"]) / dt, 1),
             "calls_out_per_s": round(snap["calls_out"] / dt, 2), "calls_served_per_s": round(snap["calls_served"] / dt, 2),
             "largest_value": snap["largest_value"]}
+
+
+def window_rates(before: dict, after: dict) -> Optional[dict]:
+    """A peer's control plane between two ``snapshot()``s (say, from its first stage map to the end
+    of its run: a training swarm's): the totals per second, and per ``out``/``served`` row (method and
+    key) its calls and bytes (request + response) a second."""
+    totals = rates(before, after)
+    if totals is None:
+        return None
+    dt = totals["window_s"]
+    rows = {}
+    for side in ("out", "served"):
+        for name, r in after[side].items():
+            b = before[side].get(name, {"calls": 0, "bytes_out": 0, "bytes_back": 0})
+            calls = r["calls"] - b["calls"]
+            if calls > 0:
+                rows[f"{side} {name}"] = {"calls_per_s": round(calls / dt, 3), "bytes_per_s": round(
+                    (r["bytes_out"] + r["bytes_back"] - b["bytes_out"] - b["bytes_back"]) / dt, 1)}
+    return {**{k: round(v, 3) for k, v in totals.items()},
+            "bytes_per_s": round(totals["bytes_sent_per_s"] + totals["bytes_received_per_s"], 1), "rows": rows}

@@ -9,7 +9,7 @@ import time
 from typing import Optional
 
 from ..models.devices import describe
-from ..swarm.control_meter import run_rates
+from ..swarm.control_meter import run_rates, window_rates
 from . import cpu_use, memory_use
 
 
@@ -62,6 +62,9 @@ def report(t) -> dict:
             "step_breakdown": cpu_use.step_breakdown([t.timelines[k] for k in sorted(t.timelines)]),
             "cpu": t.cpu.figures(),
             "control": run_rates(t.peer.control.snapshot()) if getattr(t.peer, "control", None) else None,
+            # from this peer's first stage map on: a training swarm's control plane, per method and key
+            "control_training": window_rates(t.control_at_map, t.peer.control.snapshot())
+            if t.control_at_map is not None else None,
             "memory": {**memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
                                            t.recompute_transient, t.torch_device, proxy=bool(job and job.workload)),
                        "shard": bool(smap and t.stage is not None and smap.stages[t.stage].shard)},

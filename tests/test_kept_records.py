@@ -24,6 +24,12 @@ def fake_peer(stores: list):
 async def test_a_peer_keeps_publishing_its_latest_profile_links_and_vote_but_not_its_pings_or_accusations():
     stores: list = []
     peer = fake_peer(stores)
+    peer.noted = []
+
+    async def note_measured(what, mv):  # the record announces each new version
+        peer.noted.append((what, mv))
+
+    peer.note_measured = note_measured
     await measure.publish(peer, measure.PROFILES, {"profile": 1})
     await measure.publish(peer, measure.LINKS, {"links": {"a": 1}})
     await measure.publish(peer, measure.LINKS, {"links": {"a": 2}})  # the latest is kept
@@ -41,7 +47,9 @@ async def test_a_peer_keeps_publishing_its_latest_profile_links_and_vote_but_not
     links = [v for k, _, v, _ in again if k == keys.measure_key_of("s", measure.LINKS, peer.peer_id)]
     from spantrain_p2p.swarm.records import open_payload
 
-    assert all(open_payload(v, measure.MAX_BYTES)[1] == {"links": {"a": 2}} for v in links)
+    # the latest links, with their version (profile 1, links 2 and 3): a copy re-published is no new version
+    assert all(open_payload(v, measure.MAX_BYTES)[1] == {"links": {"a": 2}, "mv": 3} for v in links)
+    assert peer.noted == [(measure.PROFILES, 1), (measure.LINKS, 2), (measure.LINKS, 3)] and peer.measured_version == 3
     assert all(exp > get_dht_time() + measure.TTL_S - 5 for *_, exp in again)
 
 

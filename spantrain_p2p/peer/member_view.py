@@ -77,7 +77,8 @@ async def keep(peer) -> None:
 
 
 async def for_map(peer, peer_ids: Iterable[str]) -> None:
-    """A new stage map names ``peer_ids``. Where one of them has no live address here (a peer that
+    """A new stage map names ``peer_ids``. With SWIM, the records of those this peer has none of are
+    read (their keys only). Else: where one of them has no live address here (a peer that
     reads seldom has not seen it yet, or saw an earlier run's tombstone), the members are read now,
     from all of the key's nodes; else in the background (the view may still list a peer that died
     since, and a recovery asks every member). At most once a poll: the rest of a poll since the
@@ -87,7 +88,15 @@ async def for_map(peer, peer_ids: Iterable[str]) -> None:
         await asyncio.sleep(max(0.0, peer._read_at + peer.config.poll_s - time.monotonic()))
         await peer.members()
 
-    if any(peer.data_url_of(p) is None for p in peer_ids if p != peer.peer_id):
+    missing = [p for p in peer_ids if p != peer.peer_id and peer.data_url_of(p) is None]
+    if peer.swim is not None:
+        # SWIM tells deaths and joins: only the records of the map's peers this one lacks, their
+        # keys alone (every peer read every member key from all their nodes at each new map: 7 MB
+        # a peer at 1,000 peers, issue 33)
+        if missing:
+            await peer.read_records(missing)
+        return
+    if missing:
         await fresh()
     elif time.monotonic() - peer._read_at >= peer.config.poll_s:
         peer.spawn(fresh(), "map-members")

@@ -61,6 +61,8 @@ class SwimLoop:
         self.full_view = False  # a watcher has read every record since it began to watch (member_view)
         self._running = False
         self._signed: Optional[dict] = None  # this peer's latest signed record
+        self._told = None  # the record (``PeerRecord``) last told of: who a new one goes to (``stored``)
+        self._change: tuple = (None, None)
         self.records_taken = 0  # members' records taken as they sent them (not read from the DHT)
         self._mine: set[str] = set()  # members this peer suspected (their deaths it tells the watchers)
 
@@ -129,9 +131,23 @@ class SwimLoop:
                             for p, m in self.swim.members.items()}}
 
     def _header(self, op: str, to: str, **extra) -> dict:
+        head = getattr(self.peer, "map_head", None)
         return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life, "rec": self.swim.rec,
                 "url": self.peer.dataplane.url,
-                "news": [n.to_wire() for n in self.swim.outgoing(to)], **extra}
+                "news": [n.to_wire() for n in self.swim.outgoing(to)], **extra,
+                **({"map": list(head)} if head is not None else {})}
+
+    def _hear_map(self, header: dict) -> None:
+        """The (term, epoch) of the stage map the sender follows, where it says: a peer hearing of a
+        newer one than its own reads the map key (``RunRecords.heard_head``), so a map's news spreads
+        with the pings and no peer polls the key (issue 33). Hearsay: a made-up head costs its hearers
+        one read each, at most one per ``run_records.HEARSAY_GAP_S``."""
+        head, hear = header.get("map"), getattr(self.peer, "on_map_head", None)
+        if hear is None or head is None:
+            return
+        if not (isinstance(head, list) and len(head) == 2 and all(type(x) is int and 0 <= x < 1 << 31 for x in head)):
+            raise framing.FrameError("a swim message's map is [term, epoch], two small non-negative ints")
+        hear(head[0], head[1])
 
     def _read(self, header: dict, ops: tuple[str, ...] = OPS) -> tuple[str, int, int, list[News]]:
         """(life, incarnation, record seq, news) of a message or an ack; FrameError if malformed."""
@@ -153,6 +169,7 @@ class SwimLoop:
 
     async def handle(self, header: dict, buffers: list) -> tuple[dict, list]:
         life, inc, rec, news = self._read(header)
+        self._hear_map(header)
         with_record = header["op"] == "news" and header.get("record") is True
         if len(buffers) != (1 if with_record else 0) or (with_record and buffers[0].nbytes > MAX_SENT_RECORD):
             raise framing.FrameError("a swim message carries no buffers but a news message's record")
@@ -229,6 +246,8 @@ class SwimLoop:
                 url, KIND, header, sent, timeout=timeout, link=self.peer.link_to(to), peer_id=to), timeout)
             reply, buffers = got if got else (None, [])
             life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
+            if reply:
+                self._hear_map(reply)
         except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
             log.debug("swim %s to %s: %s", op, to[:12], e)
             reply = None
@@ -250,6 +269,10 @@ class SwimLoop:
 
     async def _ping(self, target: str, timeout: float) -> bool:
         return await self._send(target, "ping", timeout) is not None  # {}: refused, yet alive
+
+    async def ping(self, target: str, timeout: float) -> bool:
+        """Whether ``target`` acks a ping within ``timeout`` (``train.liveness``: is it alive?)."""
+        return await self._ping(target, timeout)
 
     async def probe(self, target: str) -> None:
         """One probe: a direct ping, then indirect ones; a member nobody reached is suspected, and
@@ -276,21 +299,29 @@ class SwimLoop:
             self._mine.add(target)  # its death, if it comes, this peer tells the watchers
             await self._send(target, "news", 2 * self.params.ack_s)
 
-    def stored(self, seq: int, signed: dict) -> None:
+    def stored(self, seq: int, signed: dict, tell: bool = True) -> None:
         """This peer has a new record (``seq``; ``signed``: its DHT value): news for all, and the
         signed record itself to the watchers at once, so that a join or a state change reaches
-        the planner without anyone reading the member keys."""
+        the planner without anyone reading the member keys. Not ``tell``: stored only (its step)."""
         self._signed = signed
-        if seq > self.swim.rec and self.peer.state != "left":  # leaving: ``leave`` says goodbye
+        if tell and seq > self.swim.rec and self.peer.state != "left":  # leaving: ``leave`` says goodbye
             self.swim.record(seq)
+            self._change = (self._told, self.peer._view.get(self.peer.peer_id))
+            self._told = self._change[1]
             if self._running:  # else ``run`` sends it first, once the member list is known
-                self.peer.spawn(self.tell_watchers(record=signed), "swim-record")
+                self.peer.spawn(self.tell_watchers(record=signed, change=self._change), "swim-record")
 
-    async def tell_watchers(self, **extra) -> None:
+    def retell(self) -> None:
+        """Sends this peer's record to the watchers again (who they are changed: a job began)."""
+        if self._running and self._signed is not None and self.peer.state != "left":
+            self.peer.spawn(self.tell_watchers(record=self._signed), "swim-record")
+
+    async def tell_watchers(self, change: tuple = (None, None), **extra) -> None:
         """News straight to the watchers (deaths and departures, this peer's new record in
-        ``extra``), not waiting for the pings to carry it: news just queued goes first on any
-        message, after news about its receiver."""
-        said = self.peer.watcher_ids() if self.peer.watcher_ids is not None else []
+        ``extra``; ``change``: its last record told and this one, which say who is a watcher of it,
+        ``Peer.watcher_ids``), not waiting for the pings to carry it: news just queued goes first on
+        any message, after news about its receiver."""
+        said = self.peer.watcher_ids(*change) if self.peer.watcher_ids is not None else []
         me = [self.peer.peer_id]
         # the lowest ids among the confirmed members, and among all heard of (a joiner has confirmed
         # few yet: its list's members are the best it knows; a made-up one costs one message)

@@ -70,17 +70,14 @@ def _first_probe_s(rng: random.Random, n: int, probe_s: float) -> float:
     return probe_s * m * (1.0 - rng.random() ** (1.0 / m))
 
 
-def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200, joins: int = 200) -> ControlFigures:
-    if n < 2:
-        raise ValueError("a swarm to simulate has at least 2 peers")
-    rng = random.Random(seed)
-    z, d = design.sizes, design
-    ids = _ids(n, rng)
-    ledger = Ledger(n)
-    call = ledger.call
-
+def charge_swim(d: SwimDesign, n: int, rng: random.Random, ids: list[int], ledger: Ledger,
+                extra_events_per_s: float = 0.0) -> tuple[list[int], list[int]]:
+    """Charges ``ledger`` with a second of SWIM and the member records (``simulate_swim``; a training
+    swarm's too: ``control_job``), ``extra_events_per_s`` pieces of news swarm-wide beside the churn's.
+    Returns (each member key's value bytes, the watchers)."""
+    z, call = d.sizes, ledger.call
     # news a second swarm-wide, and how many pieces ride on each ping and ack on average
-    events_per_s = n * d.churn_per_hour / 3600.0
+    events_per_s = n * d.churn_per_hour / 3600.0 + extra_events_per_s
     sends_per_event = n * d.retransmit_factor * max(1.0, math.log2(n))
     carried = min(2.0 * d.piggyback, events_per_s * sends_per_event / (2.0 * n / d.probe_s))  # per ping + ack pair
     ping = d.ping_bytes + carried / 2 * d.update_bytes
@@ -114,6 +111,18 @@ def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200,
         for w in watchers:
             if w != p:
                 call(p, w, joins_per_s, d.ping_bytes + z.entry, d.ping_bytes)
+
+    return values, watchers
+
+
+def simulate_swim(design: SwimDesign, n: int, seed: int = 0, crashes: int = 200, joins: int = 200) -> ControlFigures:
+    if n < 2:
+        raise ValueError("a swarm to simulate has at least 2 peers")
+    rng = random.Random(seed)
+    d = design
+    ids = _ids(n, rng)
+    ledger = Ledger(n)
+    values, _watchers = charge_swim(d, n, rng, ids, ledger)
 
     # a crash, as the planner sees it: the first probe of the dead peer, its ack (``ack_s``) and the
     # indirect probes' (``2 ack_s + 0.5``) time out, the suspicion runs out and is found so at the

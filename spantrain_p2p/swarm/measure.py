@@ -18,7 +18,8 @@ from .records import BadRecord, open_payload, sign_payload
 
 log = logging.getLogger("spantrain.measure")
 
-__all__ = ["GROUPS", "KEPT", "LINKS", "MAX_BYTES", "PINGS", "PROFILES", "TTL_S", "keep", "publish", "read"]
+__all__ = ["GROUPS", "KEPT", "LINKS", "MAX_BYTES", "PINGS", "PROFILES", "TTL_S", "VERSIONED", "keep", "publish", "read",
+           "version_field", "version_of"]
 
 MAX_BYTES = 256 << 10
 READ_HOLDERS = 2
@@ -28,14 +29,41 @@ TTL_S = 3600.0
 KEPT = (PROFILES, LINKS, GROUPS)
 
 
-async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S) -> None:
+# kinds whose entries carry the publisher's measurement version ``mv`` (one counter for both), which
+# its member record carries too (``progress[version_field(kind)]``, ``Peer.note_measured``): a reader
+# holding an entry of that version reads that kind of that peer no more (``Coordinator._measured_snapshot``)
+VERSIONED = (PROFILES, LINKS)
+
+
+def version_field(what: str) -> str:
+    """The member record's progress field with the version of a peer's latest entry of ``what``."""
+    return f"mv.{what}"
+
+
+async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S, again: bool = False) -> None:
+    """Signs and stores this peer's entry of ``what``; a ``VERSIONED`` one with the next measurement
+    version (``again``: a copy re-published as it was), which its record then announces."""
     from hivemind.utils import get_dht_time
 
+    mv = None
+    if what in VERSIONED and not again:
+        mv = getattr(peer, "measured_version", 0) + 1
+        peer.measured_version = mv
+        payload = {**payload, "mv": mv}
     value = sign_payload(payload, peer.identity, MAX_BYTES)
     await peer.dht.store(measure_key_of(peer.config.swarm, what, peer.peer_id), value, get_dht_time() + ttl_s,
                          subkey=peer.peer_id)
     if what in KEPT:
         _kept(peer)[what] = payload
+    note = getattr(peer, "note_measured", None)
+    if mv is not None and note is not None:
+        await note(what, mv)
+
+
+def version_of(payload: dict) -> int:
+    """The measurement version an entry says (0: none, a peer before versions)."""
+    mv = payload.get("mv", 0)
+    return mv if type(mv) is int and mv >= 0 else 0
 
 
 def _kept(peer) -> dict:
@@ -53,13 +81,13 @@ async def keep(peer, every_s: float = TTL_S / 4) -> None:
         await asyncio.sleep(every_s)
         for what, payload in list(_kept(peer).items()):
             try:
-                await publish(peer, what, payload)
+                await publish(peer, what, payload, again=True)
             except Exception as e:
                 log.warning("re-publishing this peer's %s failed: %s", what, e)
 
 
 async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[object, str], None],
-               peer_ids: Optional[Iterable[str]] = None) -> dict[str, Any]:
+               peer_ids: Optional[Iterable[str]] = None, holders: int = READ_HOLDERS) -> dict[str, Any]:
     """{peer id: parse(payload)} of the valid entries signed by the peer they are filed under, from
     every bucket's key, or (``peer_ids``) only from the keys those peers' entries are under (other
     entries found there are returned too). An entry under another bucket's key than its peer's is
@@ -71,7 +99,7 @@ async def read(peer, what: str, parse: Callable[[dict], Any], on_bad: Callable[[
     # two of each key's five nodes (all five answer with the whole value: a planner's read of every
     # profile and link at 1,000 peers is 4.7 MB a node asked); an entry one node lacks is kept from
     # earlier reads (``GuardedDHT``), and a small swarm's nodes are all asked
-    found = await peer.dht.get_many(keys, latest=True, holders=READ_HOLDERS)
+    found = await peer.dht.get_many(keys, latest=True, holders=holders)
     out: dict[str, Any] = {}
     for key in keys:
         item = found.get(key)

@@ -26,7 +26,8 @@ from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOL
 from .liveness import is_alive
 from .recovery import copy_cost_s_per_byte
 
-WHOLE_READ_PEERS = 100  # up to this many ready peers, the measurements are read whole at every look
+WHOLE_READ_PEERS = 100  # up to this many ready peers, the measurements are read whole every WHOLE_READ_S
+WHOLE_READ_S = 300.0  # (a safety net: a change of a peer's measurements is read when its record says so)
 MAX_WEIGHED = 100_000  # peers whose first plan this planner remembers (one float each)
 MAX_FAILED_KEPT = 4096  # dead peers counted towards the failure rate (a swarm this churned copies every step anyway)
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
@@ -100,17 +101,31 @@ class Coordinator:
         self.weighed: dict[str, float] = {}
         self._measured: Optional[tuple[dict, dict]] = None  # (profiles, links) last read (``_measured_snapshot``)
         self._measured_at = 0.0
-        self._measured_ready: set[str] = set()  # the ready peers as of that read
 
     def start(self, job, handle, has_map) -> None:
         self.job, self.handle, self.has_map = job, handle, has_map
         self.election = Election(self.peer, lease_s=6.0, candidates=lambda: [r.peer_id for r in ready_peers(self.peer)])
-        self.peer.watcher_ids = self.election.watchers  # whom SWIM tells of joins, deaths and new records
+        self.peer.watcher_ids = self.watchers  # whom SWIM tells of joins, deaths and new records
+        if self.peer.swim is not None:  # this peer turned ready before it knew the voters: tell them
+            self.peer.swim.retell()
         self.peer.spawn(self.election.run(1.0), "election")
         self.peer.spawn(self._groups_loop(), "groups")
         self.peer.spawn(self._planner_loop(), "planner")
         self.peer.spawn(self.records.keep_map(lambda: self.election.is_leader), "keep-map")
         self.peer.spawn(measure.keep(self.peer), "keep-measurements")
+
+    def watchers(self, before=None, after=None) -> list[str]:
+        """Whom SWIM tells of a death, or of this peer's new record ``after`` (its last one told:
+        ``before``): the planner and its standby, and the grouping's voters where the ready peers or
+        their measurements may change (a death; a record that enters or leaves the ready states, or
+        says a new measurement version), so that they vote on the snapshot the planner plans from
+        without watching every member (a voter that read records only for a map voted on another)."""
+        lead = self.election.watchers() if self.election is not None else []
+        if before is not None and after is not None and (before.state in READY_STATES) == (
+                after.state in READY_STATES) and all(before.progress.get(measure.version_field(w)) == after.progress.get(
+                    measure.version_field(w)) for w in measure.VERSIONED):
+            return lead
+        return lead + [p for p in group_voters(r.peer_id for r in ready_peers(self.peer)) if p not in lead]
 
     def status(self) -> dict:
         leader = self.election.leader if self.election else None
@@ -120,30 +135,41 @@ class Coordinator:
 
     # ---- groups -----------------------------------------------------------------------------------
     async def _measured_snapshot(self):
-        """(peer ids, profiles, links) of the ready peers whose measurements are in the DHT: read whole
-        up to ``WHOLE_READ_PEERS`` ready peers, beyond that whole every ``N / 20`` s (50 s at 1,000)
-        and in between only the keys of ready peers it has no measurements of (a joiner's: one key
-        of each kind). The planner and the grouping's voters read every profile and link every 5 s:
-        9.4 MB at 1,000 peers, from two nodes a key."""
-        async def read(peer_ids=None) -> tuple[dict, dict]:
-            return (await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad, peer_ids=peer_ids),
-                    await measure.read(self.peer, measure.LINKS, lambda d: d["links"], self.log_bad, peer_ids=peer_ids))
+        """(peer ids, profiles, links) of the ready peers whose measurements are in the DHT. Read whole
+        the first time, then only the keys of ready peers whose record says a measurement version
+        (``measure.version_field``) newer than the entry held, of that kind (a joiner's profile and
+        links, a peer's changed links: one key each), and whole again every ``WHOLE_READ_S`` up to
+        ``WHOLE_READ_PEERS`` ready peers. The planner and the grouping's voters read every profile
+        and link every 5 s, and beyond 100 peers every N / 20 s: 9.4 MB at 1,000 peers each time."""
+        async def read() -> tuple[dict, dict]:
+            return (await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad),
+                    await measure.read(self.peer, measure.LINKS, lambda d: (d["links"], measure.version_of(d)),
+                                       self.log_bad))
 
-        ready = [r.peer_id for r in ready_peers(self.peer)]
+        records = ready_peers(self.peer)
+        ready = [r.peer_id for r in records]
         now = time.monotonic()
-        if self._measured is None or len(ready) <= WHOLE_READ_PEERS or now - self._measured_at >= len(ready) / 20.0:
+        if self._measured is None or (len(ready) <= WHOLE_READ_PEERS and now - self._measured_at >= WHOLE_READ_S):
             self._measured, self._measured_at = await read(), now
         else:
-            # (a peer read while it still measured has a partial links entry: read again once ready)
             profiles, links = self._measured
-            new = [p for p in ready if p not in profiles or p not in links or p not in self._measured_ready]
-            if new:
-                more_profiles, more_links = await read(new)
+
+            def stale(held: dict, what: str, version) -> list[str]:
+                # a peer whose record says no version (one before versions) is read at every look
+                said = {r.peer_id: r.progress.get(measure.version_field(what)) for r in records}
+                return [p for p in ready if p not in held or not isinstance(said[p], int) or version(held[p]) < said[p]]
+
+            # each kind of the peers it changed for, from one of each key's nodes (an entry older
+            # than the record says is read again at the next look)
+            more_profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad, holders=1,
+                                               peer_ids=stale(profiles, measure.PROFILES, measure.version_of))
+            more_links = await measure.read(self.peer, measure.LINKS, lambda d: (d["links"], measure.version_of(d)),
+                                            self.log_bad, holders=1, peer_ids=stale(links, measure.LINKS, lambda v: v[1]))
+            if more_profiles or more_links:
                 self._measured = ({**profiles, **more_profiles}, {**links, **more_links})
         profiles, links = self._measured
-        self._measured_ready = set(ready)
         ids = sorted(p for p in ready if p in profiles and p in links)
-        return ids, profiles, links
+        return ids, profiles, {p: v[0] for p, v in links.items()}
 
     async def _groups_loop(self) -> None:
         """Every peer computes the grouping of the same snapshot and publishes its digest."""
@@ -193,7 +219,7 @@ class Coordinator:
             if self.election is None or not self.election.is_leader:
                 continue
             try:
-                current = await self.records.newest_map()
+                current = await self.records.newest_map(self.records.quiet_s())
                 inherited = current is not None and current.term < self.election.leader.term
                 live = current is not None and not current.error
                 evicting = live and await self._evictions(current)

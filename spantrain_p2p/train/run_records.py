@@ -33,6 +33,23 @@ MAP_NEWS_MIN_GAP_S = 0.2  # news closer together than this wakes no one (a spamm
 # MAP_POLL_S) read the key once between them (the planner made a third of a training swarm's
 # stage-map reads, issue 31)
 MAP_REUSE_S = MAP_POLL_S
+# A peer that follows a map reads the key again only on news: a planner's message, or a newer map
+# heard of on a SWIM ping (``heard_head``); else, in case both were lost, every ``quiet_s()``: this
+# much a member, from MAP_POLL_S up to MAP_QUIET_MAX_S, at one of the key's nodes. Every peer read
+# the whole key every 2 s from its 5 nodes, a quarter of a 20-peer training swarm's control traffic,
+# and at 1,000 peers (a 75 KB map) 180 KB/s a peer; a check every 250 s from two nodes still made
+# them the busiest of the swarm, 17x the mean (``sim.control_job``). Without SWIM (``--liveness
+# records``) nothing carries heads: MAP_POLL_S.
+MAP_QUIET_PER_PEER_S = 2.5
+MAP_QUIET_MAX_S = 3600.0
+# a head heard of makes this peer read the key at most this often (a made-up head costs one read)
+HEARSAY_GAP_S = 5.0
+UNFOUND_KEPT_S = 60.0  # a head heard of and not found in the key is not chased again this long
+QUIET_HOLDERS = 1  # of the stage-map key's nodes, how many a quiet check asks
+# A stage map lives this long in the DHT, re-stored by its planner while it leads (``keep_map``): the
+# key holds every map of the last MAP_TTL_S, which every reader gets whole (at 600 s, the 11 maps of
+# a 20-peer run that re-planned often made a read of it 26 KB; at 1,000 peers a map is 73 KB)
+MAP_TTL_S = 180.0
 # A peer waiting for a job reads the job key at once when a member's record says it has one (its
 # ``job`` progress field, or any state past idle), else only this often: idle peers each read it
 # every 0.5 s before, a third of an idle swarm's DHT calls (issue 33)
@@ -63,6 +80,8 @@ class RunRecords:
         self._maps_changed = 0  # news of a map received or a map published: a kept read is stale
         self._map_read: Optional[tuple[float, int, Optional[StageMap]]] = None  # (when, _maps_changed, map)
         self._published: Optional[tuple[str, str, dict]] = None  # the last map this peer published: (key, subkey, value)
+        self._hearsay: tuple[float, tuple[int, int]] = (-HEARSAY_GAP_S, (0, 0))  # (when, head) last chased
+        self._unfound: tuple[float, tuple[int, int]] = (0.0, (0, 0))  # (when, head) chased and not found
         self._idle_turn = 0
 
     def start(self, job: JobSpec, num_layers: int) -> None:
@@ -72,10 +91,10 @@ class RunRecords:
     def swarm(self) -> str:
         return self.peer.config.swarm
 
-    async def store(self, key: str, subkey: str, value: dict) -> None:
+    async def store(self, key: str, subkey: str, value: dict, ttl_s: float = RECORD_TTL_S) -> None:
         from hivemind.utils import get_dht_time
 
-        await self.peer.dht.store(key, value, get_dht_time() + RECORD_TTL_S, subkey=subkey)
+        await self.peer.dht.store(key, value, get_dht_time() + ttl_s, subkey=subkey)
 
     # ---- the job ----------------------------------------------------------------------------------
     async def publish_job(self, job: JobSpec) -> None:
@@ -164,19 +183,42 @@ class RunRecords:
             await asyncio.sleep(RECORD_TTL_S / 4)
 
     # ---- stage maps -------------------------------------------------------------------------------
-    async def newest_map(self) -> Optional[StageMap]:
-        """The newest valid stage map of this job: highest (term, epoch). A read at most MAP_REUSE_S
-        old serves again, unless a map was announced or published since it started."""
+    async def newest_map(self, max_age_s: float = MAP_REUSE_S) -> Optional[StageMap]:
+        """The newest valid stage map of this job: highest (term, epoch). A read at most ``max_age_s``
+        old serves again, unless a map was announced, heard of or published since it started."""
         kept, now = self._map_read, time.monotonic()
-        if kept is not None and kept[1] == self._maps_changed and now - kept[0] < MAP_REUSE_S:
+        if kept is not None and kept[1] == self._maps_changed and now - kept[0] < max_age_s:
             return kept[2]
         changed = self._maps_changed
-        smap = await self._read_newest_map()
+        # news (or a first read) asks every node of the key, a quiet check two of them
+        smap = await self._read_newest_map(5 if kept is None or kept[1] != changed else QUIET_HOLDERS)
         self._map_read = (now, changed, smap)
+        when, head = self._hearsay
+        if when >= (kept[0] if kept else 0.0) and (smap is None or (smap.term, smap.epoch) < head):
+            self._unfound = (now, head)
         return smap
 
-    async def _read_newest_map(self) -> Optional[StageMap]:
-        found = await self.peer.dht.get(stagemap_key(self.swarm), latest=True)
+    def quiet_s(self) -> float:
+        """How old a read of the map may be for a peer that follows one (``MAP_QUIET_PER_PEER_S``)."""
+        if getattr(self.peer, "swim", None) is None:
+            return MAP_POLL_S
+        return max(MAP_POLL_S, min(MAP_QUIET_MAX_S, MAP_QUIET_PER_PEER_S * len(self.peer.member_ids())))
+
+    def heard_head(self, term: int, epoch: int) -> None:
+        """A member follows stage map (``term``, ``epoch``) (a SWIM message said): where that is newer
+        than the last map read here, the next ``newest_map`` reads the key, and waiters wake."""
+        now, head = time.monotonic(), (term, epoch)
+        kept = self._map_read[2] if self._map_read is not None else None
+        if kept is not None and head <= (kept.term, kept.epoch):
+            return
+        if now - self._hearsay[0] < HEARSAY_GAP_S or (now - self._unfound[0] < UNFOUND_KEPT_S and head <= self._unfound[1]):
+            return
+        self._hearsay = (now, head)
+        self._maps_changed += 1
+        self._news.set()
+
+    async def _read_newest_map(self, holders: int = 5) -> Optional[StageMap]:
+        found = await self.peer.dht.get(stagemap_key(self.swarm), latest=True, holders=holders)
         if found is None or not isinstance(found.value, dict):
             return None
         best = None
@@ -219,21 +261,21 @@ class RunRecords:
         """Signs and stores ``smap`` under its epoch, then tells every live peer (best effort)."""
         published = (stagemap_key(self.swarm), epoch_subkey(smap.epoch, self.peer.peer_id),
                      sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
-        await self.store(*published)
+        await self.store(*published, ttl_s=MAP_TTL_S)
         self._published = published
         self._maps_changed += 1
         self.peer.spawn(self._announce(smap.epoch), "map-news")
 
-    async def keep_map(self, leading: Callable[[], bool], every_s: float = RECORD_TTL_S / 4) -> None:
+    async def keep_map(self, leading: Callable[[], bool], every_s: float = MAP_TTL_S / 3) -> None:
         """The planner's task: re-stores the last map it published (the same signed bytes, a later
-        expiry) every ``every_s`` while it leads. A map lives ``RECORD_TTL_S`` in the DHT: a run that
+        expiry) every ``every_s`` while it leads. A map lives ``MAP_TTL_S`` in the DHT: a run that
         went 10 minutes without a new epoch found the key empty, its planner then published a "first
         plan" as epoch 1 that no follower (on a later epoch) took, and a joiner found no map."""
         while True:
             await asyncio.sleep(every_s)
             if self._published is not None and leading():
                 try:
-                    await self.store(*self._published)
+                    await self.store(*self._published, ttl_s=MAP_TTL_S)
                 except Exception as e:
                     log.warning("re-storing the stage map failed: %s", e)
 

@@ -109,6 +109,7 @@ class Trainer:
         self.island: Optional[int] = None
         self.stage: Optional[int] = None
         self.step = 0  # the step being run (or next to run)
+        self.control_at_map: Optional[dict] = None  # the control meter at this peer's first stage map
         self.steps_done = 0
         self.losses: dict[int, float] = {}  # step -> mean loss of this peer's micro-batches (last stage)
         self.loss_sums: dict[int, tuple[float, int, int]] = {}  # step -> (sum of micro-batch losses, count, epoch)
@@ -236,6 +237,7 @@ class Trainer:
                                             self.opts.data_cache)
         self.data_share.start(self.data)
         self.records.start(self.job, self.handle.num_layers)
+        self.peer.on_map_head = self.records.heard_head
         self.transport.start(self.job)
         self.defence.start(self.job)
         self.verifier.start(self.job)
@@ -275,7 +277,10 @@ class Trainer:
                 lambda: f"{len(ready_peers(self.peer))} of {self.job.peers} peers ready")
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
+            if self.control_at_map is None and getattr(self.peer, "control", None) is not None:
+                self.control_at_map = self.peer.control.snapshot()  # the report's control_training
             self.full_map, self.island = smap, smap.island_of(self.peer.peer_id)
+            self.peer.map_head = (smap.term, smap.epoch)  # told on this peer's SWIM messages
             self.peer.plan_peers = frozenset(p for st in smap.stages for p in st.peers)
             try:
                 await self.peer.read_for_map(self.peer.plan_peers)  # their addresses, before the first send
@@ -326,7 +331,7 @@ class Trainer:
         """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
         every one of them that is still a member says it is done), so that it does not wait forever."""
         while True:
-            newest = await self.records.newest_map()
+            newest = await self.records.newest_map(self.records.quiet_s())
             if newest is not None and newest.epoch > smap.epoch:
                 return False
             states = map_states(self.peer, smap)
@@ -342,7 +347,7 @@ class Trainer:
             if task is None or cur is None or task.done():
                 continue
             try:
-                newest = await self.records.newest_map()
+                newest = await self.records.newest_map(self.records.quiet_s())
             except Exception:
                 continue
             if newest is not None and (newest.term, newest.epoch) > (cur.term, cur.epoch) and self._train_task is task:

@@ -1,0 +1,57 @@
+"""A training swarm's control plane against N, simulated (``sim.control_job``) for the design before
+(commit ``63efce7``) and the code now, their rates taken from the code's own constants, the sizes
+from real encoders (``cli.join_path``): ``scripts/control_plane_job.py`` prints and plots them."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ..sim.control_job import JobDesign, JobSizes, simulate_job
+from .join_path import entry_sizes, planner_at
+
+
+def designs(n: int, weather: bool = True) -> dict[str, JobDesign]:
+    """The two designs at ``n`` peers; ``weather``: every peer re-publishes its links as often as the
+    code lets it (the worst case), else never (a quiet network)."""
+    from ..peer.node import STEP_RECORD_PER_PEER_S
+    from ..peer.config import PeerConfig
+    from ..swarm import election
+    from ..train import coordinator, measuring, run_records
+    from ..train.decide import REPLAN_CHECK_S
+
+    cfg = PeerConfig()
+    never = math.inf
+    before = JobDesign(
+        "before", map_read_s=run_records.MAP_POLL_S, map_holders=5, far_lease_s=1.0, far_holders=5,
+        step_record_s=cfg.step_record_s, step_told=True, weather_s=REPLAN_CHECK_S if weather else never,
+        versions=False, whole_read_s=REPLAN_CHECK_S if n <= coordinator.WHOLE_READ_PEERS else n / 20.0,
+        map_members_read=True, alive_by_status=True)
+    now = JobDesign(
+        "now", map_read_s=max(run_records.MAP_POLL_S, min(run_records.MAP_QUIET_MAX_S, run_records.MAP_QUIET_PER_PEER_S * n)),
+        map_holders=run_records.QUIET_HOLDERS, map_keep_s=run_records.MAP_TTL_S / 3, close=election.CLOSE,
+        far_lease_s=max(1.0, min(election.FAR_MAX_S, election.FAR_PER_PEER_S * n)), far_holders=election.FAR_HOLDERS,
+        step_record_s=min(cfg.record_s, max(cfg.step_record_s, STEP_RECORD_PER_PEER_S * n)), step_told=False,
+        measure_keep_s=900.0, weather_s=max(REPLAN_CHECK_S, measuring.PASSIVE_PER_PEER_S * n) if weather else never,
+        versions=True, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False)
+    return {"before": before, "now": now}
+
+
+def sizes_at(n: int) -> JobSizes:
+    s = entry_sizes()
+    _took, map_bytes = planner_at(n)
+    return JobSizes(link_entry=s.links, profile_entry=s.profile, job_copy=s.job_copy, map_bytes=map_bytes)
+
+
+def figures(ns, weather: bool = True) -> dict:
+    """{design: [one row per N: the steady state's figures, the planner's bytes/s, one epoch's bytes]}."""
+    out: dict[str, list] = {}
+    for n in ns:
+        z = sizes_at(n)
+        for name, d in designs(n, weather).items():
+            if not weather:
+                d = replace(d, name=f"{name}, no weather")
+            f, epoch = simulate_job(d, n, z)
+            out.setdefault(d.name, []).append({**f.to_dict(), "planner_bytes_per_s": epoch["planner"]["bytes_per_s"],
+                                               "epoch_peer_bytes": epoch["peer_bytes"],
+                                               "epoch_planner_bytes": epoch["planner_bytes"], "map_bytes": z.map_bytes})
+    return out

@@ -1,0 +1,182 @@
+"""The control plane of a training swarm, simulated (issue 33): what ``sim.control_swim`` charges an
+idle swarm, and what a job adds, by the code's rules, one rate per action, plain data.
+
+A training swarm of ``n`` peers runs one stage map; besides SWIM and the member records of the idle
+swarm (``control_swim.charge_swim``, its job polls off: the job is in sight), each second it has:
+
+- **the stage map**: every peer reads the key (every ``map_read_s`` from ``map_holders`` of its
+  nodes, each answering with the ``maps_held`` maps in it); the planner re-stores it every
+  ``map_keep_s`` (None: never);
+- **the planner's lease**: the planner stores it every ``lease_s`` at the key's nodes; the planner
+  and the ``close`` candidates after it read it every ``lease_s`` from all of its nodes, the others
+  every ``far_lease_s`` from ``far_holders``;
+- **records of steps**: every peer stores its record every ``step_record_s`` (its step changed);
+  where ``step_told`` also sends it to the ``watchers`` and tells it on the pings (news);
+- **the job's copies**: every peer re-stores its copy every ``job_copy_s``; its measurements every
+  ``measure_keep_s`` (None: never);
+- **weather**: each peer publishes new links every ``weather_s`` (the code's bound: its most
+  often); with ``versions``, its record says so and goes to the planner, its standby and the
+  grouping's ``voters``, who read that peer's links key from one node; else the readers read every
+  profile and link from two nodes each every ``whole_read_s`` (what they did before);
+- **accusations**: the planner reads the accusation keys every second (empty: no attack).
+
+Each epoch (a new map) adds a burst, reported apart (``per_epoch``): every peer reads the new map
+(all of the key's nodes), changes its state twice (stored, sent to the planner and its standby),
+and, where ``map_members_read``, reads every member key from all their nodes; the planner tells every
+peer of the map and asks each ready peer whether it lives (``alive_bytes`` each way).
+
+Sizes come in ``JobSizes`` (real encoders: ``cli.control_job``). ``simulate_job`` returns the
+steady state's ``ControlFigures`` and the epoch's bytes per peer (mean and the planner's).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from .control_plane import ControlFigures, Ledger, _ids
+from .control_swim import SwimDesign, charge_swim
+
+__all__ = ["JobDesign", "JobSizes", "simulate_job"]
+
+
+@dataclass(frozen=True)
+class JobSizes:
+    record: int = 1450  # a member record as stored
+    link_entry: int = 3300  # one peer's links (10 probed) as stored
+    profile_entry: int = 1500
+    job_copy: int = 2300
+    lease_entry: int = 700
+    map_bytes: int = 2400  # the signed stage map of this swarm
+    vote_entry: int = 600
+    request: int = 110  # a find's request (``Sizes.find_request``)
+    store_base: int = 150  # a store's request beside its entry
+    store_response: int = 60
+    ping: int = 96  # a SWIM message without news
+    status_bytes_per_peer: int = 200  # ``/status`` grows with the member view
+    mapnews: int = 150
+
+
+@dataclass(frozen=True)
+class JobDesign:
+    name: str
+    map_read_s: float = 2.0
+    map_holders: int = 5
+    maps_held: int = 1
+    map_keep_s: Optional[float] = None
+    lease_s: float = 1.0
+    close: int = 3
+    far_lease_s: float = 1.0
+    far_holders: int = 5
+    step_record_s: float = 30.0
+    step_told: bool = True
+    watchers: int = 2
+    voters: int = 16
+    job_copy_s: float = 150.0
+    measure_keep_s: Optional[float] = None
+    weather_s: float = 5.0
+    versions: bool = False
+    whole_read_s: float = 5.0
+    accuse_keys: int = 8
+    map_members_read: bool = True
+    alive_by_status: bool = True
+    member_buckets: int = 8
+    links_buckets: int = 32
+    profiles_buckets: int = 16
+    swim: SwimDesign = field(default_factory=lambda: SwimDesign(job_poll_s=None))
+
+
+def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: int = 0) -> tuple[ControlFigures, dict]:
+    """(the steady state's figures, the burst of one epoch: bytes per peer, mean and the planner's)."""
+    if n < 2:
+        raise ValueError("a swarm to simulate has at least 2 peers")
+    d, z = design, sizes
+    rng = random.Random(seed)
+    ids = _ids(n, rng)
+    ledger = Ledger(n)
+    call = ledger.call
+    order = sorted(range(n), key=ids.__getitem__)  # rank: the planner first, then its standby
+    planner, lead = order[0], order[:d.watchers]
+    readers = order[:max(d.watchers, d.voters)]  # the planner, its standby and the voters
+    close = set(order[:1 + d.close])
+    # step news rides on the pings: a piece per told record, spread as every other piece of news
+    step_news = n / d.step_record_s if d.step_told else 0.0
+    charge_swim(replace(d.swim, replicas=5), n, rng, ids, ledger, extra_events_per_s=step_news)
+
+    def holders(key_seed: int, k: int, me: int) -> list[int]:
+        r = random.Random(key_seed)
+        return [i for i in r.sample(range(n), min(n, 6)) if i != me][:k]
+
+    map_key, lease_key, accuse_base = 1, 2, 100
+    member_key = [200 + b for b in range(d.member_buckets)]
+    links_key = [300 + b for b in range(d.links_buckets)]
+    profiles_key = [400 + b for b in range(d.profiles_buckets)]
+    job_key = [500 + b for b in range(16)]
+    links_value = (n / d.links_buckets) * z.link_entry
+    profiles_value = (n / d.profiles_buckets) * z.profile_entry
+
+    def store(p: int, key: int, rate: float, entry: int) -> None:
+        for h in holders(key, 5, p):
+            call(p, h, rate, z.store_base + entry, z.store_response)
+
+    def read(p: int, key: int, rate: float, value: float, k: int) -> None:
+        hs = holders(key, 5, p)  # ``k`` of them, a reader's own pick (``holders.pick``: at random)
+        for h in rng.sample(hs, min(k, len(hs))):
+            call(p, h, rate, z.request, value)
+
+    for p in range(n):
+        # the stage map
+        read(p, map_key, 1.0 / d.map_read_s, d.maps_held * z.map_bytes, d.map_holders)
+        # the lease
+        if p in close:
+            read(p, lease_key, 1.0 / d.lease_s, z.lease_entry, 5)
+        else:
+            read(p, lease_key, 1.0 / d.far_lease_s, z.lease_entry, d.far_holders)
+        # its record, its step changed
+        mine = member_key[rng.randrange(d.member_buckets)]
+        store(p, mine, 1.0 / d.step_record_s, z.record)
+        if d.step_told:
+            for w in lead:
+                if w != p:
+                    call(p, w, 1.0 / d.step_record_s, z.ping + z.record, z.ping)
+        # its job copy, its measurements kept
+        store(p, job_key[rng.randrange(16)], 1.0 / d.job_copy_s, z.job_copy)
+        lk, pk = links_key[rng.randrange(d.links_buckets)], profiles_key[rng.randrange(d.profiles_buckets)]
+        if d.measure_keep_s:
+            store(p, lk, 1.0 / d.measure_keep_s, z.link_entry)
+            store(p, pk, 1.0 / d.measure_keep_s, z.profile_entry)
+        # weather: its links re-published, and read by whom they concern
+        w = 1.0 / d.weather_s
+        store(p, lk, w, z.link_entry)
+        if d.versions:
+            store(p, mine, w, z.record)
+            for r in readers:
+                if r != p:
+                    call(p, r, w, z.ping + z.record, z.ping)  # told
+                    read(r, lk, w, links_value, 1)  # and read by each of them
+    # readers without versions: every profile and link from two nodes of each key, every whole_read_s
+    if not d.versions:
+        for r in readers:
+            for key in links_key:
+                read(r, key, 1.0 / d.whole_read_s, links_value, 2)
+            for key in profiles_key:
+                read(r, key, 1.0 / d.whole_read_s, profiles_value, 2)
+    # the planner's own: the lease, the map kept, the accusations
+    store(planner, lease_key, 1.0 / d.lease_s, z.lease_entry)
+    if d.map_keep_s:
+        store(planner, map_key, 1.0 / d.map_keep_s, z.map_bytes)
+    for b in range(d.accuse_keys):
+        read(planner, accuse_base + b, 1.0, 0, 2)
+
+    # one epoch's burst, per peer (bytes up + down)
+    member_read = sum(5 * (z.request + (n / d.member_buckets) * z.record) for _ in member_key)
+    peer_epoch = (5 * (z.request + d.maps_held * z.map_bytes) + 2 * 5 * (z.store_base + z.record)
+                  + 2 * len(lead) * (2 * z.ping + z.record) + (member_read if d.map_members_read else 0.0)
+                  + z.mapnews)
+    alive = (z.status_bytes_per_peer * n) if d.alive_by_status else 2 * z.ping
+    planner_epoch = peer_epoch + n * z.mapnews + n * (z.request + alive) + 2 * n * (2 * z.ping + z.record)
+    figs = ledger.figures(d.name, d.swim.link_mbps, int(max(d.maps_held * z.map_bytes, links_value, profiles_value)),
+                          [], [], 0.0)
+    per_epoch = {"peer_bytes": peer_epoch, "planner_bytes": planner_epoch,
+                 "planner": {"bytes_per_s": ledger.sent[planner] + ledger.received[planner]}}
+    return figs, per_epoch

@@ -26,7 +26,7 @@ async def test_a_peer_keeps_publishing_its_latest_profile_links_and_vote_but_not
     peer = fake_peer(stores)
     peer.noted = []
 
-    async def note_measured(what, mv):  # the record announces each new version
+    async def note_measured(what, mv, signed):  # the record announces each new version
         peer.noted.append((what, mv))
 
     peer.note_measured = note_measured

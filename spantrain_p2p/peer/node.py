@@ -91,6 +91,8 @@ class Peer:
         self.watcher_ids = None
         self.map_head: Optional[tuple[int, int]] = None  # (term, epoch) of the stage map followed: on SWIM messages
         self.on_map_head = None  # callable(term, epoch): a member follows that map (``RunRecords.heard_head``)
+        self.measured_signed: dict[str, dict] = {}  # kind -> this peer's latest signed entry (``note_measured``)
+        self.on_measured = None  # callable(peer id, kind, payload): a member's new entry, sent with its record
         self._waiting = 0  # callers of wait_members: they read every poll
         self._read_at = 0.0  # monotonic time of the last read of the whole member key
         self.allow: Optional[frozenset[str]] = None  # the allow-list, this peer included (None: no list)
@@ -174,10 +176,12 @@ class Peer:
             self.progress = {**kept, **progress}
             await self._announce()
 
-    async def note_measured(self, what: str, mv: int) -> None:
-        """This peer published its ``what`` of measurement version ``mv`` (``swarm.measure``): its
-        record says so at once, and the planner and the grouping's voters, told of it, read them."""
+    async def note_measured(self, what: str, mv: int, signed: dict) -> None:
+        """This peer published its ``what`` of measurement version ``mv`` (``swarm.measure``; its DHT
+        value ``signed``): its record says so at once, and goes with the entry to the planner and the
+        grouping's voters (``SwimLoop.stored``)."""
         field = measure.version_field(what)
+        self.measured_signed[what] = signed
         if self.progress.get(field) != mv:
             self.progress = {**self.progress, field: mv}
             await self._announce()

@@ -30,7 +30,8 @@ import msgpack
 from ..net import framing
 from ..net.wire import RemoteError
 from ..swarm import membership
-from ..swarm.records import BadRecord, open_record
+from ..swarm.measure import MAX_BYTES as MEASURE_MAX_BYTES, VERSIONED, version_field
+from ..swarm.records import BadRecord, open_payload, open_record
 from ..swarm.swim import GONE, LEFT, STATES, SUSPECT, News, Swim, SwimParams, check_inc, check_name, news_from_wire
 
 log = logging.getLogger("spantrain.peer")
@@ -46,6 +47,7 @@ HOLDERS_TTL_S = 600.0
 MAX_LIST = 20_000  # members in one answer to "list", at most
 MAX_LIST_BYTES = 4 << 20
 MAX_SENT_RECORD = 16 << 10  # bytes of a record sent in a news message (``records.MAX_RECORD_BYTES`` and its key)
+MAX_SENT_MEASURED = 64 << 10  # bytes of a measurement entry sent with it
 MAX_URLS = 100_000  # members' addresses kept, at most (a made-up sender per connection cannot grow it past this)
 
 
@@ -171,8 +173,12 @@ class SwimLoop:
         life, inc, rec, news = self._read(header)
         self._hear_map(header)
         with_record = header["op"] == "news" and header.get("record") is True
-        if len(buffers) != (1 if with_record else 0) or (with_record and buffers[0].nbytes > MAX_SENT_RECORD):
-            raise framing.FrameError("a swim message carries no buffers but a news message's record")
+        kinds = header.get("measured", []) if with_record else []
+        if not isinstance(kinds, list) or len(set(kinds)) != len(kinds) or not all(k in VERSIONED for k in kinds):
+            raise framing.FrameError(f"a record's measurements are some of {', '.join(VERSIONED)}")
+        if len(buffers) != (1 + len(kinds) if with_record else 0) or (with_record and buffers[0].nbytes > MAX_SENT_RECORD) \
+                or any(b.nbytes > MAX_SENT_MEASURED for b in buffers[1:]):
+            raise framing.FrameError("a swim message carries no buffers but a news message's record and its measurements")
         src, now = header["src"], time.monotonic()
         self._learn_url(src, header["url"])
         size = _size(header) + sum(b.nbytes for b in buffers)
@@ -189,6 +195,7 @@ class SwimLoop:
             if record.instance == life and not self.swim.gone(src, life):
                 self.peer.take_records({src: record})
                 self.records_taken += 1
+                self._take_measured(src, kinds, buffers[1:])
         ok, buffers_out = True, []
         if header["op"] == "list":
             buffers_out = [msgpack.packb(self._list(src), use_bin_type=True)]
@@ -200,6 +207,23 @@ class SwimLoop:
         reply = self._header("ack", src, ok=ok)
         self.peer.control.tally(True, header["op"], KIND, size, _size(reply) + sum(len(b) for b in buffers_out))
         return reply, buffers_out
+
+    def _take_measured(self, src: str, kinds: list, buffers: list) -> None:
+        """A member's new measurement entries, sent with its record: each must be signed by it."""
+        take = getattr(self.peer, "on_measured", None)
+        for kind, buf in zip(kinds, buffers):
+            try:
+                value = msgpack.unpackb(bytes(buf), raw=False, max_array_len=16, max_map_len=16,
+                                        max_str_len=MAX_SENT_MEASURED, max_bin_len=MAX_SENT_MEASURED)
+                signer, payload = open_payload(value, MEASURE_MAX_BYTES)
+            except BadRecord as e:
+                raise framing.FrameError(f"the {kind} sent is refused: {e}") from None
+            except Exception as e:
+                raise framing.FrameError(f"the {kind} sent is not msgpack ({e.__class__.__name__})") from None
+            if signer != src:
+                raise framing.FrameError(f"the {kind} sent is signed by {signer[:16]}, not its sender")
+            if take is not None:
+                take(src, kind, payload)
 
     def _list(self, to: str) -> list:
         """This peer's live members with their addresses (itself included, ``to`` not): a joiner's start."""
@@ -237,9 +261,11 @@ class SwimLoop:
         url = self.url_of(to)
         if url is None:
             return None
-        signed = extra.pop("record", None)
-        header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}))
+        signed, measured = extra.pop("record", None), extra.pop("measured", None) or {}
+        header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}),
+                              **({"measured": list(measured)} if signed is not None and measured else {}))
         sent = [msgpack.packb(signed, use_bin_type=True)] if signed is not None else []
+        sent += [msgpack.packb(v, use_bin_type=True) for v in measured.values()] if signed is not None else []
         reply, buffers = None, []
         try:
             got = await asyncio.wait_for(self.peer.client.send(
@@ -308,13 +334,18 @@ class SwimLoop:
             self.swim.record(seq)
             self._change = (self._told, self.peer._view.get(self.peer.peer_id))
             self._told = self._change[1]
+            # a measurement the record says is new goes with it: its readers need not read its key
+            # (a whole bucket: 100 KB of links at 1,000 peers for one peer's 3 KB)
+            before, after = self._change
+            measured = {w: v for w, v in self.peer.measured_signed.items() if after is not None and (
+                before is None or before.progress.get(version_field(w)) != after.progress.get(version_field(w)))}
             if self._running:  # else ``run`` sends it first, once the member list is known
-                self.peer.spawn(self.tell_watchers(record=signed, change=self._change), "swim-record")
+                self.peer.spawn(self.tell_watchers(record=signed, change=self._change, measured=measured), "swim-record")
 
     def retell(self) -> None:
         """Sends this peer's record to the watchers again (who they are changed: a job began)."""
         if self._running and self._signed is not None and self.peer.state != "left":
-            self.peer.spawn(self.tell_watchers(record=self._signed), "swim-record")
+            self.peer.spawn(self.tell_watchers(record=self._signed, measured=dict(self.peer.measured_signed)), "swim-record")
 
     async def tell_watchers(self, change: tuple = (None, None), **extra) -> None:
         """News straight to the watchers (deaths and departures, this peer's new record in

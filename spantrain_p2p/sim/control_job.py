@@ -16,12 +16,13 @@ swarm (``control_swim.charge_swim``, its job polls off: the job is in sight), ea
   ``measure_keep_s`` (None: never);
 - **weather**: each peer publishes new links every ``weather_s`` (the code's bound: its most
   often); with ``versions``, its record says so and goes to the planner, its standby and the
-  grouping's ``voters``, who read that peer's links key from one node; else the readers read every
+  grouping's ``voters``, with the entry where ``pushed``, else they read that peer's links key
+  from one node; without, the readers read every
   profile and link from two nodes each every ``whole_read_s`` (what they did before);
 - **accusations**: the planner reads the accusation keys every second (empty: no attack).
 
 Each epoch (a new map) adds a burst, reported apart (``per_epoch``): every peer reads the new map
-(all of the key's nodes), changes its state twice (stored, sent to the planner and its standby),
+(``news_holders`` of the key's nodes), changes its state twice (stored, sent to the planner and its standby),
 and, where ``map_members_read``, reads every member key from all their nodes; the planner tells every
 peer of the map and asks each ready peer whether it lives (``alive_bytes`` each way).
 
@@ -64,6 +65,7 @@ class JobDesign:
     map_holders: int = 5
     maps_held: int = 1
     map_keep_s: Optional[float] = None
+    news_holders: int = 5  # of the map key's nodes, how many a read on news asks
     lease_s: float = 1.0
     close: int = 3
     far_lease_s: float = 1.0
@@ -76,6 +78,7 @@ class JobDesign:
     measure_keep_s: Optional[float] = None
     weather_s: float = 5.0
     versions: bool = False
+    pushed: bool = False  # with versions: the new entry goes with the record (else each reader reads its key)
     whole_read_s: float = 5.0
     accuse_keys: int = 8
     map_members_read: bool = True
@@ -152,8 +155,11 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
             store(p, mine, w, z.record)
             for r in readers:
                 if r != p:
-                    call(p, r, w, z.ping + z.record, z.ping)  # told
-                    read(r, lk, w, links_value, 1)  # and read by each of them
+                    if d.pushed:  # told, the entry with the record
+                        call(p, r, w, z.ping + z.record + z.link_entry, z.ping)
+                    else:  # told, and its key read by each of them
+                        call(p, r, w, z.ping + z.record, z.ping)
+                        read(r, lk, w, links_value, 1)
     # readers without versions: every profile and link from two nodes of each key, every whole_read_s
     if not d.versions:
         for r in readers:
@@ -170,7 +176,7 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
 
     # one epoch's burst, per peer (bytes up + down)
     member_read = sum(5 * (z.request + (n / d.member_buckets) * z.record) for _ in member_key)
-    peer_epoch = (5 * (z.request + d.maps_held * z.map_bytes) + 2 * 5 * (z.store_base + z.record)
+    peer_epoch = (d.news_holders * (z.request + d.maps_held * z.map_bytes) + 2 * 5 * (z.store_base + z.record)
                   + 2 * len(lead) * (2 * z.ping + z.record) + (member_read if d.map_members_read else 0.0)
                   + z.mapnews)
     alive = (z.status_bytes_per_peer * n) if d.alive_by_status else 2 * z.ping

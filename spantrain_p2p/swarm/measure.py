@@ -57,7 +57,7 @@ async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S, again: b
         _kept(peer)[what] = payload
     note = getattr(peer, "note_measured", None)
     if mv is not None and note is not None:
-        await note(what, mv)
+        await note(what, mv, value)
 
 
 def version_of(payload: dict) -> int:

@@ -106,6 +106,7 @@ class Coordinator:
         self.job, self.handle, self.has_map = job, handle, has_map
         self.election = Election(self.peer, lease_s=6.0, candidates=lambda: [r.peer_id for r in ready_peers(self.peer)])
         self.peer.watcher_ids = self.watchers  # whom SWIM tells of joins, deaths and new records
+        self.peer.on_measured = self._take_measured
         if self.peer.swim is not None:  # this peer turned ready before it knew the voters: tell them
             self.peer.swim.retell()
         self.peer.spawn(self.election.run(1.0), "election")
@@ -170,6 +171,18 @@ class Coordinator:
         profiles, links = self._measured
         ids = sorted(p for p in ready if p in profiles and p in links)
         return ids, profiles, {p: v[0] for p, v in links.items()}
+
+    def _take_measured(self, peer_id: str, kind: str, payload: dict) -> None:
+        """A member's new entry of ``kind``, sent with its record (signed by it: ``SwimLoop``): held
+        as if read, where newer than the one held, so that its key is not read (``_measured_snapshot``)."""
+        if self._measured is None:
+            return  # the first read takes it
+        profiles, links = self._measured
+        mv = measure.version_of(payload)
+        if kind == measure.PROFILES and mv > measure.version_of(profiles.get(peer_id, {})):
+            profiles[peer_id] = payload
+        elif kind == measure.LINKS and isinstance(payload.get("links"), dict) and mv > links.get(peer_id, (None, -1))[1]:
+            links[peer_id] = (payload["links"], mv)
 
     async def _groups_loop(self) -> None:
         """Every peer computes the grouping of the same snapshot and publishes its digest."""

@@ -63,8 +63,8 @@ def report(t) -> dict:
             "cpu": t.cpu.figures(),
             "control": run_rates(t.peer.control.snapshot()) if getattr(t.peer, "control", None) else None,
             # from this peer's first stage map on: a training swarm's control plane, per method and key
-            "control_training": window_rates(t.control_at_map, t.peer.control.snapshot())
-            if t.control_at_map is not None else None,
+            "control_training": window_rates(t.records.control_at_map, t.peer.control.snapshot())
+            if t.records.control_at_map is not None else None,
             "memory": {**memory_use.report(t.memory_state, t.stash_peak_bytes, t.memory_predicted, t.recompute,
                                            t.recompute_transient, t.torch_device, proxy=bool(job and job.workload)),
                        "shard": bool(smap and t.stage is not None and smap.stages[t.stage].shard)},

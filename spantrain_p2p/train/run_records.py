@@ -46,6 +46,7 @@ MAP_QUIET_MAX_S = 3600.0
 HEARSAY_GAP_S = 5.0
 UNFOUND_KEPT_S = 60.0  # a head heard of and not found in the key is not chased again this long
 QUIET_HOLDERS = 1  # of the stage-map key's nodes, how many a quiet check asks
+NEWS_HOLDERS = 2  # and a read on news (each answers with every map of the last MAP_TTL_S)
 # A stage map lives this long in the DHT, re-stored by its planner while it leads (``keep_map``): the
 # key holds every map of the last MAP_TTL_S, which every reader gets whole (at 600 s, the 11 maps of
 # a 20-peer run that re-planned often made a read of it 26 KB; at 1,000 peers a map is 73 KB)
@@ -83,9 +84,11 @@ class RunRecords:
         self._hearsay: tuple[float, tuple[int, int]] = (-HEARSAY_GAP_S, (0, 0))  # (when, head) last chased
         self._unfound: tuple[float, tuple[int, int]] = (0.0, (0, 0))  # (when, head) chased and not found
         self._idle_turn = 0
+        self.control_at_map: Optional[dict] = None  # the control meter at the first stage map followed
 
     def start(self, job: JobSpec, num_layers: int) -> None:
         self.job, self.num_layers = job, num_layers
+        self.peer.on_map_head = self.heard_head
 
     @property
     def swarm(self) -> str:
@@ -190,8 +193,8 @@ class RunRecords:
         if kept is not None and kept[1] == self._maps_changed and now - kept[0] < max_age_s:
             return kept[2]
         changed = self._maps_changed
-        # news (or a first read) asks every node of the key, a quiet check two of them
-        smap = await self._read_newest_map(5 if kept is None or kept[1] != changed else QUIET_HOLDERS)
+        # news (or a first read) asks two nodes of the key, a quiet check (or a waiter's poll) one
+        smap = await self._read_newest_map(NEWS_HOLDERS if kept is None or kept[1] != changed else QUIET_HOLDERS)
         self._map_read = (now, changed, smap)
         when, head = self._hearsay
         if when >= (kept[0] if kept else 0.0) and (smap is None or (smap.term, smap.epoch) < head):
@@ -245,6 +248,9 @@ class RunRecords:
             smap = await self.newest_map()
             if smap is not None and smap.epoch > after:
                 self._log_map(smap)
+                if self.control_at_map is None and getattr(self.peer, "control", None) is not None:
+                    self.control_at_map = self.peer.control.snapshot()  # the report's control_training
+                self.peer.map_head = (smap.term, smap.epoch)  # told on this peer's SWIM messages
                 return smap
             if not announced:
                 log.info("waiting for the planner's stage map (%s)", waiting_for())

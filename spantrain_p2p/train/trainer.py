@@ -109,7 +109,6 @@ class Trainer:
         self.island: Optional[int] = None
         self.stage: Optional[int] = None
         self.step = 0  # the step being run (or next to run)
-        self.control_at_map: Optional[dict] = None  # the control meter at this peer's first stage map
         self.steps_done = 0
         self.losses: dict[int, float] = {}  # step -> mean loss of this peer's micro-batches (last stage)
         self.loss_sums: dict[int, tuple[float, int, int]] = {}  # step -> (sum of micro-batch losses, count, epoch)
@@ -237,7 +236,6 @@ class Trainer:
                                             self.opts.data_cache)
         self.data_share.start(self.data)
         self.records.start(self.job, self.handle.num_layers)
-        self.peer.on_map_head = self.records.heard_head
         self.transport.start(self.job)
         self.defence.start(self.job)
         self.verifier.start(self.job)
@@ -277,10 +275,7 @@ class Trainer:
                 lambda: f"{len(ready_peers(self.peer))} of {self.job.peers} peers ready")
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
-            if self.control_at_map is None and getattr(self.peer, "control", None) is not None:
-                self.control_at_map = self.peer.control.snapshot()  # the report's control_training
             self.full_map, self.island = smap, smap.island_of(self.peer.peer_id)
-            self.peer.map_head = (smap.term, smap.epoch)  # told on this peer's SWIM messages
             self.peer.plan_peers = frozenset(p for st in smap.stages for p in st.peers)
             try:
                 await self.peer.read_for_map(self.peer.plan_peers)  # their addresses, before the first send

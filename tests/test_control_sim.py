@@ -167,3 +167,31 @@ def test_before_the_joiner_pinged_everyone_in_turn_and_the_planner_could_not_rea
     assert new["at"]["planned"]["p95"] < 30.0
     small_old, small_new = (simulate_join(20, costs, samples=30, before=b) for b in (True, False))
     assert small_old["at"]["planned"]["p95"] < float("inf")
+
+
+def test_a_training_swarm_at_a_thousand_peers_costs_a_peer_a_few_kb_a_second_now_and_hundreds_before():
+    """``sim.control_job`` with the code's rates (``cli.control_job.designs``), a 75 KB stage map: a
+    quiet network's steady state now within issue 33's 4 KB/s mean and 16 KB/s p99; before, every
+    peer read the map every 2 s and the lease every second, and 17 readers read every link and
+    profile every 50 s."""
+    import math
+    from dataclasses import replace
+
+    from spantrain_p2p.cli.control_job import designs
+    from spantrain_p2p.sim.control_job import JobSizes, simulate_job
+
+    z = JobSizes(map_bytes=75_000)
+    quiet = designs(1000, weather=False)
+    now, now_epoch = simulate_job(quiet["now"], 1000, z)
+    before, before_epoch = simulate_job(quiet["before"], 1000, z)
+    assert now.bytes_per_s["mean"] < 4 * 1024 and now.bytes_per_s["p99"] < 16 * 1024
+    assert before.bytes_per_s["mean"] > 50 * now.bytes_per_s["mean"]
+    assert before_epoch["planner_bytes"] > 20 * now_epoch["planner_bytes"]  # /status of every peer, not a ping
+    # the worst weather (every peer's links at the code's most often) costs the readers the most
+    worst, _ = simulate_job(designs(1000)["now"], 1000, z)
+    assert worst.bytes_per_s["p99"] > now.bytes_per_s["p99"]
+    # links read back from their key, not sent with the record: each reader a 100 KB key per change
+    unpushed, _ = simulate_job(replace(designs(1000)["now"], pushed=False), 1000, z)
+    assert unpushed.bytes_per_s["p99"] > 5 * worst.bytes_per_s["p99"]
+    with pytest.raises(ValueError):
+        simulate_job(replace(quiet["now"], weather_s=math.inf), 1)

@@ -10,9 +10,10 @@ from ..sim.control_job import JobDesign, JobSizes, simulate_job
 from .join_path import entry_sizes, planner_at
 
 
-def designs(n: int, weather: bool = True) -> dict[str, JobDesign]:
+def designs(n: int, weather: bool = True, weather_s: float = 0.0) -> dict[str, JobDesign]:
     """The two designs at ``n`` peers; ``weather``: every peer re-publishes its links as often as the
-    code lets it (the worst case), else never (a quiet network)."""
+    code lets it (the worst case), or every ``weather_s`` where given (a live run's rate), else never
+    (a quiet network)."""
     from ..peer.node import STEP_RECORD_PER_PEER_S
     from ..peer.config import PeerConfig
     from ..swarm import election
@@ -33,6 +34,8 @@ def designs(n: int, weather: bool = True) -> dict[str, JobDesign]:
         step_record_s=min(cfg.record_s, max(cfg.step_record_s, STEP_RECORD_PER_PEER_S * n)), step_told=False,
         measure_keep_s=900.0, weather_s=max(REPLAN_CHECK_S, measuring.PASSIVE_PER_PEER_S * n) if weather else never,
         versions=True, pushed=True, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False)
+    if weather_s:
+        before, now = replace(before, weather_s=max(weather_s, before.weather_s)), replace(now, weather_s=max(weather_s, now.weather_s))
     return {"before": before, "now": now}
 
 
@@ -54,4 +57,34 @@ def figures(ns, weather: bool = True) -> dict:
             out.setdefault(d.name, []).append({**f.to_dict(), "planner_bytes_per_s": epoch["planner"]["bytes_per_s"],
                                                "epoch_peer_bytes": epoch["peer_bytes"],
                                                "epoch_planner_bytes": epoch["planner_bytes"], "map_bytes": z.map_bytes})
+    return out
+
+
+def calibrate(path: str) -> dict:
+    """A live ``spantrain swarm --json`` run (``control_training`` per peer) beside its simulation:
+    the sim's steady state at the run's N and links re-publishing rate, plus its epochs' bursts
+    spread over the window. Returns the live and simulated mean bytes and calls a peer a second."""
+    import json
+
+    from ..train import run_records
+
+    with open(path) as f:
+        d = json.loads([x for x in f.read().splitlines() if x.startswith("{")][-1])
+    rows = [r["control_training"] for r in d["peers"] if r.get("control_training")]
+    n, window = len(d["peers"]), sum(r["window_s"] for r in rows) / len(rows)
+    live_bytes = sum(r["bytes_per_s"] for r in rows) / len(rows)
+    live_calls = sum(r["calls_out_per_s"] for r in rows) / len(rows)
+    publishes = sum(r["rows"].get("out rpc_store links", {}).get("calls_per_s", 0.0) for r in rows) / len(rows) / 5
+    epochs = len(d["epochs"])
+    out = {"n": n, "window_s": window, "epochs": epochs, "links_published_per_s": publishes,
+           "live": {"bytes_per_s": live_bytes, "calls_per_s": live_calls}}
+    z = sizes_at(n)
+    for name, des in designs(n, weather_s=1.0 / publishes if publishes else math.inf).items():
+        # the maps in the key: those of the epochs of the last MAP_TTL_S (all of them where the run
+        # was shorter), half of them on average over the run
+        ttl = 600.0 if name == "before" else run_records.MAP_TTL_S
+        des = replace(des, maps_held=max(1, round(epochs * min(1.0, ttl / window) / 2)))
+        f, e = simulate_job(des, n, z)
+        out[name] = {"bytes_per_s": f.bytes_per_s["mean"] + epochs * e["peer_bytes"] / window,
+                     "calls_per_s": f.calls_per_s["mean"] + epochs * e["peer_calls"] / window}
     return out

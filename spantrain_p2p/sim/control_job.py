@@ -160,13 +160,17 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
                     else:  # told, and its key read by each of them
                         call(p, r, w, z.ping + z.record, z.ping)
                         read(r, lk, w, links_value, 1)
-    # readers without versions: every profile and link from two nodes of each key, every whole_read_s
+    # readers without versions: every profile and link from two nodes of each key, every whole_read_s,
+    # each node asked once for all the keys it is picked for (``GuardedDHT.get_many``)
     if not d.versions:
         for r in readers:
-            for key in links_key:
-                read(r, key, 1.0 / d.whole_read_s, links_value, 2)
-            for key in profiles_key:
-                read(r, key, 1.0 / d.whole_read_s, profiles_value, 2)
+            asked: dict[int, float] = {}
+            for key, value in [*((k, links_value) for k in links_key), *((k, profiles_value) for k in profiles_key)]:
+                hs = holders(key, 5, r)
+                for h in rng.sample(hs, min(2, len(hs))):
+                    asked[h] = asked.get(h, 0.0) + value
+            for h, value in asked.items():
+                call(r, h, 1.0 / d.whole_read_s, z.request, value)
     # the planner's own: the lease, the map kept, the accusations
     store(planner, lease_key, 1.0 / d.lease_s, z.lease_entry)
     if d.map_keep_s:
@@ -179,10 +183,11 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
     peer_epoch = (d.news_holders * (z.request + d.maps_held * z.map_bytes) + 2 * 5 * (z.store_base + z.record)
                   + 2 * len(lead) * (2 * z.ping + z.record) + (member_read if d.map_members_read else 0.0)
                   + z.mapnews)
+    peer_epoch_calls = d.news_holders + 2 * 5 + 2 * len(lead) + (5 * d.member_buckets if d.map_members_read else 0)
     alive = (z.status_bytes_per_peer * n) if d.alive_by_status else 2 * z.ping
     planner_epoch = peer_epoch + n * z.mapnews + n * (z.request + alive) + 2 * n * (2 * z.ping + z.record)
     figs = ledger.figures(d.name, d.swim.link_mbps, int(max(d.maps_held * z.map_bytes, links_value, profiles_value)),
                           [], [], 0.0)
-    per_epoch = {"peer_bytes": peer_epoch, "planner_bytes": planner_epoch,
+    per_epoch = {"peer_bytes": peer_epoch, "peer_calls": peer_epoch_calls, "planner_bytes": planner_epoch,
                  "planner": {"bytes_per_s": ledger.sent[planner] + ledger.received[planner]}}
     return figs, per_epoch

@@ -31,7 +31,7 @@ PING_AT_ONCE = 8  # members a joiner of a large swarm pings at a time (``ping_ta
 MEASURING = ("joining", "idle", "measuring")  # the states of a peer that measures (or is about to)
 
 
-PASSIVE_PER_PEER_S = 0.5
+PASSIVE_PER_PEER_S = 1.0
 
 class Measuring:
     """This peer's measurements: its device ``profile``, its ``probes`` (peer id -> link
@@ -176,7 +176,7 @@ class Measuring:
         Only sizeable changes reach the DHT (see ``link_update``), at most every ``REPLAN_CHECK_S``,
         or ``PASSIVE_PER_PEER_S`` a member: each is a record told to the planner and the grouping's
         voters, who read the peer's links key (a 20-peer swarm on two busy cores republished every
-        6-10 s a peer; at 1,000 peers, 2 a second swarm-wide)."""
+        6-10 s a peer; at 1,000 peers, 1 a second swarm-wide at most)."""
         now = time.monotonic()
         if now - self._passive_published < max(REPLAN_CHECK_S, PASSIVE_PER_PEER_S * len(self.peer.member_ids())):
             return

@@ -40,7 +40,7 @@ MAP_REUSE_S = MAP_POLL_S
 # and at 1,000 peers (a 75 KB map) 180 KB/s a peer; a check every 250 s from two nodes still made
 # them the busiest of the swarm, 17x the mean (``sim.control_job``). Without SWIM (``--liveness
 # records``) nothing carries heads: MAP_POLL_S.
-MAP_QUIET_PER_PEER_S = 2.5
+MAP_QUIET_PER_PEER_S = 5.0
 MAP_QUIET_MAX_S = 3600.0
 # a head heard of makes this peer read the key at most this often (a made-up head costs one read)
 HEARSAY_GAP_S = 5.0
@@ -270,6 +270,8 @@ class RunRecords:
         await self.store(*published, ttl_s=MAP_TTL_S)
         self._published = published
         self._maps_changed += 1
+        # its own map, as a reader would take it, is the newest it knows: not read back
+        self._map_read = (time.monotonic(), self._maps_changed, StageMap.from_dict(smap.to_dict(), self.num_layers))
         self.peer.spawn(self._announce(smap.epoch), "map-news")
 
     async def keep_map(self, leading: Callable[[], bool], every_s: float = MAP_TTL_S / 3) -> None:
@@ -290,6 +292,9 @@ class RunRecords:
         """A planner published a stage map: wake whoever waits for one (they read the DHT)."""
         if self.job is not None and header.get("job") != self.job.job_id:
             return None
+        kept = self._map_read[2] if self._map_read is not None else None
+        if kept is not None and type(header.get("epoch")) is int and header["epoch"] <= kept.epoch:
+            return None  # read already (a SWIM ping told of it first): no second read
         now = time.monotonic()
         self._maps_changed += 1
         if now - self._news_at >= MAP_NEWS_MIN_GAP_S:

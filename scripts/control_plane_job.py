@@ -32,7 +32,7 @@ def main() -> int:
     a = p.parse_args()
     out = {**figures(a.peers, weather=True), **figures(a.peers, weather=False)}
     print(f"{'design':>20} {'N':>6} {'KB/s mean':>10} {'p99':>8} {'max':>8} {'busiest':>8} {'planner':>8} "
-          f"{'epoch KB':>9} {'planner\'s':>10} {'map KB':>7}")
+          f"{'epoch KB':>9} {'planner ep':>10} {'map KB':>7}")
     for name, rows in out.items():
         for r in rows:
             print(f"{name:>20} {r['n']:>6} {r['bytes_per_s']['mean'] / KB:>10.2f} {r['bytes_per_s']['p99'] / KB:>8.2f} "

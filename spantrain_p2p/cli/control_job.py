@@ -85,6 +85,8 @@ def calibrate(path: str) -> dict:
         ttl = 600.0 if name == "before" else run_records.MAP_TTL_S
         des = replace(des, maps_held=max(1, round(epochs * min(1.0, ttl / window) / 2)))
         f, e = simulate_job(des, n, z)
-        out[name] = {"bytes_per_s": f.bytes_per_s["mean"] + epochs * e["peer_bytes"] / window,
+        # a byte moved counts at both ends (sent by one peer, received by another), as the meter counts it
+        moved = e["peer_bytes"] + (e["planner_bytes"] - e["peer_bytes"]) / n
+        out[name] = {"bytes_per_s": f.bytes_per_s["mean"] + 2 * epochs * moved / window,
                      "calls_per_s": f.calls_per_s["mean"] + epochs * e["peer_calls"] / window}
     return out

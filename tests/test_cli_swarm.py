@@ -28,7 +28,10 @@ def test_eight_peers_form_a_swarm_and_drop_crashed_and_leaving_peers(peers):
         p.wait_ready(90)
     last_start = time.monotonic()
     everyone = [first, *rest]
-    wait_until(lambda: all(c == 8 for c in counts(everyone)), 20)
+    # with SWIM a member counts once it has answered or been read (news of it alone does not): a
+    # peer pings one member a second, so on a loaded box a joiner can take two rounds (14 s) after
+    # its start to be confirmed everywhere; 20 s failed here 1 run in 4, old code and new alike
+    wait_until(lambda: all(c == 8 for c in counts(everyone)), 45)
     formed = time.monotonic() - last_start
     print(f"\n8 peers: all list 8 members {formed:.1f}s after the last one started")
 

@@ -107,39 +107,59 @@ def test_the_first_16_ready_peers_by_id_vote_on_the_grouping_naming_their_snapsh
     assert len(snapshot_digest(ids)) == 32
 
 
-async def test_beyond_100_ready_peers_the_measurements_are_read_whole_every_n_over_20_s_and_a_joiners_keys_between(monkeypatch):
-    """The planner and the voters read every profile and link every 5 s (9.4 MB at 1,000 peers);
-    beyond 100 ready peers, whole every N / 20 s, and in between only the keys of peers they lack."""
+async def test_the_measurements_are_read_whole_once_then_only_what_a_record_says_is_new(monkeypatch):
+    """The planner and the voters read every profile and link every 5 s (9.4 MB at 1,000 peers); now
+    whole once, then only the kind of the peers whose record says a version newer than the entry
+    held (a joiner's both kinds, a peer's new links its links key alone), from one node; an entry
+    sent with a record is held as if read; up to 100 ready peers whole again every WHOLE_READ_S."""
     import types
 
     from spantrain_p2p.swarm import measure
     from spantrain_p2p.train import coordinator as co
 
-    peers = [types.SimpleNamespace(peer_id=f"Qm{i:04d}", state="ready", alive=True) for i in range(120)]
+    def rec(i, links=1):
+        return types.SimpleNamespace(peer_id=f"Qm{i:04d}", state="ready", alive=True,
+                                     progress={"mv.profiles": 1, "mv.links": links})
+
+    peers = [rec(i) for i in range(120)]
+    versions: dict = {}  # peer -> its links version in the DHT
     reads = []
 
-    async def read(peer, what, parse, on_bad, peer_ids=None):
-        reads.append((what, None if peer_ids is None else sorted(peer_ids)))
+    async def read(peer, what, parse, on_bad, peer_ids=None, holders=2):
+        reads.append((what, None if peer_ids is None else sorted(peer_ids), holders))
         ids = [p.peer_id for p in peers] if peer_ids is None else list(peer_ids)
-        return {p: {"links": {}} if what == measure.LINKS else {"profile": {}} for p in ids}
+        return {p: parse({"links": {}, "mv": versions.get(p, 1)} if what == measure.LINKS else {"profile": {}, "mv": 1})
+                for p in ids}
 
     monkeypatch.setattr(co.measure, "read", read)
     c = co.Coordinator.__new__(co.Coordinator)
-    c.peer = types.SimpleNamespace(live_members=lambda: list(peers), evicted=set())
+    c.peer = types.SimpleNamespace(live_members=lambda: list(peers), evicted=set(), member_ids=lambda: {p.peer_id for p in peers})
     c.log_bad = lambda *a: None
-    c._measured, c._measured_at, c._measured_ready = None, 0.0, set()
+    c._measured, c._measured_at = None, 0.0
     ids, _, _ = await c._measured_snapshot()
-    assert len(ids) == 120 and reads == [(measure.PROFILES, None), (measure.LINKS, None)]
+    assert len(ids) == 120 and reads == [(measure.PROFILES, None, 2), (measure.LINKS, None, 2)]
     reads.clear()
     assert len((await c._measured_snapshot())[0]) == 120 and reads == []  # nothing new: nothing read
-    peers.append(types.SimpleNamespace(peer_id="QmNew", state="ready", alive=True))
+    peers.append(types.SimpleNamespace(peer_id="QmNew", state="ready", alive=True, progress={"mv.profiles": 1, "mv.links": 1}))
     ids, _, _ = await c._measured_snapshot()
-    assert "QmNew" in ids and reads == [(measure.PROFILES, ["QmNew"]), (measure.LINKS, ["QmNew"])]
+    assert "QmNew" in ids and reads == [(measure.PROFILES, ["QmNew"], 1), (measure.LINKS, ["QmNew"], 1)]
     reads.clear()
-    c._measured_at -= 121 / 20.0  # N / 20 s later: whole again
+    peers[3] = rec(3, links=2)  # its record says new links: its links key alone
+    versions["Qm0003"] = 2
     await c._measured_snapshot()
-    assert reads == [(measure.PROFILES, None), (measure.LINKS, None)]
-    del peers[20:]  # 20 ready peers: whole at every look
+    assert reads == [(measure.LINKS, ["Qm0003"], 1)]
+    reads.clear()
+    peers[4] = rec(4, links=5)  # new links sent with its record: not read
+    c._take_measured("Qm0004", measure.LINKS, {"links": {"x": {}}, "mv": 5})
+    _, _, links = await c._measured_snapshot()
+    assert reads == [] and links["Qm0004"] == {"x": {}}
+    c._take_measured("Qm0004", measure.LINKS, {"links": {}, "mv": 4})  # an older one changes nothing
+    assert (await c._measured_snapshot())[2]["Qm0004"] == {"x": {}}
+    reads.clear()
+    c._measured_at -= co.WHOLE_READ_S  # beyond 100 ready peers never whole again
+    await c._measured_snapshot()
+    assert (measure.PROFILES, None, 2) not in reads
+    del peers[20:]  # 20 ready peers: whole again every WHOLE_READ_S
     reads.clear()
     await c._measured_snapshot()
-    assert reads == [(measure.PROFILES, None), (measure.LINKS, None)]
+    assert reads == [(measure.PROFILES, None, 2), (measure.LINKS, None, 2)]

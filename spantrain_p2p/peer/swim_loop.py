@@ -174,7 +174,8 @@ class SwimLoop:
         self._hear_map(header)
         with_record = header["op"] == "news" and header.get("record") is True
         kinds = header.get("measured", []) if with_record else []
-        if not isinstance(kinds, list) or len(set(kinds)) != len(kinds) or not all(k in VERSIONED for k in kinds):
+        if not isinstance(kinds, list) or not all(isinstance(k, str) and k in VERSIONED for k in kinds) \
+                or len(set(kinds)) != len(kinds):
             raise framing.FrameError(f"a record's measurements are some of {', '.join(VERSIONED)}")
         if len(buffers) != (1 + len(kinds) if with_record else 0) or (with_record and buffers[0].nbytes > MAX_SENT_RECORD) \
                 or any(b.nbytes > MAX_SENT_MEASURED for b in buffers[1:]):
@@ -262,10 +263,12 @@ class SwimLoop:
         if url is None:
             return None
         signed, measured = extra.pop("record", None), extra.pop("measured", None) or {}
+        # the measurements with the record, each within what a receiver takes (a larger one: read from the DHT)
+        packed = {w: b for w, v in measured.items() if len(b := msgpack.packb(v, use_bin_type=True)) <= MAX_SENT_MEASURED} \
+            if signed is not None else {}
         header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}),
-                              **({"measured": list(measured)} if signed is not None and measured else {}))
-        sent = [msgpack.packb(signed, use_bin_type=True)] if signed is not None else []
-        sent += [msgpack.packb(v, use_bin_type=True) for v in measured.values()] if signed is not None else []
+                              **({"measured": list(packed)} if packed else {}))
+        sent = [msgpack.packb(signed, use_bin_type=True), *packed.values()] if signed is not None else []
         reply, buffers = None, []
         try:
             got = await asyncio.wait_for(self.peer.client.send(
@@ -370,7 +373,7 @@ class SwimLoop:
         pending: set[asyncio.Task] = set()
         self._running = True
         if self._signed is not None:  # a joiner's record to the watchers: its join, as the planner sees it
-            hello = asyncio.ensure_future(self.tell_watchers(record=self._signed))
+            hello = asyncio.ensure_future(self.tell_watchers(record=self._signed, measured=dict(self.peer.measured_signed)))
             pending.add(hello)
             hello.add_done_callback(pending.discard)
         try:

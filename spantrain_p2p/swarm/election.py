@@ -204,4 +204,8 @@ class Election:
                 await self.tick()
             except Exception as e:
                 log.warning("election round failed: %s", e)
-            await asyncio.sleep(self.interval_s(interval))
+            # a far candidate's long wait ends early once it is among the close ones (those died)
+            wait = self.interval_s(interval)
+            while wait > 0:
+                await asyncio.sleep(min(wait, interval))
+                wait = 0.0 if self._close() else wait - interval

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable, Iterable, Optional
 
 from .keys import GROUPS, LINKS, PINGS, PROFILES, measure_key_of, measure_keys
@@ -42,22 +43,38 @@ def version_field(what: str) -> str:
 
 async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S, again: bool = False) -> None:
     """Signs and stores this peer's entry of ``what``; a ``VERSIONED`` one with the next measurement
-    version (``again``: a copy re-published as it was), which its record then announces."""
+    version (``again``: the latest entry of ``what`` re-published as it is), which its record then
+    announces. One publish of a peer at a time: a copy re-published while a newer one was stored
+    could land after it (a later expiry wins) and bring the old one back."""
     from hivemind.utils import get_dht_time
 
-    mv = None
-    if what in VERSIONED and not again:
-        mv = getattr(peer, "measured_version", 0) + 1
-        peer.measured_version = mv
-        payload = {**payload, "mv": mv}
-    value = sign_payload(payload, peer.identity, MAX_BYTES)
-    await peer.dht.store(measure_key_of(peer.config.swarm, what, peer.peer_id), value, get_dht_time() + ttl_s,
-                         subkey=peer.peer_id)
-    if what in KEPT:
-        _kept(peer)[what] = payload
+    async with _lock(peer):
+        if again:
+            payload = _kept(peer).get(what)
+            if payload is None:
+                return
+        mv = None
+        if what in VERSIONED and not again:
+            # deciseconds of the clock, or one more: a peer restarted under the same id goes on above
+            # the versions of its last life, which the readers may hold
+            mv = max(getattr(peer, "measured_version", 0) + 1, int(time.time() * 10))
+            peer.measured_version = mv
+            payload = {**payload, "mv": mv}
+        value = sign_payload(payload, peer.identity, MAX_BYTES)
+        stored = await peer.dht.store(measure_key_of(peer.config.swarm, what, peer.peer_id), value,
+                                      get_dht_time() + ttl_s, subkey=peer.peer_id)
+        if what in KEPT and not again:
+            _kept(peer)[what] = payload
     note = getattr(peer, "note_measured", None)
-    if mv is not None and note is not None:
+    if mv is not None and note is not None and stored is not False:  # (a store no node took: not announced)
         await note(what, mv, value)
+
+
+def _lock(peer) -> asyncio.Lock:
+    lock = getattr(peer, "measurements_lock", None)
+    if lock is None:
+        lock = peer.measurements_lock = asyncio.Lock()
+    return lock
 
 
 def version_of(payload: dict) -> int:
@@ -79,9 +96,9 @@ async def keep(peer, every_s: float = TTL_S / 4) -> None:
     the planner's snapshot (and a broken epoch's re-plan) lost every peer that had not re-measured."""
     while True:
         await asyncio.sleep(every_s)
-        for what, payload in list(_kept(peer).items()):
+        for what in list(_kept(peer)):
             try:
-                await publish(peer, what, payload, again=True)
+                await publish(peer, what, {}, again=True)
             except Exception as e:
                 log.warning("re-publishing this peer's %s failed: %s", what, e)
 

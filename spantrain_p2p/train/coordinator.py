@@ -68,6 +68,11 @@ def map_states(peer, smap) -> dict[str, str]:
     return {r.peer_id: r.state for r in peer.live_members() if r.peer_id in mine}
 
 
+def _newer(held: dict, more: dict, version) -> dict:
+    """``held`` with the entries of ``more`` that are newer (by ``version``) or new: a new dict."""
+    return {**held, **{p: v for p, v in more.items() if p not in held or version(v) >= version(held[p])}}
+
+
 class Coordinator:
     """Groups, election and planning for one job. ``has_map()`` says whether this peer follows a
     stage map already (groups are then recomputed less often); ``measure_links``: the job's plans
@@ -162,12 +167,20 @@ class Coordinator:
 
             # each kind of the peers it changed for, from one of each key's nodes (an entry older
             # than the record says is read again at the next look)
+            want_profiles = stale(profiles, measure.PROFILES, measure.version_of)
+            want_links = stale(links, measure.LINKS, lambda v: v[1])
             more_profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad, holders=1,
-                                               peer_ids=stale(profiles, measure.PROFILES, measure.version_of))
+                                               peer_ids=want_profiles) if want_profiles else {}
             more_links = await measure.read(self.peer, measure.LINKS, lambda d: (d["links"], measure.version_of(d)),
-                                            self.log_bad, holders=1, peer_ids=stale(links, measure.LINKS, lambda v: v[1]))
+                                            self.log_bad, holders=1, peer_ids=want_links) if want_links else {}
             if more_profiles or more_links:
-                self._measured = ({**profiles, **more_profiles}, {**links, **more_links})
+                # per peer, the newer entry (a key read for one peer brings its bucket's others, maybe
+                # older than what came with their records)
+                self._measured = (_newer(profiles, more_profiles, measure.version_of),
+                                  _newer(links, more_links, lambda v: v[1]))
+        if len(self._measured[0]) > 2 * len(ready) + 16:  # departed peers' entries: not kept for good
+            members = self.peer.member_ids()
+            self._measured = tuple({p: v for p, v in held.items() if p in members} for held in self._measured)
         profiles, links = self._measured
         ids = sorted(p for p in ready if p in profiles and p in links)
         return ids, profiles, {p: v[0] for p, v in links.items()}
@@ -177,12 +190,12 @@ class Coordinator:
         as if read, where newer than the one held, so that its key is not read (``_measured_snapshot``)."""
         if self._measured is None:
             return  # the first read takes it
-        profiles, links = self._measured
-        mv = measure.version_of(payload)
-        if kind == measure.PROFILES and mv > measure.version_of(profiles.get(peer_id, {})):
-            profiles[peer_id] = payload
-        elif kind == measure.LINKS and isinstance(payload.get("links"), dict) and mv > links.get(peer_id, (None, -1))[1]:
-            links[peer_id] = (payload["links"], mv)
+        profiles, links = self._measured  # (new dicts: a plan in flight keeps what it read)
+        if kind == measure.PROFILES:
+            self._measured = (_newer(profiles, {peer_id: payload}, measure.version_of), links)
+        elif kind == measure.LINKS and isinstance(payload.get("links"), dict):
+            self._measured = (profiles, _newer(links, {peer_id: (payload["links"], measure.version_of(payload))},
+                                               lambda v: v[1]))
 
     async def _groups_loop(self) -> None:
         """Every peer computes the grouping of the same snapshot and publishes its digest."""

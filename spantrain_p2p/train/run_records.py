@@ -214,7 +214,7 @@ class RunRecords:
         kept = self._map_read[2] if self._map_read is not None else None
         if kept is not None and head <= (kept.term, kept.epoch):
             return
-        if now - self._hearsay[0] < HEARSAY_GAP_S or (now - self._unfound[0] < UNFOUND_KEPT_S and head <= self._unfound[1]):
+        if now - self._hearsay[0] < HEARSAY_GAP_S or (now - self._unfound[0] < UNFOUND_KEPT_S and head == self._unfound[1]):
             return
         self._hearsay = (now, head)
         self._maps_changed += 1
@@ -272,7 +272,7 @@ class RunRecords:
         self._maps_changed += 1
         # its own map, as a reader would take it, is the newest it knows: not read back
         self._map_read = (time.monotonic(), self._maps_changed, StageMap.from_dict(smap.to_dict(), self.num_layers))
-        self.peer.spawn(self._announce(smap.epoch), "map-news")
+        self.peer.spawn(self._announce(smap.epoch, smap.term), "map-news")
 
     async def keep_map(self, leading: Callable[[], bool], every_s: float = MAP_TTL_S / 3) -> None:
         """The planner's task: re-stores the last map it published (the same signed bytes, a later
@@ -293,7 +293,8 @@ class RunRecords:
         if self.job is not None and header.get("job") != self.job.job_id:
             return None
         kept = self._map_read[2] if self._map_read is not None else None
-        if kept is not None and type(header.get("epoch")) is int and header["epoch"] <= kept.epoch:
+        head = (header.get("term"), header.get("epoch"))
+        if kept is not None and all(type(x) is int for x in head) and head <= (kept.term, kept.epoch):
             return None  # read already (a SWIM ping told of it first): no second read
         now = time.monotonic()
         self._maps_changed += 1
@@ -310,11 +311,11 @@ class RunRecords:
             pass
         self._news.clear()
 
-    async def _announce(self, epoch: int) -> None:
+    async def _announce(self, epoch: int, term: int) -> None:
         """Every other live peer gets the news at once (a lost one waits MAP_POLL_S)."""
         async def tell(r) -> None:
             try:
-                await self.peer.client.send(r.data_url, "mapnews", {"job": self.job.job_id, "epoch": epoch},
+                await self.peer.client.send(r.data_url, "mapnews", {"job": self.job.job_id, "epoch": epoch, "term": term},
                                             timeout=2.0, link=self.peer.link_to(r.peer_id))
             except Exception as e:
                 log.debug("stage-map news to %s not delivered: %r", r.name or r.peer_id, e)

@@ -62,3 +62,41 @@ async def test_a_measurement_not_of_the_sender_or_of_no_versioned_kind_is_refuse
     with pytest.raises(FrameError):
         await loop.handle(header, bufs)
     assert got == []
+
+
+async def test_a_map_head_on_a_ping_is_told_to_the_peer_and_a_malformed_one_refused():
+    loop, _, _ = loop_and_inbox()
+    heads = []
+    loop.peer.on_map_head = lambda term, epoch, job: heads.append((term, epoch, job))
+    sender = Identity.generate()
+    header, bufs = message(sender, [], [])
+    await loop.handle({**header, "map": [2, 7, "job-1"]}, bufs)
+    assert heads == [(2, 7, "job-1")]
+    for bad in ([2, 7], [2, -1, "j"], [2, 7.0, "j"], [2, 7, "j" * 300], "2/7"):
+        with pytest.raises(FrameError):
+            await loop.handle({**header, "map": bad}, bufs)
+    assert len(heads) == 1
+
+
+def test_a_heard_head_wakes_a_read_once_in_a_while_and_never_for_another_jobs_map():
+    from spantrain_p2p.job.spec import JobSpec
+    from spantrain_p2p.train import run_records
+    from spantrain_p2p.train.run_records import RunRecords
+
+    peer = types.SimpleNamespace(peer_id="QmMe", config=types.SimpleNamespace(swarm="s"))
+    rr = RunRecords(peer, log_bad=lambda s, w: None)
+    job = JobSpec(steps=3).finalized()
+    rr.start(job, 4)
+    assert peer.on_map_head == rr.heard_head
+    rr.heard_head(1, 5, "another-job")
+    assert rr._maps_changed == 0
+    rr.heard_head(1, 5, job.job_id)
+    assert rr._maps_changed == 1 and rr._news.is_set()
+    rr.heard_head(1, 6, job.job_id)  # within HEARSAY_GAP_S of the last: not chased
+    assert rr._maps_changed == 1
+    rr._hearsay = (rr._hearsay[0] - run_records.HEARSAY_GAP_S, rr._hearsay[1])
+    rr._unfound = (run_records.time.monotonic(), (1, 6))  # (1, 6) was chased and not found
+    rr.heard_head(1, 6, job.job_id)
+    assert rr._maps_changed == 1
+    rr.heard_head(1, 7, job.job_id)  # another head is
+    assert rr._maps_changed == 2

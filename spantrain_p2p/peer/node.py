@@ -89,8 +89,8 @@ class Peer:
         # callable(before, after) -> [peer id]: whom SWIM tells of a death (None, None), or of this peer's
         # new record ``after`` (its last told: ``before``), where a job says (``Coordinator.watchers``)
         self.watcher_ids = None
-        self.map_head: Optional[tuple[int, int]] = None  # (term, epoch) of the stage map followed: on SWIM messages
-        self.on_map_head = None  # callable(term, epoch): a member follows that map (``RunRecords.heard_head``)
+        self.map_head: Optional[tuple] = None  # (term, epoch, job) of the stage map followed: on SWIM messages
+        self.on_map_head = None  # callable(term, epoch, job): a member follows that map (``RunRecords.heard_head``)
         self.measured_signed: dict[str, dict] = {}  # kind -> this peer's latest signed entry (``note_measured``)
         self.on_measured = None  # callable(peer id, kind, payload): a member's new entry, sent with its record
         self._waiting = 0  # callers of wait_members: they read every poll

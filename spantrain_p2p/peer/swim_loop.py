@@ -140,16 +140,17 @@ class SwimLoop:
                 **({"map": list(head)} if head is not None else {})}
 
     def _hear_map(self, header: dict) -> None:
-        """The (term, epoch) of the stage map the sender follows, where it says: a peer hearing of a
+        """The (term, epoch, job) of the stage map the sender follows, where it says: a peer hearing of a
         newer one than its own reads the map key (``RunRecords.heard_head``), so a map's news spreads
         with the pings and no peer polls the key (issue 33). Hearsay: a made-up head costs its hearers
         one read each, at most one per ``run_records.HEARSAY_GAP_S``."""
         head, hear = header.get("map"), getattr(self.peer, "on_map_head", None)
         if hear is None or head is None:
             return
-        if not (isinstance(head, list) and len(head) == 2 and all(type(x) is int and 0 <= x < 1 << 31 for x in head)):
-            raise framing.FrameError("a swim message's map is [term, epoch], two small non-negative ints")
-        hear(head[0], head[1])
+        if not (isinstance(head, list) and len(head) == 3 and all(type(x) is int and 0 <= x < 1 << 31 for x in head[:2])
+                and isinstance(head[2], str) and len(head[2]) <= MAX_URL):
+            raise framing.FrameError("a swim message's map is [term, epoch, job]: two small non-negative ints, a job id")
+        hear(head[0], head[1], head[2])
 
     def _read(self, header: dict, ops: tuple[str, ...] = OPS) -> tuple[str, int, int, list[News]]:
         """(life, incarnation, record seq, news) of a message or an ack; FrameError if malformed."""
@@ -361,7 +362,9 @@ class SwimLoop:
         # few yet: its list's members are the best it knows; a made-up one costs one message)
         heard = [p for p, m in self.swim.members.items() if m.state not in GONE]
         for w in dict.fromkeys([*said, *membership.watchers(self.swim.live() + me), *membership.watchers(heard + me)]):
-            if w != self.peer.peer_id:
+            if w != self.peer.peer_id and await self._send(w, "news", self.params.ack_s * 2, **extra) is None \
+                    and "record" in extra:  # a record once more: a voter that missed it votes on another snapshot
+                await asyncio.sleep(self.params.ack_s)
                 await self._send(w, "news", self.params.ack_s * 2, **extra)
 
     # ---- tasks ------------------------------------------------------------------------------------

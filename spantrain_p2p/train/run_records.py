@@ -207,9 +207,11 @@ class RunRecords:
             return MAP_POLL_S
         return max(MAP_POLL_S, min(MAP_QUIET_MAX_S, MAP_QUIET_PER_PEER_S * len(self.peer.member_ids())))
 
-    def heard_head(self, term: int, epoch: int) -> None:
+    def heard_head(self, term: int, epoch: int, job: Optional[str] = None) -> None:
         """A member follows stage map (``term``, ``epoch``) (a SWIM message said): where that is newer
         than the last map read here, the next ``newest_map`` reads the key, and waiters wake."""
+        if self.job is None or job != self.job.job_id:
+            return  # a map of another job (peers left from an earlier one under this swarm's name)
         now, head = time.monotonic(), (term, epoch)
         kept = self._map_read[2] if self._map_read is not None else None
         if kept is not None and head <= (kept.term, kept.epoch):
@@ -250,7 +252,7 @@ class RunRecords:
                 self._log_map(smap)
                 if self.control_at_map is None and getattr(self.peer, "control", None) is not None:
                     self.control_at_map = self.peer.control.snapshot()  # the report's control_training
-                self.peer.map_head = (smap.term, smap.epoch)  # told on this peer's SWIM messages
+                self.peer.map_head = (smap.term, smap.epoch, smap.job_id)  # told on this peer's SWIM messages
                 return smap
             if not announced:
                 log.info("waiting for the planner's stage map (%s)", waiting_for())

@@ -31,7 +31,16 @@ def test_eight_peers_form_a_swarm_and_drop_crashed_and_leaving_peers(peers):
     # with SWIM a member counts once it has answered or been read (news of it alone does not): a
     # peer pings one member a second, so on a loaded box a joiner can take two rounds (14 s) after
     # its start to be confirmed everywhere; 20 s failed here 1 run in 4, old code and new alike
-    wait_until(lambda: all(c == 8 for c in counts(everyone)), 45)
+    try:
+        wait_until(lambda: all(c == 8 for c in counts(everyone)), 45)
+    except TimeoutError:
+        import json as _j, urllib.request as _u
+        names = {p.info["peer_id"]: p.info["peer_id"][-4:] for p in everyone}
+        for p in everyone:
+            sw = _j.loads(_u.urlopen(p.info["data_url"] + "/swim", timeout=5).read())
+            print("DBG", names[p.info["peer_id"]], p.status()["member_count"],
+                  {names.get(k, k[-4:]): (v["state"], v["confirmed"]) for k, v in sw["members"].items()})
+        raise
     formed = time.monotonic() - last_start
     print(f"\n8 peers: all list 8 members {formed:.1f}s after the last one started")
 

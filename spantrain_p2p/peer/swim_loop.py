@@ -32,7 +32,8 @@ from ..net.wire import RemoteError
 from ..swarm import membership
 from ..swarm.measure import MAX_BYTES as MEASURE_MAX_BYTES, VERSIONED, version_field
 from ..swarm.records import BadRecord, open_payload, open_record
-from ..swarm.swim import GONE, LEFT, STATES, SUSPECT, News, Swim, SwimParams, check_inc, check_name, news_from_wire
+from ..swarm.swim import (ALIVE, GONE, LEFT, MAX_NAME, MAX_NEWS, STATES, SUSPECT, News, Swim, SwimParams, check_inc,
+                          check_name, news_from_wire)
 
 log = logging.getLogger("spantrain.peer")
 
@@ -134,10 +135,28 @@ class SwimLoop:
 
     def _header(self, op: str, to: str, **extra) -> dict:
         head = getattr(self.peer, "map_head", None)
+        news = self.swim.outgoing(to)
+        # the addresses of the members news says are alive: two peers that joined at once know each
+        # other by news alone, and neither pinged the other (never confirmed: the 8-peer test)
+        urls = {n.peer: u for n in news if n.state == ALIVE and n.peer != to and (u := self.url_of(n.peer))}
         return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life, "rec": self.swim.rec,
-                "url": self.peer.dataplane.url,
-                "news": [n.to_wire() for n in self.swim.outgoing(to)], **extra,
-                **({"map": list(head)} if head is not None else {})}
+                "url": self.peer.dataplane.url, "news": [n.to_wire() for n in news], **extra,
+                **({"map": list(head)} if head is not None else {}), **({"urls": urls} if urls else {})}
+
+    def _hint_urls(self, header: dict) -> None:
+        """Addresses of members this peer knows by news alone, as the sender gave them: hints (a
+        ping there that fails is no evidence, ``probe``)."""
+        urls = header.get("urls")
+        if urls is None:
+            return
+        if not (isinstance(urls, dict) and len(urls) <= MAX_NEWS and all(
+                isinstance(k, str) and 0 < len(k) <= MAX_NAME and isinstance(v, str) and 0 < len(v) <= MAX_URL
+                for k, v in urls.items())):
+            raise framing.FrameError(f"a swim message's urls map at most {MAX_NEWS} member ids to addresses")
+        for p, u in urls.items():
+            m = self.swim.members.get(p)
+            if m is not None and not m.confirmed and m.state not in GONE and self.url_of(p) is None:
+                self._learn_url(p, u, hint=True)
 
     def _hear_map(self, header: dict) -> None:
         """The (term, epoch, job) of the stage map the sender follows, where it says: a peer hearing of a
@@ -173,6 +192,7 @@ class SwimLoop:
     async def handle(self, header: dict, buffers: list) -> tuple[dict, list]:
         life, inc, rec, news = self._read(header)
         self._hear_map(header)
+        self._hint_urls(header)
         with_record = header["op"] == "news" and header.get("record") is True
         kinds = header.get("measured", []) if with_record else []
         if not isinstance(kinds, list) or not all(isinstance(k, str) and k in VERSIONED for k in kinds) \
@@ -278,6 +298,7 @@ class SwimLoop:
             life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
             if reply:
                 self._hear_map(reply)
+                self._hint_urls(reply)
         except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
             log.debug("swim %s to %s: %s", op, to[:12], e)
             reply = None

@@ -28,9 +28,11 @@ def test_eight_peers_form_a_swarm_and_drop_crashed_and_leaving_peers(peers):
         p.wait_ready(90)
     last_start = time.monotonic()
     everyone = [first, *rest]
-    # with SWIM a member counts once it has answered or been read (news of it alone does not): a
-    # peer pings one member a second, so on a loaded box a joiner can take two rounds (14 s) after
-    # its start to be confirmed everywhere; 20 s failed here 1 run in 4, old code and new alike
+    # with SWIM a member counts once it has answered or been read (news of it alone does not), and
+    # a peer pings one member a second: on a loaded box a joiner can take two rounds (14 s) after
+    # its start to be confirmed everywhere. (20 s failed 1 run in 4 here: two peers that joined at
+    # once knew each other by news alone, without an address, and were never confirmed; news now
+    # carries the addresses)
     try:
         wait_until(lambda: all(c == 8 for c in counts(everyone)), 45)
     except TimeoutError:

@@ -30,7 +30,7 @@ import msgpack
 from ..net import framing
 from ..net.wire import RemoteError
 from ..swarm import membership
-from ..swarm.measure import MAX_BYTES as MEASURE_MAX_BYTES, VERSIONED, version_field
+from ..swarm.measure import MAX_BYTES as MEASURE_MAX_BYTES, VERSIONED, versions_changed
 from ..swarm.records import BadRecord, open_payload, open_record
 from ..swarm.swim import (ALIVE, GONE, LEFT, MAX_NAME, MAX_NEWS, STATES, SUSPECT, News, Swim, SwimParams, check_inc,
                           check_name, news_from_wire)
@@ -65,7 +65,6 @@ class SwimLoop:
         self._running = False
         self._signed: Optional[dict] = None  # this peer's latest signed record
         self._told = None  # the record (``PeerRecord``) last told of: who a new one goes to (``stored``)
-        self._change: tuple = (None, None)
         self.records_taken = 0  # members' records taken as they sent them (not read from the DHT)
         self._mine: set[str] = set()  # members this peer suspected (their deaths it tells the watchers)
 
@@ -357,15 +356,15 @@ class SwimLoop:
         self._signed = signed
         if tell and seq > self.swim.rec and self.peer.state != "left":  # leaving: ``leave`` says goodbye
             self.swim.record(seq)
-            self._change = (self._told, self.peer._view.get(self.peer.peer_id))
-            self._told = self._change[1]
+            before, after = self._told, self.peer._view.get(self.peer.peer_id)
+            self._told = after
             # a measurement the record says is new goes with it: its readers need not read its key
             # (a whole bucket: 100 KB of links at 1,000 peers for one peer's 3 KB)
-            before, after = self._change
-            measured = {w: v for w, v in self.peer.measured_signed.items() if after is not None and (
-                before is None or before.progress.get(version_field(w)) != after.progress.get(version_field(w)))}
+            new = versions_changed(before, after) if after is not None else []
+            measured = {w: v for w, v in self.peer.measured_signed.items() if w in new}
             if self._running:  # else ``run`` sends it first, once the member list is known
-                self.peer.spawn(self.tell_watchers(record=signed, change=self._change, measured=measured), "swim-record")
+                self.peer.spawn(self.tell_watchers(record=signed, change=(before, after), measured=measured),
+                                "swim-record")
 
     def retell(self) -> None:
         """Sends this peer's record to the watchers again (who they are changed: a job began)."""

@@ -20,7 +20,7 @@ from .records import BadRecord, open_payload, sign_payload
 log = logging.getLogger("spantrain.measure")
 
 __all__ = ["GROUPS", "KEPT", "LINKS", "MAX_BYTES", "PINGS", "PROFILES", "TTL_S", "VERSIONED", "keep", "publish", "read",
-           "version_field", "version_of"]
+           "version_field", "version_of", "versions_changed"]
 
 MAX_BYTES = 256 << 10
 READ_HOLDERS = 2
@@ -39,6 +39,14 @@ VERSIONED = (PROFILES, LINKS)
 def version_field(what: str) -> str:
     """The member record's progress field with the version of a peer's latest entry of ``what``."""
     return f"mv.{what}"
+
+
+def versions_changed(before, after) -> list[str]:
+    """The ``VERSIONED`` kinds whose version a peer's record ``after`` says anew against ``before``
+    (every kind where there is no ``before``)."""
+    if before is None:
+        return list(VERSIONED)
+    return [w for w in VERSIONED if before.progress.get(version_field(w)) != after.progress.get(version_field(w))]
 
 
 async def publish(peer, what: str, payload: dict, ttl_s: float = TTL_S, again: bool = False) -> None:

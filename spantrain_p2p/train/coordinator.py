@@ -128,8 +128,7 @@ class Coordinator:
         without watching every member (a voter that read records only for a map voted on another)."""
         lead = self.election.watchers() if self.election is not None else []
         if before is not None and after is not None and (before.state in READY_STATES) == (
-                after.state in READY_STATES) and all(before.progress.get(measure.version_field(w)) == after.progress.get(
-                    measure.version_field(w)) for w in measure.VERSIONED):
+                after.state in READY_STATES) and not measure.versions_changed(before, after):
             return lead
         return lead + [p for p in group_voters(r.peer_id for r in ready_peers(self.peer)) if p not in lead]
 

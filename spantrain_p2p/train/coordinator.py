@@ -68,6 +68,15 @@ def map_states(peer, smap) -> dict[str, str]:
     return {r.peer_id: r.state for r in peer.live_members() if r.peer_id in mine}
 
 
+def _links_entry(payload: dict) -> tuple[dict, int]:
+    """What a links entry is held as: (its links, its version)."""
+    return payload["links"], measure.version_of(payload)
+
+
+def _links_version(held: tuple[dict, int]) -> int:
+    return held[1]
+
+
 def _newer(held: dict, more: dict, version) -> dict:
     """``held`` with the entries of ``more`` that are newer (by ``version``) or new: a new dict."""
     return {**held, **{p: v for p, v in more.items() if p not in held or version(v) >= version(held[p])}}
@@ -146,10 +155,14 @@ class Coordinator:
         links, a peer's changed links: one key each), and whole again every ``WHOLE_READ_S`` up to
         ``WHOLE_READ_PEERS`` ready peers. The planner and the grouping's voters read every profile
         and link every 5 s, and beyond 100 peers every N / 20 s: 9.4 MB at 1,000 peers each time."""
-        async def read() -> tuple[dict, dict]:
-            return (await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad),
-                    await measure.read(self.peer, measure.LINKS, lambda d: (d["links"], measure.version_of(d)),
-                                       self.log_bad))
+        async def read(ids_of=(None, None), holders: int = measure.READ_HOLDERS) -> tuple[dict, dict]:
+            """(profiles, links): every peer's of a kind where its ids are None, else those peers'
+            (none named: not read)."""
+            out = []
+            for (what, parse), ids in zip(((measure.PROFILES, lambda d: d), (measure.LINKS, _links_entry)), ids_of):
+                out.append(await measure.read(self.peer, what, parse, self.log_bad, peer_ids=ids, holders=holders)
+                           if ids is None or ids else {})
+            return out[0], out[1]
 
         records = ready_peers(self.peer)
         ready = [r.peer_id for r in records]
@@ -166,17 +179,13 @@ class Coordinator:
 
             # each kind of the peers it changed for, from one of each key's nodes (an entry older
             # than the record says is read again at the next look)
-            want_profiles = stale(profiles, measure.PROFILES, measure.version_of)
-            want_links = stale(links, measure.LINKS, lambda v: v[1])
-            more_profiles = await measure.read(self.peer, measure.PROFILES, lambda d: d, self.log_bad, holders=1,
-                                               peer_ids=want_profiles) if want_profiles else {}
-            more_links = await measure.read(self.peer, measure.LINKS, lambda d: (d["links"], measure.version_of(d)),
-                                            self.log_bad, holders=1, peer_ids=want_links) if want_links else {}
+            more_profiles, more_links = await read((stale(profiles, measure.PROFILES, measure.version_of),
+                                                    stale(links, measure.LINKS, _links_version)), holders=1)
             if more_profiles or more_links:
                 # per peer, the newer entry (a key read for one peer brings its bucket's others, maybe
                 # older than what came with their records)
                 self._measured = (_newer(profiles, more_profiles, measure.version_of),
-                                  _newer(links, more_links, lambda v: v[1]))
+                                  _newer(links, more_links, _links_version))
         if len(self._measured[0]) > 2 * len(ready) + 16:  # departed peers' entries: not kept for good
             members = self.peer.member_ids()
             self._measured = tuple({p: v for p, v in held.items() if p in members} for held in self._measured)
@@ -193,8 +202,7 @@ class Coordinator:
         if kind == measure.PROFILES:
             self._measured = (_newer(profiles, {peer_id: payload}, measure.version_of), links)
         elif kind == measure.LINKS and isinstance(payload.get("links"), dict):
-            self._measured = (profiles, _newer(links, {peer_id: (payload["links"], measure.version_of(payload))},
-                                               lambda v: v[1]))
+            self._measured = (profiles, _newer(links, {peer_id: _links_entry(payload)}, _links_version))
 
     async def _groups_loop(self) -> None:
         """Every peer computes the grouping of the same snapshot and publishes its digest."""

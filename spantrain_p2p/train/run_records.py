@@ -213,14 +213,18 @@ class RunRecords:
         if self.job is None or job != self.job.job_id:
             return  # a map of another job (peers left from an earlier one under this swarm's name)
         now, head = time.monotonic(), (term, epoch)
-        kept = self._map_read[2] if self._map_read is not None else None
-        if kept is not None and head <= (kept.term, kept.epoch):
+        if self._read_already(head):
             return
         if now - self._hearsay[0] < HEARSAY_GAP_S or (now - self._unfound[0] < UNFOUND_KEPT_S and head == self._unfound[1]):
             return
         self._hearsay = (now, head)
         self._maps_changed += 1
         self._news.set()
+
+    def _read_already(self, head: tuple[int, int]) -> bool:
+        """Whether the last map read here is (term, epoch) ``head`` or newer."""
+        kept = self._map_read[2] if self._map_read is not None else None
+        return kept is not None and head <= (kept.term, kept.epoch)
 
     async def _read_newest_map(self, holders: int = 5) -> Optional[StageMap]:
         found = await self.peer.dht.get(stagemap_key(self.swarm), latest=True, holders=holders)
@@ -294,9 +298,8 @@ class RunRecords:
         """A planner published a stage map: wake whoever waits for one (they read the DHT)."""
         if self.job is not None and header.get("job") != self.job.job_id:
             return None
-        kept = self._map_read[2] if self._map_read is not None else None
         head = (header.get("term"), header.get("epoch"))
-        if kept is not None and all(type(x) is int for x in head) and head <= (kept.term, kept.epoch):
+        if all(type(x) is int for x in head) and self._read_already(head):
             return None  # read already (a SWIM ping told of it first): no second read
         now = time.monotonic()
         self._maps_changed += 1

@@ -43,17 +43,13 @@ __all__ = ["JobDesign", "JobSizes", "simulate_job"]
 
 @dataclass(frozen=True)
 class JobSizes:
-    record: int = 1450  # a member record as stored
+    """The job's own entries; a member record, a find's and a store's framing are the calibrated
+    ``control_plane.Sizes`` of the design's SWIM (``JobDesign.swim.sizes``), a ping its ``ping_bytes``."""
     link_entry: int = 3300  # one peer's links (10 probed) as stored
     profile_entry: int = 1500
     job_copy: int = 2300
     lease_entry: int = 700
     map_bytes: int = 2400  # the signed stage map of this swarm
-    vote_entry: int = 600
-    request: int = 110  # a find's request (``Sizes.find_request``)
-    store_base: int = 150  # a store's request beside its entry
-    store_response: int = 60
-    ping: int = 96  # a SWIM message without news
     status_bytes_per_peer: int = 200  # ``/status`` grows with the member view
     mapnews: int = 150
 
@@ -94,6 +90,7 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
     if n < 2:
         raise ValueError("a swarm to simulate has at least 2 peers")
     d, z = design, sizes
+    dht, ping = d.swim.sizes, d.swim.ping_bytes  # the calibrated message sizes
     rng = random.Random(seed)
     ids = _ids(n, rng)
     ledger = Ledger(n)
@@ -120,12 +117,12 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
 
     def store(p: int, key: int, rate: float, entry: int) -> None:
         for h in holders(key, 5, p):
-            call(p, h, rate, z.store_base + entry, z.store_response)
+            call(p, h, rate, dht.store_request_base + entry, dht.store_response)
 
     def read(p: int, key: int, rate: float, value: float, k: int) -> None:
         hs = holders(key, 5, p)  # ``k`` of them, a reader's own pick (``holders.pick``: at random)
         for h in rng.sample(hs, min(k, len(hs))):
-            call(p, h, rate, z.request, value)
+            call(p, h, rate, dht.find_request, value)
 
     for p in range(n):
         # the stage map
@@ -137,11 +134,11 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
             read(p, lease_key, 1.0 / d.far_lease_s, z.lease_entry, d.far_holders)
         # its record, its step changed
         mine = member_key[rng.randrange(d.member_buckets)]
-        store(p, mine, 1.0 / d.step_record_s, z.record)
+        store(p, mine, 1.0 / d.step_record_s, dht.entry)
         if d.step_told:
             for w in lead:
                 if w != p:
-                    call(p, w, 1.0 / d.step_record_s, z.ping + z.record, z.ping)
+                    call(p, w, 1.0 / d.step_record_s, ping + dht.entry, ping)
         # its job copy, its measurements kept
         store(p, job_key[rng.randrange(16)], 1.0 / d.job_copy_s, z.job_copy)
         lk, pk = links_key[rng.randrange(d.links_buckets)], profiles_key[rng.randrange(d.profiles_buckets)]
@@ -152,13 +149,13 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
         w = 1.0 / d.weather_s
         store(p, lk, w, z.link_entry)
         if d.versions:
-            store(p, mine, w, z.record)
+            store(p, mine, w, dht.entry)
             for r in readers:
                 if r != p:
                     if d.pushed:  # told, the entry with the record
-                        call(p, r, w, z.ping + z.record + z.link_entry, z.ping)
+                        call(p, r, w, ping + dht.entry + z.link_entry, ping)
                     else:  # told, and its key read by each of them
-                        call(p, r, w, z.ping + z.record, z.ping)
+                        call(p, r, w, ping + dht.entry, ping)
                         read(r, lk, w, links_value, 1)
     # readers without versions: every profile and link from two nodes of each key, every whole_read_s,
     # each node asked once for all the keys it is picked for (``GuardedDHT.get_many``)
@@ -170,7 +167,7 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
                 for h in rng.sample(hs, min(2, len(hs))):
                     asked[h] = asked.get(h, 0.0) + value
             for h, value in asked.items():
-                call(r, h, 1.0 / d.whole_read_s, z.request, value)
+                call(r, h, 1.0 / d.whole_read_s, dht.find_request, value)
     # the planner's own: the lease, the map kept, the accusations
     store(planner, lease_key, 1.0 / d.lease_s, z.lease_entry)
     if d.map_keep_s:
@@ -179,13 +176,13 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
         read(planner, accuse_base + b, 1.0, 0, 2)
 
     # one epoch's burst, per peer (bytes up + down)
-    member_read = sum(5 * (z.request + (n / d.member_buckets) * z.record) for _ in member_key)
-    peer_epoch = (d.news_holders * (z.request + d.maps_held * z.map_bytes) + 2 * 5 * (z.store_base + z.record)
-                  + 2 * len(lead) * (2 * z.ping + z.record) + (member_read if d.map_members_read else 0.0)
-                  + z.mapnews)
+    member_read = sum(5 * (dht.find_request + (n / d.member_buckets) * dht.entry) for _ in member_key)
+    peer_epoch = (d.news_holders * (dht.find_request + d.maps_held * z.map_bytes)
+                  + 2 * 5 * (dht.store_request_base + dht.entry) + 2 * len(lead) * (2 * ping + dht.entry)
+                  + (member_read if d.map_members_read else 0.0) + z.mapnews)
     peer_epoch_calls = d.news_holders + 2 * 5 + 2 * len(lead) + (5 * d.member_buckets if d.map_members_read else 0)
-    alive = (z.status_bytes_per_peer * n) if d.alive_by_status else 2 * z.ping
-    planner_epoch = peer_epoch + n * z.mapnews + n * (z.request + alive) + 2 * n * (2 * z.ping + z.record)
+    alive = (z.status_bytes_per_peer * n) if d.alive_by_status else 2 * ping
+    planner_epoch = peer_epoch + n * z.mapnews + n * (dht.find_request + alive) + 2 * n * (2 * ping + dht.entry)
     figs = ledger.figures(d.name, d.swim.link_mbps, int(max(d.maps_held * z.map_bytes, links_value, profiles_value)),
                           [], [], 0.0)
     per_epoch = {"peer_bytes": peer_epoch, "peer_calls": peer_epoch_calls, "planner_bytes": planner_epoch,

@@ -19,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from spantrain_p2p.cli.control_job import calibrate, figures  # noqa: E402
+from spantrain_p2p.sim.control_plane import plot_traffic  # noqa: E402
 
 KB = 1024
 
@@ -58,17 +59,10 @@ def main() -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(1, 3, figsize=(15, 4))
-        for name, rows in out.items():
-            ns = [r["n"] for r in rows]
-            ax[0].loglog(ns, [r["bytes_per_s"]["mean"] / KB for r in rows], "o-", label=f"{name}, mean")
-            ax[0].loglog(ns, [r["bytes_per_s"]["p99"] / KB for r in rows], "s--", label=f"{name}, p99")
-            ax[1].loglog(ns, [r["busiest_over_mean"] for r in rows], "o-", label=name)
-            ax[2].loglog(ns, [r["epoch_peer_bytes"] / KB for r in rows], "o-", label=f"{name}, a peer")
-        ax[0].axhline(4, color="grey", lw=0.8)
+        plot_traffic(ax[0], ax[1], out, "training")
         ax[0].axhline(16, color="grey", lw=0.8, ls=":")
-        ax[0].set(xlabel="peers", ylabel="KB/s per peer (up + down)", title="control traffic per peer, training")
-        ax[1].axhline(10, color="grey", lw=0.8)
-        ax[1].set(xlabel="peers", ylabel="busiest node / mean", title="load on the busiest node, training")
+        for name, rows in out.items():
+            ax[2].loglog([r["n"] for r in rows], [r["epoch_peer_bytes"] / KB for r in rows], "o-", label=f"{name}, a peer")
         ax[2].set(xlabel="peers", ylabel="KB", title="one new stage map's burst")
         for x in ax:
             x.legend(fontsize=6)

@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from spantrain_p2p.sim.control_plane import DESIGNS, simulate  # noqa: E402
+from spantrain_p2p.sim.control_plane import DESIGNS, plot_traffic, simulate  # noqa: E402
 from spantrain_p2p.sim.control_swim import SwimDesign, simulate_swim  # noqa: E402
 
 SWIM = "swim"  # --liveness swim (sim/control_swim.py)
@@ -74,20 +74,14 @@ def main() -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+        plot_traffic(ax[0], ax[1], out, "idle swarm")
         for name, rows in out.items():
             ns = [r["n"] for r in rows]
-            ax[0].loglog(ns, [r["bytes_per_s"]["mean"] / KB for r in rows], "o-", label=f"{name}, mean")
-            ax[0].loglog(ns, [r["bytes_per_s"]["p99"] / KB for r in rows], "s--", label=f"{name}, p99")
-            ax[1].loglog(ns, [r["busiest_over_mean"] for r in rows], "o-", label=name)
             ax[2].semilogx(ns, [r["crash_to_noticed_s"]["p95"] for r in rows], "o-", label=f"{name}, crash (p95)")
             ax[2].semilogx(ns, [r["join_to_visible_s"]["p95"] for r in rows], "s--", label=f"{name}, join (p95)")
             lv = [(r["n"], r["live"]["bytes_per_s_mean"] / KB) for r in rows if "live" in r]
             if lv:
                 ax[0].loglog(*zip(*lv), "kx", markersize=9, label=f"{name}, live")
-        ax[0].axhline(4, color="grey", lw=0.8)
-        ax[0].set(xlabel="peers", ylabel="KB/s per peer (up + down)", title="control traffic per peer (idle swarm)")
-        ax[1].axhline(10, color="grey", lw=0.8)
-        ax[1].set(xlabel="peers", ylabel="busiest node / mean", title="load on the busiest node")
         ax[2].axhline(10, color="grey", lw=0.8)
         ax[2].set(xlabel="peers", ylabel="s", title="membership times")
         for x in ax:

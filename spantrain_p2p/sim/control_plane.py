@@ -37,7 +37,7 @@ from typing import Optional
 
 from ..swarm.membership import read_interval
 
-__all__ = ["ControlFigures", "DESIGNS", "Design", "Sizes", "simulate", "spread"]
+__all__ = ["ControlFigures", "DESIGNS", "Design", "Sizes", "plot_traffic", "simulate", "spread"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,22 @@ class ControlFigures:
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def plot_traffic(ax_bytes, ax_busiest, rows_by_design: dict, what: str) -> None:
+    """Onto two matplotlib axes, each design's rows (``ControlFigures.to_dict()`` against N): a peer's
+    mean and p99 bytes a second, and the busiest node against the mean, with issue 33's bounds (4 KB/s
+    mean, 10x); ``what`` names the swarm in the titles. The scripts' figures share these panels."""
+    kb = 1024
+    for name, rows in rows_by_design.items():
+        ns = [r["n"] for r in rows]
+        ax_bytes.loglog(ns, [r["bytes_per_s"]["mean"] / kb for r in rows], "o-", label=f"{name}, mean")
+        ax_bytes.loglog(ns, [r["bytes_per_s"]["p99"] / kb for r in rows], "s--", label=f"{name}, p99")
+        ax_busiest.loglog(ns, [r["busiest_over_mean"] for r in rows], "o-", label=name)
+    ax_bytes.axhline(4, color="grey", lw=0.8)
+    ax_bytes.set(xlabel="peers", ylabel="KB/s per peer (up + down)", title=f"control traffic per peer ({what})")
+    ax_busiest.axhline(10, color="grey", lw=0.8)
+    ax_busiest.set(xlabel="peers", ylabel="busiest node / mean", title=f"load on the busiest node ({what})")
 
 
 def _ids(n: int, rng: random.Random) -> list[int]:

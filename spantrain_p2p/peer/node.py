@@ -496,7 +496,7 @@ class Peer:
         """How often a record whose only change is its training step is stored, with SWIM:
         ``step_record_s``, or ``STEP_RECORD_PER_PEER_S`` a member where more, at most ``record_s``
         (at 1,000 peers every 30 s put 6.7 KB/s on each node of a member key)."""
-        return min(self.config.record_s, max(self.config.step_record_s, STEP_RECORD_PER_PEER_S * len(self._view)))
+        return min(self.config.record_s, max(self.config.step_record_s, STEP_RECORD_PER_PEER_S * len(self.member_ids())))
 
     async def _heartbeat_loop(self) -> None:
         """Re-stores our record every heartbeat; with SWIM (which tells liveness), only when it

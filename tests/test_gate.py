@@ -56,10 +56,11 @@ def test_a_tensor_refused_twice_from_a_sender_the_swarm_keeps_is_taken_at_the_li
     """A loss spike (seen live: a gradient 57x its sender's recent ones at one step, every redo the
     same): the planner keeps the sender (one receiver of two accuses it), so refusing it for ever
     would hold the run at that step. The third time it is taken, scaled down to the refuse limit (and the step's other odd micro-batches);
-    the stream goes on at its old level; a too-small one is taken as it is."""
+    the stream goes on at its old level; its odd ones of the next PARDON_STEPS steps are taken so at
+    once; a too-small one is taken as it is."""
     import math
 
-    from spantrain_p2p.robust.gate import PARDON_AFTER, REFUSE
+    from spantrain_p2p.robust.gate import PARDON_AFTER, PARDON_STEPS, REFUSE
 
     g = Gate()
     for i in range(8):
@@ -77,10 +78,14 @@ def test_a_tensor_refused_twice_from_a_sender_the_swarm_keeps_is_taken_at_the_li
     # the step's other micro-batches, as odd: taken at once (one re-plan per refusal, not per micro-batch)
     assert g.judge("grad", "b", _act(13, 90.0), step=34, mb=1)[0] == "pardon"
     assert g.judge("grad", "b", _act(10), step=35, mb=0) is None  # back at its level: passes
-    assert g.judge("grad", "b", _act(11, 57.0), step=35, mb=1)[0] == "refuse"  # another step counts on its own
+    # odd again soon after: the swarm kept it through the re-plans once, taken at once (no two more a step)
+    what, why = g.judge("grad", "b", _act(11, 57.0), step=35, mb=1)
+    assert what == "pardon" and "pardoned at step 34" in why and g.pardoned[("grad", 35, 1)] < 1.0
+    later = 34 + PARDON_STEPS + 1  # past the window, a step counts on its own again
+    assert g.judge("grad", "b", _act(11, 57.0), step=later, mb=1)[0] == "refuse"
     tiny = _act(12, 1 / 57)
-    assert [g.judge("grad", "b", tiny, step=36, mb=0)[0] for _ in range(3)] == ["refuse", "refuse", "pardon"]
-    assert g.pardoned[("grad", 36, 0)] == 1.0  # never scaled up
+    assert [g.judge("grad", "b", tiny, step=later + 1, mb=0)[0] for _ in range(3)] == ["refuse", "refuse", "pardon"]
+    assert g.pardoned[("grad", later + 1, 0)] == 1.0  # never scaled up
 
 
 def test_an_attacker_scaling_from_its_first_tensor_is_refused_against_the_others_at_the_boundary():

@@ -19,7 +19,12 @@ one step were refused ``PARDON_AFTER`` times (each refusal fails the step, and i
 step's next odd ones are taken (``pardoned``), one too large
 scaled down to the refuse limit: an honest loss spike gives such a tensor at every redo (a gradient
 57x its sender's recent ones, seen live), and refusing it for ever held the run at one step, epoch
-after epoch. Scaled to the limit it does no more than a tensor just inside it would; one too small
+after epoch. So are that sender's odd ones of that kind over the next ``PARDON_STEPS`` steps: a
+sender the swarm kept through the re-plans once is not worth two more a step. An attacker two
+receivers accuse each other with (its scaled activation refused, the receiver's gradient, the
+answer to it, refused by the attacker: neither accusation evicts alone) broke two or three epochs
+at every step, 100+ re-plans in a run (tests/test_robust.py); pardoned, it is named to its replicas'
+checks, which convict it. Scaled to the limit it does no more than a tensor just inside it would; one too small
 is taken as it is (it can only slow the learning down).
 
 Norms catch scaled, zeroed and noise-flooded tensors; a forgery that keeps the norm passes (what
@@ -40,6 +45,7 @@ WARMUP = 4  # tensors a sender's own past needs before it judges
 SHARE_WARMUP = 1  # tensors a receiver shares a median of (the others' reference: from the first step on)
 MIN_OTHERS = 3  # references from other senders needed before they judge
 PARDON_AFTER = 2  # refusals of one sender's tensors at one step before they are taken, at most at the limit
+PARDON_STEPS = 20  # steps after that one its odd tensors of the kind are taken so too (the verifier's NAMED_STEPS)
 KINDS = ("act", "grad")
 SHARED = 2 * len(KINDS) + 1  # the floats ``shared`` gives: [median, count] per kind, and the odd flag
 
@@ -65,6 +71,7 @@ class Gate:
         self._refused_at: dict[tuple[str, int, int], str] = {}  # (kind, step, mb) -> the sender refused
         self._refusals: dict[tuple[str, int, str], int] = {}  # (kind, step, sender) -> its tensors refused
         self.pardoned: dict[tuple[str, int, int], float] = {}  # (kind, step, mb) -> the scale its tensor takes
+        self._kept: dict[tuple[str, str], int] = {}  # (kind, sender) -> the step it was first pardoned at
         self.accepted = 0
         self.odd: set[int] = set()  # steps whose received tensors were named or refused (the excuse shared)
         self.max_dev: dict[str, float] = {}  # kind -> the largest |log ratio| a tensor taken unnamed had
@@ -114,7 +121,9 @@ class Gate:
                                       f"{'above' if dev > 0 else 'below'} {what} ({math.exp(ref):.3g})")
         pardon = abs(dev) > self.refuse_limit
         if pardon:
-            if step < 0 or self._refusals.get((kind, step, src), 0) < PARDON_AFTER:
+            kept = self._kept.get((kind, src))
+            lately = kept is not None and 0 < step - kept <= PARDON_STEPS
+            if step < 0 or (self._refusals.get((kind, step, src), 0) < PARDON_AFTER and not lately):
                 return self._refuse(kind, src, step, mb, why)
             # kept by the swarm through PARDON_AFTER re-plans, the same again: taken, at most at the
             # limit, and remembered as it came (a spike is one of the window: the level moves only if it stays)
@@ -122,7 +131,13 @@ class Gate:
             self.pardoned[(kind, step, mb)] = scale
             if len(self.pardoned) > 64:
                 self.pardoned.pop(next(iter(self.pardoned)))
-            why = f"{why}, refused {PARDON_AFTER} times: taken scaled by {scale:.3g}"
+            if lately:
+                why = f"{why}, its {kind}s pardoned at step {kept}: taken scaled by {scale:.3g}"
+            else:
+                self._kept[(kind, src)] = step
+                if len(self._kept) > 1024:
+                    self._kept.pop(next(iter(self._kept)))
+                why = f"{why}, refused {PARDON_AFTER} times: taken scaled by {scale:.3g}"
         self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
         self.accepted += 1
         self.seen_at[(kind, src)] = self.accepted

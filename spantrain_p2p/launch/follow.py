@@ -59,9 +59,9 @@ class RunFollower:
             t = st.get("train") or {}
             if t.get("error") and "stopped the run" in t["error"]:
                 return sts, f"{p.name}: {t['error']}"
-            plan = t.get("plan")
-            if plan:
-                self.plans.setdefault(plan["epoch"], plan)
+            for plan in [t.get("plan"), *(t.get("published") or [])]:  # (a planner's: maps superseded at once too)
+                if isinstance(plan, dict) and isinstance(plan.get("epoch"), int):
+                    self.plans.setdefault(plan["epoch"], plan)
             self.add_losses(p.name, t.get("recent_losses", []))
         return sts, None
 

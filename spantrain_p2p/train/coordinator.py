@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Optional
 
@@ -32,6 +33,7 @@ MAX_WEIGHED = 100_000  # peers whose first plan this planner remembers (one floa
 MAX_FAILED_KEPT = 4096  # dead peers counted towards the failure rate (a swarm this churned copies every step anyway)
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
 ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
+PUBLISHED_KEPT, PUBLISHED_FOR_S = 8, 60.0  # the maps this planner published lately, in its /status
 log = logging.getLogger("spantrain.train")
 
 # The ready peers first by id (the election's rank order) compute the grouping and vote on it; a
@@ -101,6 +103,9 @@ class Coordinator:
         self.groups_digest: Optional[str] = None
         self.groups: list[list[str]] = []
         self.replans = 0
+        # (when, summary) of the maps published lately: an epoch superseded within a second reaches
+        # no peer's current plan, and an operator polling /status missed it and its reason
+        self.published: deque = deque(maxlen=PUBLISHED_KEPT)
         self._hysteresis = ReplanHysteresis()
         self._stall = (-1, 0)  # decide.stalled: (the most steps trained, broken epochs since that grew)
         self._stall_epoch = -1  # the last broken epoch counted
@@ -145,7 +150,8 @@ class Coordinator:
         leader = self.election.leader if self.election else None
         return {"planner": self.peer.name_of(leader.peer_id) if leader else None,
                 "term": leader.term if leader else None,
-                "groups_digest": self.groups_digest, "groups": self.groups, "replans": self.replans}
+                "groups_digest": self.groups_digest, "groups": self.groups, "replans": self.replans,
+                "published": [m for t, m in self.published if time.monotonic() - t < PUBLISHED_FOR_S]}
 
     # ---- groups -----------------------------------------------------------------------------------
     async def _measured_snapshot(self):
@@ -551,6 +557,8 @@ class Coordinator:
         named = dict(smap.names)
         smap = replace(smap, evicted=evicted, names=smap.names + tuple(
             (p, names[p]) for p in evicted if names.get(p) and p not in named))  # people read the evicted by name
-        await self.records.publish_map(replace(smap, reason=reason[:300]))
+        smap = replace(smap, reason=reason[:300])
+        await self.records.publish_map(smap)
+        self.published.append((time.monotonic(), smap.summary()))
         self.replans += current is not None
         log.info("published stage map epoch %d (term %d)", smap.epoch, term)

@@ -88,6 +88,29 @@ def test_a_tensor_refused_twice_from_a_sender_the_swarm_keeps_is_taken_at_the_li
     assert g.pardoned[("grad", later + 1, 0)] == 1.0  # never scaled up
 
 
+def test_a_sender_pardoned_step_after_step_does_not_set_the_level_and_an_evicted_one_is_forgotten():
+    """An attacker kept through the re-plans once is taken (at the limit) at every later step, but
+    its odd level does not become its own reference nor, once evicted, the others': before, an
+    evicted attacker's pardoned gradients (50x) stood as "the others' level" at its boundary, and
+    the honest senders there were refused (184x below) and evicted next (CI-like run, 2026-11-28)."""
+    from spantrain_p2p.robust.gate import PARDON_AFTER
+
+    g = Gate()
+    for i in range(8):
+        for src in ("a", "b", "c"):
+            assert g.judge("grad", src, _act(10 * i + ord(src))) is None
+        assert g.judge("grad", "x", _act(100 + i)) is None
+    odd = [g.judge("grad", "x", _act(200, 50.0), step=1, mb=0)[0] for _ in range(PARDON_AFTER + 1)]
+    assert odd == ["refuse"] * PARDON_AFTER + ["pardon"]
+    for step in range(2, 12):  # odd at every step: pardoned at once, its level not taken
+        assert g.judge("grad", "x", _act(200 + step, 50.0), step=step, mb=0)[0] == "pardon"
+    assert statistics.median(g.hist[("grad", "x")]) < 1.0  # still its honest level, not 50x
+    g.forget(["x"])
+    assert ("grad", "x") not in g.hist and all("x" not in by for by in g.shared_by.values())
+    for src in ("a", "b", "c"):  # the honest ones pass as before
+        assert g.judge("grad", src, _act(999 + ord(src)), step=20, mb=1) is None
+
+
 def test_an_attacker_scaling_from_its_first_tensor_is_refused_against_the_others_at_the_boundary():
     g = Gate()
     for i in range(8):  # it alone feeds this receiver: its own past is the attack

@@ -119,7 +119,7 @@ class Gate:
         dev, ref, what = worst
         why = "" if ref is None else (f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} of RMS {math.exp(lr):.3g}, {math.exp(abs(dev)):.3g}x "
                                       f"{'above' if dev > 0 else 'below'} {what} ({math.exp(ref):.3g})")
-        pardon = abs(dev) > self.refuse_limit
+        pardon, lately = abs(dev) > self.refuse_limit, False
         if pardon:
             kept = self._kept.get((kind, src))
             lately = kept is not None and 0 < step - kept <= PARDON_STEPS
@@ -138,7 +138,8 @@ class Gate:
                 if len(self._kept) > 1024:
                     self._kept.pop(next(iter(self._kept)))
                 why = f"{why}, refused {PARDON_AFTER} times: taken scaled by {scale:.3g}"
-        self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
+        if not (pardon and lately):  # (a sender odd step after step does not set its own level)
+            self.hist.setdefault((kind, src), deque(maxlen=self.window)).append(lr)
         self.accepted += 1
         self.seen_at[(kind, src)] = self.accepted
         if abs(dev) > self.suspect_limit:
@@ -161,6 +162,19 @@ class Gate:
             if len(d) > 1024:
                 d.pop(next(iter(d)))
         return "refuse", why
+
+    def forget(self, peers) -> None:
+        """Drops what ``peers`` (evicted) sent and shared from the references: an attacker's level,
+        taken while it was pardoned, no longer says what the others' is."""
+        gone = set(peers)
+        if not gone:
+            return
+        for key in [k for k in self.hist if k[1] in gone]:
+            del self.hist[key]
+            self.seen_at.pop(key, None)
+        for by in self.shared_by.values():
+            for p in gone & set(by):
+                del by[p]
 
     # ---- what replicas of a stage share ---------------------------------------------------------
     def shared(self, step: int = -1) -> list[float]:

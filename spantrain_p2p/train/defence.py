@@ -56,6 +56,15 @@ class Defence:
         if job.aggregate == "robust" and self.gate is None:
             self.gate = Gate(zeros_ok=job.precision == "fp16")  # fp16 sends an overflowed tensor as zeros
 
+    def adopt(self, smap) -> None:
+        """A new stage map: its job and names, and its evicted peers refused from now on and gone
+        from the gate's references (an evicted attacker's tensors, pardoned, had set "the others'
+        level" at its boundary: the honest senders there were refused next and evicted too)."""
+        self.peer.evicted.update(smap.evicted)
+        self.job_id, self.name_of = smap.job_id, smap.name_of
+        if self.gate is not None:
+            self.gate.forget(smap.evicted)
+
     async def check_boundary(self, kind: str, src: str, step: int, mb: int, t):
         """The gate on a received ``kind`` tensor of ``src``: a refused one fails the step, once
         its sender's accusation is in the DHT (the planner reads it before it re-plans). Returns

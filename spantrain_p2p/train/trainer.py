@@ -281,8 +281,7 @@ class Trainer:
                 await self.peer.read_for_map(self.peer.plan_peers)  # their addresses, before the first send
             except Exception as e:  # the sends retry; the next read brings them
                 log.warning("reading the members of stage map epoch %d failed: %s", smap.epoch, e)
-            self.peer.evicted.update(smap.evicted)
-            self.defence.job_id, self.defence.name_of = self.job.job_id, smap.name_of
+            self.defence.adopt(smap)
             if self.island is not None:  # islands: this peer runs its island's pipeline
                 smap = smap.island_map(self.island)
             self.smap, self.stage = smap, smap.stage_of(self.peer.peer_id)

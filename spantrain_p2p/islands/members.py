@@ -22,8 +22,8 @@ their own layers; the keeper gives every one of them the same answer to the same
 (``_answers``), so they all reach the same round.
 
 An island that cannot reach the keeper waits for it up to the job's receive timeout plus two
-rounds, then fails the epoch, unless the keeper's membership record is live: then the link is cut,
-not the keeper gone, and it waits up to ``LIVE_KEEPER_WAIT_S`` more (a re-plan would give the same
+rounds, then fails the epoch, unless the keeper is alive (``train.liveness.is_alive``, the planner's
+own question): then the link is cut, not the keeper gone, and it waits up to ``LIVE_KEEPER_WAIT_S`` more (a re-plan would give the same
 islands). A member whose contribution a peer lacks fails the epoch too (merging without it on one
 side and with it on another would split the anchors for good). The next map resumes every island
 from the latest round they all hold. So a silent *keeper* island stops the others until it is back
@@ -40,6 +40,7 @@ from typing import Optional
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError, check_fields
 from ..pipeline.executor import StepFailed
+from ..train.liveness import is_alive
 
 log = logging.getLogger("spantrain.train")
 
@@ -49,7 +50,7 @@ LEAVE_MIN_S = 5.0  # ... and never sooner than this
 POLL_S = 1.0  # the keeper holds a question about an undecided round this long before "retry"
 KEEP_DECISIONS = 64  # decisions the keeper remembers (a peer further behind fails its epoch)
 CATCH_UP_AHEAD = 16  # rounds ahead a catching-up peer keeps contributions of
-LIVE_KEEPER_WAIT_S = 600.0  # past the deadline, a keeper whose membership record is live is waited for this long
+LIVE_KEEPER_WAIT_S = 600.0  # past the deadline, a keeper still alive is waited for this long
 MAX_INT = 1 << 50
 
 
@@ -213,9 +214,11 @@ class Membership:
     # ---- every other peer -------------------------------------------------------------------------
     async def _ask_members(self, r: int, deadline: float, returning: Optional[int] = None):
         """Round ``r``'s members from the keeper and, where this island is left out, the keeper's
-        latest (version, data step). A keeper silent until ``deadline`` fails the epoch, unless its
-        membership record is still live: then the link to it is cut (a keeper that dies or hangs
-        loses its record, and the planner re-plans without it), and failing the epoch would only
+        latest (version, data step). A keeper silent until ``deadline`` fails the epoch, unless it
+        is alive (``is_alive``: with SWIM a ping past the emulated link; its membership record is no
+        answer there: SWIM declares a member across a cut dead in seconds, and the view drops it):
+        then the link to it is cut (a keeper that dies or hangs does not answer, and the planner
+        re-plans without it), and failing the epoch would only
         re-plan the same islands and send every island back to the last round they all hold (a
         90 s cut on two-sites: 2 such re-plans, 52 data steps redone); it is waited for up to
         ``LIVE_KEEPER_WAIT_S`` more, and catches this island up once back. ``returning``: a
@@ -226,7 +229,8 @@ class Membership:
                   "returning": returning}
         said_cut = False
         while True:
-            url = self.peer.data_url_of(self._keeper)
+            # (where it served last: one SWIM found dead across a cut is asked again once it is back)
+            url = self.peer.data_url_of(self._keeper) or self.peer.last_data_url(self._keeper)
             try:
                 if url is None:
                     raise ConnectionError("no live address")
@@ -245,13 +249,13 @@ class Membership:
                 log.debug("round %d: cannot reach the keeper: %r", r, e)
             now = time.time()
             if now >= deadline:
-                live = self.peer.data_url_of(self._keeper) is not None
+                live = await is_alive(self.peer, self._keeper)
                 if not live or now >= deadline + LIVE_KEEPER_WAIT_S:
                     self.on_event({"kind": "island_silent", "round": r, "keeper": True, "t": now})
                     raise StepFailed(f"round {r}: the keeper {self.smap.name_of(self._keeper)} gave no members in time")
                 if not said_cut:
                     said_cut = True
-                    log.warning("round %d: the keeper %s does not answer but its membership record is live (a cut "
+                    log.warning("round %d: the keeper %s does not answer but is alive (a cut "
                                 "link?): waiting for it up to %.0fs more", r, self.smap.name_of(self._keeper),
                                 LIVE_KEEPER_WAIT_S)
             await asyncio.sleep(0.1)

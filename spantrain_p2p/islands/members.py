@@ -22,7 +22,7 @@ their own layers; the keeper gives every one of them the same answer to the same
 (``_answers``), so they all reach the same round.
 
 An island that cannot reach the keeper waits for it up to the job's receive timeout plus two
-rounds, then fails the epoch, unless the keeper is alive (``train.liveness.is_alive``, the planner's
+rounds, then fails the epoch, unless the keeper is alive (``swarm.liveness.is_alive``, the planner's
 own question): then the link is cut, not the keeper gone, and it waits up to ``LIVE_KEEPER_WAIT_S`` more (a re-plan would give the same
 islands). A member whose contribution a peer lacks fails the epoch too (merging without it on one
 side and with it on another would split the anchors for good). The next map resumes every island
@@ -40,7 +40,7 @@ from typing import Optional
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError, check_fields
 from ..pipeline.executor import StepFailed
-from ..train.liveness import is_alive
+from ..swarm.liveness import is_alive
 
 log = logging.getLogger("spantrain.train")
 

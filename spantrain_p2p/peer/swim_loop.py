@@ -323,7 +323,7 @@ class SwimLoop:
         return await self._send(target, "ping", timeout) is not None  # {}: refused, yet alive
 
     async def ping(self, target: str, timeout: float) -> bool:
-        """Whether ``target`` acks a ping within ``timeout`` (``train.liveness``: is it alive?). Past
+        """Whether ``target`` acks a ping within ``timeout`` (``swarm.liveness``: is it alive?). Past
         the emulated link, as ``/status`` was asked: whether the peer lives, not how its link is (an
         emulated cut between islands is weather the island's keeper judges; asked over the cut, a
         planner re-planned around a live island, 1 suite run in 4)."""

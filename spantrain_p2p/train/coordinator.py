@@ -24,7 +24,7 @@ from .defence import evictions, gate_evictions, read_accusations, receivers
 from . import planning
 from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, copy_every,
                      epoch_verdict, swarm_mtbf_s, memory_caps, out_of_memory, refit_fixed, resume_point, same_layout, stalled)
-from .liveness import is_alive
+from ..swarm.liveness import is_alive
 from .recovery import copy_cost_s_per_byte
 
 WHOLE_READ_PEERS = 100  # up to this many ready peers, the measurements are read whole every WHOLE_READ_S

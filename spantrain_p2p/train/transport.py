@@ -5,7 +5,7 @@ link and the stage's compute), goes out with retries until the job's receive tim
 bytes and time feed the passive bandwidth estimate. Receiving: the data plane's handler checks a
 message against what the stage expects (kind, epoch, senders, shapes) and files it in the inbox;
 a wait that runs past the adaptive deadline asks the sender whether it lives
-(``train.liveness``) and fails the step at once if it does not."""
+(``swarm.liveness``) and fails the step at once if it does not."""
 from __future__ import annotations
 
 import asyncio
@@ -23,7 +23,7 @@ from ..pipeline.deadlines import Deadlines
 from ..pipeline.executor import StepFailed
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, REPLICA_KINDS, WGAT, Expect, Inbox, decode_tensor, encode_tensor
 from ..plan.stagemap import StageMap
-from .liveness import is_alive
+from ..swarm.liveness import is_alive
 from ..models.workload import WORKLOAD_WIRE_BYTES
 
 log = logging.getLogger("spantrain.train")

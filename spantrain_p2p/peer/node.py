@@ -199,7 +199,11 @@ class Peer:
         return emulated_link(self.emulator, self.name_of(peer_id)) if self.emulator is not None else None
 
     def data_url_of(self, peer_id: str) -> Optional[str]:
+        """Where a live member serves: its record's, or where SWIM holds it alive without one here
+        (found dead across a cut, back since: its record left the view), where it served last."""
         rec = self._view.get(peer_id)
+        if rec is None and self.swim is not None and self.swim.swim.is_live(peer_id):
+            return self._last_url.get(peer_id)
         return rec.data_url if rec is not None and rec.alive else None
 
     def last_data_url(self, peer_id: str) -> Optional[str]:

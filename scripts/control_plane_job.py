@@ -33,12 +33,13 @@ def main() -> int:
     a = p.parse_args()
     out = {**figures(a.peers, weather=True), **figures(a.peers, weather=False)}
     print(f"{'design':>20} {'N':>6} {'KB/s mean':>10} {'p99':>8} {'max':>8} {'busiest':>8} {'planner':>8} "
-          f"{'epoch KB':>9} {'planner ep':>10} {'map KB':>7}")
+          f"{'epoch KB':>9} {'planner ep':>10} {'max ep':>8} {'map KB':>7}")
     for name, rows in out.items():
         for r in rows:
             print(f"{name:>20} {r['n']:>6} {r['bytes_per_s']['mean'] / KB:>10.2f} {r['bytes_per_s']['p99'] / KB:>8.2f} "
                   f"{r['bytes_per_s']['max'] / KB:>8.1f} {r['busiest_over_mean']:>7.1f}x {r['planner_bytes_per_s'] / KB:>8.1f} "
-                  f"{r['epoch_peer_bytes'] / KB:>9.0f} {r['epoch_planner_bytes'] / KB:>10.0f} {r['map_bytes'] / KB:>7.1f}")
+                  f"{r['epoch_peer_bytes'] / KB:>9.0f} {r['epoch_planner_bytes'] / KB:>10.0f} {r['epoch_max_bytes'] / KB:>8.0f} "
+                  f"{r['map_bytes'] / KB:>7.1f}")
     print("(KB/s: a peer's control traffic, up + down, training, no epoch; busiest: the node answering the most "
           "bytes against the mean; epoch KB: one new map's burst, a peer's and the planner's)")
     live = []

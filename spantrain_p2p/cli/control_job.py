@@ -17,7 +17,7 @@ def designs(n: int, weather: bool = True, weather_s: float = 0.0) -> dict[str, J
     from ..peer.node import STEP_RECORD_PER_PEER_S
     from ..peer.config import PeerConfig
     from ..swarm import election
-    from ..train import coordinator, measuring, run_records
+    from ..train import coordinator, map_tree, measuring, run_records
     from ..train.decide import REPLAN_CHECK_S
 
     cfg = PeerConfig()
@@ -33,7 +33,8 @@ def designs(n: int, weather: bool = True, weather_s: float = 0.0) -> dict[str, J
         far_lease_s=max(1.0, min(election.FAR_MAX_S, election.FAR_PER_PEER_S * n)), far_holders=election.FAR_HOLDERS,
         step_record_s=min(cfg.record_s, max(cfg.step_record_s, STEP_RECORD_PER_PEER_S * n)), step_told=False,
         measure_keep_s=900.0, weather_s=max(REPLAN_CHECK_S, measuring.PASSIVE_PER_PEER_S * n) if weather else never,
-        versions=True, pushed=True, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False)
+        versions=True, pushed=True, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False,
+        map_push=True, map_fanout=map_tree.FANOUT)
     if weather_s:
         before, now = replace(before, weather_s=max(weather_s, before.weather_s)), replace(now, weather_s=max(weather_s, now.weather_s))
     return {"before": before, "now": now}
@@ -56,7 +57,8 @@ def figures(ns, weather: bool = True) -> dict:
             f, epoch = simulate_job(d, n, z)
             out.setdefault(d.name, []).append({**f.to_dict(), "planner_bytes_per_s": epoch["planner"]["bytes_per_s"],
                                                "epoch_peer_bytes": epoch["peer_bytes"],
-                                               "epoch_planner_bytes": epoch["planner_bytes"], "map_bytes": z.map_bytes})
+                                               "epoch_planner_bytes": epoch["planner_bytes"], "epoch_max_bytes": epoch["max_bytes"],
+                                               "map_bytes": z.map_bytes})
     return out
 
 

@@ -22,9 +22,11 @@ swarm (``control_swim.charge_swim``, its job polls off: the job is in sight), ea
 - **accusations**: the planner reads the accusation keys every second (empty: no attack).
 
 Each epoch (a new map) adds a burst, reported apart (``per_epoch``): every peer reads the new map
-(``news_holders`` of the key's nodes), changes its state twice (stored, sent to the planner and its standby),
+(``news_holders`` of the key's nodes), or with ``map_push`` takes it down the tree of ``map_tree``
+(one copy in, ``map_fanout`` out at most: about one out a peer), changes its state twice (stored, sent to the planner and its standby),
 and, where ``map_members_read``, reads every member key from all their nodes; the planner tells every
-peer of the map and asks each ready peer whether it lives (``alive_bytes`` each way).
+peer of the map (with ``map_push``: hands it to ``map_fanout``) and asks each ready peer whether it
+lives (``alive_bytes`` each way). ``epoch_max_bytes``: the most one node moves in the burst.
 
 Sizes come in ``JobSizes`` (real encoders: ``cli.control_job``). ``simulate_job`` returns the
 steady state's ``ControlFigures`` and the epoch's bytes per peer (mean and the planner's).
@@ -79,6 +81,8 @@ class JobDesign:
     accuse_keys: int = 8
     map_members_read: bool = True
     alive_by_status: bool = True
+    map_push: bool = False
+    map_fanout: int = 8
     member_buckets: int = 8
     links_buckets: int = 32
     profiles_buckets: int = 16
@@ -177,14 +181,20 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
 
     # one epoch's burst, per peer (bytes up + down)
     member_read = sum(5 * (dht.find_request + (n / d.member_buckets) * dht.entry) for _ in member_key)
-    peer_epoch = (d.news_holders * (dht.find_request + d.maps_held * z.map_bytes)
+    got_map = 2 * (ping + z.map_bytes) if d.map_push else d.news_holders * (dht.find_request + d.maps_held * z.map_bytes)
+    peer_epoch = (got_map
                   + 2 * 5 * (dht.store_request_base + dht.entry) + 2 * len(lead) * (2 * ping + dht.entry)
                   + (member_read if d.map_members_read else 0.0) + z.mapnews)
-    peer_epoch_calls = d.news_holders + 2 * 5 + 2 * len(lead) + (5 * d.member_buckets if d.map_members_read else 0)
+    peer_epoch_calls = (1 if d.map_push else d.news_holders) + 2 * 5 + 2 * len(lead) + (5 * d.member_buckets if d.map_members_read else 0)
     alive = (z.status_bytes_per_peer * n) if d.alive_by_status else 2 * ping
-    planner_epoch = peer_epoch + n * z.mapnews + n * (dht.find_request + alive) + 2 * n * (2 * ping + dht.entry)
+    told = d.map_fanout * (ping + z.map_bytes) if d.map_push else n * z.mapnews
+    planner_epoch = peer_epoch + told + n * (dht.find_request + alive) + 2 * n * (2 * ping + dht.entry)
+    # the busiest node of the burst: the planner, or a node of the map key answering its share of the reads
+    key_node = 0.0 if d.map_push else n * d.news_holders / 5 * (dht.find_request + d.maps_held * z.map_bytes)
+    inner = (1 + d.map_fanout) * (ping + z.map_bytes) if d.map_push else 0.0
     figs = ledger.figures(d.name, d.swim.link_mbps, int(max(d.maps_held * z.map_bytes, links_value, profiles_value)),
                           [], [], 0.0)
     per_epoch = {"peer_bytes": peer_epoch, "peer_calls": peer_epoch_calls, "planner_bytes": planner_epoch,
+                 "max_bytes": max(planner_epoch, peer_epoch + key_node, peer_epoch + inner),
                  "planner": {"bytes_per_s": ledger.sent[planner] + ledger.received[planner]}}
     return figs, per_epoch

@@ -1,0 +1,96 @@
+"""A new stage map handed down the tree (train.run_records with train.map_tree): every live peer of
+the map takes it without reading the DHT, a dead peer's subtree gets it from the dead peer's sender,
+nobody sends more than the fan-out (plus a lost child's children), and a forged map is refused and
+passed on to nobody. Fake peers: the data plane is a direct call."""
+import asyncio
+import types
+
+import pytest
+
+from spantrain_p2p.job.spec import JobSpec
+from spantrain_p2p.net.framing import FrameError
+from spantrain_p2p.plan.stagemap import placeholder_map
+from spantrain_p2p.swarm.identity import Identity
+from spantrain_p2p.train import map_tree
+from spantrain_p2p.train.run_records import RunRecords
+
+
+def _swarm(n: int, dead: set[int]):
+    idents = [Identity.generate() for _ in range(n)]
+    ids = [i.peer_id for i in idents]
+    records: dict[str, RunRecords] = {}
+    sent: dict[str, int] = {p: 0 for p in ids}
+    job = JobSpec(steps=3).finalized()
+
+    def make(k: int) -> RunRecords:
+        me = ids[k]
+
+        async def send(url, kind, header, buffers=(), timeout=30.0, link=None, peer_id=None, **kw):
+            assert kind == "mapnews"
+            sent[me] += 1
+            if ids.index(url) in dead:
+                raise ConnectionRefusedError("dead")
+            return await records[url].on_news({**header, "src": me}, [memoryview(b) for b in buffers])
+
+        async def no_read(*a, **kw):
+            raise AssertionError("a peer handed the map read the DHT")
+
+        async def store(*a, **kw):
+            return True
+
+        peer = types.SimpleNamespace(
+            peer_id=me, identity=idents[k], config=types.SimpleNamespace(swarm="s"),
+            dht=types.SimpleNamespace(store=store, get=no_read), spawn=lambda coro, name: asyncio.ensure_future(coro),
+            client=types.SimpleNamespace(send=send), data_url_of=lambda p: p, last_data_url=lambda p: p,
+            link_to=lambda p: None, name_of=lambda p: p[:8], ever_member=lambda p: p in ids, live_members=lambda: [],
+            member_ids=lambda: frozenset(ids), swim=None)
+        rr = RunRecords(peer, log_bad=lambda s, w: None)
+        rr.start(job, n)
+        return rr
+
+    for k in range(n):
+        records[ids[k]] = make(k)
+    return ids, records, sent, job
+
+
+async def test_every_live_peer_of_the_map_takes_it_down_the_tree_and_a_dead_ones_subtree_too():
+    n, dead = 40, set()
+    ids, records, sent, job = _swarm(n, dead)
+    planner = ids[0]
+    smap = placeholder_map(ids, n, job.job_id, epoch=2)
+    tree = map_tree.order(ids, planner, smap.term, smap.epoch)
+    lost = tree[1]  # an inner node, dead: whatever it would have handed on comes from its sender
+    dead.add(ids.index(lost))
+    lost_kids = map_tree.children(tree, lost, planner)
+    assert lost_kids
+    await records[planner].publish_map(smap)
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+    got = [p for p in ids[1:] if records[p]._map_read is not None]
+    assert set(got) == set(ids[1:]) - {lost}
+    for p in got:
+        m = await records[p].newest_map()  # taken as read: no DHT read (the fake DHT raises)
+        assert (m.term, m.epoch) == (smap.term, smap.epoch) and m.stages == smap.stages
+    for p in ids:
+        bound = map_tree.FANOUT + (len(lost_kids) if p == planner else 0)  # (tree[1]'s sender: the planner)
+        assert sent[p] <= bound, (p == planner, sent[p])
+    assert sent[planner] >= 1 and max(sent.values()) <= 2 * map_tree.FANOUT
+
+
+async def test_a_forged_map_is_refused_and_passed_on_to_nobody():
+    n = 12
+    ids, records, sent, job = _swarm(n, set())
+    smap = placeholder_map(ids, n, job.job_id, epoch=2)
+    from spantrain_p2p.swarm.records import sign_payload
+
+    signed = sign_payload(smap.to_dict(), Identity.generate(), 256 << 10)  # a stranger's key
+    with pytest.raises(FrameError, match="signed by a member"):
+        await records[ids[3]].on_news({"job": job.job_id, "term": 0, "epoch": 2},
+                                      [signed["body"], signed["key"], signed["sig"]])
+    good = sign_payload(smap.to_dict(), records[ids[0]].peer.identity, 256 << 10)
+    with pytest.raises(FrameError):  # the body changed under its signature
+        await records[ids[3]].on_news({"job": job.job_id}, [good["body"][:-1] + b"\0", good["key"], good["sig"]])
+    with pytest.raises(FrameError, match="three buffers"):
+        await records[ids[3]].on_news({"job": job.job_id}, [good["body"]])
+    await asyncio.sleep(0.05)
+    assert records[ids[3]]._map_read is None and sum(sent.values()) == 0

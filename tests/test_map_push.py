@@ -94,3 +94,31 @@ async def test_a_forged_map_is_refused_and_passed_on_to_nobody():
         await records[ids[3]].on_news({"job": job.job_id}, [good["body"]])
     await asyncio.sleep(0.05)
     assert records[ids[3]]._map_read is None and sum(sent.values()) == 0
+
+
+async def test_an_older_map_handed_again_is_neither_taken_nor_passed_on_and_a_repeat_is_parsed_once():
+    """Any member could hand an old, validly signed map of the job again: it would go down a whole
+    subtree each time. An older map than the one followed is dropped; the same map again is not even
+    parsed (its body's digest)."""
+    n = 20
+    ids, records, sent, job = _swarm(n, set())
+    from spantrain_p2p.swarm.records import sign_payload
+
+    planner = records[ids[0]]
+    old, new = (placeholder_map(ids, n, job.job_id, epoch=e) for e in (2, 3))
+    await planner.publish_map(new)
+    for _ in range(30):
+        await asyncio.sleep(0.01)
+    before = dict(sent)
+    me = ids[5]
+    stale = sign_payload(old.to_dict(), planner.peer.identity, 256 << 10)
+    await records[me].on_news({"job": job.job_id}, [stale["body"], stale["key"], stale["sig"]])
+    await asyncio.sleep(0.05)
+    assert sent == before and records[me]._map_read[2].epoch == 3
+    calls = []
+    real = records[me]._valid_map
+    records[me]._valid_map = lambda *a: calls.append(1) or real(*a)
+    again = sign_payload(new.to_dict(), planner.peer.identity, 256 << 10)
+    for _ in range(3):  # (the same signed bytes, as every copy of it is)
+        await records[me].on_news({"job": job.job_id}, [again["body"], again["key"], again["sig"]])
+    assert len(calls) <= 1 and sent == before

@@ -14,6 +14,7 @@ every peer on every epoch (75 MB per epoch at 1,000 peers)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import logging
 import random
@@ -24,7 +25,7 @@ from ..net.framing import FrameError
 from ..plan.stagemap import StageMap
 from . import map_tree
 from ..swarm.keys import epoch_subkey, job_key_of, job_keys, stagemap_key
-from ..swarm.records import BadRecord, open_payload, sign_payload
+from ..swarm.records import MAX_KEY_BYTES, MAX_SIG_BYTES, BadRecord, open_payload, sign_payload
 from ..job.spec import JobRefused, JobSpec
 
 log = logging.getLogger("spantrain.train")
@@ -92,6 +93,7 @@ class RunRecords:
         self._unfound: tuple[float, tuple[int, int]] = (0.0, (0, 0))  # (when, head) chased and not found
         self._idle_turn = 0
         self._passed_on: set[tuple[int, int]] = set()  # (term, epoch) of the maps handed down the tree here
+        self._taken: dict[bytes, None] = {}  # digests of the signed bodies of maps handed to this peer lately
         self.control_at_map: Optional[dict] = None  # the control meter at the first stage map followed
 
     def start(self, job: JobSpec, num_layers: int) -> None:
@@ -203,6 +205,9 @@ class RunRecords:
         changed = self._maps_changed
         # news (or a first read) asks two nodes of the key, a quiet check (or a waiter's poll) one
         smap = await self._read_newest_map(NEWS_HOLDERS if kept is None or kept[1] != changed else QUIET_HOLDERS)
+        came = self._map_read[2] if self._map_read is not None else None  # (handed down meanwhile?)
+        if came is not None and (smap is None or (came.term, came.epoch) > (smap.term, smap.epoch)):
+            return came
         self._map_read = (now, changed, smap)
         when, head = self._hearsay
         if when >= (kept[0] if kept else 0.0) and (smap is None or (smap.term, smap.epoch) < head):
@@ -318,19 +323,29 @@ class RunRecords:
         if self.job is not None and header.get("job") != self.job.job_id:
             return None
         if buffers and self.job is not None:
-            if len(buffers) != 3:
+            if len(buffers) != 3 or any(memoryview(b).nbytes > most for b, most in
+                                        zip(buffers, (MAX_MAP_BYTES, MAX_KEY_BYTES, MAX_SIG_BYTES))):
                 raise FrameError("a map handed down is three buffers: its signed body, key and signature")
+            digest = hashlib.sha256(buffers[0]).digest()
+            if digest in self._taken:  # the same map again (a sender's retry, a replay): parsed once
+                return None
             value = dict(zip(("body", "key", "sig"), (bytes(b) for b in buffers)))
             got = self._valid_map(value, f"map from {str(header.get('src', '?'))[:16]}")
             if got is None:
                 raise FrameError("not a valid stage map of this job signed by a member")
+            self._taken[digest] = None
+            if len(self._taken) > 64:
+                self._taken.pop(next(iter(self._taken)))
             signer, smap = got
             head = (smap.term, smap.epoch)
+            current = self._map_read[2] if self._map_read is not None else None
+            if current is not None and head < (current.term, current.epoch):
+                return None  # an older map (a replay): neither taken nor passed on
             if not self._read_already(head):
                 self._maps_changed += 1
                 self._map_read = (time.monotonic(), self._maps_changed, smap)
                 self._news.set()
-            if head not in self._passed_on:
+            if head not in self._passed_on:  # (the map this peer follows, or a newer one: once each)
                 self._passed_on.add(head)
                 if len(self._passed_on) > 64:
                     self._passed_on.discard(min(self._passed_on))

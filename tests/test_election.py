@@ -44,6 +44,38 @@ def test_forged_and_misfiled_leases_are_ignored():
     assert leases == [Lease(2, a.peer_id, 9.0)] and len(bad) == 3
 
 
+async def test_a_lease_read_counts_a_member_cut_off_but_not_one_that_left_or_a_made_up_expiry():
+    """A lease counts while its holder is a member (a live record seen: SWIM may hold it dead across
+    a cut, where it still renews its lease), not once SWIM says it left, nor when it runs further
+    ahead than two leases (its holder would block every claim until then, gone or not)."""
+    import types
+
+    from hivemind.utils import get_dht_time
+
+    from spantrain_p2p.swarm.swim import LEFT
+
+    class V:
+        def __init__(self, v):
+            self.value = v
+
+    cut, left, liar = Identity.generate(), Identity.generate(), Identity.generate()
+    now = get_dht_time()
+    raw = {f"{1:012d}/{cut.peer_id}": V(sign_payload({"term": 1, "peer_id": cut.peer_id, "expires": now + 5}, cut)),
+           f"{2:012d}/{left.peer_id}": V(sign_payload({"term": 2, "peer_id": left.peer_id, "expires": now + 5}, left)),
+           f"{3:012d}/{liar.peer_id}": V(sign_payload({"term": 3, "peer_id": liar.peer_id, "expires": now + 1e9}, liar))}
+
+    async def get(key, latest=True, holders=5):
+        return V(raw)
+
+    members = {cut.peer_id, left.peer_id, liar.peer_id}  # records seen, none tombstoned
+    states = {left.peer_id: types.SimpleNamespace(state=LEFT)}
+    swim = types.SimpleNamespace(swim=types.SimpleNamespace(departed=lambda p: p in states))
+    peer = types.SimpleNamespace(peer_id="me", config=types.SimpleNamespace(swarm="s"), dht=types.SimpleNamespace(get=get),
+                                 is_member=lambda p: p in members, swim=swim, live_members=lambda: [])
+    e = Election(peer, lease_s=6.0)
+    assert [l.peer_id for l in await e._read()] == [cut.peer_id]
+
+
 async def test_peers_agree_on_one_planner_and_a_successor_takes_the_next_term():
     fast = dict(heartbeat_s=0.5, poll_s=0.25)
     async with Peer(PeerConfig(**fast)) as a:

@@ -135,8 +135,15 @@ class Election:
         # other side dead in seconds, and a lease its holder still renews is the better word. A
         # standby that took over there re-planned around a live island (tests/test_islands_swarm.py's
         # cut-off test, one run in three); a planner that dies still loses its lease within lease_s.
+        # (one that departed is out at once; one further ahead than two leases is made up: its
+        # holder would block every claim until then, having left)
+        from hivemind.utils import get_dht_time
+
+        swim = getattr(self.peer, "swim", None)
+        ahead = get_dht_time() + 2 * self.lease_s
         return [l for l in parse_leases(found.value if found is not None else None, self._log_bad)
-                if self.peer.is_member(l.peer_id)]
+                if self.peer.is_member(l.peer_id) and l.expires <= ahead
+                and not (swim is not None and swim.swim.departed(l.peer_id))]
 
     async def _write(self, lease: Lease) -> None:
         value = sign_payload(lease.to_dict(), self.peer.identity)

@@ -124,6 +124,11 @@ class Swim:
         m = self.members.get(peer)
         return m is not None and m.confirmed and m.state not in GONE
 
+    def departed(self, peer: str) -> bool:
+        """Whether the life of ``peer`` known here left (said so itself, or news of it did)."""
+        m = self.members.get(peer)
+        return m is not None and m.state == LEFT
+
     def gone(self, peer: str, life: str) -> bool:
         """Whether that life of ``peer`` is known dead or departed."""
         m = self.members.get(peer)

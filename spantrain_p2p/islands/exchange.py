@@ -193,7 +193,7 @@ class OuterSync(Membership):
                     reply = await self.peer.client.send(
                         url, OUTER_FETCH, {"job": self.job.job_id, "layer": layer, "version": version},
                         timeout=self.job.recv_timeout_s, link=self.peer.link_to(src),
-                        reply_charge=layer_charge(self.charges, layer))
+                        reply_charge=layer_charge(self.charges, layer), peer_id=src)
                     _h, bufs = reply
                     if len(bufs) != 2 or any(memoryview(b).nbytes != 4 * size for b in bufs):
                         raise FrameError(f"outer state of layer {layer} is not 2 x {size} float32")

@@ -227,7 +227,7 @@ class Membership:
         n = len(self.smap.islands)
         header = {"job": self.job.job_id, "epoch": self.smap.epoch, "round": r, "island": self.island,
                   "returning": returning}
-        said_cut = False
+        said_cut, asked = False, (0.0, False)  # (when, answer) of the last liveness ping
         while True:
             # (where it served last: one SWIM found dead across a cut is asked again once it is back)
             url = self.peer.data_url_of(self._keeper) or self.peer.last_data_url(self._keeper)
@@ -249,7 +249,9 @@ class Membership:
                 log.debug("round %d: cannot reach the keeper: %r", r, e)
             now = time.time()
             if now >= deadline:
-                live = await is_alive(self.peer, self._keeper)
+                if now - asked[0] >= POLL_S:  # (a failing send loops every 0.1 s: one ping a poll)
+                    asked = (now, await is_alive(self.peer, self._keeper))
+                live = asked[1]
                 if not live or now >= deadline + LIVE_KEEPER_WAIT_S:
                     self.on_event({"kind": "island_silent", "round": r, "keeper": True, "t": now})
                     raise StepFailed(f"round {r}: the keeper {self.smap.name_of(self._keeper)} gave no members in time")

@@ -33,7 +33,7 @@ MAX_WEIGHED = 100_000  # peers whose first plan this planner remembers (one floa
 MAX_FAILED_KEPT = 4096  # dead peers counted towards the failure rate (a swarm this churned copies every step anyway)
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
 ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
-PUBLISHED_KEPT, PUBLISHED_FOR_S = 8, 60.0  # the maps this planner published lately, in its /status
+PUBLISHED_KEPT, PUBLISHED_FOR_S = 8, 10.0  # the maps this planner published lately, in its /status
 log = logging.getLogger("spantrain.train")
 
 # The ready peers first by id (the election's rank order) compute the grouping and vote on it; a

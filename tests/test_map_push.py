@@ -122,3 +122,23 @@ async def test_an_older_map_handed_again_is_neither_taken_nor_passed_on_and_a_re
     for _ in range(3):  # (the same signed bytes, as every copy of it is)
         await records[me].on_news({"job": job.job_id}, [again["body"], again["key"], again["sig"]])
     assert len(calls) <= 1 and sent == before
+
+
+async def test_a_head_heard_on_a_ping_waits_for_the_map_down_the_tree_before_the_key_is_read(monkeypatch):
+    from spantrain_p2p.train import run_records
+
+    monkeypatch.setattr(run_records, "PUSH_TIMEOUT_S", 0.1)
+    n = 12
+    ids, records, sent, job = _swarm(n, set())
+    smap = placeholder_map(ids, n, job.job_id, epoch=4)
+    me = records[ids[3]]
+    me.heard_head(smap.term, smap.epoch, job.job_id)  # a ping told the head first
+    assert me._maps_changed == 0
+    await records[ids[0]].publish_map(smap)  # ... and the map comes down the tree
+    await asyncio.sleep(0.2)
+    assert me._maps_changed == 1 and me._map_read[2].epoch == 4  # taken once: no read of the key
+    other = records[ids[4]]
+    other._hearsay = (other._hearsay[0] - run_records.HEARSAY_GAP_S, other._hearsay[1])
+    other.heard_head(smap.term, smap.epoch + 1, job.job_id)  # a head whose map never comes
+    await asyncio.sleep(0.2)
+    assert other._maps_changed == 2 and other._news.is_set()  # chased: the key is read next

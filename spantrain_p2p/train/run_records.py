@@ -222,7 +222,9 @@ class RunRecords:
 
     def heard_head(self, term: int, epoch: int, job: Optional[str] = None) -> None:
         """A member follows stage map (``term``, ``epoch``) (a SWIM message said): where that is newer
-        than the last map read here, the next ``newest_map`` reads the key, and waiters wake."""
+        than the last map read here and no copy came down the tree within PUSH_TIMEOUT_S, the next
+        ``newest_map`` reads the key, and waiters wake (a ping that told the head before the map
+        arrived made a peer read the key: 6 reads for a re-plan of lan-8)."""
         if self.job is None or job != self.job.job_id:
             return  # a map of another job (peers left from an earlier one under this swarm's name)
         now, head = time.monotonic(), (term, epoch)
@@ -231,6 +233,15 @@ class RunRecords:
         if now - self._hearsay[0] < HEARSAY_GAP_S or (now - self._unfound[0] < UNFOUND_KEPT_S and head == self._unfound[1]):
             return
         self._hearsay = (now, head)
+        try:  # the map itself may be on its way down the tree (the teller took it there): a moment first
+            asyncio.get_running_loop().call_later(PUSH_TIMEOUT_S, self._chase, head)
+        except RuntimeError:  # (no loop: a test's plain call)
+            self._chase(head)
+
+    def _chase(self, head: tuple[int, int]) -> None:
+        """A head heard of and still not read here: the next ``newest_map`` reads the key."""
+        if self._read_already(head):
+            return
         self._maps_changed += 1
         self._news.set()
 

@@ -40,6 +40,13 @@ def main() -> int:
                   f"{r['bytes_per_s']['max'] / KB:>8.1f} {r['busiest_over_mean']:>7.1f}x {r['planner_bytes_per_s'] / KB:>8.1f} "
                   f"{r['epoch_peer_bytes'] / KB:>9.0f} {r['epoch_planner_bytes'] / KB:>10.0f} {r['epoch_max_bytes'] / KB:>8.0f} "
                   f"{r['map_bytes'] / KB:>7.1f}")
+    for name, rows in out.items():
+        for r in rows:
+            b = r["busiest"]
+            role = "the planner" if b["rank"] == 0 else f"rank {b['rank']} by id" + (
+                " (takes every links entry: the standby or a voter)" if b["reader"] else "")
+            print(f"{name:>20} {r['n']:>6} busiest: {role}, {b['bytes_per_s'] / KB:.1f} KB/s answered: " + ", ".join(
+                f"{k} {v / KB:.1f}" for k, v in sorted(b["parts"].items(), key=lambda kv: -kv[1]) if v >= 0.05 * KB))
     print("(KB/s: a peer's control traffic, up + down, training, no epoch; busiest: the node answering the most "
           "bytes against the mean; epoch KB: one new map's burst, a peer's and the planner's)")
     live = []

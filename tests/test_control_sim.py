@@ -193,5 +193,11 @@ def test_a_training_swarm_at_a_thousand_peers_costs_a_peer_a_few_kb_a_second_now
     # links read back from their key, not sent with the record: each reader a 100 KB key per change
     unpushed, _ = simulate_job(replace(designs(1000)["now"], pushed=False), 1000, z)
     assert unpushed.bytes_per_s["p99"] > 5 * worst.bytes_per_s["p99"]
+    # a new map down the tree of its peers: the burst's busiest node is no longer one of the map key's
+    untreed, untreed_epoch = simulate_job(replace(quiet["now"], map_push=False), 1000, z)
+    assert untreed_epoch["max_bytes"] > 5 * now_epoch["max_bytes"] and now_epoch["max_bytes"] == now_epoch["planner_bytes"]
+    assert untreed.bytes_per_s == now.bytes_per_s  # (between epochs, the same)
+    b = now_epoch["busiest"]  # what the busiest node answers, by kind, adds up to what it answers
+    assert sum(b["parts"].values()) == pytest.approx(b["bytes_per_s"]) and b["parts"]["other"] >= 0
     with pytest.raises(ValueError):
         simulate_job(replace(quiet["now"], weather_s=math.inf), 1)

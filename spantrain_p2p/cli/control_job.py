@@ -57,7 +57,7 @@ def figures(ns, weather: bool = True) -> dict:
             f, epoch = simulate_job(d, n, z)
             out.setdefault(d.name, []).append({**f.to_dict(), "planner_bytes_per_s": epoch["planner"]["bytes_per_s"],
                                                "epoch_peer_bytes": epoch["peer_bytes"],
-                                               "epoch_planner_bytes": epoch["planner_bytes"], "epoch_max_bytes": epoch["max_bytes"],
+                                               "epoch_planner_bytes": epoch["planner_bytes"], "epoch_max_bytes": epoch["max_bytes"], "busiest": epoch["busiest"],
                                                "map_bytes": z.map_bytes})
     return out
 

@@ -116,17 +116,20 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
     links_key = [300 + b for b in range(d.links_buckets)]
     profiles_key = [400 + b for b in range(d.profiles_buckets)]
     job_key = [500 + b for b in range(16)]
+    kinds = [(1, "stage map"), (2, "lease"), (100, "accusations"), (200, "members"), (300, "links"),
+             (400, "profiles"), (500, "job")]
+    kind = lambda key: next(name for base, name in reversed(kinds) if key >= base)  # noqa: E731
     links_value = (n / d.links_buckets) * z.link_entry
     profiles_value = (n / d.profiles_buckets) * z.profile_entry
 
     def store(p: int, key: int, rate: float, entry: int) -> None:
         for h in holders(key, 5, p):
-            call(p, h, rate, dht.store_request_base + entry, dht.store_response)
+            call(p, h, rate, dht.store_request_base + entry, dht.store_response, f"{kind(key)} stored")
 
     def read(p: int, key: int, rate: float, value: float, k: int) -> None:
         hs = holders(key, 5, p)  # ``k`` of them, a reader's own pick (``holders.pick``: at random)
         for h in rng.sample(hs, min(k, len(hs))):
-            call(p, h, rate, dht.find_request, value)
+            call(p, h, rate, dht.find_request, value, f"{kind(key)} read")
 
     for p in range(n):
         # the stage map
@@ -142,7 +145,7 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
         if d.step_told:
             for w in lead:
                 if w != p:
-                    call(p, w, 1.0 / d.step_record_s, ping + dht.entry, ping)
+                    call(p, w, 1.0 / d.step_record_s, ping + dht.entry, ping, "steps told")
         # its job copy, its measurements kept
         store(p, job_key[rng.randrange(16)], 1.0 / d.job_copy_s, z.job_copy)
         lk, pk = links_key[rng.randrange(d.links_buckets)], profiles_key[rng.randrange(d.profiles_buckets)]
@@ -157,9 +160,9 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
             for r in readers:
                 if r != p:
                     if d.pushed:  # told, the entry with the record
-                        call(p, r, w, ping + dht.entry + z.link_entry, ping)
+                        call(p, r, w, ping + dht.entry + z.link_entry, ping, "links pushed")
                     else:  # told, and its key read by each of them
-                        call(p, r, w, ping + dht.entry, ping)
+                        call(p, r, w, ping + dht.entry, ping, "records told")
                         read(r, lk, w, links_value, 1)
     # readers without versions: every profile and link from two nodes of each key, every whole_read_s,
     # each node asked once for all the keys it is picked for (``GuardedDHT.get_many``)
@@ -171,7 +174,7 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
                 for h in rng.sample(hs, min(2, len(hs))):
                     asked[h] = asked.get(h, 0.0) + value
             for h, value in asked.items():
-                call(r, h, 1.0 / d.whole_read_s, dht.find_request, value)
+                call(r, h, 1.0 / d.whole_read_s, dht.find_request, value, "measurements read")
     # the planner's own: the lease, the map kept, the accusations
     store(planner, lease_key, 1.0 / d.lease_s, z.lease_entry)
     if d.map_keep_s:
@@ -196,5 +199,6 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
                           [], [], 0.0)
     per_epoch = {"peer_bytes": peer_epoch, "peer_calls": peer_epoch_calls, "planner_bytes": planner_epoch,
                  "max_bytes": max(planner_epoch, peer_epoch + key_node, peer_epoch + inner),
-                 "planner": {"bytes_per_s": ledger.sent[planner] + ledger.received[planner]}}
+                 "planner": {"bytes_per_s": ledger.sent[planner] + ledger.received[planner]},
+                 "busiest": {**(b := ledger.busiest()), "rank": order.index(b["node"]), "reader": b["node"] in readers}}
     return figs, per_epoch

@@ -190,8 +190,12 @@ class Ledger:
         self.calls = [0.0] * n  # made
         self.served = [0.0] * n  # answered
         self.served_bytes = [0.0] * n
+        self.served_what: dict[int, dict[str, float]] = {}  # node -> what it answered (labelled calls), bytes/s
 
-    def call(self, src: int, dst: int, rate: float, req: float, resp: float) -> None:
+    def call(self, src: int, dst: int, rate: float, req: float, resp: float, what: str = "") -> None:
+        if what:
+            parts = self.served_what.setdefault(dst, {})
+            parts[what] = parts.get(what, 0.0) + rate * (req + resp)
         self.calls[src] += rate
         self.served[dst] += rate
         self.sent[src] += rate * req
@@ -199,6 +203,14 @@ class Ledger:
         self.sent[dst] += rate * resp
         self.received[src] += rate * resp
         self.served_bytes[dst] += rate * (req + resp)
+
+    def busiest(self) -> dict:
+        """The node answering the most bytes: its index, bytes/s, and what they are (the labelled
+        calls; the rest, SWIM's among them, as "other")."""
+        i = max(range(len(self.served_bytes)), key=self.served_bytes.__getitem__)
+        parts = dict(self.served_what.get(i, {}))
+        parts["other"] = self.served_bytes[i] - sum(parts.values())
+        return {"node": i, "bytes_per_s": self.served_bytes[i], "parts": parts}
 
     def figures(self, design: str, link_mbps: float, largest_value: int, crash: list[float],
                 join: list[float], search_s: float) -> ControlFigures:

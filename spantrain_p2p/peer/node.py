@@ -167,7 +167,7 @@ class Peer:
         if state != self.state or (progress and progress != self.progress):
             if state != self.state:
                 log.info("state %s -> %s", self.state, state)
-            for mark in (state, *(("map",) if "epoch" in progress else ())):
+            for mark in (*(("map",) if "epoch" in progress else ()), state):  # (map first: 6.52 > 6.51 once)
                 self.mark(mark)
             self.state = state
             # the training step stays, the most memory this peer found it can hold (``train.decide.memory_caps``)

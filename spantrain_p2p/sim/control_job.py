@@ -5,8 +5,9 @@ A training swarm of ``n`` peers runs one stage map; besides SWIM and the member 
 swarm (``control_swim.charge_swim``, its job polls off: the job is in sight), each second it has:
 
 - **the stage map**: every peer reads the key (every ``map_read_s`` from ``map_holders`` of its
-  nodes, each answering with the ``maps_held`` maps in it); the planner re-stores it every
-  ``map_keep_s`` (None: never);
+  nodes, each answering with the ``maps_held`` maps in it), or with ``map_check_peer`` asks one
+  member at random whether it has a newer one (a ping's bytes each way); the planner re-stores it
+  every ``map_keep_s`` (None: never);
 - **the planner's lease**: the planner stores it every ``lease_s`` at the key's nodes; the planner
   and the ``close`` candidates after it read it every ``lease_s`` from all of its nodes, the others
   every ``far_lease_s`` from ``far_holders``;
@@ -82,6 +83,7 @@ class JobDesign:
     map_members_read: bool = True
     alive_by_status: bool = True
     map_push: bool = False
+    map_check_peer: bool = False
     map_fanout: int = 8
     member_buckets: int = 8
     links_buckets: int = 32
@@ -133,7 +135,10 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
 
     for p in range(n):
         # the stage map
-        read(p, map_key, 1.0 / d.map_read_s, d.maps_held * z.map_bytes, d.map_holders)
+        if d.map_check_peer:
+            call(p, (p + 1 + rng.randrange(n - 1)) % n, 1.0 / d.map_read_s, ping, ping, "stage map asked")
+        else:
+            read(p, map_key, 1.0 / d.map_read_s, d.maps_held * z.map_bytes, d.map_holders)
         # the lease
         if p in close:
             read(p, lease_key, 1.0 / d.lease_s, z.lease_entry, 5)

@@ -165,7 +165,7 @@ class Trainer:
         peer.dataplane.register(SUSPECT_KIND, self.verifier.on_suspect)
         peer.dataplane.register("ckpt", self.recovery.on_ckpt)
         peer.dataplane.register("fetch", self.recovery.on_fetch)
-        peer.dataplane.register("mapnews", self.records.on_news)
+        self.records.install(peer.dataplane)
         peer.dataplane.register(OUTER, self.outer.on_outer)
         peer.dataplane.register(OUTER_FETCH, self.outer.on_fetch)
         peer.dataplane.register(OUTER_MEMBERS, self.outer.on_members)

@@ -15,6 +15,14 @@ from spantrain_p2p.train import map_tree
 from spantrain_p2p.train.run_records import RunRecords
 
 
+async def _until(done, limit_s: float = 20.0) -> None:
+    """Waits for ``done()`` by polling (by event, not a set sleep: a loaded box's tasks run late)."""
+    for _ in range(int(limit_s / 0.01)):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
 def _swarm(n: int, dead: set[int]):
     idents = [Identity.generate() for _ in range(n)]
     ids = [i.peer_id for i in idents]
@@ -64,8 +72,8 @@ async def test_every_live_peer_of_the_map_takes_it_down_the_tree_and_a_dead_ones
     lost_kids = map_tree.children(tree, lost, planner)
     assert lost_kids
     await records[planner].publish_map(smap)
-    for _ in range(50):
-        await asyncio.sleep(0.01)
+    await _until(lambda: all(records[p]._map_read is not None for p in ids[1:] if p != lost))
+    await asyncio.sleep(0.05)
     got = [p for p in ids[1:] if records[p]._map_read is not None]
     assert set(got) == set(ids[1:]) - {lost}
     for p in got:
@@ -107,8 +115,8 @@ async def test_an_older_map_handed_again_is_neither_taken_nor_passed_on_and_a_re
     planner = records[ids[0]]
     old, new = (placeholder_map(ids, n, job.job_id, epoch=e) for e in (2, 3))
     await planner.publish_map(new)
-    for _ in range(30):
-        await asyncio.sleep(0.01)
+    await _until(lambda: all(records[p]._map_read is not None for p in ids[1:]))
+    await asyncio.sleep(0.05)
     before = dict(sent)
     me = ids[5]
     stale = sign_payload(old.to_dict(), planner.peer.identity, 256 << 10)
@@ -127,7 +135,7 @@ async def test_an_older_map_handed_again_is_neither_taken_nor_passed_on_and_a_re
 async def test_a_head_heard_on_a_ping_waits_for_the_map_down_the_tree_before_the_key_is_read(monkeypatch):
     from spantrain_p2p.train import run_records
 
-    monkeypatch.setattr(run_records, "PUSH_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(run_records, "PUSH_TIMEOUT_S", 1.0)
     n = 12
     ids, records, sent, job = _swarm(n, set())
     smap = placeholder_map(ids, n, job.job_id, epoch=4)
@@ -135,12 +143,13 @@ async def test_a_head_heard_on_a_ping_waits_for_the_map_down_the_tree_before_the
     me.heard_head(smap.term, smap.epoch, job.job_id)  # a ping told the head first
     assert me._maps_changed == 0
     await records[ids[0]].publish_map(smap)  # ... and the map comes down the tree
-    await asyncio.sleep(0.2)
+    await _until(lambda: me._map_read is not None)
+    await asyncio.sleep(1.2)  # (past the head's wait)
     assert me._maps_changed == 1 and me._map_read[2].epoch == 4  # taken once: no read of the key
     other = records[ids[4]]
     other._hearsay = (other._hearsay[0] - run_records.HEARSAY_GAP_S, other._hearsay[1])
     other.heard_head(smap.term, smap.epoch + 1, job.job_id)  # a head whose map never comes
-    await asyncio.sleep(0.2)
+    await _until(lambda: other._maps_changed == 2)
     assert other._maps_changed == 2 and other._news.is_set()  # chased: the key is read next
 
 

@@ -29,6 +29,7 @@ class _Net:
         self.fetch_s = 0.0  # how long an outer state's reply takes to arrive (a slow link)
         self.cut_at: tuple[str, int] | None = None  # (peer, round): its contribution of that round begins the cut
         self.begin_cut = lambda: None
+        self.cut_to: tuple[str, int] | None = None  # (receiver, layer): the cut begins at that message of cut_at's
 
     def client(self, me: str):
         net = self
@@ -36,7 +37,7 @@ class _Net:
         class _Client:
             async def send(self, url, kind, header, buffers=(), timeout=30.0, link=None, charge=1.0,
                            reply_charge=1.0, peer_id=None, **_):
-                if kind == OUTER and net.cut_at == (me, header["round"]):
+                if kind == OUTER and net.cut_at == (me, header["round"]) and net.cut_to in (None, (url, header["layer"])):
                     net.cut_at = None
                     net.begin_cut()  # before this contribution leaves: it is lost, whatever the timing
                 await asyncio.sleep(0.001)
@@ -61,13 +62,16 @@ class _Net:
         return _Client()
 
 
-def _world(steps_per_round=(2, 1), split_second=False):
+def _world(steps_per_round=(2, 1), split_second=False, replica=False):
     """Islands of one peer holding both layers; with ``split_second`` the second island is two
-    peers of one layer each (a pipeline's stages: each catches up on its own, to the same round)."""
-    layouts = {0: [("i0", (0, LAYERS))]}
+    peers of one layer each (a pipeline's stages: each catches up on its own, to the same round);
+    with ``replica`` the first island's stage has a second replica, i0b (the keeper is i0)."""
+    layouts = {0: [("i0", (0, LAYERS))] + ([("i0b", (0, LAYERS))] if replica else [])}
     layouts[1] = [("i1", (0, 1)), ("i1b", (1, LAYERS))] if split_second else [("i1", (0, LAYERS))]
     islands = [SimpleNamespace(steps_per_round=h, predicted_step_s=0.01) for h in steps_per_round]
     stages = {k: [SimpleNamespace(peers=(n,), layers=span) for n, span in lay] for k, lay in layouts.items()}
+    if replica:
+        stages[0] = [SimpleNamespace(peers=("i0", "i0b"), layers=(0, LAYERS))]
     smap = SimpleNamespace(islands=islands, island_map=lambda k: SimpleNamespace(stages=stages[k]),
                            exchange_codec="int8", epoch=1, name_of=lambda p: p, start_data_step=0,
                            predicted_step_s=0.01)
@@ -113,14 +117,15 @@ def _digest(sync: OuterSync) -> str:
 
 
 def _run_cut(net: _Net, islands: list, cut: set[str], for_s: float | None = None, at_round: int = 6,
-             for_rounds: int = 5) -> list[list[int]]:
+             for_rounds: int = 5, to: tuple[str, int] | None = None) -> list[list[int]]:
     """Runs the islands (``_island`` coroutines) while the peers ``cut`` are cut off from the moment
     i1 sends its contribution of round ``at_round`` until the keeper's island (i0) has ended
     ``for_rounds`` more rounds (events, not times: on a loaded machine the rounds a second differ,
     and a cut of 0.8 s lost fewer rounds than the 3 a peer keeps, so the cut island caught up
     without the fetch a test was about), or, with ``for_s``, for that many seconds (a cut of the
     keeper itself, which is about the receive deadline); the rounds each island went through. That
-    contribution is lost, so island 1 is left out of the round whichever island is cut."""
+    contribution is lost, so island 1 is left out of the round whichever island is cut; with ``to``
+    (receiver, layer) the cut begins at that one of its messages, the ones before it delivered."""
     async def main():
         loop = asyncio.get_running_loop()
         keeper = net.syncs["i0"]
@@ -141,7 +146,7 @@ def _run_cut(net: _Net, islands: list, cut: set[str], for_s: float | None = None
                 loop.call_later(for_s, net.cut.difference_update, cut)
 
         keeper.round_end = round_end
-        net.cut_at, net.begin_cut = ("i1", at_round), begin_cut
+        net.cut_at, net.cut_to, net.begin_cut = ("i1", at_round), to, begin_cut
         return await asyncio.gather(*islands)
 
     return asyncio.run(main())
@@ -265,3 +270,21 @@ def test_an_island_late_once_is_left_out_merges_the_members_contributions_and_go
     assert [row["islands"] for row in s0.left_out] == [[1]] * len(s0.left_out) and s0.left_out
     assert s1.rejoins and s1.rejoins[0]["dropped"] and s1.rejoins[0]["round"] in {r["round"] for r in s0.left_out}
     assert _digest(s0) == _digest(s1)
+
+
+def test_a_replica_that_lost_an_islands_contribution_takes_the_round_as_the_keeper_merged_it(monkeypatch):
+    """Island 1 is cut off just as its contribution of round 4 reaches the keeper, i0, and not yet
+    i0b, the keeper's replica (its last message): the keeper counts island 1 in, and i0b, lacking it,
+    waited until the link was back or the epoch failed, holding its whole island (the cut-off test,
+    12 s). It takes the round as the keeper merged it instead, once the keeper's wait for an island
+    is over: every round goes on, and every peer ends on the same anchor."""
+    monkeypatch.setattr(island_members, "LEAVE_MIN_S", 0.3)
+    net, peers, job = _world(replica=True)
+    (s0, l0), (sb, lb), (s1, l1) = peers["i0"], peers["i0b"], peers["i1"]
+    done0, done_b, done1 = _run_cut(net, [_island(s0, l0, 0, 20, 2, 0.05), _island(sb, lb, 0, 20, 2, 0.05),
+                                          _island(s1, l1, 1, 20, 1, 0.1)], {"i1"}, at_round=4, to=("i0b", LAYERS - 1))
+    assert done0 == done_b == list(range(20)) and s0.left_out
+    fetched = [row["round"] for row in sb.rounds if row.get("fetched")]
+    assert fetched == [4], sb.rounds  # the one round it lacked, taken as the keeper merged it
+    assert [row["round"] for row in sb.rounds] == [row["round"] for row in s0.rounds]
+    assert _digest(s0) == _digest(sb) == _digest(s1)

@@ -327,11 +327,14 @@ class OuterSync(Membership):
         if self.island not in members:
             jump = await self._catch_up(r, members, layers, latest)
             return time.time() - t0, jump
+        fetch_at = t0 + leave_after_s(self._round_s())
         while True:
             missing = [(i, layer) for i in members for layer in layers if (r, i, layer) not in self._got]
             if not missing or time.time() >= deadline:
                 break
-            await self._wait_arrival(deadline)
+            if time.time() >= fetch_at and await self._merged_nearby(r, members, layers, missing, deadline):
+                return time.time() - t0, None
+            await self._wait_arrival(deadline if time.time() >= fetch_at else min(deadline, fetch_at))
         waited = time.time() - t0
         if missing:
             # merging without an island here while it (or another) merges with it would leave the
@@ -342,6 +345,34 @@ class OuterSync(Membership):
             raise StepFailed(f"round {r}: island(s) {silent} sent no contribution within {waited:.0f}s")
         self._apply(r, members, layers, waited)
         return waited, None
+
+    async def _merged_nearby(self, r: int, members: list[int], layers: list[int], missing, deadline: float) -> bool:
+        """Contributions of round ``r`` still missing here as long as the keeper waits for an island:
+        the round as merged by this island's other replicas of these layers (version ``r + 1``: the
+        keeper's, where it is one) is fetched and taken instead (the same members' arithmetic: the
+        same anchor). A cut that began with an island's contribution on its way to one replica and
+        not the other held that replica, and its whole island, until the link was back (12 s, the
+        cut-off test). False where no replica here gave it (the wait goes on)."""
+        me = self.peer.peer_id
+        holders = {layer: [p for p in self._owners[self.island][layer] if p != me] for layer in layers}
+        if not all(holders.values()):
+            return False
+        silent = sorted({i for i, _ in missing})
+        log.warning("round %d: island(s) %s's contributions missing here (a cut link?): taking the round as "
+                    "this island's replicas merged it", r, silent)
+        try:
+            got = {layer: await self.fetch(layer, r + 1, holders[layer], self.outer.sizes()[layer], deadline=deadline)
+                   for layer in layers}
+        except StepFailed:
+            return False
+        for layer, (a, m) in got.items():
+            self.outer.load(layer, a, m, keep_feedback=True)
+        self.outer.merged_rounds += 1
+        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": 0.0, "members": members,
+                            "fetched": True, "tokens": 0})
+        for key in [k for k in self._got if k[0] <= r]:
+            del self._got[key]
+        return True
 
     def _apply(self, r: int, members: list[int], layers: list[int], waited: float) -> None:
         contribs = {layer: [self._got[(r, i, layer)] for i in members] for layer in layers}

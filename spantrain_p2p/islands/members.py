@@ -24,8 +24,10 @@ their own layers; the keeper gives every one of them the same answer to the same
 An island that cannot reach the keeper waits for it up to the job's receive timeout plus two
 rounds, then fails the epoch, unless the keeper is alive (``swarm.liveness.is_alive``, the planner's
 own question): then the link is cut, not the keeper gone, and it waits up to ``LIVE_KEEPER_WAIT_S`` more (a re-plan would give the same
-islands). A member whose contribution a peer lacks fails the epoch too (merging without it on one
-side and with it on another would split the anchors for good). The next map resumes every island
+islands). A member whose contribution a peer lacks past the keeper's wait is taken from a replica
+of the same layers in its own island that merged the round (``OuterSync._merged_nearby``); with no
+such replica, past the deadline, it fails the epoch too (merging without it on one side and with it
+on another would split the anchors for good). The next map resumes every island
 from the latest round they all hold. So a silent *keeper* island stops the others until it is back
 or the epoch fails: the keeper is the island with the most compute, the one the others would least
 want to leave out.

@@ -128,8 +128,10 @@ class OuterLayers:
         """(anchor, momentum) per layer: what a peer that takes these layers over starts from."""
         return {i: (self.anchor[i].numpy().copy(), self.momentum[i].numpy().copy()) for i in self.anchor}
 
-    def load(self, layer: int, anchor: torch.Tensor, momentum: torch.Tensor) -> None:
-        """Starts ``layer`` from a saved outer state: weights, anchor and base at ``anchor``."""
+    def load(self, layer: int, anchor: torch.Tensor, momentum: torch.Tensor, keep_feedback: bool = False) -> None:
+        """Starts ``layer`` from a saved outer state: weights, anchor and base at ``anchor``; the
+        exchange's error feedback is cleared, unless ``keep_feedback`` (a round merged elsewhere:
+        this island's own contribution was in it, and its replicas' feedback must stay alike)."""
         if anchor.shape != self.anchor[layer].shape or momentum.shape != anchor.shape:
             raise ValueError(f"outer state of layer {layer} has {anchor.numel()} values, the layer "
                              f"{self.anchor[layer].numel()}")
@@ -137,4 +139,5 @@ class OuterLayers:
         self.base[layer] = anchor.clone()
         self.momentum[layer] = momentum.clone()
         unflat_(self.params[layer], anchor)
-        self.feedback.clear(layer)
+        if not keep_feedback:
+            self.feedback.clear(layer)

@@ -37,6 +37,7 @@ from .outer import Contribution, OuterLayers
 from ..robust import attacks
 from ..robust.aggregate import ClipReport
 from ..robust.verdicts import merge as merge_reports
+from ..swarm.liveness import reachable_at
 from ..models.workload import layer_charge
 
 log = logging.getLogger("spantrain.train")
@@ -186,7 +187,7 @@ class OuterSync(Membership):
             return torch.from_numpy(a.copy()), torch.from_numpy(m.copy())
         while True:
             for src in holders:
-                url = self.peer.data_url_of(src) or self.peer.last_data_url(src)
+                url = reachable_at(self.peer, src)
                 try:
                     if url is None:
                         raise ConnectionError("no live address")
@@ -368,10 +369,7 @@ class OuterSync(Membership):
         for layer, (a, m) in got.items():
             self.outer.load(layer, a, m, keep_feedback=True)
         self.outer.merged_rounds += 1
-        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": 0.0, "members": members,
-                            "fetched": True, "tokens": 0})
-        for key in [k for k in self._got if k[0] <= r]:
-            del self._got[key]
+        self._merged(r, members, 0.0, tokens=0, fetched=True)
         return True
 
     def _apply(self, r: int, members: list[int], layers: list[int], waited: float) -> None:
@@ -386,9 +384,12 @@ class OuterSync(Membership):
         cos = {int(i): round(x, 3) for i, x in by_island.cos.items()}
         if clip and self.on_verdict is not None:  # judged by island (``train.defence``)
             self.on_verdict(r, by_island)
-        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "members": members,
-                            "tokens": sum(c.tokens for c in contribs[layers[0]]) if layers else 0,
-                            **({"clip": clip, "cos": cos} if clip else {})})
+        self._merged(r, members, waited, tokens=sum(c.tokens for c in contribs[layers[0]]) if layers else 0,
+                     **({"clip": clip, "cos": cos} if clip else {}))
+
+    def _merged(self, r: int, members: list[int], waited: float, **row) -> None:
+        """Round ``r`` is merged here (``row``: its figures): noted in ``rounds``, its contributions dropped."""
+        self.rounds.append({"round": r, "epoch": self.smap.epoch, "wait_s": round(waited, 4), "members": members, **row})
         for key in [k for k in self._got if k[0] <= r]:
             del self._got[key]
 
@@ -413,10 +414,7 @@ class OuterSync(Membership):
             charge = layer_charge(self.charges, layer)
             deadline = loop.time() + self.job.recv_timeout_s
             while True:
-                # (where it served last: SWIM holds a peer across a cut dead, and its record leaves the
-                # view, so the contributions stopped for good and a catching-up island fetched round
-                # after round, never merging forward: the cut-off test, 1 suite run in 2)
-                url = self.peer.data_url_of(dst) or self.peer.last_data_url(dst)
+                url = reachable_at(self.peer, dst)
                 try:
                     if url is None:
                         raise ConnectionError("no live address")

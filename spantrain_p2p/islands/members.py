@@ -22,13 +22,13 @@ their own layers; the keeper gives every one of them the same answer to the same
 (``_answers``), so they all reach the same round.
 
 An island that cannot reach the keeper waits for it up to the job's receive timeout plus two
-rounds, then fails the epoch, unless the keeper is alive (``swarm.liveness.is_alive``, the planner's
-own question): then the link is cut, not the keeper gone, and it waits up to ``LIVE_KEEPER_WAIT_S`` more (a re-plan would give the same
-islands). A member whose contribution a peer lacks past the keeper's wait is taken from a replica
-of the same layers in its own island that merged the round (``OuterSync._merged_nearby``); with no
-such replica, past the deadline, it fails the epoch too (merging without it on one side and with it
-on another would split the anchors for good). The next map resumes every island
-from the latest round they all hold. So a silent *keeper* island stops the others until it is back
+rounds, then fails the epoch, unless the keeper is alive (``swarm.liveness.is_alive``, the
+planner's own question): then the link is cut, not the keeper gone, and it waits up to
+``LIVE_KEEPER_WAIT_S`` more (a re-plan would give the same islands). A peer that lacks a member's
+contribution past the keeper's wait takes the round as a replica of the same layers in its own
+island merged it (``OuterSync._merged_nearby``); with no such replica, past the deadline, it fails
+the epoch too (merging without it on one side and with it on another would split the anchors for
+good). The next map resumes every island from the latest round they all hold. So a silent *keeper* island stops the others until it is back
 or the epoch fails: the keeper is the island with the most compute, the one the others would least
 want to leave out.
 """
@@ -42,7 +42,7 @@ from typing import Optional
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError, check_fields
 from ..pipeline.executor import StepFailed
-from ..swarm.liveness import is_alive
+from ..swarm.liveness import is_alive, reachable_at
 
 log = logging.getLogger("spantrain.train")
 
@@ -231,8 +231,7 @@ class Membership:
                   "returning": returning}
         said_cut, asked = False, (0.0, False)  # (when, answer) of the last liveness ping
         while True:
-            # (where it served last: one SWIM found dead across a cut is asked again once it is back)
-            url = self.peer.data_url_of(self._keeper) or self.peer.last_data_url(self._keeper)
+            url = reachable_at(self.peer, self._keeper)
             try:
                 if url is None:
                     raise ConnectionError("no live address")

@@ -132,11 +132,10 @@ class Election:
         found = await self.peer.dht.get(lease_key(self.peer.config.swarm), latest=True, holders=holders)
         # a member: a peer whose live record this one has seen, with no tombstone or eviction since
         # (``Peer.is_member``), not only those SWIM holds alive now: across a cut link SWIM finds the
-        # other side dead in seconds, and a lease its holder still renews is the better word. A
-        # standby that took over there re-planned around a live island (tests/test_islands_swarm.py's
-        # cut-off test, one run in three); a planner that dies still loses its lease within lease_s.
-        # (one that departed is out at once; one further ahead than two leases is made up: its
-        # holder would block every claim until then, having left)
+        # other side dead in seconds, and a lease its holder still renews is the better word (a
+        # standby that took over there re-planned a live island out: the islands' cut-off test, 1 run
+        # in 2 under load); a planner that dies loses its lease within lease_s, one that departed at
+        # once, and a lease further ahead than two is made up (its holder could block every claim)
         from hivemind.utils import get_dht_time
 
         swim = getattr(self.peer, "swim", None)

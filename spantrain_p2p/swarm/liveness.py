@@ -8,6 +8,14 @@ from __future__ import annotations
 STATUS_TIMEOUT_S = 2.0
 
 
+def reachable_at(peer, peer_id: str):
+    """Where to send ``peer_id`` a message it is expected to take (a peer of the map, an island's
+    keeper): its live record's address, else where it served last (None after its tombstone). SWIM
+    holds the other side of a cut dead and drops its record from the view; sends there stopped for
+    good and did not resume once the link was back (the islands' cut-off test)."""
+    return peer.data_url_of(peer_id) or peer.last_data_url(peer_id)
+
+
 async def answers_at(client, url: str, timeout_s: float = STATUS_TIMEOUT_S) -> bool:
     """Whether the data plane at ``url`` answers ``/status`` within ``timeout_s``."""
     try:

@@ -25,6 +25,7 @@ from ..net.framing import FrameError
 from ..plan.stagemap import StageMap
 from . import map_tree
 from ..swarm.keys import epoch_subkey, job_key_of, job_keys, stagemap_key
+from ..swarm.liveness import reachable_at
 from ..swarm.records import MAX_KEY_BYTES, MAX_SIG_BYTES, BadRecord, open_payload, sign_payload
 from ..job.spec import JobRefused, JobSpec
 
@@ -74,6 +75,28 @@ JOB_VOTES = 16
 def job_in_sight(records) -> bool:
     """Whether any of these member records shows a job: its ``job`` field, or a state past idle."""
     return any(r.progress.get("job") or r.state not in ("joining", "idle") for r in records)
+
+
+SIGNED_PARTS = (("body", MAX_MAP_BYTES), ("key", MAX_KEY_BYTES), ("sig", MAX_SIG_BYTES))
+
+
+def map_buffers(signed: dict) -> list:
+    """A signed map as a message's buffers: its body, key and signature."""
+    return [signed[part] for part, _most in SIGNED_PARTS]
+
+
+def signed_of(buffers) -> Optional[dict]:
+    """The signed map in a message's (untrusted) buffers, unchecked but within its sizes; None if
+    they are not three of at most those sizes."""
+    if len(buffers) != len(SIGNED_PARTS) or any(memoryview(b).nbytes > most
+                                                for b, (_part, most) in zip(buffers, SIGNED_PARTS)):
+        return None
+    return {part: bytes(b) for b, (part, _most) in zip(buffers, SIGNED_PARTS)}
+
+
+def _tree(smap: StageMap, root: str) -> list[str]:
+    """The map's peers in the order its copies go down (``map_tree.order``)."""
+    return map_tree.order((p for st in smap.stages for p in st.peers), root, smap.term, smap.epoch)
 
 
 class RunRecords:
@@ -287,7 +310,7 @@ class RunRecords:
         if not others:
             return False
         p = random.choice(others)
-        url = self.peer.data_url_of(p) or self.peer.last_data_url(p)
+        url = reachable_at(self.peer, p)
         try:
             if url is None:
                 raise ConnectionError("no address")
@@ -301,12 +324,8 @@ class RunRecords:
             return False
         if not reply or not reply[1]:
             return None
-        bufs = reply[1]
-        if len(bufs) != 3 or any(memoryview(b).nbytes > most for b, most in
-                                 zip(bufs, (MAX_MAP_BYTES, MAX_KEY_BYTES, MAX_SIG_BYTES))):
-            return False
-        value = dict(zip(("body", "key", "sig"), (bytes(b) for b in bufs)))
-        got = self._valid_map(value, f"map from {p[:16]}")
+        value = signed_of(reply[1])
+        got = self._valid_map(value, f"map from {p[:16]}") if value is not None else None
         if got is None or (got[1].term, got[1].epoch) <= (current.term, current.epoch):
             return False
         self._hold((got[1].term, got[1].epoch), value)
@@ -320,8 +339,7 @@ class RunRecords:
             raise FrameError("a map asked for is {job, term, epoch}")
         if self.job is None or header.get("job") != self.job.job_id or self._signed is None or self._signed[0] <= head:
             return None
-        signed = self._signed[1]
-        return {"term": self._signed[0][0], "epoch": self._signed[0][1]}, [signed["body"], signed["key"], signed["sig"]]
+        return {"term": self._signed[0][0], "epoch": self._signed[0][1]}, map_buffers(self._signed[1])
 
     def install(self, dataplane) -> None:
         """This peer's handlers of a map's news (a copy handed down) and of a member's quiet check."""
@@ -399,13 +417,12 @@ class RunRecords:
         if self.job is not None and header.get("job") != self.job.job_id:
             return None
         if buffers and self.job is not None:
-            if len(buffers) != 3 or any(memoryview(b).nbytes > most for b, most in
-                                        zip(buffers, (MAX_MAP_BYTES, MAX_KEY_BYTES, MAX_SIG_BYTES))):
+            value = signed_of(buffers)
+            if value is None:
                 raise FrameError("a map handed down is three buffers: its signed body, key and signature")
-            digest = hashlib.sha256(buffers[0]).digest()
+            digest = hashlib.sha256(value["body"]).digest()
             if digest in self._taken:  # the same map again (a sender's retry, a replay): parsed once
                 return None
-            value = dict(zip(("body", "key", "sig"), (bytes(b) for b in buffers)))
             got = self._valid_map(value, f"map from {str(header.get('src', '?'))[:16]}")
             if got is None:
                 raise FrameError("not a valid stage map of this job signed by a member")
@@ -426,7 +443,7 @@ class RunRecords:
                 self._passed_on.add(head)
                 if len(self._passed_on) > 64:
                     self._passed_on.discard(min(self._passed_on))
-                tree = map_tree.order((p for st in smap.stages for p in st.peers), signer, *head)
+                tree = _tree(smap, signer)
                 self.peer.spawn(self._hand_down(tree, map_tree.children(tree, self.peer.peer_id, signer), head, value),
                                 "map-push")
             return None
@@ -464,7 +481,7 @@ class RunRecords:
 
         self._news.set()  # this peer's own waiters
         self._passed_on.add(head)
-        tree = map_tree.order((p for st in smap.stages for p in st.peers), me, *head)
+        tree = _tree(smap, me)
         in_map = set(tree)
         await asyncio.gather(self._hand_down(tree, map_tree.children(tree, me, me), head, signed),
                              *(tell(r) for r in self.peer.live_members()
@@ -474,10 +491,10 @@ class RunRecords:
         """The signed map to each of ``kids``; one that does not take it within PUSH_TIMEOUT_S has
         its own children sent it from here (so a dead peer costs its subtree nothing)."""
         header = {"job": self.job.job_id, "term": head[0], "epoch": head[1]}
-        buffers = [signed["body"], signed["key"], signed["sig"]]
+        buffers = map_buffers(signed)
 
         async def give(p: str) -> None:
-            url = self.peer.data_url_of(p) or self.peer.last_data_url(p)
+            url = reachable_at(self.peer, p)
             try:
                 if url is None:
                     raise ConnectionError("no address")

@@ -34,13 +34,22 @@ def test_peers_agree_on_groups_and_planner_and_replace_a_killed_planner(peers):
 
     regions = [["east-1", "east-2"], ["west-1", "west-2"]]
 
+    seen = {}
+
     def agreed_on_regions():
         # the peers may first agree on a snapshot where a link is not probed yet (a loaded machine):
         # it splits a region; they agree again once every link is in
+        for p in everyone:
+            t = p.status()["train"]
+            seen[p.name] = {k: t.get(k) for k in ("groups", "groups_digest", "planner", "term")}
         r = agreed(everyone)
         return r if r is not None and sorted(map(sorted, r[0]["groups"])) == regions else None
 
-    first_view, (planner, term), epochs = wait_until(agreed_on_regions, 90)
+    try:
+        first_view, (planner, term), epochs = wait_until(agreed_on_regions, 90, what="agreed regions")
+    except TimeoutError:
+        print("each peer's last view:", seen)
+        raise
     assert sorted(map(sorted, first_view["groups"])) == regions
     in_map = lambda p: (p.status()["train"]["stage"] is not None)
     wait_until(lambda: any(in_map(p) for p in everyone) and

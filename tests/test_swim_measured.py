@@ -119,3 +119,62 @@ async def test_news_of_a_member_brings_its_address_as_a_hint_for_one_known_by_ne
     for bad in ({"x": 5}, {"": "http://a"}, ["QmOnlyHeardOf"], {f"Qm{i}": "http://a" for i in range(17)}):
         with pytest.raises(FrameError):
             await loop.handle({**header, "urls": bad}, bufs)
+
+
+def _links(n: int, changed: float, mv: int) -> dict:
+    return {"links": {f"Qm{i:04d}": {"dst": f"Qm{i:04d}", "status": "ok", "rtt_ms": 5.0 + i, "mbps": changed if i == 3 else 100.0 + i,
+                                     "bulk_bytes": 1 << 20, "seconds": 0.4} for i in range(n)}, "mv": mv}
+
+
+async def test_links_sent_again_go_as_the_change_to_the_last_taken_and_whole_to_a_watcher_that_lacks_it():
+    """A peer's new links go to the watchers on each change of its weather (issue 33: the busiest
+    voter's largest load at 1,000 peers): once a watcher took an entry, the next goes as the change
+    (``swarm.deltas``), rebuilt and checked against the sender's signature there; a watcher that
+    holds nothing to rebuild from says so, and gets it whole at once."""
+    from spantrain_p2p.swarm.deltas import Held
+
+    a, _, _ = loop_and_inbox()
+    b, got, _ = loop_and_inbox()
+    me = Identity.generate()
+    a.peer.peer_id = a.swim.me = me.peer_id
+    wire = []
+
+    async def send(url, kind, header, bufs, timeout, link, peer_id):
+        wire.append(sum(len(x) for x in bufs))
+        return await b.handle({**header, "src": me.peer_id}, [np.frombuffer(x, dtype=np.uint8) for x in bufs])
+
+    a.peer.client = types.SimpleNamespace(send=send)
+    a.peer.link_to = lambda p: None
+    a._learn_url(b.peer.peer_id, "http://127.0.0.1:3")
+    rec = seal(PeerRecord(peer_id=me.peer_id, seq=3, ts=1.0, state="ready", version="x", data_url="http://127.0.0.1:2",
+                          maddrs=(), instance=a.swim.life, progress={"mv.links": 2}), me)
+    entries = [sign_payload(_links(16, 10.0 * k, k), me) for k in (1, 2, 3)]
+    assert await a._send(b.peer.peer_id, "news", 1.0, record=rec, measured={measure.LINKS: entries[0]})
+    assert await a._send(b.peer.peer_id, "news", 1.0, record=rec, measured={measure.LINKS: entries[1]})
+    assert [p for _, _, p in got] == [_links(16, 10.0, 1), _links(16, 20.0, 2)]
+    whole, change = wire[0] - len(msgpack.packb(rec, use_bin_type=True)), wire[1] - len(msgpack.packb(rec, use_bin_type=True))
+    assert change < whole / 5, (whole, change)
+
+    b.held = Held()  # b forgot (a restart, or bodies past its bound): told a change, it asks for the whole
+    assert await a._send(b.peer.peer_id, "news", 1.0, record=rec, measured={measure.LINKS: entries[2]})
+    assert len(wire) == 4 and wire[3] - wire[2] > whole / 2
+    assert [p for _, _, p in got][-1] == _links(16, 30.0, 3)
+
+
+async def test_a_change_not_signed_by_its_sender_is_refused():
+    loop, got, _ = loop_and_inbox()
+    sender = Identity.generate()
+    first = sign_payload(_links(16, 10.0, 1), sender)
+    header, bufs = message(sender, [measure.LINKS], [first])
+    await loop.handle(header, bufs)
+    from spantrain_p2p.swarm.deltas import delta, digest
+    body = msgpack.packb(_links(16, 99.0, 2), use_bin_type=True)
+    forged = {"base": digest(first["body"]), "z": delta(body, first["body"]), "sig": first["sig"]}  # the old signature
+    header, bufs = message(sender, [measure.LINKS], [forged])
+    with pytest.raises(FrameError, match="refused"):
+        await loop.handle(header, bufs)
+    bomb = {"base": digest(first["body"]), "z": __import__("zlib").compress(b"\0" * (1 << 22))[2:-4], "sig": first["sig"]}
+    header, bufs = message(sender, [measure.LINKS], [bomb])
+    with pytest.raises(FrameError, match="refused"):
+        await loop.handle(header, bufs)
+    assert len(got) == 1

@@ -30,6 +30,7 @@ import msgpack
 from ..net import framing
 from ..net.wire import RemoteError
 from ..swarm import membership
+from ..swarm.deltas import Held, Sent
 from ..swarm.measure import MAX_BYTES as MEASURE_MAX_BYTES, VERSIONED, versions_changed
 from ..swarm.records import BadRecord, open_payload, open_record
 from ..swarm.swim import (ALIVE, GONE, LEFT, MAX_NAME, MAX_NEWS, STATES, SUSPECT, News, Swim, SwimParams, check_inc,
@@ -58,6 +59,7 @@ class SwimLoop:
         self.params = params
         self.swim = Swim(peer.peer_id, peer.instance, params)
         self._to_read: set[str] = set()  # members whose record a watcher reads next poll
+        self.sent, self.held = Sent(), Held()  # measurements sent again as changes (``swarm.deltas``)
         self._read_wake = asyncio.Event()
         self.urls: dict[str, str] = {}  # data-plane address of members, in their own words (their pings)
         self.hinted: set[str] = set()  # members whose address came from another's list, not their own word
@@ -200,7 +202,7 @@ class SwimLoop:
         if len(buffers) != (1 + len(kinds) if with_record else 0) or (with_record and buffers[0].nbytes > MAX_SENT_RECORD) \
                 or any(b.nbytes > MAX_SENT_MEASURED for b in buffers[1:]):
             raise framing.FrameError("a swim message carries no buffers but a news message's record and its measurements")
-        src, now = header["src"], time.monotonic()
+        src, now, lacks = header["src"], time.monotonic(), []
         self._learn_url(src, header["url"])
         size = _size(header) + sum(b.nbytes for b in buffers)
         # the sender's own word first (a joiner's first ping adds it), then what it heard
@@ -216,7 +218,7 @@ class SwimLoop:
             if record.instance == life and not self.swim.gone(src, life):
                 self.peer.take_records({src: record})
                 self.records_taken += 1
-                self._take_measured(src, kinds, buffers[1:])
+                lacks = self._take_measured(src, kinds, buffers[1:])
         ok, buffers_out = True, []
         if header["op"] == "list":
             buffers_out = [msgpack.packb(self._list(src), use_bin_type=True)]
@@ -225,26 +227,35 @@ class SwimLoop:
             if not isinstance(target, str) or target not in self.swim.members or target == src:
                 raise framing.FrameError("a req names a member to ping, not the sender")
             ok = await self._ping(target, self.params.ack_s)
-        reply = self._header("ack", src, ok=ok)
+        reply = self._header("ack", src, ok=ok, **({"lacks": lacks} if lacks else {}))
         self.peer.control.tally(True, header["op"], KIND, size, _size(reply) + sum(len(b) for b in buffers_out))
         return reply, buffers_out
 
-    def _take_measured(self, src: str, kinds: list, buffers: list) -> None:
-        """A member's new measurement entries, sent with its record: each must be signed by it."""
-        take = getattr(self.peer, "on_measured", None)
+    def _take_measured(self, src: str, kinds: list, buffers: list) -> list[str]:
+        """A member's new measurement entries, sent with its record, whole or as the change to the
+        last one taken (``swarm.deltas``): each must be signed by it. Returns the kinds sent as a
+        change of an entry not held (where this peer takes them: its coordinator's)."""
+        take, lacks = getattr(self.peer, "on_measured", None), []
         for kind, buf in zip(kinds, buffers):
             try:
-                value = msgpack.unpackb(bytes(buf), raw=False, max_array_len=16, max_map_len=16,
-                                        max_str_len=MAX_SENT_MEASURED, max_bin_len=MAX_SENT_MEASURED)
+                value = self.held.whole(src, kind, msgpack.unpackb(
+                    bytes(buf), raw=False, max_array_len=16, max_map_len=16, max_str_len=MAX_SENT_MEASURED,
+                    max_bin_len=MAX_SENT_MEASURED), MEASURE_MAX_BYTES)
+                if value is None:
+                    if take is not None:
+                        lacks.append(kind)
+                    continue
                 signer, payload = open_payload(value, MEASURE_MAX_BYTES)
-            except BadRecord as e:
+            except (BadRecord, ValueError) as e:
                 raise framing.FrameError(f"the {kind} sent is refused: {e}") from None
             except Exception as e:
                 raise framing.FrameError(f"the {kind} sent is not msgpack ({e.__class__.__name__})") from None
             if signer != src:
                 raise framing.FrameError(f"the {kind} sent is signed by {signer[:16]}, not its sender")
             if take is not None:
+                self.held.keep(src, kind, value)
                 take(src, kind, payload)
+        return lacks
 
     def _list(self, to: str) -> list:
         """This peer's live members with their addresses (itself included, ``to`` not): a joiner's start."""
@@ -284,8 +295,10 @@ class SwimLoop:
         if url is None:
             return None
         signed, measured = extra.pop("record", None), extra.pop("measured", None) or {}
-        # the measurements with the record, each within what a receiver takes (a larger one: read from the DHT)
-        packed = {w: b for w, v in measured.items() if len(b := msgpack.packb(v, use_bin_type=True)) <= MAX_SENT_MEASURED} \
+        # the measurements with the record (as changes where ``to`` took the last: ``swarm.deltas``), each
+        # within what a receiver takes (a larger one: read from the DHT)
+        packed = {w: b for w, v in measured.items()
+                  if len(b := msgpack.packb(self.sent.wire(to, w, v), use_bin_type=True)) <= MAX_SENT_MEASURED} \
             if signed is not None else {}
         header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}),
                               **({"measured": list(packed)} if packed else {}))
@@ -317,6 +330,17 @@ class SwimLoop:
         now = time.monotonic()
         self._learn_url(to, reply["url"])
         self._apply(self.swim.acked(to, life, inc, now, rec) + self.swim.merge(news, now, sender=to))
+        if packed:
+            said = reply.get("lacks")
+            lacks = [w for w in packed if isinstance(said, list) and w in said]
+            for w in packed:
+                if w in lacks:
+                    self.sent.lacked(to, w)
+                else:
+                    self.sent.acked(to, w, measured[w])
+            if lacks:  # it holds no entry to rebuild these from: once more, whole
+                return await self._send(to, op, timeout, want_buffers, shaped, record=signed,
+                                        measured={w: measured[w] for w in lacks}, **extra)
         return {**reply, "_buffers": buffers} if want_buffers else reply
 
     async def _ping(self, target: str, timeout: float) -> bool:

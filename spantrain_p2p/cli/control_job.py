@@ -33,7 +33,7 @@ def designs(n: int, weather: bool = True, weather_s: float = 0.0) -> dict[str, J
         far_lease_s=max(1.0, min(election.FAR_MAX_S, election.FAR_PER_PEER_S * n)), far_holders=election.FAR_HOLDERS,
         step_record_s=min(cfg.record_s, max(cfg.step_record_s, STEP_RECORD_PER_PEER_S * n)), step_told=False,
         measure_keep_s=900.0, weather_s=max(REPLAN_CHECK_S, measuring.PASSIVE_PER_PEER_S * n) if weather else never,
-        versions=True, pushed=True, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False,
+        versions=True, pushed=True, link_deltas=True, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False,
         map_push=True, map_fanout=map_tree.FANOUT, map_check_peer=True)
     if weather_s:
         before, now = replace(before, weather_s=max(weather_s, before.weather_s)), replace(now, weather_s=max(weather_s, now.weather_s))
@@ -43,7 +43,8 @@ def designs(n: int, weather: bool = True, weather_s: float = 0.0) -> dict[str, J
 def sizes_at(n: int) -> JobSizes:
     s = entry_sizes()
     _took, map_bytes = planner_at(n)
-    return JobSizes(link_entry=s.links, profile_entry=s.profile, job_copy=s.job_copy, map_bytes=map_bytes)
+    return JobSizes(link_entry=s.links, link_change=s.links_change, profile_entry=s.profile, job_copy=s.job_copy,
+                    map_bytes=map_bytes)
 
 
 def figures(ns, weather: bool = True) -> dict:
@@ -85,7 +86,8 @@ def calibrate(path: str) -> dict:
         # the maps in the key: those of the epochs of the last MAP_TTL_S (all of them where the run
         # was shorter), half of them on average over the run
         ttl = 600.0 if name == "before" else run_records.MAP_TTL_S
-        des = replace(des, maps_held=max(1, round(epochs * min(1.0, ttl / window) / 2)))
+        # each peer's state changes twice an epoch (a told record: news)
+        des = replace(des, maps_held=max(1, round(epochs * min(1.0, ttl / window) / 2)), news_per_s=2 * n * epochs / window)
         f, e = simulate_job(des, n, z)
         # a byte moved counts at both ends (sent by one peer, received by another), as the meter counts it
         moved = e["peer_bytes"] + (e["planner_bytes"] - e["peer_bytes"]) / n

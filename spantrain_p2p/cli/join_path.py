@@ -71,6 +71,7 @@ class Sizes:
     job_copy: int = 2300
     profile: int = 1500
     links: int = 3300
+    links_change: int = 330  # the links sent again to a watcher that took the last, one link changed (``swarm.deltas``)
     member_list_entry: int = 100
     stage_map: dict = field(default_factory=dict)  # n -> bytes of its signed stage map
 
@@ -149,6 +150,7 @@ def entry_sizes(num_layers: int = 8, links: int = 10) -> Sizes:
     from ..net.prober import LinkMeasurement
     from ..profile.profiler import DeviceProfile
     from ..swarm import keys
+    from ..swarm.deltas import Sent
     from ..swarm.identity import Identity
     from ..swarm.records import sign_payload
     from ..swarm.validator import SwarmValidator
@@ -166,7 +168,13 @@ def entry_sizes(num_layers: int = 8, links: int = 10) -> Sizes:
     ids = [Identity.generate().peer_id for _ in range(links)]
     link = {p: LinkMeasurement(p, "ok", 12.345678, 123.456789, "", 1 << 20, 0.5).to_dict() for p in ids}
     job = JobSpec(steps=1000).finalized()
+    sent, mv = Sent(), int(time.time() * 10)
+    before = sign_payload({"links": link, "mv": mv}, me, 1 << 20)
+    sent.wire("w", keys.LINKS, before)
+    sent.acked("w", keys.LINKS, before)
+    after = sign_payload({"links": {**link, ids[3]: {**link[ids[3]], "mbps": 98.7654321}}, "mv": mv + 1}, me, 1 << 20)
     return Sizes(
+        links_change=len(msgpack.packb(sent.wire("w", keys.LINKS, after), use_bin_type=True)),
         job_copy=stored(keys.job_key_of("s", me.peer_id), job.to_dict()),
         profile=stored(keys.measure_key_of("s", keys.PROFILES, me.peer_id),
                        {"profile": prof.to_dict(), "job": job.job_id, "tflops": 12.5, "provisional": False}),

@@ -17,10 +17,12 @@ swarm (``control_swim.charge_swim``, its job polls off: the job is in sight), ea
   ``measure_keep_s`` (None: never);
 - **weather**: each peer publishes new links every ``weather_s`` (the code's bound: its most
   often); with ``versions``, its record says so and goes to the planner, its standby and the
-  grouping's ``voters``, with the entry where ``pushed``, else they read that peer's links key
+  grouping's ``voters``, with the entry where ``pushed`` (as the change to the last where
+  ``link_deltas``), else they read that peer's links key
   from one node; without, the readers read every
   profile and link from two nodes each every ``whole_read_s`` (what they did before);
-- **accusations**: the planner reads the accusation keys every second (empty: no attack).
+- **accusations**: the planner reads the accusation keys every second (empty: no attack, and
+  nobody holds them: one search for them all, ``accuse_searched``; else two nodes of each).
 
 Each epoch (a new map) adds a burst, reported apart (``per_epoch``): every peer reads the new map
 (``news_holders`` of the key's nodes), or with ``map_push`` takes it down the tree of ``map_tree``
@@ -49,6 +51,7 @@ class JobSizes:
     """The job's own entries; a member record, a find's and a store's framing are the calibrated
     ``control_plane.Sizes`` of the design's SWIM (``JobDesign.swim.sizes``), a ping its ``ping_bytes``."""
     link_entry: int = 3300  # one peer's links (10 probed) as stored
+    link_change: int = 330  # its links sent again as the change to the last (``swarm.deltas``), one link changed
     profile_entry: int = 1500
     job_copy: int = 2300
     lease_entry: int = 700
@@ -78,8 +81,10 @@ class JobDesign:
     weather_s: float = 5.0
     versions: bool = False
     pushed: bool = False  # with versions: the new entry goes with the record (else each reader reads its key)
+    link_deltas: bool = False  # pushed: as the change to the entry the reader took last
     whole_read_s: float = 5.0
     accuse_keys: int = 8
+    accuse_searched: bool = True  # the keys empty (no attack): one search for them all, of ``swim.visits`` nodes
     map_members_read: bool = True
     alive_by_status: bool = True
     map_push: bool = False
@@ -88,7 +93,9 @@ class JobDesign:
     member_buckets: int = 8
     links_buckets: int = 32
     profiles_buckets: int = 16
-    swim: SwimDesign = field(default_factory=lambda: SwimDesign(job_poll_s=None))
+    record_news: bool = True  # a changed record (a state, a measurement version) is news on the pings
+    news_per_s: float = 0.0  # changed records swarm-wide a second beside the weather's (a live run's epochs)
+    swim: SwimDesign = field(default_factory=lambda: SwimDesign(job_poll_s=None, head_bytes=24))
 
 
 def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: int = 0) -> tuple[ControlFigures, dict]:
@@ -105,9 +112,10 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
     planner, lead = order[0], order[:d.watchers]
     readers = order[:max(d.watchers, d.voters)]  # the planner, its standby and the voters
     close = set(order[:1 + d.close])
-    # step news rides on the pings: a piece per told record, spread as every other piece of news
-    step_news = n / d.step_record_s if d.step_told else 0.0
-    charge_swim(replace(d.swim, replicas=5), n, rng, ids, ledger, extra_events_per_s=step_news)
+    # a told record is news on the pings, a piece each, spread as every other piece: its step, its
+    # links' new version (weather), a state (a live run's epochs)
+    record_news = (n / d.step_record_s if d.step_told else 0.0) + (n / d.weather_s if d.versions else 0.0) + d.news_per_s
+    charge_swim(replace(d.swim, replicas=5), n, rng, ids, ledger, extra_events_per_s=record_news if d.record_news else 0.0)
 
     def holders(key_seed: int, k: int, me: int) -> list[int]:
         r = random.Random(key_seed)
@@ -165,7 +173,8 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
             for r in readers:
                 if r != p:
                     if d.pushed:  # told, the entry with the record
-                        call(p, r, w, ping + dht.entry + z.link_entry, ping, "links pushed")
+                        call(p, r, w, ping + dht.entry + (z.link_change if d.link_deltas else z.link_entry), ping,
+                             "links pushed")
                     else:  # told, and its key read by each of them
                         call(p, r, w, ping + dht.entry, ping, "records told")
                         read(r, lk, w, links_value, 1)
@@ -184,8 +193,12 @@ def simulate_job(design: JobDesign, n: int, sizes: JobSizes = JobSizes(), seed: 
     store(planner, lease_key, 1.0 / d.lease_s, z.lease_entry)
     if d.map_keep_s:
         store(planner, map_key, 1.0 / d.map_keep_s, z.map_bytes)
-    for b in range(d.accuse_keys):
-        read(planner, accuse_base + b, 1.0, 0, 2)
+    if d.accuse_searched:  # nobody holds them: ``GuardedDHT.get_many`` searches for them all at once
+        for h in rng.sample([i for i in range(n) if i != planner], min(n - 1, d.swim.visits)):
+            call(planner, h, 1.0, dht.find_request, dht.value_base, "accusations read")
+    else:
+        for b in range(d.accuse_keys):
+            read(planner, accuse_base + b, 1.0, 0, 2)
 
     # one epoch's burst, per peer (bytes up + down)
     member_read = sum(5 * (dht.find_request + (n / d.member_buckets) * dht.entry) for _ in member_key)

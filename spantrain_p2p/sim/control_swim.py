@@ -47,6 +47,8 @@ class SwimDesign:
     retransmit_factor: float = 3.0
     ping_bytes: int = 96  # a ping or an ack without news: its frame (version, op, incarnation, life, record seq, address)
     update_bytes: int = 62  # one piece of news: peer id, state code, incarnation, life, record seq (measured)
+    url_bytes: int = 72  # the address beside a piece of news of a live member (``urls``, a hint; measured)
+    head_bytes: int = 0  # on every message, the head of the stage map its sender follows (a job's: 24)
     list_entry_bytes: int = 100  # one member in the list a joiner asks a member for (news and its address)
     buckets: int = 8  # member keys (``keys.MEMBER_BUCKETS``)
     record_s: float = 300.0
@@ -80,7 +82,7 @@ def charge_swim(d: SwimDesign, n: int, rng: random.Random, ids: list[int], ledge
     events_per_s = n * d.churn_per_hour / 3600.0 + extra_events_per_s
     sends_per_event = n * d.retransmit_factor * max(1.0, math.log2(n))
     carried = min(2.0 * d.piggyback, events_per_s * sends_per_event / (2.0 * n / d.probe_s))  # per ping + ack pair
-    ping = d.ping_bytes + carried / 2 * d.update_bytes
+    ping = d.ping_bytes + d.head_bytes + carried / 2 * (d.update_bytes + d.url_bytes)
     of = [rng.randrange(d.buckets) for _ in range(n)]
     values = [z.value_base + of.count(b) * z.entry for b in range(d.buckets)]
     neighbours = min(z.bucket, n - 1) * z.neighbour
@@ -92,11 +94,11 @@ def charge_swim(d: SwimDesign, n: int, rng: random.Random, ids: list[int], ledge
     for p in range(n):
         # one probe a round to a random member (its ack back); on average each peer is probed once a round
         other = rng.randrange(n - 1)
-        call(p, other + (other >= p), 1.0 / d.probe_s, ping, ping)  # any peer but p itself
+        call(p, other + (other >= p), 1.0 / d.probe_s, ping, ping, "swim pings")  # any peer but p itself
         mine = [i for i in near[of[p]] if i != p][:d.replicas]
         for r in mine:  # its record, re-stored; its key's nodes, looked up (a search beside the key: no value)
-            call(p, r, 1.0 / d.record_s, z.store_request_base + z.entry, z.store_response)
-            call(p, r, 1.0 / d.lookup_s, z.find_request, neighbours)
+            call(p, r, 1.0 / d.record_s, z.store_request_base + z.entry, z.store_response, "members stored")
+            call(p, r, 1.0 / d.lookup_s, z.find_request, neighbours, "key nodes looked up")
         if d.job_poll_s:
             job = [i for i in job_near if i != p][:d.replicas]
             for r in job:

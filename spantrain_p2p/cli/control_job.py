@@ -33,7 +33,7 @@ def designs(n: int, weather: bool = True, weather_s: float = 0.0) -> dict[str, J
         far_lease_s=max(1.0, min(election.FAR_MAX_S, election.FAR_PER_PEER_S * n)), far_holders=election.FAR_HOLDERS,
         step_record_s=min(cfg.record_s, max(cfg.step_record_s, STEP_RECORD_PER_PEER_S * n)), step_told=False,
         measure_keep_s=900.0, weather_s=max(REPLAN_CHECK_S, measuring.PASSIVE_PER_PEER_S * n) if weather else never,
-        versions=True, pushed=True, link_deltas=True, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False,
+        versions=True, pushed=True, link_deltas=True, record_news=False, voters=coordinator.GROUP_VOTERS, map_members_read=False, alive_by_status=False,
         map_push=True, map_fanout=map_tree.FANOUT, map_check_peer=True)
     if weather_s:
         before, now = replace(before, weather_s=max(weather_s, before.weather_s)), replace(now, weather_s=max(weather_s, now.weather_s))

@@ -410,11 +410,14 @@ class SwimLoop:
         # the lowest ids among the confirmed members, and among all heard of (a joiner has confirmed
         # few yet: its list's members are the best it knows; a made-up one costs one message)
         heard = [p for p, m in self.swim.members.items() if m.state not in GONE]
+        missed = False
         for w in dict.fromkeys([*said, *membership.watchers(self.swim.live() + me), *membership.watchers(heard + me)]):
             if w != self.peer.peer_id and await self._send(w, "news", self.params.ack_s * 2, **extra) is None \
                     and "record" in extra:  # a record once more: a voter that missed it votes on another snapshot
                 await asyncio.sleep(self.params.ack_s)
-                await self._send(w, "news", self.params.ack_s * 2, **extra)
+                missed = missed or await self._send(w, "news", self.params.ack_s * 2, **extra) is None
+        if missed:  # a watcher missed it twice: the news goes on the pings too, to reach it another way
+            self.swim.record(self.swim.rec, spread=True)
 
     # ---- tasks ------------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -43,6 +43,11 @@ class SwimParams:
     piggyback: int = 6  # pieces of news on one ping or ack, at most
     retransmit_factor: float = 3.0
     forget_s: float = 60.0  # a dead or departed member's entry is dropped this long after
+    # a member's newer record (its state, a measurement's version) passed on as news: only the
+    # watchers act on it, and its owner tells them directly (``peer.swim_loop``); spread on the
+    # pings as well, at 1,000 peers with links changing once a second swarm-wide, it filled every
+    # ping (6 pieces, 0.9 KB) and was most of a peer's control traffic (``sim.control_job``)
+    record_news: bool = False
 
 
 @dataclass(frozen=True)
@@ -230,10 +235,13 @@ class Swim:
         """This peer's goodbye (news, to send to a few members)."""
         return self._spread(News(self.me, LEFT, self.inc, self.life, self.rec))
 
-    def record(self, seq: int) -> News:
-        """This peer stored a new record (``seq``): news, so that others read it again."""
-        self.rec = max(self.rec, seq)
-        return self._spread(News(self.me, ALIVE, self.inc, self.life, self.rec))
+    def record(self, seq: int, spread: bool = False) -> News:
+        """This peer stored a new record (``seq``), which its every message says from now on (``rec``);
+        news passed on where ``spread`` (a watcher missed it), it is the life's first, or
+        ``params.record_news``."""
+        first, self.rec = self.rec == 0, max(self.rec, seq)
+        n = News(self.me, ALIVE, self.inc, self.life, self.rec)
+        return self._spread(n) if spread or first or self.params.record_news else n
 
     # ---- news --------------------------------------------------------------------------------
     def merge(self, news: list[News], now: float, sender: str = "") -> list[News]:
@@ -261,9 +269,11 @@ class Swim:
                 continue  # made up
             elif overrides(n, m):
                 m.state, m.inc, m.since, m.rec = n.state, n.inc, now, max(m.rec, n.rec)
-            elif n.rec > m.rec and m.state not in GONE:  # a newer record of a member as it was
-                m.rec = n.rec
+            elif n.rec > m.rec and m.state not in GONE:  # a newer record of a member as it was: a
+                m.rec = n.rec  # change (a watcher reads it), passed on only where ``record_news``
                 n = News(n.peer, m.state, m.inc, m.life, n.rec)
+                changed.append(self._spread(n) if self.params.record_news else n)
+                continue
             else:
                 continue
             changed.append(self._spread(n))

@@ -181,3 +181,11 @@ def test_copies_spaced_to_land_leave_a_step_every_layer_was_kept_at():
     assert _crash_resume(every=1, lag=4, crash=49) == 0
     assert _crash_resume(every=8, lag=4, crash=49) == 40
     assert all(_crash_resume(every=8, lag=4, crash=c) >= c - 2 * 8 for c in range(8, 80))
+
+
+def test_the_search_for_a_better_plan_keeps_to_its_share_of_a_core():
+    from spantrain_p2p.train.decide import REPLAN_CHECK_S, REPLAN_CPU_SHARE, replan_check_s
+
+    assert replan_check_s(0.01) == REPLAN_CHECK_S  # a small swarm's search: every check
+    assert replan_check_s(0.5) == 0.5 / REPLAN_CPU_SHARE  # lan-20's: 25 s apart, 2 % of a core
+    assert replan_check_s(0.5) >= REPLAN_CHECK_S

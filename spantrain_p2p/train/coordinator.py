@@ -23,7 +23,8 @@ from ..swarm.election import Election
 from .defence import evictions, gate_evictions, read_accusations, receivers
 from . import planning
 from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, copy_every,
-                     epoch_verdict, swarm_mtbf_s, memory_caps, out_of_memory, refit_fixed, resume_point, same_layout, stalled)
+                     epoch_verdict, swarm_mtbf_s, memory_caps, out_of_memory, refit_fixed, replan_check_s, resume_point,
+                     same_layout, stalled)
 from ..swarm.liveness import is_alive
 from .recovery import copy_cost_s_per_byte
 
@@ -70,6 +71,12 @@ def map_states(peer, smap) -> dict[str, str]:
     return {r.peer_id: r.state for r in peer.live_members() if r.peer_id in mine}
 
 
+def _timed(fn, *args):
+    """(``fn(*args)``, the CPU seconds it took on this thread): run in a worker thread."""
+    t0 = time.thread_time()
+    return fn(*args), time.thread_time() - t0
+
+
 def _links_entry(payload: dict) -> tuple[dict, int]:
     """What a links entry is held as: (its links, its version)."""
     return payload["links"], measure.version_of(payload)
@@ -110,6 +117,7 @@ class Coordinator:
         self._stall = (-1, 0)  # decide.stalled: (the most steps trained, broken epochs since that grew)
         self._stall_epoch = -1  # the last broken epoch counted
         self._last_gain_check = 0.0
+        self._check_every = REPLAN_CHECK_S  # (``decide.replan_check_s`` of the last search)
         # failures this planner saw (peers of its view that stopped answering), over how long it watched
         # how many peers: the swarm's failure rate, which spaces the buddy copies (``_copy_every``)
         self._failed: set[str] = set()
@@ -327,7 +335,7 @@ class Coordinator:
         """A newcomer or a lasting change of links: re-plan only when a new plan is predicted to
         be much faster on the latest measurements, and still is a while later (the hysteresis)."""
         now = time.monotonic()
-        if now - self._last_gain_check < REPLAN_CHECK_S or planning.model_profile(self.job) is None:
+        if now - self._last_gain_check < self._check_every or planning.model_profile(self.job) is None:
             return False
         self._last_gain_check = now
         if self.job.plan != "planner" or not self.measure_links or current.islands:
@@ -342,7 +350,8 @@ class Coordinator:
         else:
             snap = planning.snapshot(profiles, links, ids)
             cur = planning.current_cost(current, self.job, snap)
-            new = await asyncio.to_thread(planning.make_plan, self.job, snap, "planner")
+            new, took = await asyncio.to_thread(_timed, planning.make_plan, self.job, snap, "planner")
+            self._check_every = replan_check_s(took)
             self._weigh(ids)
             new_s = new.step_s
             gain = cur / new_s - 1 if new_s > 0 else 0.0

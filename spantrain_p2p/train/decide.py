@@ -14,6 +14,17 @@ from ..models import state as layer_state
 REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
 REPLAN_HOLD_S = 10.0  # ...for this long (checked every REPLAN_CHECK_S) before stages move
 REPLAN_CHECK_S = 5.0
+# the planner's search for a better plan (on each change of the measurements) takes at most this
+# share of a core: at lan-20 it searched every 5 s as links changed, 0.5 s each, and was most of
+# the planner's 13 % of a core for the control plane (issue 33, ``scripts/control_cpu.py``)
+REPLAN_CPU_SHARE = 0.02
+
+
+def replan_check_s(search_cpu_s: float) -> float:
+    """Seconds between two searches for a better plan, the last of which took ``search_cpu_s`` of
+    CPU: ``REPLAN_CHECK_S``, or longer where a search costs more than ``REPLAN_CPU_SHARE`` of a
+    core at that pace (a large swarm's planner)."""
+    return max(REPLAN_CHECK_S, search_cpu_s / REPLAN_CPU_SHARE)
 
 
 def same_layout(a: StageMap, b: StageMap) -> bool:

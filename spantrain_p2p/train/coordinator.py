@@ -351,7 +351,10 @@ class Coordinator:
             snap = planning.snapshot(profiles, links, ids)
             cur = planning.current_cost(current, self.job, snap)
             new, took = await asyncio.to_thread(_timed, planning.make_plan, self.job, snap, "planner")
-            self._check_every = replan_check_s(took)
+            every = replan_check_s(took)
+            if abs(every - self._check_every) > 0.2 * self._check_every:
+                log.info("searching for a better plan every %.0fs (the last search took %.2fs of CPU)", every, took)
+            self._check_every = every
             self._weigh(ids)
             new_s = new.step_s
             gain = cur / new_s - 1 if new_s > 0 else 0.0

@@ -101,12 +101,10 @@ def main() -> int:
         while True:
             if swarm.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the swarm ended before step {a.after_step} (see {work}/swarm.err)")
-            try:
-                if (status(url)["train"].get("steps_done") or 0) >= a.after_step:
-                    break
-            except (OSError, ValueError):
-                pass
-            time.sleep(2.0)
+            steps = re.findall(r"step\s+(\d+)/", open(err.name).read())  # the swarm's progress line
+            if steps and int(steps[-1]) >= a.after_step:
+                break
+            time.sleep(1.0)
         peers = peers_by_pid()
         planner = next((s["train"].get("planner") for s in peers.values() if s["train"].get("planner")), None)
         print(f"{len(peers)} peers at step {a.after_step}; sampling {a.seconds:.0f} s at {a.rate}/s each", file=sys.stderr)

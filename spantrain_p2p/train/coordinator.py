@@ -352,7 +352,7 @@ class Coordinator:
             cur = planning.current_cost(current, self.job, snap)
             new, took = await asyncio.to_thread(_timed, planning.make_plan, self.job, snap, "planner")
             every = replan_check_s(took)
-            if abs(every - self._check_every) > 0.2 * self._check_every:
+            if (every > REPLAN_CHECK_S) != (self._check_every > REPLAN_CHECK_S):  # (once, not each search)
                 log.info("searching for a better plan every %.0fs (the last search took %.2fs of CPU)", every, took)
             self._check_every = every
             self._weigh(ids)

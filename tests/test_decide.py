@@ -189,3 +189,4 @@ def test_the_search_for_a_better_plan_keeps_to_its_share_of_a_core():
     assert replan_check_s(0.01) == REPLAN_CHECK_S  # a small swarm's search: every check
     assert replan_check_s(0.5) == 0.5 / REPLAN_CPU_SHARE  # lan-20's: 25 s apart, 2 % of a core
     assert replan_check_s(0.5) >= REPLAN_CHECK_S
+    assert replan_check_s(30.0) == 60.0  # at most a minute apart

@@ -178,3 +178,57 @@ async def test_a_change_not_signed_by_its_sender_is_refused():
     with pytest.raises(FrameError, match="refused"):
         await loop.handle(header, bufs)
     assert len(got) == 1
+
+
+async def test_a_watcher_that_always_lacks_the_base_gets_the_entry_whole_once_not_again_and_again():
+    a, _, _ = loop_and_inbox()
+    b, _, _ = loop_and_inbox()
+    me = Identity.generate()
+    a.peer.peer_id = a.swim.me = me.peer_id
+    sends = []
+
+    async def send(url, kind, header, bufs, timeout, link, peer_id):
+        sends.append(header)
+        reply, out = await b.handle({**header, "src": me.peer_id}, [np.frombuffer(x, dtype=np.uint8) for x in bufs])
+        return {**reply, "lacks": [measure.LINKS]}, out  # a hostile watcher: "lacks" whatever it is sent
+
+    a.peer.client = types.SimpleNamespace(send=send)
+    a.peer.link_to = lambda p: None
+    a._learn_url(b.peer.peer_id, "http://127.0.0.1:3")
+    rec = seal(PeerRecord(peer_id=me.peer_id, seq=3, ts=1.0, state="ready", version="x", data_url="http://127.0.0.1:2",
+                          maddrs=(), instance=a.swim.life, progress={"mv.links": 2}), me)
+    for k in (1, 2):
+        assert await a._send(b.peer.peer_id, "news", 1.0, record=rec, measured={measure.LINKS: sign_payload(_links(16, k, k), me)})
+    assert len(sends) == 4  # each: the message, then once more whole
+
+
+async def test_a_watcher_that_missed_a_record_twice_is_sent_it_again_later_until_it_takes_it():
+    """A changed record is not passed on the pings (issue 33): a watcher that missed both sends gets
+    it from the owner again a few probe rounds later."""
+    import time
+
+    a, _, _ = loop_and_inbox()
+    a.params = SwimParams(ack_s=0.01)
+    up, got = [False], []
+
+    async def send(url, kind, header, bufs, timeout, link, peer_id):
+        if not up[0]:
+            raise OSError("unreachable")
+        got.append(peer_id)
+        return {"v": VERSION, "op": "ack", "inc": 0, "life": "w-life", "rec": 0, "url": "http://127.0.0.1:4", "news": []}, []
+
+    a.peer.client = types.SimpleNamespace(send=send)
+    a.peer.link_to = lambda p: None
+    a.peer.watcher_ids = lambda before, after: ["QmWatcher"]
+    a.swim.add("QmWatcher", "w-life", time.monotonic())
+    a._learn_url("QmWatcher", "http://127.0.0.1:4")
+    me = Identity.generate()
+    rec = seal(PeerRecord(peer_id=me.peer_id, seq=3, ts=1.0, state="ready", version="x", data_url="http://127.0.0.1:2",
+                          maddrs=(), instance="me-life", progress={}), me)
+    await a.tell_watchers(record=rec)
+    assert set(a._untold) == {"QmWatcher"}
+    await a._tell_untold()  # still unreachable: kept
+    assert set(a._untold) == {"QmWatcher"} and got == []
+    up[0] = True
+    await a._tell_untold()
+    assert a._untold == {} and got == ["QmWatcher"]

@@ -50,6 +50,8 @@ MAX_LIST = 20_000  # members in one answer to "list", at most
 MAX_LIST_BYTES = 4 << 20
 MAX_SENT_RECORD = 16 << 10  # bytes of a record sent in a news message (``records.MAX_RECORD_BYTES`` and its key)
 MAX_SENT_MEASURED = 64 << 10  # bytes of a measurement entry sent with it
+MAX_UNTOLD = 64  # watchers that missed this peer's latest record, sent it again later (``_tell_untold``)
+UNTOLD_ROUNDS = 5
 MAX_URLS = 100_000  # members' addresses kept, at most (a made-up sender per connection cannot grow it past this)
 
 
@@ -60,6 +62,7 @@ class SwimLoop:
         self.swim = Swim(peer.peer_id, peer.instance, params)
         self._to_read: set[str] = set()  # members whose record a watcher reads next poll
         self.sent, self.held = Sent(), Held()  # measurements sent again as changes (``swarm.deltas``)
+        self._untold: dict[str, dict] = {}  # watcher -> this peer's latest record it missed (``tell_watchers``)
         self._read_wake = asyncio.Event()
         self.urls: dict[str, str] = {}  # data-plane address of members, in their own words (their pings)
         self.hinted: set[str] = set()  # members whose address came from another's list, not their own word
@@ -240,7 +243,7 @@ class SwimLoop:
             try:
                 value = self.held.whole(src, kind, msgpack.unpackb(
                     bytes(buf), raw=False, max_array_len=16, max_map_len=16, max_str_len=MAX_SENT_MEASURED,
-                    max_bin_len=MAX_SENT_MEASURED), MEASURE_MAX_BYTES)
+                    max_bin_len=MAX_SENT_MEASURED), MAX_SENT_MEASURED)  # rebuilt: no larger than one sent whole
                 if value is None:
                     if take is not None:
                         lacks.append(kind)
@@ -288,7 +291,7 @@ class SwimLoop:
             return
 
     async def _send(self, to: str, op: str, timeout: float, want_buffers: bool = False, shaped: bool = True,
-                    **extra) -> Optional[dict]:
+                    whole: bool = False, **extra) -> Optional[dict]:
         """One message to ``to`` and its ack's header (its sender's word taken), or None; with
         ``want_buffers`` the reply's buffers under ``_buffers``; not ``shaped``: past the emulated link."""
         url = self.url_of(to)
@@ -298,7 +301,7 @@ class SwimLoop:
         # the measurements with the record (as changes where ``to`` took the last: ``swarm.deltas``), each
         # within what a receiver takes (a larger one: read from the DHT)
         packed = {w: b for w, v in measured.items()
-                  if len(b := msgpack.packb(self.sent.wire(to, w, v), use_bin_type=True)) <= MAX_SENT_MEASURED} \
+                  if len(b := msgpack.packb(v if whole else self.sent.wire(to, w, v), use_bin_type=True)) <= MAX_SENT_MEASURED} \
             if signed is not None else {}
         header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}),
                               **({"measured": list(packed)} if packed else {}))
@@ -338,8 +341,8 @@ class SwimLoop:
                     self.sent.lacked(to, w)
                 else:
                     self.sent.acked(to, w, measured[w])
-            if lacks:  # it holds no entry to rebuild these from: once more, whole
-                return await self._send(to, op, timeout, want_buffers, shaped, record=signed,
+            if lacks and not whole:  # it holds no entry to rebuild these from: once more, whole (once)
+                return await self._send(to, op, timeout, want_buffers, shaped, whole=True, record=signed,
                                         measured={w: measured[w] for w in lacks}, **extra)
         return {**reply, "_buffers": buffers} if want_buffers else reply
 
@@ -410,14 +413,29 @@ class SwimLoop:
         # the lowest ids among the confirmed members, and among all heard of (a joiner has confirmed
         # few yet: its list's members are the best it knows; a made-up one costs one message)
         heard = [p for p, m in self.swim.members.items() if m.state not in GONE]
-        missed = False
         for w in dict.fromkeys([*said, *membership.watchers(self.swim.live() + me), *membership.watchers(heard + me)]):
-            if w != self.peer.peer_id and await self._send(w, "news", self.params.ack_s * 2, **extra) is None \
-                    and "record" in extra:  # a record once more: a voter that missed it votes on another snapshot
+            if w == self.peer.peer_id:
+                continue
+            told = await self._send(w, "news", self.params.ack_s * 2, **extra)
+            if "record" not in extra:
+                continue
+            if not told:  # a record once more (silent or refused): a voter that missed it votes on another snapshot
                 await asyncio.sleep(self.params.ack_s)
-                missed = missed or await self._send(w, "news", self.params.ack_s * 2, **extra) is None
-        if missed:  # a watcher missed it twice: the news goes on the pings too, to reach it another way
-            self.swim.record(self.swim.rec, spread=True)
+                told = await self._send(w, "news", self.params.ack_s * 2, **extra)
+            if told:
+                self._untold.pop(w, None)
+            elif w in self._untold or len(self._untold) < MAX_UNTOLD:
+                self._untold[w] = extra  # its news is not passed on the pings: sent again (``_tell_untold``)
+
+    async def _tell_untold(self) -> None:
+        """The watchers that missed this peer's latest record twice (``tell_watchers``) are sent it
+        again, once each every ``UNTOLD_ROUNDS`` probe rounds, until they take it or are gone."""
+        for w, extra in list(self._untold.items()):
+            m = self.swim.members.get(w)
+            if m is None or m.state in GONE:
+                self._untold.pop(w, None)
+            elif await self._send(w, "news", self.params.ack_s * 2, **extra) and self._untold.get(w) is extra:
+                del self._untold[w]
 
     # ---- tasks ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -450,6 +468,10 @@ class SwimLoop:
                     rounds += 1
                     if rounds % 60 == 0:
                         self._prune_urls()
+                    if rounds % UNTOLD_ROUNDS == 0 and self._untold and len(pending) < 4:
+                        t = asyncio.ensure_future(self._tell_untold())
+                        pending.add(t)
+                        t.add_done_callback(pending.discard)
                     for _ in range(8):  # a member known by news only is probed by those who know its address
                         target = self.swim.next_target()
                         if target is None or self.url_of(target) is not None:

@@ -4,7 +4,7 @@ weather changes, and at 1,000 peers those pushes were most of the busiest voter'
 of its 17), though a change moves one link of 16 and leaves the other 3 KB as they were.
 
 The change is the new body compressed with the old one as zlib's preset dictionary (``zdict``): 49
-bytes for one link of 16 changed, against a 3 KB body. The receiver rebuilds the body from the one
+bytes for one link of 16 changed, against a 3 KB body (326 sent, with the signature and framing). The receiver rebuilds the body from the one
 it holds and checks the signature over the rebuilt bytes with the key it took with that one: it
 trusts nothing more than it did with the whole entry. A receiver that holds no such body says so
 in its answer, and the sender sends it whole (``Sent.lacked``).
@@ -25,6 +25,8 @@ DIGEST_BYTES = 16
 KEEP_BODIES = 4  # a sender's last bodies of a kind, to send changes against
 MAX_ACKED = 4096  # (receiver, kind) pairs a sender remembers, at most
 HELD_BYTES = 64 << 20  # bodies a receiver holds to rebuild changes from, in all (at 1,000 peers: 3 MB of links)
+HELD_OVERHEAD = 512  # bytes an entry costs beside its body and key (its tuple, ids, digest), as counted
+MAX_HELD = 65536  # entries, at most
 _WBITS = -15  # raw deflate: no header or checksum (the signature covers the rebuilt body)
 
 
@@ -114,10 +116,10 @@ class Held:
         """``signed`` (its signature checked, by ``src``) is the body to rebuild ``src``'s next from."""
         old = self._held.pop((src, kind), None)
         if old is not None:
-            self._bytes -= len(old[1]) + len(old[2])
+            self._bytes -= len(old[1]) + len(old[2]) + HELD_OVERHEAD
         body, key = signed["body"], signed["key"]
         self._held[(src, kind)] = (digest(body), body, key)
-        self._bytes += len(body) + len(key)
-        while self._bytes > self.max_bytes and self._held:
+        self._bytes += len(body) + len(key) + HELD_OVERHEAD
+        while (self._bytes > self.max_bytes or len(self._held) > MAX_HELD) and self._held:
             _, (_, b, k) = self._held.popitem(last=False)
-            self._bytes -= len(b) + len(k)
+            self._bytes -= len(b) + len(k) + HELD_OVERHEAD

@@ -235,13 +235,12 @@ class Swim:
         """This peer's goodbye (news, to send to a few members)."""
         return self._spread(News(self.me, LEFT, self.inc, self.life, self.rec))
 
-    def record(self, seq: int, spread: bool = False) -> News:
+    def record(self, seq: int) -> News:
         """This peer stored a new record (``seq``), which its every message says from now on (``rec``);
-        news passed on where ``spread`` (a watcher missed it), it is the life's first, or
-        ``params.record_news``."""
+        news passed on where it is the life's first (its join) or ``params.record_news``."""
         first, self.rec = self.rec == 0, max(self.rec, seq)
         n = News(self.me, ALIVE, self.inc, self.life, self.rec)
-        return self._spread(n) if spread or first or self.params.record_news else n
+        return self._spread(n) if first or self.params.record_news else n
 
     # ---- news --------------------------------------------------------------------------------
     def merge(self, news: list[News], now: float, sender: str = "") -> list[News]:

@@ -118,6 +118,7 @@ class Coordinator:
         self._stall_epoch = -1  # the last broken epoch counted
         self._last_gain_check = 0.0
         self._check_every = REPLAN_CHECK_S  # (``decide.replan_check_s`` of the last search)
+        self._searched_ready: list[str] = []  # the ready peers at the last search
         # failures this planner saw (peers of its view that stopped answering), over how long it watched
         # how many peers: the swarm's failure rate, which spaces the buddy copies (``_copy_every``)
         self._failed: set[str] = set()
@@ -335,9 +336,11 @@ class Coordinator:
         """A newcomer or a lasting change of links: re-plan only when a new plan is predicted to
         be much faster on the latest measurements, and still is a while later (the hysteresis)."""
         now = time.monotonic()
-        if now - self._last_gain_check < self._check_every or planning.model_profile(self.job) is None:
+        ready = sorted(r.peer_id for r in ready_peers(self.peer))  # a newcomer: searched at once
+        every = self._check_every if ready == self._searched_ready else REPLAN_CHECK_S
+        if now - self._last_gain_check < every or planning.model_profile(self.job) is None:
             return False
-        self._last_gain_check = now
+        self._last_gain_check, self._searched_ready = now, ready
         if self.job.plan != "planner" or not self.measure_links or current.islands:
             return False  # (a map with islands is re-planned when a peer goes, not for a predicted gain yet)
         ids, profiles, links = await self._measured_snapshot()

@@ -18,13 +18,14 @@ REPLAN_CHECK_S = 5.0
 # share of a core: at lan-20 it searched every 5 s as links changed, 0.5 s each, and was most of
 # the planner's 13 % of a core for the control plane (issue 33, ``scripts/control_cpu.py``)
 REPLAN_CPU_SHARE = 0.02
+REPLAN_CHECK_MAX_S = 60.0  # (a newcomer is searched for at once, ``Coordinator._worth_replanning``)
 
 
 def replan_check_s(search_cpu_s: float) -> float:
-    """Seconds between two searches for a better plan, the last of which took ``search_cpu_s`` of
-    CPU: ``REPLAN_CHECK_S``, or longer where a search costs more than ``REPLAN_CPU_SHARE`` of a
-    core at that pace (a large swarm's planner)."""
-    return max(REPLAN_CHECK_S, search_cpu_s / REPLAN_CPU_SHARE)
+    """Seconds between two searches for a better plan on the same peers, the last of which took
+    ``search_cpu_s`` of CPU: ``REPLAN_CHECK_S``, or longer where a search costs more than
+    ``REPLAN_CPU_SHARE`` of a core at that pace (a large swarm's planner), ``REPLAN_CHECK_MAX_S`` at most."""
+    return min(REPLAN_CHECK_MAX_S, max(REPLAN_CHECK_S, search_cpu_s / REPLAN_CPU_SHARE))
 
 
 def same_layout(a: StageMap, b: StageMap) -> bool:

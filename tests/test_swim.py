@@ -143,6 +143,18 @@ def test_a_newer_record_of_a_member_is_news_though_its_state_is_not():
     assert s.record(9) == News("a", ALIVE, 0, "life-a", 9) and News("a", ALIVE, 0, "life-a", 9) in s.outgoing("c")
 
 
+def test_a_pieces_first_sends_are_fresh_and_carry_the_address_the_later_ones_do_not():
+    """A member's address goes with its piece of news on the first ``address_sends`` sends by each peer
+    that passes it on (a hint for a peer that knows it by news alone), not on all ``3 log2 n``."""
+    s = swim(peers=tuple(f"p{i}" for i in range(30)))
+    s.merge([News("new", ALIVE, 0, "life-new")], 1.0, sender="p1")
+    seen = []
+    for _ in range(5):
+        out = s.outgoing("p2")
+        seen.append(any(n.peer == "new" for n in out) and "new" in s.fresh)
+    assert seen == [True, True, False, False, False]
+
+
 def test_a_newer_record_is_not_passed_on_the_pings():
     """Only the watchers act on a member's newer record, and its owner tells them directly (again
     later where one missed it: ``SwimLoop._tell_untold``): passed on the pings too, at 1,000 peers

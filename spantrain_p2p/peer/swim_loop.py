@@ -142,7 +142,8 @@ class SwimLoop:
         news = self.swim.outgoing(to)
         # the addresses of the members news says are alive: two peers that joined at once know each
         # other by news alone, and neither pinged the other (never confirmed: the 8-peer test)
-        urls = {n.peer: u for n in news if n.state == ALIVE and n.peer != to and (u := self.url_of(n.peer))}
+        urls = {n.peer: u for n in news if n.state == ALIVE and n.peer != to and n.peer in self.swim.fresh
+                and (u := self.url_of(n.peer))}  # (with a piece's first sends only: ``SwimParams.address_sends``)
         return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life, "rec": self.swim.rec,
                 "url": self.peer.dataplane.url, "news": [n.to_wire() for n in news], **extra,
                 **({"map": list(head)} if head is not None else {}), **({"urls": urls} if urls else {})}

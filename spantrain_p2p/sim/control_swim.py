@@ -48,6 +48,7 @@ class SwimDesign:
     ping_bytes: int = 96  # a ping or an ack without news: its frame (version, op, incarnation, life, record seq, address)
     update_bytes: int = 62  # one piece of news: peer id, state code, incarnation, life, record seq (measured)
     url_bytes: int = 72  # the address beside a piece of news of a live member (``urls``, a hint; measured)
+    address_sends: int = 2  # ...with its first sends by each peer (``SwimParams.address_sends``)
     head_bytes: int = 0  # on every message, the head of the stage map its sender follows (a job's: 24)
     list_entry_bytes: int = 100  # one member in the list a joiner asks a member for (news and its address)
     buckets: int = 8  # member keys (``keys.MEMBER_BUCKETS``)
@@ -81,8 +82,13 @@ def charge_swim(d: SwimDesign, n: int, rng: random.Random, ids: list[int], ledge
     # news a second swarm-wide, and how many pieces ride on each ping and ack on average
     events_per_s = n * d.churn_per_hour / 3600.0 + extra_events_per_s
     sends_per_event = n * d.retransmit_factor * max(1.0, math.log2(n))
-    carried = min(2.0 * d.piggyback, events_per_s * sends_per_event / (2.0 * n / d.probe_s))  # per ping + ack pair
-    ping = d.ping_bytes + d.head_bytes + carried / 2 * (d.update_bytes + d.url_bytes)
+    wanted = events_per_s * sends_per_event / (2.0 * n / d.probe_s)  # per ping + ack pair
+    carried = min(2.0 * d.piggyback, wanted)
+    # a piece's address goes with its first ``address_sends`` sends by each peer of its ``3 log2 n``;
+    # where news outruns the pings, the least-sent go first: fresher pieces, more of them addressed
+    addressed = min(1.0, d.address_sends * max(1.0, wanted / (2.0 * d.piggyback))
+                    / math.ceil(d.retransmit_factor * math.log2(n + 2)))
+    ping = d.ping_bytes + d.head_bytes + carried / 2 * (d.update_bytes + addressed * d.url_bytes)
     of = [rng.randrange(d.buckets) for _ in range(n)]
     values = [z.value_base + of.count(b) * z.entry for b in range(d.buckets)]
     neighbours = min(z.bucket, n - 1) * z.neighbour

@@ -48,6 +48,10 @@ class SwimParams:
     # pings as well, at 1,000 peers with links changing once a second swarm-wide, it filled every
     # ping (6 pieces, 0.9 KB) and was most of a peer's control traffic (``sim.control_job``)
     record_news: bool = False
+    # a piece's first sends by each peer that passes it on (``Swim.fresh``) go with the member's
+    # address, a hint to ping it (two peers that joined at once knew each other by news alone); with
+    # every send, at 1,000 peers the addresses were half of a ping's news
+    address_sends: int = 2
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ class Swim:
     _order: list[str] = field(default_factory=list)
     _sent: dict[str, list] = field(default_factory=dict)  # peer -> [its latest news to pass on, times sent]
     _unconfirmed: int = 0
+    fresh: set = field(default_factory=set)  # members whose piece the last ``outgoing`` sent among its first ``address_sends``
 
     # ---- the member list ---------------------------------------------------------------------
     def live(self) -> list[str]:
@@ -290,6 +295,7 @@ class Swim:
         comes along with every message anyway (``inc`` and ``life`` in the header)."""
         limit = max(1, math.ceil(self.params.retransmit_factor * math.log2(len(self.members) + 2)))
         pick = sorted(reversed(self._sent.values()), key=lambda e: (e[0].peer != to, e[1]))[: self.params.piggyback]
+        self.fresh = {e[0].peer for e in pick if e[1] < self.params.address_sends}
         for e in pick:
             e[1] += 1
             if e[1] >= limit:

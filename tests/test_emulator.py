@@ -245,7 +245,9 @@ async def test_concurrent_transfers_share_the_link_fairly(server):
     await asyncio.sleep(0.02)
     await send("small", 1000)  # not queued behind the bulk transfer
     await bulk
-    assert ends["small"] < 0.06
+    # it ends long before the bulk one (queued behind it, it would end after it); a wall-clock bound
+    # (0.06 s) failed once in a suite's serial half, 0.17 s, on a box just left by the parallel half
+    assert ends["small"] < 0.75 * ends["bulk"], ends
     assert ends["bulk"] == pytest.approx(0.2 + 0.002, rel=0.1)
     # two equal transfers at once: both end at twice the time of one
     ends.clear()

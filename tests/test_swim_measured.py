@@ -232,3 +232,17 @@ async def test_a_watcher_that_missed_a_record_twice_is_sent_it_again_later_until
     up[0] = True
     await a._tell_untold()
     assert a._untold == {} and got == ["QmWatcher"]
+
+
+async def test_a_member_first_heard_of_in_a_message_takes_the_address_that_came_with_it():
+    """A piece goes with its address on its first sends only (``SwimParams.address_sends``): the
+    address is taken after the message's news, which may be how this peer first hears of the member
+    (before, the 8-peer test left two peers that joined at once unconfirmed, 1 run in 8)."""
+    from spantrain_p2p.swarm.swim import ALIVE, News
+
+    loop, _, _ = loop_and_inbox()
+    sender = Identity.generate()
+    header, bufs = message(sender, [], [])
+    news = [News("QmNew", ALIVE, 0, "0123456789abcdef", 0).to_wire()]
+    await loop.handle({**header, "news": news, "urls": {"QmNew": "http://127.0.0.1:7"}}, bufs)
+    assert loop.url_of("QmNew") == "http://127.0.0.1:7" and "QmNew" in loop.hinted

@@ -148,16 +148,23 @@ class SwimLoop:
                 "url": self.peer.dataplane.url, "news": [n.to_wire() for n in news], **extra,
                 **({"map": list(head)} if head is not None else {}), **({"urls": urls} if urls else {})}
 
-    def _hint_urls(self, header: dict) -> None:
-        """Addresses of members this peer knows by news alone, as the sender gave them: hints (a
-        ping there that fails is no evidence, ``probe``)."""
+    @staticmethod
+    def _urls_of(header: dict) -> dict:
+        """A message's addresses of the members its news is about (``urls``), checked; {} if none."""
         urls = header.get("urls")
         if urls is None:
-            return
+            return {}
         if not (isinstance(urls, dict) and len(urls) <= MAX_NEWS and all(
                 isinstance(k, str) and 0 < len(k) <= MAX_NAME and isinstance(v, str) and 0 < len(v) <= MAX_URL
                 for k, v in urls.items())):
             raise framing.FrameError(f"a swim message's urls map at most {MAX_NEWS} member ids to addresses")
+        return urls
+
+    def _hint_urls(self, urls: dict) -> None:
+        """Addresses of members this peer knows by news alone, as the sender gave them: hints (a
+        ping there that fails is no evidence, ``probe``). Taken after the message's news, which may
+        be how this peer first hears of the member (a piece goes with its address on its first
+        sends only: ``SwimParams.address_sends``)."""
         for p, u in urls.items():
             m = self.swim.members.get(p)
             if m is not None and not m.confirmed and m.state not in GONE and self.url_of(p) is None:
@@ -197,7 +204,7 @@ class SwimLoop:
     async def handle(self, header: dict, buffers: list) -> tuple[dict, list]:
         life, inc, rec, news = self._read(header)
         self._hear_map(header)
-        self._hint_urls(header)
+        hints = self._urls_of(header)
         with_record = header["op"] == "news" and header.get("record") is True
         kinds = header.get("measured", []) if with_record else []
         if not isinstance(kinds, list) or not all(isinstance(k, str) and k in VERSIONED for k in kinds) \
@@ -211,6 +218,7 @@ class SwimLoop:
         size = _size(header) + sum(b.nbytes for b in buffers)
         # the sender's own word first (a joiner's first ping adds it), then what it heard
         self._apply(self.swim.acked(src, life, inc, now, rec) + self.swim.merge(news, now, sender=src))
+        self._hint_urls(hints)
         if with_record:
             try:  # the sender's own signed record, sent to the watchers when it changes
                 record = open_record(src, msgpack.unpackb(bytes(buffers[0]), raw=False, max_array_len=16,
@@ -307,7 +315,7 @@ class SwimLoop:
         header = self._header(op, to, **extra, **({"record": True} if signed is not None else {}),
                               **({"measured": list(packed)} if packed else {}))
         sent = [msgpack.packb(signed, use_bin_type=True), *packed.values()] if signed is not None else []
-        reply, buffers = None, []
+        reply, buffers, hints = None, [], {}
         try:
             got = await asyncio.wait_for(self.peer.client.send(
                 url, KIND, header, sent, timeout=timeout, link=self.peer.link_to(to) if shaped else None, peer_id=to),
@@ -316,7 +324,7 @@ class SwimLoop:
             life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
             if reply:
                 self._hear_map(reply)
-                self._hint_urls(reply)
+                hints = self._urls_of(reply)
         except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
             log.debug("swim %s to %s: %s", op, to[:12], e)
             reply = None
@@ -334,6 +342,7 @@ class SwimLoop:
         now = time.monotonic()
         self._learn_url(to, reply["url"])
         self._apply(self.swim.acked(to, life, inc, now, rec) + self.swim.merge(news, now, sender=to))
+        self._hint_urls(hints)
         if packed:
             said = reply.get("lacks")
             lacks = [w for w in packed if isinstance(said, list) and w in said]

@@ -288,3 +288,23 @@ def test_a_replica_that_lost_an_islands_contribution_takes_the_round_as_the_keep
     assert fetched == [4], sb.rounds  # the one round it lacked, taken as the keeper merged it
     assert [row["round"] for row in sb.rounds] == [row["round"] for row in s0.rounds]
     assert _digest(s0) == _digest(sb) == _digest(s1)
+
+
+def test_an_island_caught_up_to_a_decided_round_is_expected_at_the_next_one():
+    """A left-out island asks about the round whose state it fetched, returning at the next: where that
+    round is decided and the next is not, the keeper expects it there (as where the round is
+    undecided). Before, it was given the latest state again, fetched it, and was one round behind
+    for good when a fetch took as long as a round of the others (the cut-off test, 1 suite run in 2)."""
+    net, peers, job = _world()
+    keeper = peers["i0"][0]
+    keeper.decisions, keeper.round = {5: [0]}, 6
+    header = {"job": "j", "epoch": 1, "round": 5, "island": 1, "returning": 6, "src": "i1"}
+    with pytest.raises(Retry):
+        asyncio.run(keeper.on_members(header, []))
+    assert keeper._returning == {1: 6}
+    with pytest.raises(Retry):  # the same question, the same answer
+        asyncio.run(keeper.on_members(header, []))
+    keeper.decisions.update({6: [0], 7: [0]})  # the next decided too: nothing to wait for there, the latest state instead
+    keeper.round, keeper.versions = 8, {7: (70, {})}
+    got, _ = asyncio.run(keeper.on_members({**header, "round": 6, "returning": 7}, []))
+    assert got["members"] == [0] and got["latest"] == [7, 70]

@@ -206,6 +206,13 @@ class Membership:
             if r not in self.decisions:
                 raise Retry(f"round {r}'s members are not decided yet")
         members = self.decisions[r]
+        if i not in members and returning == r + 1 and returning not in self.decisions and returning >= self._first_round:
+            # caught up to round r's state while the keeper is still in the next: expected there, as
+            # where r is undecided (else an island whose fetch takes as long as a round of the others
+            # catches up to each round just after it is decided, for good: the cut-off test, 1 in 2)
+            self._returning[i] = returning
+            self._answers[(i, r, returning)] = None
+            raise Retry(f"round {r}'s members were decided; this island is expected at round {returning}")
         out = {"members": members}
         if i not in members:
             latest = max(self.versions)

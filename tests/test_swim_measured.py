@@ -126,13 +126,10 @@ def _links(n: int, changed: float, mv: int) -> dict:
                                      "bulk_bytes": 1 << 20, "seconds": 0.4} for i in range(n)}, "mv": mv}
 
 
-async def test_links_sent_again_go_as_the_change_to_the_last_taken_and_whole_to_a_watcher_that_lacks_it():
-    """A peer's new links go to the watchers on each change of its weather (issue 33: the busiest
-    voter's largest load at 1,000 peers): once a watcher took an entry, the next goes as the change
-    (``swarm.deltas``), rebuilt and checked against the sender's signature there; a watcher that
-    holds nothing to rebuild from says so, and gets it whole at once."""
-    from spantrain_p2p.swarm.deltas import Held
-
+def _sender_and_watcher(hostile: bool = False):
+    """Two swim loops, a (whose records and links are signed by ``me``) sending to b through a fake
+    client that notes each message's buffer bytes in ``wire``; a ``hostile`` watcher answers "lacks"
+    whatever it is sent. Returns (a, b, b's inbox, me, a's signed record, wire)."""
     a, _, _ = loop_and_inbox()
     b, got, _ = loop_and_inbox()
     me = Identity.generate()
@@ -141,13 +138,25 @@ async def test_links_sent_again_go_as_the_change_to_the_last_taken_and_whole_to_
 
     async def send(url, kind, header, bufs, timeout, link, peer_id):
         wire.append(sum(len(x) for x in bufs))
-        return await b.handle({**header, "src": me.peer_id}, [np.frombuffer(x, dtype=np.uint8) for x in bufs])
+        reply, out = await b.handle({**header, "src": me.peer_id}, [np.frombuffer(x, dtype=np.uint8) for x in bufs])
+        return ({**reply, "lacks": [measure.LINKS]} if hostile else reply), out
 
     a.peer.client = types.SimpleNamespace(send=send)
     a.peer.link_to = lambda p: None
     a._learn_url(b.peer.peer_id, "http://127.0.0.1:3")
     rec = seal(PeerRecord(peer_id=me.peer_id, seq=3, ts=1.0, state="ready", version="x", data_url="http://127.0.0.1:2",
                           maddrs=(), instance=a.swim.life, progress={"mv.links": 2}), me)
+    return a, b, got, me, rec, wire
+
+
+async def test_links_sent_again_go_as_the_change_to_the_last_taken_and_whole_to_a_watcher_that_lacks_it():
+    """A peer's new links go to the watchers on each change of its weather (issue 33: the busiest
+    voter's largest load at 1,000 peers): once a watcher took an entry, the next goes as the change
+    (``swarm.deltas``), rebuilt and checked against the sender's signature there; a watcher that
+    holds nothing to rebuild from says so, and gets it whole at once."""
+    from spantrain_p2p.swarm.deltas import Held
+
+    a, b, got, me, rec, wire = _sender_and_watcher()
     entries = [sign_payload(_links(16, 10.0 * k, k), me) for k in (1, 2, 3)]
     assert await a._send(b.peer.peer_id, "news", 1.0, record=rec, measured={measure.LINKS: entries[0]})
     assert await a._send(b.peer.peer_id, "news", 1.0, record=rec, measured={measure.LINKS: entries[1]})
@@ -181,22 +190,7 @@ async def test_a_change_not_signed_by_its_sender_is_refused():
 
 
 async def test_a_watcher_that_always_lacks_the_base_gets_the_entry_whole_once_not_again_and_again():
-    a, _, _ = loop_and_inbox()
-    b, _, _ = loop_and_inbox()
-    me = Identity.generate()
-    a.peer.peer_id = a.swim.me = me.peer_id
-    sends = []
-
-    async def send(url, kind, header, bufs, timeout, link, peer_id):
-        sends.append(header)
-        reply, out = await b.handle({**header, "src": me.peer_id}, [np.frombuffer(x, dtype=np.uint8) for x in bufs])
-        return {**reply, "lacks": [measure.LINKS]}, out  # a hostile watcher: "lacks" whatever it is sent
-
-    a.peer.client = types.SimpleNamespace(send=send)
-    a.peer.link_to = lambda p: None
-    a._learn_url(b.peer.peer_id, "http://127.0.0.1:3")
-    rec = seal(PeerRecord(peer_id=me.peer_id, seq=3, ts=1.0, state="ready", version="x", data_url="http://127.0.0.1:2",
-                          maddrs=(), instance=a.swim.life, progress={"mv.links": 2}), me)
+    a, b, _, me, rec, sends = _sender_and_watcher(hostile=True)  # "lacks" whatever it is sent
     for k in (1, 2):
         assert await a._send(b.peer.peer_id, "news", 1.0, record=rec, measured={measure.LINKS: sign_payload(_links(16, k, k), me)})
     assert len(sends) == 4  # each: the message, then once more whole

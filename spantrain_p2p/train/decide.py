@@ -15,8 +15,8 @@ REPLAN_GAIN = 0.15  # a new plan must be predicted this much faster...
 REPLAN_HOLD_S = 10.0  # ...for this long (checked every REPLAN_CHECK_S) before stages move
 REPLAN_CHECK_S = 5.0
 # the planner's search for a better plan (on each change of the measurements) takes at most this
-# share of a core: at lan-20 it searched every 5 s as links changed, 0.5 s each, and was most of
-# the planner's 13 % of a core for the control plane (issue 33, ``scripts/control_cpu.py``)
+# share of a core: at lan-20 it searched every 5 s as links changed (0.08-0.40 s of CPU each), and
+# was most of the planner's 13 % of a core for the control plane (issue 33, ``scripts/control_cpu.py``)
 REPLAN_CPU_SHARE = 0.02
 REPLAN_CHECK_MAX_S = 60.0  # (a newcomer is searched for at once, ``Coordinator._worth_replanning``)
 

@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from spantrain_p2p.launch.cpu_samples import shares  # noqa: E402
-from spantrain_p2p.train.cpu_use import children_cpu_s  # noqa: E402
+from spantrain_p2p.train.cpu_use import children_cpu_s, process_cpu_s  # noqa: E402
 
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 SPY = os.path.join(ROOT, ".venv", "bin", "py-spy")
@@ -38,12 +38,6 @@ SPY = os.path.join(ROOT, ".venv", "bin", "py-spy")
 def status(url: str, timeout: float = 5.0) -> dict:
     with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=timeout) as r:
         return json.load(r)
-
-
-def process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peers_by_pid() -> dict[int, dict]:

@@ -17,6 +17,17 @@ from typing import Optional
 COMPUTE_OPS = ("F", "B", "W", "BW")
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, from /proc (Linux); OSError or ValueError if
+    it cannot be read (the process ended)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14 and 15)
+    except IndexError:
+        raise ValueError(f"/proc/{pid}/stat is short") from None
+
+
 def children_cpu_s(pid: Optional[int] = None) -> Optional[float]:
     """CPU seconds (user + system) of the live child processes of ``pid`` (this one by default): the
     p2p daemon. None where /proc does not say."""
@@ -26,15 +37,13 @@ def children_cpu_s(pid: Optional[int] = None) -> Optional[float]:
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 kids.update(int(x) for x in f.read().split())
-        total = 0
+        total = 0.0
         for kid in kids:
             try:
-                with open(f"/proc/{kid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-            except (OSError, IndexError, ValueError):
+                total += process_cpu_s(kid)
+            except (OSError, ValueError):
                 continue  # it ended meanwhile
-        return total / os.sysconf("SC_CLK_TCK")
+        return total
     except (OSError, ValueError):
         return None
 

@@ -61,20 +61,28 @@ class Sent:
     def __init__(self) -> None:
         self._bodies: dict[str, OrderedDict[bytes, bytes]] = {}  # kind -> digest -> body (the last few)
         self._acked: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (receiver, kind) -> digest
+        # (kind, base digest, body digest) -> the change: compressed once for all the watchers that
+        # took the same base (16 voters and the planner's pair), forgotten with each new body
+        self._changes: dict[tuple[str, bytes, bytes], bytes] = {}
 
     def wire(self, to: str, kind: str, signed: dict) -> dict:
         """What goes to ``to``: the change (``{"base", "z", "sig"}``) where it took one of this
         kind's last bodies, else the signed entry whole."""
-        body = signed["body"]
+        body, d = signed["body"], digest(signed["body"])
         bodies = self._bodies.setdefault(kind, OrderedDict())
-        bodies[digest(body)] = body
-        bodies.move_to_end(digest(body))
+        if d not in bodies:
+            self._changes.clear()
+        bodies[d] = body
+        bodies.move_to_end(d)
         while len(bodies) > KEEP_BODIES:
             bodies.popitem(last=False)
         base = self._acked.get((to, kind))
         if base is None or base not in bodies:
             return signed
-        return {"base": base, "z": delta(body, bodies[base]), "sig": signed["sig"]}
+        z = self._changes.get((kind, base, d))
+        if z is None:
+            z = self._changes[(kind, base, d)] = delta(body, bodies[base])
+        return {"base": base, "z": z, "sig": signed["sig"]}
 
     def acked(self, to: str, kind: str, signed: dict) -> None:
         """``to`` took ``signed`` (whole or as a change)."""

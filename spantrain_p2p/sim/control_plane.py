@@ -191,15 +191,11 @@ class Ledger:
         self.served = [0.0] * n  # answered
         self.served_bytes = [0.0] * n
         self.served_what: dict[int, dict[str, float]] = {}  # node -> what it answered (labelled calls), bytes/s
-        self.what: dict[str, list[float]] = {}  # label -> [calls/s, bytes/s moved] swarm-wide ("": unlabelled)
 
     def call(self, src: int, dst: int, rate: float, req: float, resp: float, what: str = "") -> None:
         if what:
             parts = self.served_what.setdefault(dst, {})
             parts[what] = parts.get(what, 0.0) + rate * (req + resp)
-        total = self.what.setdefault(what, [0.0, 0.0])
-        total[0] += rate
-        total[1] += rate * (req + resp)
         self.calls[src] += rate
         self.served[dst] += rate
         self.sent[src] += rate * req

@@ -336,9 +336,10 @@ class Coordinator:
         """A newcomer or a lasting change of links: re-plan only when a new plan is predicted to
         be much faster on the latest measurements, and still is a while later (the hysteresis)."""
         now = time.monotonic()
+        if now - self._last_gain_check < REPLAN_CHECK_S or planning.model_profile(self.job) is None:
+            return False
         ready = sorted(r.peer_id for r in ready_peers(self.peer))  # a newcomer: searched at once
-        every = self._check_every if ready == self._searched_ready else REPLAN_CHECK_S
-        if now - self._last_gain_check < every or planning.model_profile(self.job) is None:
+        if ready == self._searched_ready and now - self._last_gain_check < self._check_every:
             return False
         self._last_gain_check, self._searched_ready = now, ready
         if self.job.plan != "planner" or not self.measure_links or current.islands:

@@ -273,11 +273,12 @@ class Swim:
                 continue  # made up
             elif overrides(n, m):
                 m.state, m.inc, m.since, m.rec = n.state, n.inc, now, max(m.rec, n.rec)
-            elif n.rec > m.rec and m.state not in GONE:  # a newer record of a member as it was: a
-                m.rec = n.rec  # change (a watcher reads it), passed on only where ``record_news``
+            elif n.rec > m.rec and m.state not in GONE:  # a newer record of a member as it was
+                m.rec = n.rec
                 n = News(n.peer, m.state, m.inc, m.life, n.rec)
-                changed.append(self._spread(n) if self.params.record_news else n)
-                continue
+                if not self.params.record_news:  # a change (a watcher reads it), not passed on
+                    changed.append(n)
+                    continue
             else:
                 continue
             changed.append(self._spread(n))

@@ -144,8 +144,13 @@ class Inbox:
     async def get(self, key: tuple[str, int, int], timeout: float) -> torch.Tensor:
         fut = self._slot(key)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
+            if not fut.done():  # (one that came first is taken as it is: no timer, no waiter)
+                # shielded: a timeout leaves the slot waiting (the tensor is still taken when it comes);
+                # ``asyncio.timeout``, not ``wait_for``: no task of its own for each message
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(fut)
+            return fut.result()
+        except TimeoutError:
             raise TimeoutError(f"no {key[0]} for step {key[1]} micro-batch {key[2]} within {timeout:.0f}s") from None
         finally:
             if fut.done():

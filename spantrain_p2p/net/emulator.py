@@ -68,6 +68,13 @@ MAX_CATCHUP_S = 0.02  # a flow woken this late may catch up this much link time,
 # ... or as long as a socket's send buffer keeps the link busy (Linux's tcp_wmem ceiling): a real sender
 # writes a message into it at once, and its process waking late does not idle the link meanwhile
 SEND_BUFFER_BYTES = 4 << 20
+# waits not waited: a plain sleep shorter than a millisecond wakes a millisecond late anyway (the
+# event loop's poll takes its timeout in whole ms), so an intermediate slice that short goes at once
+# (its message's last byte still waits precisely for the slices' end); a precise wait shorter than
+# one turn of the event loop (~50 us here) would only spin it. On a LAN-fast link every message
+# waited out both, each a few turns of the loop (issue 31: 5 % of a peer's loop on the side-by-side job)
+COARSE_MIN_S = 0.001
+TURN_S = 5e-5
 DOWN_POLL_S = 0.05  # how often a transfer on a partitioned link checks whether it is back
 
 Clock = Callable[[], float]
@@ -411,7 +418,7 @@ class LinkEmulator:
 
     async def _sleep_until(self, t: float, precise: bool) -> None:
         d = t - self.clock()
-        if d <= 0:
+        if d <= (TURN_S if precise else COARSE_MIN_S):
             return
         if not precise or self.spin_s <= 0:
             await self._sleep_fn(d)

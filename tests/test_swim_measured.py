@@ -240,3 +240,32 @@ async def test_a_member_first_heard_of_in_a_message_takes_the_address_that_came_
     news = [News("QmNew", ALIVE, 0, "0123456789abcdef", 0).to_wire()]
     await loop.handle({**header, "news": news, "urls": {"QmNew": "http://127.0.0.1:7"}}, bufs)
     assert loop.url_of("QmNew") == "http://127.0.0.1:7" and "QmNew" in loop.hinted
+
+
+async def test_an_address_from_anothers_list_is_tried_again_before_it_is_dropped():
+    """A failed ping to a member known by news alone is no evidence, and its address (given on a
+    piece's first sends only) may be the only one this peer gets: dropped at the first miss, two
+    joiners whose first pings met a loaded box were never confirmed (the 8-peer test, about 1 run in
+    8). It is tried ``HINT_TRIES`` rounds; an answer clears the count."""
+    import time
+
+    from spantrain_p2p.peer.swim_loop import HINT_TRIES
+
+    loop, _, _ = loop_and_inbox()
+    loop.swim.hear("QmHinted", "its-life", 0, 0, time.monotonic())
+    loop._learn_url("QmHinted", "http://127.0.0.1:9", hint=True)
+    answers = []
+
+    async def ping(target, timeout):
+        return answers.pop(0)
+    loop._ping = ping
+    answers[:] = [False] * (HINT_TRIES - 1) + [True, False]
+    for _ in range(HINT_TRIES):  # misses, then an answer: kept all along
+        await loop.probe("QmHinted")
+        assert loop.url_of("QmHinted") == "http://127.0.0.1:9"
+    await loop.probe("QmHinted")  # the count starts again after the answer
+    assert loop.url_of("QmHinted") == "http://127.0.0.1:9" and loop._misses["QmHinted"] == 1
+    answers[:] = [False] * (HINT_TRIES - 1)
+    for _ in range(HINT_TRIES - 1):
+        await loop.probe("QmHinted")
+    assert loop.url_of("QmHinted") is None and "QmHinted" not in loop.hinted and "QmHinted" not in loop._misses

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Optional
+from typing import NoReturn, Optional
 
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError, check_fields
@@ -196,9 +196,7 @@ class Membership:
             if r > self.round + 2 or r < self._first_round:
                 raise FrameError(f"round {r} is not one this peer decides (it is in round {self.round})")
             if returning is not None:  # it contributes to that round next: waited for there
-                self._returning[i] = returning
-                self._answers[(i, r, returning)] = None
-                raise Retry(f"round {r}'s members are not decided yet")
+                self._expect_back(i, r, returning, f"round {r}'s members are not decided yet")
             try:
                 await asyncio.wait_for(self._decided.wait(), POLL_S)
             except asyncio.TimeoutError:
@@ -210,15 +208,20 @@ class Membership:
             # caught up to round r's state while the keeper is still in the next: expected there, as
             # where r is undecided (else an island whose fetch takes as long as a round of the others
             # catches up to each round just after it is decided, for good: the cut-off test, 1 in 2)
-            self._returning[i] = returning
-            self._answers[(i, r, returning)] = None
-            raise Retry(f"round {r}'s members were decided; this island is expected at round {returning}")
+            self._expect_back(i, r, returning, f"round {r}'s members were decided; this island is expected at round {returning}")
         out = {"members": members}
         if i not in members:
             latest = max(self.versions)
             out["latest"] = [latest, self.versions[latest][0]]
             self._answers[(i, r, returning)] = out
         return out, []
+
+    def _expect_back(self, i: int, r: int, returning: int, why: str) -> NoReturn:
+        """Island ``i``, catching up, contributes again at round ``returning``: the keeper waits for it
+        there, and its question about round ``r`` gets this answer (a Retry) every time it is asked."""
+        self._returning[i] = returning
+        self._answers[(i, r, returning)] = None
+        raise Retry(why)
 
     # ---- every other peer -------------------------------------------------------------------------
     async def _ask_members(self, r: int, deadline: float, returning: Optional[int] = None):

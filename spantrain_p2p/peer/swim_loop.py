@@ -123,19 +123,20 @@ class SwimLoop:
         if hint and peer_id in self.urls:
             return
         if peer_id not in self.urls and len(self.urls) >= MAX_URLS:  # the oldest makes room
-            old = next(iter(self.urls))
-            del self.urls[old]
-            self.hinted.discard(old)
-            self._misses.pop(old, None)
+            self._forget_url(next(iter(self.urls)))
         self.urls.pop(peer_id, None)
         self.urls[peer_id] = url
         (self.hinted.add if hint else self.hinted.discard)(peer_id)
 
+    def _forget_url(self, peer_id: str) -> None:
+        """Drops the address kept for ``peer_id``, with what was known of it (a hint, its misses)."""
+        self.urls.pop(peer_id, None)
+        self.hinted.discard(peer_id)
+        self._misses.pop(peer_id, None)
+
     def _prune_urls(self) -> None:
         for p in [p for p in self.urls if p not in self.swim.members]:  # forgotten members
-            del self.urls[p]
-            self.hinted.discard(p)
-            self._misses.pop(p, None)
+            self._forget_url(p)
 
     def page(self) -> dict:
         """``GET /swim``: this peer's member list under SWIM (``state``, ``inc``, ``confirmed``: seen
@@ -389,9 +390,7 @@ class SwimLoop:
             if misses < HINT_TRIES and target in self.urls:
                 self._misses[target] = misses
             else:
-                self.urls.pop(target, None)
-                self.hinted.discard(target)
-                self._misses.pop(target, None)
+                self._forget_url(target)
             return
         helpers = self.swim.helpers(target, lambda p: self.url_of(p) is not None)
         if helpers:

@@ -309,7 +309,7 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
 def test_a_member_list_from_the_wire_is_checked_entry_by_entry():
     import msgpack
 
-    from spantrain_p2p.peer.swim_loop import MAX_LIST_BYTES, _list_from_wire
+    from spantrain_p2p.peer.swim_wire import MAX_LIST_BYTES, list_from_wire as _list_from_wire
 
     good = [["p", "alive", 0, "l", "http://127.0.0.1:1", 3], ["q", "suspect", 2, "m", "http://h:2", 0]]
     assert _list_from_wire([msgpack.packb(good)]) == [tuple(x) for x in good]

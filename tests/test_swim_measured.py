@@ -269,3 +269,29 @@ async def test_an_address_from_anothers_list_is_tried_again_before_it_is_dropped
     for _ in range(HINT_TRIES - 1):
         await loop.probe("QmHinted")
     assert loop.url_of("QmHinted") is None and "QmHinted" not in loop.hinted and "QmHinted" not in loop._misses
+
+
+async def test_a_member_known_by_news_alone_has_its_address_asked_of_the_next_peer_pinged():
+    """News carries a member's address on a piece's first sends only: two peers that heard of each
+    other later knew no address of each other, neither pinged, and they held each other unconfirmed
+    for good (the 8-peer test, 2 runs in 16 on 2026-11-28). Such a member's address is asked on this
+    peer's next messages and taken from the ack as a hint; a peer that knows none, or a malformed
+    ask, gives none."""
+    import time
+
+    a, b, _, me, _, _ = _sender_and_watcher()
+    now = time.monotonic()
+    a.swim.hear("QmJoiner", "joiner-life", 0, 0, now)  # news of it, no address
+    a.swim.hear("QmNobody", "nobody-life", 0, 0, now)
+    assert a.url_of("QmJoiner") is None and sorted(a._addressless("x")) == ["QmJoiner", "QmNobody"]
+    b.swim.add("QmJoiner", "joiner-life", now)  # b has pinged it: knows where it is
+    b._learn_url("QmJoiner", "http://127.0.0.1:8")
+    assert await a._ping(b.peer.peer_id, 1.0)
+    assert a.url_of("QmJoiner") == "http://127.0.0.1:8" and "QmJoiner" in a.hinted
+    assert a.url_of("QmNobody") is None and a._addressless("x") == ["QmNobody"]
+    a.swim._confirm("QmNobody", "nobody-life")
+    assert a._addressless("x") == []  # nothing unconfirmed: nothing asked, no scan
+    header, bufs = message(Identity.generate(), [], [])
+    for bad in (["x"] * 9, "QmJoiner", [3], [""]):
+        with pytest.raises(FrameError):
+            await b.handle({**header, "ask": bad}, bufs)

@@ -33,21 +33,16 @@ from ..swarm import membership
 from ..swarm.deltas import Held, Sent
 from ..swarm.measure import MAX_BYTES as MEASURE_MAX_BYTES, VERSIONED, versions_changed
 from ..swarm.records import BadRecord, open_payload, open_record
-from ..swarm.swim import (ALIVE, GONE, LEFT, MAX_NAME, MAX_NEWS, STATES, SUSPECT, News, Swim, SwimParams, check_inc,
-                          check_name, news_from_wire)
+from ..swarm.swim import ALIVE, GONE, LEFT, MAX_NEWS, SUSPECT, News, Swim, SwimParams
+from . import swim_wire as wire
+from .swim_wire import KIND, MAX_ASK, MAX_LIST, VERSION
 
 log = logging.getLogger("spantrain.peer")
 
-KIND = "swim"
-VERSION = 1
-OPS = ("ping", "req", "news", "list")
-MAX_URL = 256
 # a key's nearest nodes, looked up again after this long (at once where one does not answer or a
 # nearer node is known, ``guard``): every lookup of a key ends at its nodes, and at 1,000 idle peers
 # looking up the job key's every minute they were the busiest nodes by far (``sim.control_swim``)
 HOLDERS_TTL_S = 600.0
-MAX_LIST = 20_000  # members in one answer to "list", at most
-MAX_LIST_BYTES = 4 << 20
 MAX_SENT_RECORD = 16 << 10  # bytes of a record sent in a news message (``records.MAX_RECORD_BYTES`` and its key)
 MAX_SENT_MEASURED = 64 << 10  # bytes of a measurement entry sent with it
 # misses before an address from another's list (or of a member nobody vouched for) is dropped: dropped
@@ -140,33 +135,44 @@ class SwimLoop:
 
     def page(self) -> dict:
         """``GET /swim``: this peer's member list under SWIM (``state``, ``inc``, ``confirmed``: seen
-        in its record or heard from itself, not only of), its own incarnation."""
+        in its record or heard from itself, not only of; ``address``: where it is pinged is known,
+        ``hint``: from another's word), its own incarnation."""
         return {"inc": self.swim.inc, "rec": self.swim.rec,
-                "members": {p: {"state": m.state, "inc": m.inc, "confirmed": m.confirmed}
+                "members": {p: {"state": m.state, "inc": m.inc, "confirmed": m.confirmed,
+                                "address": self.url_of(p) is not None, "hint": p in self.hinted}
                             for p, m in self.swim.members.items()}}
 
-    def _header(self, op: str, to: str, **extra) -> dict:
+    def _header(self, op: str, to: str, asked: list = (), **extra) -> dict:
         head = getattr(self.peer, "map_head", None)
         news = self.swim.outgoing(to)
         # the addresses of the members news says are alive: two peers that joined at once know each
         # other by news alone, and neither pinged the other (never confirmed: the 8-peer test)
         urls = {n.peer: u for n in news if n.state == ALIVE and n.peer != to and n.peer in self.swim.fresh
                 and (u := self.url_of(n.peer))}  # (with a piece's first sends only: ``SwimParams.address_sends``)
+        if asked:  # an ack: the addresses its receiver asked for, as far as they fit
+            for p in asked:
+                if len(urls) >= MAX_NEWS:
+                    break
+                if p != to and p not in urls and (m := self.swim.members.get(p)) is not None and m.state not in GONE \
+                        and (u := self.url_of(p)):
+                    urls[p] = u
+        ask = self._addressless(to) if op != "ack" else []
         return {"v": VERSION, "op": op, "inc": self.swim.inc, "life": self.swim.life, "rec": self.swim.rec,
                 "url": self.peer.dataplane.url, "news": [n.to_wire() for n in news], **extra,
-                **({"map": list(head)} if head is not None else {}), **({"urls": urls} if urls else {})}
+                **({"map": list(head)} if head is not None else {}), **({"urls": urls} if urls else {}),
+                **({"ask": ask} if ask else {})}
 
-    @staticmethod
-    def _urls_of(header: dict) -> dict:
-        """A message's addresses of the members its news is about (``urls``), checked; {} if none."""
-        urls = header.get("urls")
-        if urls is None:
-            return {}
-        if not (isinstance(urls, dict) and len(urls) <= MAX_NEWS and all(
-                isinstance(k, str) and 0 < len(k) <= MAX_NAME and isinstance(v, str) and 0 < len(v) <= MAX_URL
-                for k, v in urls.items())):
-            raise framing.FrameError(f"a swim message's urls map at most {MAX_NEWS} member ids to addresses")
-        return urls
+    def _addressless(self, to: str) -> list[str]:
+        """Members this peer knows by news alone and has no address of (up to ``MAX_ASK``), asked of
+        ``to`` on a message: news carries an address on a piece's first sends only, and two peers that
+        heard of each other later held each other unconfirmed for good, neither able to ping the other
+        (the 8-peer test, 2 runs in 16 on 2026-11-28)."""
+        if self.swim.unconfirmed <= 0:  # (the usual case: no scan)
+            return []
+        out = [p for p, m in self.swim.members.items()
+               if not m.confirmed and m.state not in GONE and p != to and self.url_of(p) is None]
+        # a random few: made-up ids in news (nobody has their address) must not crowd out the real ones
+        return out if len(out) <= MAX_ASK else self.swim.rng.sample(out, MAX_ASK)
 
     def _hint_urls(self, urls: dict) -> None:
         """Addresses of members this peer knows by news alone, as the sender gave them: hints (a
@@ -183,36 +189,14 @@ class SwimLoop:
         newer one than its own reads the map key (``RunRecords.heard_head``), so a map's news spreads
         with the pings and no peer polls the key (issue 33). Hearsay: a made-up head costs its hearers
         one read each, at most one per ``run_records.HEARSAY_GAP_S``."""
-        head, hear = header.get("map"), getattr(self.peer, "on_map_head", None)
-        if hear is None or head is None:
-            return
-        if not (isinstance(head, list) and len(head) == 3 and all(type(x) is int and 0 <= x < 1 << 31 for x in head[:2])
-                and isinstance(head[2], str) and len(head[2]) <= MAX_URL):
-            raise framing.FrameError("a swim message's map is [term, epoch, job]: two small non-negative ints, a job id")
-        hear(head[0], head[1], head[2])
-
-    def _read(self, header: dict, ops: tuple[str, ...] = OPS) -> tuple[str, int, int, list[News]]:
-        """(life, incarnation, record seq, news) of a message or an ack; FrameError if malformed."""
-        framing.check_fields(header, {"v": int, "op": str, "inc": int, "life": str, "rec": int, "url": str,
-                                      "news": list})
-        if not 0 < len(header["url"]) <= MAX_URL:
-            raise framing.FrameError(f"a swim url has 1-{MAX_URL} characters")
-        if header["v"] != VERSION:
-            raise framing.FrameError(f"swim version {header['v']} is not {VERSION}")
-        if header["op"] not in ops:
-            raise framing.FrameError(f"swim op must be one of {', '.join(ops)}, not {str(header['op'])[:20]!r}")
-        try:
-            check_name(header["life"], "life")
-            check_inc(header["inc"])
-            check_inc(header["rec"])
-            return header["life"], header["inc"], header["rec"], news_from_wire(header["news"])
-        except ValueError as e:
-            raise framing.FrameError(str(e)) from None
+        head, hear = wire.map_head(header), getattr(self.peer, "on_map_head", None)
+        if hear is not None and head is not None:
+            hear(*head)
 
     async def handle(self, header: dict, buffers: list) -> tuple[dict, list]:
-        life, inc, rec, news = self._read(header)
+        life, inc, rec, news = wire.read(header)
         self._hear_map(header)
-        hints = self._urls_of(header)
+        hints, asked = wire.urls_of(header), wire.asked(header)
         with_record = header["op"] == "news" and header.get("record") is True
         kinds = header.get("measured", []) if with_record else []
         if not isinstance(kinds, list) or not all(isinstance(k, str) and k in VERSIONED for k in kinds) \
@@ -223,7 +207,7 @@ class SwimLoop:
             raise framing.FrameError("a swim message carries no buffers but a news message's record and its measurements")
         src, now, lacks = header["src"], time.monotonic(), []
         self._learn_url(src, header["url"])
-        size = _size(header) + sum(b.nbytes for b in buffers)
+        size = wire.size(header) + sum(b.nbytes for b in buffers)
         # the sender's own word first (a joiner's first ping adds it), then what it heard
         self._apply(self.swim.acked(src, life, inc, now, rec) + self.swim.merge(news, now, sender=src))
         self._hint_urls(hints)
@@ -247,8 +231,8 @@ class SwimLoop:
             if not isinstance(target, str) or target not in self.swim.members or target == src:
                 raise framing.FrameError("a req names a member to ping, not the sender")
             ok = await self._ping(target, self.params.ack_s)
-        reply = self._header("ack", src, ok=ok, **({"lacks": lacks} if lacks else {}))
-        self.peer.control.tally(True, header["op"], KIND, size, _size(reply) + sum(len(b) for b in buffers_out))
+        reply = self._header("ack", src, asked, ok=ok, **({"lacks": lacks} if lacks else {}))
+        self.peer.control.tally(True, header["op"], KIND, size, wire.size(reply) + sum(len(b) for b in buffers_out))
         return reply, buffers_out
 
     def _take_measured(self, src: str, kinds: list, buffers: list) -> list[str]:
@@ -296,7 +280,7 @@ class SwimLoop:
             if not got or "_buffers" not in got:
                 continue
             try:
-                entries = _list_from_wire(got["_buffers"])
+                entries = wire.list_from_wire(got["_buffers"])
             except ValueError as e:
                 log.warning("member list from %s refused: %s", p[:12], e)
                 continue
@@ -329,22 +313,22 @@ class SwimLoop:
                 url, KIND, header, sent, timeout=timeout, link=self.peer.link_to(to) if shaped else None, peer_id=to),
                 timeout)
             reply, buffers = got if got else (None, [])
-            life, inc, rec, news = self._read(reply, ("ack",)) if reply else (None, 0, 0, [])
+            life, inc, rec, news = wire.read(reply, ("ack",)) if reply else (None, 0, 0, [])
             if reply:
                 self._hear_map(reply)
-                hints = self._urls_of(reply)
+                hints = wire.urls_of(reply)
         except (OSError, asyncio.TimeoutError, framing.FrameError, ValueError) as e:
             log.debug("swim %s to %s: %s", op, to[:12], e)
             reply = None
         except RemoteError as e:  # refused (it does not know us yet, a budget): alive, no word
             log.debug("swim %s to %s refused: %s", op, to[:12], e)
-            self.peer.control.tally(False, op, KIND, _size(header) + sum(map(len, sent)), 0, False)
+            self.peer.control.tally(False, op, KIND, wire.size(header) + sum(map(len, sent)), 0, False)
             return {}
         except Exception as e:
             log.warning("swim %s to %s: %s", op, to[:12], e)
             reply = None
-        self.peer.control.tally(False, op, KIND, _size(header) + sum(map(len, sent)),
-                                _size(reply) + sum(b.nbytes for b in buffers) if reply else 0, reply is not None)
+        self.peer.control.tally(False, op, KIND, wire.size(header) + sum(map(len, sent)),
+                                wire.size(reply) + sum(b.nbytes for b in buffers) if reply else 0, reply is not None)
         if reply is None:
             return None
         now = time.monotonic()
@@ -534,33 +518,6 @@ class SwimLoop:
         targets.update(self.swim.helpers(""))
         targets.discard(self.peer.peer_id)
         await asyncio.gather(*(self._send(t, "news", self.params.ack_s * 2) for t in targets))
-
-
-def _list_from_wire(buffers: list) -> list[tuple]:
-    """Entries of an answer to "list" (untrusted): ValueError saying what is wrong."""
-    if len(buffers) != 1 or len(buffers[0]) > MAX_LIST_BYTES:
-        raise ValueError(f"a member list is one buffer of at most {MAX_LIST_BYTES} bytes")
-    try:
-        items = msgpack.unpackb(bytes(buffers[0]), raw=False, max_array_len=MAX_LIST, max_str_len=MAX_URL,
-                                max_bin_len=0, max_map_len=0)
-    except Exception as e:
-        raise ValueError(f"not a msgpack list: {e}") from None
-    if not isinstance(items, list):
-        raise ValueError("a member list is a list")
-    out = []
-    for it in items:
-        if not isinstance(it, list) or len(it) != 6:
-            raise ValueError("an entry is [peer, state, incarnation, life, address, record seq]")
-        peer, state, inc, life, url, rec = it
-        if state not in ("alive", "suspect") or not isinstance(url, str) or not 0 < len(url) <= MAX_URL:
-            raise ValueError("an entry's state is alive or suspect, its address a short string")
-        news_from_wire([[peer, STATES.index(state), inc, life, rec]])
-        out.append((peer, state, inc, life, url, rec))
-    return out
-
-
-def _size(header: Optional[dict]) -> int:
-    return framing.frame_size(framing.encode(header)) if header else 0
 
 
 def install(peer) -> SwimLoop:

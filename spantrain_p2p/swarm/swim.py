@@ -144,6 +144,11 @@ class Swim:
         m = self.members.get(peer)
         return m is not None and m.life == life and m.state in GONE
 
+    @property
+    def unconfirmed(self) -> int:
+        """Members known only from others' news (none confirmed them: a ping, an ack, a record)."""
+        return self._unconfirmed
+
     def _put(self, peer: str, m: Member) -> None:
         old = self.members.get(peer)
         self._unconfirmed += (not m.confirmed) - (old is not None and not old.confirmed)

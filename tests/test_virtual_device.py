@@ -37,6 +37,34 @@ def test_an_operation_slower_than_its_budget_counts_as_an_overrun():
     assert dev.stats().ops == 0 and dev.fidelity() == 1.0
 
 
+def test_queued_operations_run_back_to_back_on_the_device_whenever_their_thread_begins_them():
+    """An op queued (``ready``) while the device was still busy starts when the device is free, as a
+    GPU's stream runs queued kernels: a thread that woke late from its last padding (here: 8 ms of
+    the host elsewhere) does not delay the device; an op's own CPU work is never cut short, and one
+    queued after the device went idle starts when it was queued. (Margins of several ms: a loaded
+    host wakes threads late.)"""
+    dev = VirtualDevice(tflops=1.0, scale=1e-3)  # 1 GFLOP/s: 1e7 FLOPs take 10 ms
+    q = dev.clock()
+    with dev.op("F", 1e7, q):
+        pass
+    time.sleep(0.008)  # the host is late to begin the next op, queued at q
+    with dev.op("B", 1e7, q):
+        pass
+    assert 0.020 <= dev.clock() - q < 0.026  # the two budgets, not 28 ms
+    assert dev.stats().phases["B"].caught_up_s == pytest.approx(0.008, abs=0.004)
+    time.sleep(0.02)
+    q = dev.clock()
+    with dev.op("W", 1e7, q - 0.008):  # queued 8 ms ago, the device idle: 2 ms left, yet its CPU work (5 ms) runs
+        time.sleep(0.005)
+    assert 0.005 <= dev.clock() - q < 0.009
+    time.sleep(0.01)
+    q = dev.clock()
+    with dev.op("F", 1e7, q):  # the device idled: the op starts when queued
+        pass
+    assert 0.010 <= dev.clock() - q < 0.014
+    assert dev.stats().phases["W"].late == 1  # on the device 13 ms after it was queued, for 10 ms of budget
+
+
 def test_operations_without_flops_run_unpadded_and_do_not_count_against_fidelity():
     dev = VirtualDevice(tflops=1.0, scale=1e-3)
     dev.run(time.sleep, 0.002, flops=0, phase="F")

@@ -156,10 +156,12 @@ class StageExecutor:
         return sched.backward_done_fractions(
             [x.get("W", 0.0) + (x.get("B", 0.0) if phase == "BW" else 0.0) for x in lf])
 
-    async def _compute(self, phase: str, fn, *args, on_layer_done: Optional[LayerDone] = None):
+    async def _compute(self, phase: str, fn, *args, on_layer_done: Optional[LayerDone] = None,
+                       ready: Optional[float] = None):
         """Runs ``fn(*args, layer_done)`` on the compute thread, padded on a virtual device.
         ``layer_done(i)`` (for the backward ops) tells ``on_layer_done`` on the event loop, once
-        the device has had the time to get that far (layer ``i``'s gradients are final then)."""
+        the device has had the time to get that far (layer ``i``'s gradients are final then).
+        ``ready``: when the op was queued on the virtual device (``VirtualDevice.op``)."""
         loop = asyncio.get_running_loop()
         fracs = self._done_fractions(phase) if on_layer_done is not None else None
 
@@ -168,7 +170,7 @@ class StageExecutor:
                 done = None if fracs is None else (lambda i: loop.call_soon_threadsafe(on_layer_done, i))
                 return fn(*args, done)
             flops = self.flops.get("B", 0.0) + self.flops.get("W", 0.0) if phase == "BW" else self.flops.get(phase, 0.0)
-            with self.device.op("B" if phase == "BW" else phase, flops) as op:
+            with self.device.op("B" if phase == "BW" else phase, flops, ready) as op:
                 done = None
                 if fracs is not None:
                     def done(i):
@@ -311,6 +313,10 @@ class StageExecutor:
         t_compute = 0.0
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
         trace = result.timeline
+        # when the step's next op is queued on a virtual device, as a host that does not wait for its
+        # device would queue it: at once, or when its input arrives (``VirtualDevice.op``'s ``ready``)
+        clock = self.device.clock if self.device is not None else None
+        queued = clock() if clock is not None else None
 
         def traced(task: asyncio.Task, name: str, mb: int) -> asyncio.Task:
             start = time.time()
@@ -323,8 +329,10 @@ class StageExecutor:
                 w0 = time.time()
                 if op is sched.Op.RECV_F:
                     st.inp = self._here(await self.recv(ACT, step, a.mb)).requires_grad_(True)
+                    queued = clock() if clock is not None else None
                 elif op is sched.Op.RECV_B:
                     st.grad_out = self._here(await self.recv(GRAD, step, a.mb))
+                    queued = clock() if clock is not None else None
                 elif op is sched.Op.SEND_F:
                     sends.append(traced(self._send(ACT, step, a.mb, st.out), op.name, a.mb))
                     continue
@@ -336,15 +344,15 @@ class StageExecutor:
                     t0 = loop.time()
                     tell = on_layer_done if j == last_bw else None
                     if op is sched.Op.F:
-                        loss = await self._compute("F", self._forward, step, a.mb, st)
+                        loss = await self._compute("F", self._forward, step, a.mb, st, ready=queued)
                         if loss is not None:
                             result.losses.append(loss)
                     elif op is sched.Op.B:
-                        await self._compute("B", self._backward_input, st)
+                        await self._compute("B", self._backward_input, st, ready=queued)
                     elif op is sched.Op.W:
-                        await self._compute("W", self._backward_weight, st, on_layer_done=tell)
+                        await self._compute("W", self._backward_weight, st, on_layer_done=tell, ready=queued)
                     elif op is sched.Op.BW:
-                        await self._compute("BW", self._backward_full, st, on_layer_done=tell)
+                        await self._compute("BW", self._backward_full, st, on_layer_done=tell, ready=queued)
                     t_compute += loop.time() - t0
                 trace.append((op.name, a.mb, w0, time.time()))
             if last_bw < 0 and on_layer_done is not None:  # no micro-batch of its own: nothing to wait for

@@ -59,6 +59,7 @@ class PhaseStats:
     real_s: float = 0.0  # CPU time of the operations themselves
     busy_s: float = 0.0  # time the device was busy, padding included
     worst_overrun: float = 0.0  # largest real / budget ratio among overruns
+    caught_up_s: float = 0.0  # time operations started on the device before their thread began them (``op``'s ``ready``)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class DeviceStats:
             "ops": self.ops, "padded_ops": self.padded_ops, "overruns": self.overruns, "late": self.late,
             "flops": self.flops,
             "real_s": self.real_s, "busy_s": self.busy_s,
+            "caught_up_s": sum(p.caught_up_s for p in self.phases.values()),
             "fidelity": 1.0 - self.overruns / self.padded_ops if self.padded_ops else 1.0,
             "phases": {k: vars(v).copy() for k, v in self.phases.items()},
         }
@@ -130,6 +132,7 @@ class VirtualDevice:
         self.clock = clock
         self.spin_s = spin_s
         self._lock = threading.Lock()
+        self._thread = threading.local()  # free_at: when this thread's last operation ended on the device
         self._stats = DeviceStats()
 
     def __repr__(self) -> str:
@@ -150,29 +153,40 @@ class VirtualDevice:
         return max(0.0, float(flops)) / self.flops_per_s
 
     @contextlib.contextmanager
-    def op(self, phase: str, flops: float) -> Iterator["OpProgress"]:
+    def op(self, phase: str, flops: float, ready: Optional[float] = None) -> Iterator["OpProgress"]:
         """Runs the block, then holds the thread until the device's time for ``flops`` has passed.
         A block that raises is neither padded nor counted. The block may call ``reach(fraction)``
         on the yielded handle to be held until that part of the budget has passed (a part of the
-        operation, e.g. one layer's weight-grads, is done on the device then)."""
+        operation, e.g. one layer's weight-grads, is done on the device then).
+
+        ``ready`` (this device's clock): when the operation was queued, its inputs there. The device
+        then starts it when it was both queued and done with this thread's previous operation, as a
+        GPU's stream runs queued kernels back to back, though that is before the host thread began
+        it: a thread woken late from its last padding (a busy host) does not delay the device. The
+        operation's own CPU work is never shortened: it ends no earlier than it began plus that
+        work. Without ``ready``, it starts when the block begins."""
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
         if not (math.isfinite(flops) and flops >= 0):
             raise ValueError(f"flops must be a finite number >= 0, not {flops!r}")
         budget = self.budget_s(flops)
         t0 = self.clock()
-        progress = OpProgress(self, t0, budget)
+        start = t0 if ready is None else min(t0, max(ready, getattr(self._thread, "free_at", -math.inf)))
+        progress = OpProgress(self, start, budget)
         yield progress
         real = self.clock() - t0 - progress.held_s
         if budget > real:
-            sleep_until(t0 + budget, self.clock, self.spin_s)
-        busy = self.clock() - t0
+            sleep_until(start + budget, self.clock, self.spin_s)
+        end = self.clock()
+        self._thread.free_at = max(start + budget, t0 + real + progress.held_s)
+        busy = end - start
         with self._lock:
             s = self._stats.phases[phase]
             s.ops += 1
             s.flops += flops
             s.real_s += real
             s.busy_s += busy
+            s.caught_up_s += t0 - start
             if budget <= 0:
                 s.unpadded_ops += 1
                 return

@@ -59,6 +59,30 @@ def test_round_trips_over_high_latency_links_limit_1f1b():
     assert e.step_s > 1.5 * estimate(_chain(2, 4, "1f1b", 32), _snap(2), _model()).step_s
 
 
+def test_each_stage_ends_its_step_with_its_slowest_peers_optimizer_step_and_snapshot_copies():
+    """A peer's measured seconds per byte of weights after a step (``profile.step_tail``: the
+    optimizer's step, a CPU's snapshot copies) add to its stage's step, the slowest replica's, in the
+    estimate and the simulator alike; an offloaded optimizer is priced by its own copies instead."""
+    from dataclasses import replace
+
+    from spantrain_p2p.sim.simulator import simulate
+
+    model = _model(params=1e6)  # 4 layers of 1 MB of weights
+    base = estimate(_chain(1, 4, "1f1b", 8), _snap(1), model).step_s
+    snap = _snap(2)
+    snap = replace(snap, peers=(replace(snap.peers[0], step_s_per_param_byte=1e-6),
+                                replace(snap.peers[1], step_s_per_param_byte=3e-6)))
+    e = estimate(_chain(1, 4, "1f1b", 8), snap, model)
+    assert e.step_s == pytest.approx(base + 4e6 * 1e-6)  # p0's own stage: 4 s more
+    two = Plan((Stage(("p0", "p1"), (0, 4), (0.5, 0.5)),), "1f1b", 1, 8)
+    plain = estimate(two, _snap(2), model).step_s
+    assert estimate(two, snap, model).step_s == pytest.approx(plain + 4e6 * 3e-6)  # p1, the slower
+    assert simulate(two, snap, model, jitter=False).step_s == pytest.approx(
+        simulate(two, _snap(2), model, jitter=False).step_s + 4e6 * 3e-6)
+    offloaded = replace(model, host_step_s_per_param_byte=0.5e-6)
+    assert estimate(two, snap, offloaded).step_s == pytest.approx(plain + 4e6 * 0.5e-6)
+
+
 def test_replicas_pay_a_ring_all_reduce_over_their_link():
     snap = _snap(2, bw=1e6, rtt=0.01)
     plan = Plan((Stage(("p0", "p1"), (0, 4), (0.5, 0.5)),), "1f1b", 1, 8)

@@ -172,6 +172,9 @@ def test_a_device_that_never_gives_a_sane_reading_raises_instead_of_publishing(l
     {"extra": 1},
     {"fwd_s": "fast"},
     {"fwd_s": []},
+    {"step_s_per_param_byte": -1e-9},
+    {"step_s_per_param_byte": 1.0},  # absurd
+    {"step_s_per_param_byte": "slow"},
 ])
 def test_a_profile_from_the_network_is_validated(change):
     good = {"version": 1, "fwd_s": [0.1, 0.2], "bwd_input_s": [0.0, 0.2], "bwd_weight_s": [0.1, 0.3],
@@ -181,3 +184,21 @@ def test_a_profile_from_the_network_is_validated(change):
         DeviceProfile.from_dict({**good, **change})
     with pytest.raises(ValueError):
         DeviceProfile.from_dict({k: v for k, v in good.items() if k != "fwd_s"})
+    # the step's tail is optional (a peer that does not measure it: 0), and kept where given
+    assert DeviceProfile.from_dict(good).step_s_per_param_byte == 0.0
+    assert DeviceProfile.from_dict({**good, "step_s_per_param_byte": 2e-9}).step_s_per_param_byte == 2e-9
+
+
+def test_the_steps_tail_is_measured_per_byte_of_weights_and_leaves_the_layers_alone():
+    """``profile.step_tail``: an optimizer step (and, on a CPU, the snapshot's copies) per byte of
+    weights, on copies of the layers' parameters: Adam's, with its two moments to step and copy,
+    costs more than plain SGD's; the layers' weights are untouched."""
+    from spantrain_p2p.profile import step_tail
+
+    layers = build_layers(CFG)
+    before = [p.detach().clone() for layer in layers for p in layer.parameters()]
+    adam = min(step_tail.measure(layers, lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True)) for _ in range(3))
+    sgd = min(step_tail.measure(layers, lambda ps: torch.optim.SGD(ps, lr=1e-3)) for _ in range(3))
+    assert 0 < sgd < adam < step_tail.MAX_S_PER_BYTE
+    assert all(torch.equal(a, p) for a, p in zip(before, (p for layer in layers for p in layer.parameters())))
+    assert step_tail.measure([torch.nn.ReLU()], lambda ps: torch.optim.SGD(ps, lr=1e-3)) == 0.0

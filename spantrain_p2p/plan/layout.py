@@ -105,7 +105,8 @@ class StageWork:
     # held once whatever the micro-batches in flight: under full recomputation, the one layer whose
     # forward is being recomputed inside a backward keeps its whole stash meanwhile
     stash_once: float = 0.0
-    # after its last backward and all-reduce: an offloaded optimizer's copies and host step (slowest peer)
+    # after its last backward and all-reduce (slowest peer): an offloaded optimizer's copies and host
+    # step, else the optimizer's step on the device and a CPU's snapshot copies (``PeerInfo.step_s_per_param_byte``)
     step_tail_s: float = 0.0
 
 
@@ -284,15 +285,16 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
         k = kinds.setdefault((len(pw.mbs), pw.f, pw.b, pw.w, pw.memory_bytes), [0, pw])
         k[0] += 1
     owning = [pw for _, pw in kinds.values() if pw.mbs]
-    tail = 0.0
-    if profile.host_copy_bytes_per_param_byte or profile.host_step_s_per_param_byte:
+    if profile.host_copy_bytes_per_param_byte or profile.host_step_s_per_param_byte:  # an offloaded optimizer
         tail = max(params * (profile.host_copy_bytes_per_param_byte / peers[pw.id].host_bytes_per_s
                              + profile.host_step_s_per_param_byte) for pw in works)
+    else:  # the optimizer's step on the device and (off a GPU) the snapshot's copies, as each peer measured them
+        tail = max(params * peers[pw.id].step_s_per_param_byte for pw in works)
     # sharded (ZeRO-1): a replica keeps the optimizer state of the layers it owns only
     opt_share = sharded_state_share(st)
     state = params * (profile.state_bytes_per_param_byte - profile.optimizer_bytes_per_param_byte * (1 - opt_share))
     if opt_share < 1.0:
-        tail *= opt_share  # an offloaded optimizer copies and steps its own share only
+        tail *= opt_share  # a sharded optimizer steps (and copies) its own share only
     return StageWork(tuple(works), tuple(owner), params, state, stash, act,
                      tuple((c, pw) for c, pw in kinds.values()),
                      np.array([float(len(pw.mbs)) for pw in owning]), np.array([pw.f + pw.b + pw.w for pw in owning]),

@@ -49,12 +49,17 @@ class PeerInfo:
     memory_bytes: float
     region_hint: str = ""
     host_bytes_per_s: float = HOST_BYTES_PER_S  # copies between its device and host memory (offloading)
+    # after each step, seconds per byte of a stage's weights: its optimizer step and (off a GPU) the
+    # snapshot's copies, as it measured them (``profile.step_tail``); 0: unknown
+    step_s_per_param_byte: float = 0.0
 
     def __post_init__(self) -> None:
         _peer_id("peer id", self.id)
         object.__setattr__(self, "flops", _finite(f"peer {self.id}: flops", self.flops))
         object.__setattr__(self, "memory_bytes", _finite(f"peer {self.id}: memory_bytes", self.memory_bytes))
         object.__setattr__(self, "host_bytes_per_s", _finite(f"peer {self.id}: host_bytes_per_s", self.host_bytes_per_s))
+        object.__setattr__(self, "step_s_per_param_byte",
+                           _finite(f"peer {self.id}: step_s_per_param_byte", self.step_s_per_param_byte, positive=False))
         if not isinstance(self.region_hint, str):
             raise ValueError(f"peer {self.id}: region_hint must be a string")
 
@@ -298,8 +303,8 @@ class Snapshot:
         """The JSON of ``spantrain swarm --measure-only --json``.
 
         ``{"links": [{"src", "dst", "rtt_ms", "mbps"}...], "devices": [{"peer", "tflops",
-        "memory_gb"}...]}`` (tflops in the scenario's units, memory in GiB; other keys are
-        ignored). A link with a null ``rtt_ms``/``mbps`` or a status other than "ok" is unknown.
+        "memory_gb", "step_s_per_param_byte" (optional)}...]}`` (tflops in the scenario's units,
+        memory in GiB; other keys are ignored). A link with a null ``rtt_ms``/``mbps`` or a status other than "ok" is unknown.
         Untrusted input: every field is checked, ValueError names the bad one.
         """
         if not isinstance(d, Mapping):
@@ -319,7 +324,9 @@ class Snapshot:
             tf = _finite(f"devices[{i}].tflops", dev.get("tflops"))
             mem = _finite(f"devices[{i}].memory_gb", dev.get("memory_gb"))
             region = dev.get("region", "")
-            peers.append(PeerInfo(pid, tf * 1e12, mem * GIB, region if isinstance(region, str) else ""))
+            tail = _finite(f"devices[{i}].step_s_per_param_byte", dev.get("step_s_per_param_byte", 0.0), positive=False)
+            peers.append(PeerInfo(pid, tf * 1e12, mem * GIB, region if isinstance(region, str) else "",
+                                  step_s_per_param_byte=tail))
         known = {p.id for p in peers}
         links: dict[tuple[str, str], Optional[Link]] = {}
         for i, ln in enumerate(links_in):

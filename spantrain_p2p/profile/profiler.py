@@ -38,6 +38,7 @@ from torch import nn
 
 from ..files import atomic_write_bytes
 from ..net.framing import strict_from_dict
+from .step_tail import MAX_S_PER_BYTE
 from .virtual import FlopCache, PhaseFlops, VirtualDevice, grad_output, layer_inputs
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ class DeviceProfile:
     memory_bytes: int
     effective_tflops: float
     version: int = PROFILE_VERSION
+    # the optimizer's step and (off a GPU) the snapshot's copies after a step, seconds per byte of
+    # weights (``profile.step_tail``); 0: not measured (a profile from a peer that does not say)
+    step_s_per_param_byte: float = 0.0
 
     def __post_init__(self) -> None:
         d = {"fwd_s": self.fwd_s, "bwd_input_s": self.bwd_input_s, "bwd_weight_s": self.bwd_weight_s}
@@ -98,6 +102,10 @@ class DeviceProfile:
         object.__setattr__(self, "effective_tflops", float(t))
         if self.version != PROFILE_VERSION:
             raise ValueError(f"device profile version {self.version!r} is not {PROFILE_VERSION}")
+        r = self.step_s_per_param_byte
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_S_PER_BYTE:
+            raise ValueError(f"device profile step_s_per_param_byte must be in [0, {MAX_S_PER_BYTE:g}], not {r!r}")
+        object.__setattr__(self, "step_s_per_param_byte", float(r))
 
     @property
     def num_layers(self) -> int:
@@ -116,13 +124,17 @@ class DeviceProfile:
         return {
             "version": self.version, "fwd_s": list(self.fwd_s), "bwd_input_s": list(self.bwd_input_s),
             "bwd_weight_s": list(self.bwd_weight_s), "memory_bytes": self.memory_bytes,
-            "effective_tflops": self.effective_tflops,
+            "effective_tflops": self.effective_tflops, "step_s_per_param_byte": self.step_s_per_param_byte,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> "DeviceProfile":
         """From untrusted data (the DHT, a cache file): every field checked, else ValueError."""
-        return strict_from_dict(cls, d, "device profile")
+        return strict_from_dict(cls, d, "device profile", required=_REQUIRED)
+
+
+# every field of a profile but the step's tail (a profile without it, cached or from a peer that does not measure it: 0)
+_REQUIRED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "memory_bytes", "effective_tflops", "version")
 
 
 def model_fingerprint(layers: Sequence[nn.Module]) -> str:

@@ -16,9 +16,11 @@ from typing import Any, Callable, Optional
 from ..net.passive import PassiveEstimator, link_update
 from ..net.ping import paired_rtt, ping_links
 from ..net.prober import probe_link
+from ..profile import step_tail
 from ..profile.profiler import profile_layers
 from ..swarm import measure
 from ..swarm.probe_plan import FULL_MESH_MAX_PEERS, ping_targets, probe_budget, probe_targets
+from ..job.optim import make_optimizer
 from ..models import workload
 from .decide import REPLAN_CHECK_S, ping_slots
 
@@ -99,6 +101,10 @@ class Measuring:
                 fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}" +
                 (f"-{job.workload}x{job.workload_seq_len}" if job.workload else ""), inputs=inputs, targets=targets,
                 report=report, torch_device=self.torch_device, layer_flops=wl_flops)
+            # the optimizer's step and the snapshot's copies, per byte of weights (``profile.step_tail``)
+            tail = await asyncio.to_thread(step_tail.measure, layers, lambda ps: make_optimizer(
+                replace(job, offload_optimizer=False), ps), torch_device=self.torch_device)
+            self.profile = replace(self.profile, step_s_per_param_byte=tail)
             if before is None:
                 return [], 0.0
             after = dev.stats()

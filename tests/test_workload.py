@@ -198,3 +198,19 @@ def test_a_send_to_a_peer_without_an_address_for_a_moment_gives_its_turn_back():
 
     asyncio.run(two())
     assert sent == [("http://b", 0), ("http://b", 1)]
+
+
+def test_a_workloads_step_tail_is_the_proxys_seconds_over_the_workloads_bytes():
+    """With ``--workload`` the proxy's weights are stepped, not the workload's: the rate a peer
+    publishes spreads the proxy's seconds over the bytes the planner prices (on continents-real,
+    Llama-7B priced at the proxy's rate per byte predicted 8.4 s a step for a 1.8 s one)."""
+    from spantrain_p2p.train.measuring import step_tail_rate
+
+    job = JobSpec(workload="hf:gpt2", workload_seq_len=1024, micro_batch_size=4).finalized()
+    layers = ModelHandle(job).build(0, 3)
+    own = step_tail_rate(JobSpec(model_args=job.model_args).finalized(), layers)
+    spread = step_tail_rate(job, layers)
+    proxy = sum(p.numel() * 4 for layer in layers for p in layer.parameters())
+    planned = sum(x.param_bytes for x in planning.model_profile(job).layers)
+    assert 0 < spread < own * proxy / planned * 3 and spread > own * proxy / planned / 3  # noisy timings: the scale is the point
+    assert planned / proxy > 100

@@ -35,6 +35,21 @@ MEASURING = ("joining", "idle", "measuring")  # the states of a peer that measur
 
 PASSIVE_PER_PEER_S = 1.0
 
+
+def step_tail_rate(job, layers: list, torch_device=None) -> float:
+    """The optimizer's step and the snapshot's copies on this device, seconds per byte of the weights
+    the planner prices (``profile.step_tail``): with ``--workload`` the proxy's weights are stepped,
+    so its seconds are spread over the workload's bytes. Blocking."""
+    tail = step_tail.measure(layers, lambda ps: make_optimizer(replace(job, offload_optimizer=False), ps),
+                             torch_device=torch_device)
+    if job.workload:
+        from .planning import model_profile
+
+        proxy = sum(p.numel() * p.element_size() for layer in layers for p in layer.parameters())
+        planned = sum(x.param_bytes for x in model_profile(job).layers)
+        tail *= proxy / planned if planned > 0 else 0.0
+    return tail
+
 class Measuring:
     """This peer's measurements: its device ``profile``, its ``probes`` (peer id -> link
     measurement), the ``passive`` estimator fed by real transfers; ``measured`` is set once every
@@ -101,9 +116,7 @@ class Measuring:
                 fingerprint=f"{job.fingerprint}-{job.micro_batch_size}x{job.seq_len}" +
                 (f"-{job.workload}x{job.workload_seq_len}" if job.workload else ""), inputs=inputs, targets=targets,
                 report=report, torch_device=self.torch_device, layer_flops=wl_flops)
-            # the optimizer's step and the snapshot's copies, per byte of weights (``profile.step_tail``)
-            tail = await asyncio.to_thread(step_tail.measure, layers, lambda ps: make_optimizer(
-                replace(job, offload_optimizer=False), ps), torch_device=self.torch_device)
+            tail = await asyncio.to_thread(step_tail_rate, job, layers, self.torch_device)
             self.profile = replace(self.profile, step_s_per_param_byte=tail)
             if before is None:
                 return [], 0.0

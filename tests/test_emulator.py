@@ -205,6 +205,27 @@ async def test_a_charge_scales_the_tensor_bytes_not_the_frame_header(server):
     assert link.stats.bytes_sent - before == pytest.approx(1000 * 1000 + head, abs=2)
 
 
+async def test_a_link_that_could_not_slow_a_message_passes_it_straight_and_still_counts_it(server):
+    """A link at least as fast as loopback, with a delay under a loop turn, no trace, factor or
+    uplink cap, is not paced (the side-by-side's 100 Gbit/s, 0.01 ms links: ~60 us of a message's
+    CPU that delayed nothing); its bytes are counted all the same. A slower, farther, traced,
+    rescaled or workload-charged link is paced as before."""
+    srv, client = server
+    fast = scenario({"fast": {"rtt_ms": 0.01, "mbps": 100000}}, [("a", "fast"), ("b", "fast")])
+    link = LinkEmulator(fast, "a").link_for("b")
+    assert link.transparent() and not link.transparent(charge=100.0)
+    reply = await client.send(srv.url, "ack", {}, [bytes(5000)], link=link)
+    assert reply[0]["n"] == 5000 and link.stats.messages == 1 and link.stats.replies == 1
+    assert 5000 < link.stats.bytes_sent < 5200 and link.stats.bytes_back > 0
+    link.factor = 0.5
+    assert not link.transparent()
+    assert not LinkEmulator(wan_scenario(mbps=100000), "a").link_for("b").transparent()  # 40 ms away
+    lan = scenario({"lan": {"rtt_ms": 0.01, "mbps": 10000}}, [("a", "lan"), ("b", "lan")])
+    assert not LinkEmulator(lan, "a").link_for("b").transparent()  # 1.25 GB/s: slower than loopback
+    capped = scenario({"fast": {"rtt_ms": 0.01, "mbps": 100000}}, [("a", "fast"), ("b", "fast")], uplinks={"a": 50})
+    assert not LinkEmulator(capped, "a").link_for("b").transparent()
+
+
 async def test_a_small_ping_over_a_40ms_link_measures_40ms(server):
     srv, client = server
     link = LinkEmulator(wan_scenario(jitter_ms=2), "a").link_for("b")

@@ -152,7 +152,8 @@ class DataPlaneClient:
         if charge != 1.0 and size:  # per byte of the whole frame: the header is not scaled
             body = size - memoryview(chunks[0]).nbytes
             charge = (body * charge + size - body) / size
-        ex = link.exchange(compensate, charge, on_sent) if link is not None else None
+        straight = link is not None and link.transparent(charge)  # (a link that could not slow it: not paced)
+        ex = link.exchange(compensate, charge, on_sent) if link is not None and not straight else None
 
         async def exchange():
             async with self._slots:
@@ -217,6 +218,8 @@ class DataPlaneClient:
                 raise RemoteError(status, body[:500].decode("utf-8", "replace"))
             if ex:
                 await ex.reply_done(int(size_back * reply_charge))
+            elif straight:
+                link.count(int(size * charge), int(size_back * reply_charge))
             return reply
 
         async with asyncio.timeout(timeout):  # (not ``wait_for``: no task of its own for each message)

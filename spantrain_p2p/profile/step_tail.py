@@ -14,7 +14,9 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-MAX_ELEMENTS = 1 << 24  # parameters stepped, at most (64 MB of fp32): a rate, not the whole model's time
+# parameters stepped, at most (16 MB of fp32; with Adam's state and the copies ~100 MB held for a moment,
+# on the device): a rate, not the whole model's time
+MAX_ELEMENTS = 1 << 22
 MAX_S_PER_BYTE = 1e-5  # a published rate above this is no device's (10 us a byte: 40 s for 1 GB of weights)
 
 

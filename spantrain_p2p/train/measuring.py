@@ -50,6 +50,7 @@ def step_tail_rate(job, layers: list, torch_device=None) -> float:
         tail *= proxy / planned if planned > 0 else 0.0
     return tail
 
+
 class Measuring:
     """This peer's measurements: its device ``profile``, its ``probes`` (peer id -> link
     measurement), the ``passive`` estimator fed by real transfers; ``measured`` is set once every

@@ -315,8 +315,8 @@ class StageExecutor:
         trace = result.timeline
         # when the step's next op is queued on a virtual device, as a host that does not wait for its
         # device would queue it: at once, or when its input arrives (``VirtualDevice.op``'s ``ready``)
-        clock = self.device.clock if self.device is not None else None
-        queued = clock() if clock is not None else None
+        queue_time = self.device.clock if self.device is not None else (lambda: None)
+        queued = queue_time()
 
         def traced(task: asyncio.Task, name: str, mb: int) -> asyncio.Task:
             start = time.time()
@@ -329,10 +329,10 @@ class StageExecutor:
                 w0 = time.time()
                 if op is sched.Op.RECV_F:
                     st.inp = self._here(await self.recv(ACT, step, a.mb)).requires_grad_(True)
-                    queued = clock() if clock is not None else None
+                    queued = queue_time()
                 elif op is sched.Op.RECV_B:
                     st.grad_out = self._here(await self.recv(GRAD, step, a.mb))
-                    queued = clock() if clock is not None else None
+                    queued = queue_time()
                 elif op is sched.Op.SEND_F:
                     sends.append(traced(self._send(ACT, step, a.mb, st.out), op.name, a.mb))
                     continue

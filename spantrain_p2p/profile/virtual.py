@@ -174,12 +174,12 @@ class VirtualDevice:
         start = t0 if ready is None else min(t0, max(ready, getattr(self._thread, "free_at", -math.inf)))
         progress = OpProgress(self, start, budget)
         yield progress
-        real = self.clock() - t0 - progress.held_s
+        worked = self.clock()  # the block's end: its CPU work (and any holds) done
+        real = worked - t0 - progress.held_s
         if budget > real:
             sleep_until(start + budget, self.clock, self.spin_s)
-        end = self.clock()
-        self._thread.free_at = max(start + budget, t0 + real + progress.held_s)
-        busy = end - start
+        self._thread.free_at = max(start + budget, worked)
+        busy = self.clock() - start
         with self._lock:
             s = self._stats.phases[phase]
             s.ops += 1

@@ -172,13 +172,13 @@ class EmulatedLink:
         return (not self.trace and self.factor == 1.0 and self.emulator.uplink is None
                 and self.base_rate >= LOOPBACK_BYTES_PER_S * charge and self.rtt_s / 2 + self.jitter_s < TURN_S)
 
-    def count(self, nbytes: int, reply_bytes: Optional[int] = None) -> None:
-        """A message (and its reply, where there was one) that went straight (``transparent``)."""
+    def count(self, nbytes: int, reply_bytes: int) -> None:
+        """A message and its reply (0 bytes: none) that went straight (``transparent``), counted as
+        ``paced`` and ``after_reply`` count the others."""
         self.stats.messages += 1
         self.stats.bytes_sent += nbytes
-        if reply_bytes is not None:
-            self.stats.replies += 1
-            self.stats.bytes_back += reply_bytes
+        self.stats.replies += 1
+        self.stats.bytes_back += reply_bytes
 
     def bandwidth(self, now: Optional[float] = None) -> float:
         """Bytes/s of this link at ``now`` (trace and run-time factor applied; 0 when partitioned)."""

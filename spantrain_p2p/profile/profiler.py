@@ -30,7 +30,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -134,7 +134,7 @@ class DeviceProfile:
 
 
 # every field of a profile but the step's tail (a profile without it, cached or from a peer that does not measure it: 0)
-_REQUIRED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "memory_bytes", "effective_tflops", "version")
+_REQUIRED = tuple(f.name for f in fields(DeviceProfile) if f.name != "step_s_per_param_byte")
 
 
 def model_fingerprint(layers: Sequence[nn.Module]) -> str:

@@ -93,3 +93,23 @@ def test_a_bad_record_ends_the_connection_and_nothing_of_it_is_handed_on(attack)
     feed(proto, first + bad + second, 1 << 16)
     assert proto.transport.aborted
     assert bytes(proto.inner.got) == b"hello"  # an altered record opened in place is never handed on
+
+
+def test_one_read_opens_every_record_it_brought_and_the_buffer_grows_only_as_a_record_needs():
+    """Several records in one read are opened at once (a record's length and its body no longer cost a
+    read each); a record longer than the buffer grows it to hold that record, no more than
+    MAX_PLAIN + TAG, its length and ``ROOM``."""
+    key = os.urandom(32)
+    sealer = secure.Sealer(key)
+    small = [os.urandom(n) for n in (13, 100, 2000)]
+    proto = receiver(key, 1 << 21)
+    wire = b"".join(bytes(r) for p in small for r in sealer.seal(p))
+    buf = proto.get_buffer(-1)
+    assert len(buf) >= len(wire)
+    buf[:len(wire)] = wire
+    proto.buffer_updated(len(wire))  # one read
+    assert bytes(proto.inner.got) == b"".join(small)
+    big = os.urandom(secure.MAX_PLAIN)
+    feed(proto, b"".join(bytes(r) for r in sealer.seal(big)), 1 << 16)
+    assert bytes(proto.inner.got) == b"".join(small) + big and not proto.transport.aborted
+    assert len(proto._buf) <= secure.MAX_PLAIN + secure.TAG + 4 + secure.SecureProtocol.ROOM + secure.SecureProtocol.MIN_ROOM

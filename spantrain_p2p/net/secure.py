@@ -95,47 +95,67 @@ class SecureWriter:
 
 
 class SecureProtocol(asyncio.BufferedProtocol):
-    """Receives records straight into one buffer (the socket's bytes are copied once, by the
-    kernel), opens each whole record into the buffer of ``inner`` (a BufferedProtocol) where it
-    takes the record's plain bytes in one piece, else into a fresh buffer handed on in pieces. The
-    record buffer is kept for the next record (at most MAX_PLAIN + TAG bytes a connection)."""
+    """Receives into one buffer as many bytes as the socket holds, so that one read can bring
+    several records (a record's length and its ciphertext each cost a read, and a turn of the event
+    loop, of their own before: 4 to 6 reads a tensor message), and opens each whole record into
+    the buffer of ``inner`` (a BufferedProtocol) where it takes the record's plain bytes in one
+    piece, else into a fresh buffer handed on in pieces. The buffer is kept for the next records:
+    at most a whole record (MAX_PLAIN + TAG and its length) and ``ROOM`` bytes a connection."""
+
+    ROOM = 256 << 10  # offered to each read beyond the record under way
+    MIN_ROOM = 4 << 10  # less than this left at the end: the record under way moves to the front
 
     def __init__(self, transport: asyncio.Transport, key: bytes):
         self.transport, self._aead, self._n = transport, AESGCM(key), 0
         self.inner: Optional[asyncio.BufferedProtocol] = None
-        self._head = bytearray(_LEN.size)
-        self._rec = bytearray()
-        self._size = 0  # the record being read (0: its length is)
-        self._want = memoryview(self._head)
+        self._buf = bytearray(self.MIN_ROOM)  # grows as records need (never in place: asyncio holds a view)
+        self._start = 0  # where the first record not yet opened begins
+        self._have = 0  # bytes received into ``_buf``
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._want
+        if len(self._buf) - self._have < self.MIN_ROOM:
+            self._make_room(0)
+        return memoryview(self._buf)[self._have:]
+
+    def _make_room(self, record: int) -> None:
+        """Moves the bytes not yet opened to the front, into a larger buffer where ``record`` bytes
+        (the record under way, its length included) and ``MIN_ROOM`` more would not fit."""
+        kept = self._have - self._start
+        need = max(record, kept) + self.MIN_ROOM
+        if need > len(self._buf):
+            grown = bytearray(max(need, min(len(self._buf) * 4, self.ROOM)) + (self.ROOM if record else 0))
+            grown[:kept] = self._buf[self._start:self._have]
+            self._buf = grown
+        elif self._start:
+            self._buf[:kept] = self._buf[self._start:self._have]
+        self._start, self._have = 0, kept
 
     def buffer_updated(self, nbytes: int) -> None:
-        self._want = self._want[nbytes:]
-        if self._want.nbytes:
-            return
-        if not self._size:
-            (n,) = _LEN.unpack(self._head)
+        self._have += nbytes
+        while not self.transport.is_closing() and self._have - self._start >= _LEN.size:
+            (n,) = _LEN.unpack_from(self._buf, self._start)
             if not TAG <= n <= MAX_PLAIN + TAG:
                 self._abort(f"encrypted record of {n} bytes is out of bounds")
                 return
-            if len(self._rec) < n:
-                self._rec = bytearray(n)
-            self._size, self._want = n, memoryview(self._rec)[:n]
-            return
-        n, self._size, self._want = self._size, 0, memoryview(self._head)
-        nonce = self._n.to_bytes(12, "big")
-        self._n += 1
-        try:
-            with memoryview(self._rec) as whole, whole[:n] as record:
-                if self._open_in_place(nonce, record, n - TAG):
-                    return
-                plain = self._aead.decrypt(nonce, record, None)
-        except InvalidTag:
-            self._abort("an encrypted record does not open: altered, dropped or replayed")
-            return
-        self._hand_on(memoryview(plain))
+            begin, end = self._start + _LEN.size, self._start + _LEN.size + n
+            if end > self._have:
+                if end > len(self._buf):
+                    self._make_room(_LEN.size + n)
+                return
+            nonce = self._n.to_bytes(12, "big")
+            self._n += 1
+            try:
+                with memoryview(self._buf) as whole, whole[begin:end] as record:
+                    plain = None if self._open_in_place(nonce, record, n - TAG) else \
+                        self._aead.decrypt(nonce, record, None)
+            except InvalidTag:
+                self._abort("an encrypted record does not open: altered, dropped or replayed")
+                return
+            self._start = end
+            if plain is not None:
+                self._hand_on(memoryview(plain))
+        if self._start == self._have:
+            self._start = self._have = 0
 
     def _open_in_place(self, nonce: bytes, record: memoryview, plain_n: int) -> bool:
         """Opens ``record`` into the inner protocol's buffer when it takes all of it now."""

@@ -152,6 +152,43 @@ async def test_a_handler_that_fails_gives_500_with_its_reason_and_the_server_goe
         await client.close()
 
 
+async def test_an_inline_handler_runs_where_its_frame_comes_in_and_is_answered_like_any_other(server):
+    """``register(kind, fn, inline=True)``: a plain function, run as the frame comes in (no task of
+    its own, and the connection is not paused for it: what a pipeline's tensors take); its reply and
+    its refusals are answered as an async handler's are, and the connection goes on after each."""
+    from spantrain_p2p.net.dataplane import Retry
+
+    seen = []
+
+    def now(header, buffers):
+        seen.append(asyncio.current_task())  # None: not inside a task
+        what = header.get("do")
+        if what == "frame":
+            raise framing.FrameError("not that tensor")
+        if what == "retry":
+            raise Retry("no stage map yet")
+        if what == "bug":
+            raise KeyError("oops")
+        return ({"n": len(buffers)}, [bytes(buffers[0])[::-1]]) if buffers else None
+
+    server.register("now", now, inline=True)
+    client = DataPlaneClient()
+    try:
+        for i in range(3):  # one connection, message after message
+            header, bufs = await client.send(server.url, "now", {"i": i}, [b"ab" * (i + 1)])
+            assert header == {"n": 1} and bytes(bufs[0]) == b"ba" * (i + 1)
+        assert await client.send(server.url, "now", {}) is None
+        for what, status, reason in (("frame", 400, "not that tensor"), ("retry", 503, "no stage map"),
+                                     ("bug", 500, "KeyError")):
+            with pytest.raises(RemoteError) as e:
+                await client.send(server.url, "now", {"do": what})
+            assert e.value.status == status and reason in e.value.reason
+        assert (await client.send(server.url, "now", {}, [b"xy"]))[1][0] == b"yx"
+        assert len(server._framed) == 1 and seen and all(t is None for t in seen)
+    finally:
+        await client.close()
+
+
 async def test_the_client_keeps_one_connection_for_messages_sent_one_after_another(server):
     client = DataPlaneClient()
     try:

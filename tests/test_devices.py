@@ -132,3 +132,23 @@ def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it
         for (n, a), (_, b) in zip(got, want):
             assert torch.equal(a, b), (idx, n)
     assert not torch.equal(states[0][1][0][1], layers[0][0].weight.detach().cpu())  # trained on since
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_a_gpu_peers_step_tail_is_its_optimizer_step_on_the_device_alone():
+    """``profile.step_tail`` on a GPU: the optimizer steps copies of the layers' parameters on the
+    device, synchronized, and no snapshot copy is counted (a GPU copies on a side stream while the next
+    step computes): a rate, finite, far under the host's for the same layers (which counts the copies
+    too), and the layers themselves stay where and as they were."""
+    from spantrain_p2p.profile import step_tail
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(1024, 1024) for _ in range(4)]
+    before = [p.detach().clone() for layer in layers for p in layer.parameters()]
+    adam = lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True)  # noqa: E731
+    gpu = min(step_tail.measure(layers, adam, torch_device=torch.device("cuda")) for _ in range(3))
+    cpu = min(step_tail.measure(layers, adam) for _ in range(3))
+    assert 0 < gpu < step_tail.MAX_S_PER_BYTE and 0 < cpu < step_tail.MAX_S_PER_BYTE
+    assert gpu < cpu / 5, (gpu, cpu)  # a GPU's step over 16 MB is tens of us; the host's with copies, ms
+    after = [p.detach() for layer in layers for p in layer.parameters()]
+    assert all(a.device.type == "cpu" and torch.equal(a, b) for a, b in zip(after, before))

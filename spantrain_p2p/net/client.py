@@ -160,22 +160,25 @@ class DataPlaneClient:
                 conn = await self._connection(addr, peer_id)
                 reader, writer = conn
                 reusable = False
-                answer = asyncio.ensure_future(reader.readexactly(ANSWER.size))  # a refusal may come early
+                # a paced body watches for a refusal while it goes out; a straight one is written whole first
+                answer = asyncio.ensure_future(reader.readexactly(ANSWER.size)) if ex is not None else None
                 try:
                     head = REQUEST.pack(REQUEST_MAGIC, len(name), size) + name
                     sent = 0
-                    if ex is None and size <= SMALL_BYTES:  # one segment: the peer reads it in one go
-                        writer.write(b"".join([head, *chunks]))
-                        sent = size
-                        await writer.drain()
-                    elif ex is None:
-                        writer.write(head)
-                        for c in chunks:
+                    if ex is None:
+                        # the request's head and the frame's small first chunks in one write (one
+                        # record when encrypted, and one read for the peer), then the rest
+                        k = 0
+                        while k < len(chunks) and memoryview(chunks[k]).nbytes <= SMALL_BYTES:
+                            k += 1
+                        writer.write(b"".join([head, *chunks[:k]]))
+                        for c in chunks[k:]:
                             v = memoryview(c).cast("B")
                             for i in range(0, v.nbytes, PIECE_BYTES):
                                 writer.write(v[i:i + PIECE_BYTES])
                                 await writer.drain()
-                            sent += v.nbytes
+                        await writer.drain()
+                        sent = size
                     else:  # the head goes with the first paced piece, as one segment when small
                         async with contextlib.aclosing(ex.body(chunks)) as paced:
                             async for c in paced:
@@ -193,7 +196,8 @@ class DataPlaneClient:
                                 await writer.drain()
                     if ex is None and on_sent is not None:
                         on_sent()
-                    magic, status, length = ANSWER.unpack(await answer)
+                    magic, status, length = ANSWER.unpack(
+                        await (answer if answer is not None else reader.readexactly(ANSWER.size)))
                     if magic != ANSWER_MAGIC:
                         raise ConnectionError(f"{url} does not answer like a data plane")
                     if ex:
@@ -205,7 +209,8 @@ class DataPlaneClient:
                 except asyncio.IncompleteReadError:
                     raise ConnectionResetError(f"{url} closed the connection before it answered") from None
                 finally:
-                    answer.cancel()
+                    if answer is not None:
+                        answer.cancel()
                     if reusable:
                         self._release(addr, conn)
                     else:

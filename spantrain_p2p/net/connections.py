@@ -347,6 +347,15 @@ class FramedConnection(asyncio.BufferedProtocol):
             self._reserved = 0
 
     def _run(self) -> None:
+        if self._kind in self.server._inline:  # a plain handler: at once, reading goes on
+            token = REMOTE.set(self.remote)
+            try:
+                status, out = self.server.dispatch_now(self._kind, self._buf, self.sender)
+            finally:
+                REMOTE.reset(token)
+                self._unreserve()
+            self._reply(status, out)
+            return
         self._stage = "busy"
         self.transport.pause_reading()
         task = self._loop.create_task(self._handle(self._kind, self._buf))
@@ -359,6 +368,11 @@ class FramedConnection(asyncio.BufferedProtocol):
             status, out = await self.server._dispatch(kind, body, self.sender)
         finally:
             self._unreserve()
+        self._reply(status, out)
+        self.transport.resume_reading()
+
+    def _reply(self, status: int, out: "str | list") -> None:
+        """Answers the request handled, and waits for the next."""
         if self.transport.is_closing():
             return
         if isinstance(out, str):
@@ -373,7 +387,6 @@ class FramedConnection(asyncio.BufferedProtocol):
                 for c in out:
                     self.transport.write(c)
         self._expect_request()
-        self.transport.resume_reading()
 
     def _answer(self, status: int, reason: str) -> None:
         self.transport.write(_answer_bytes(status, reason))

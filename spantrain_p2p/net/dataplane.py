@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 
 Reply = Optional[tuple[dict, Sequence[bytes | memoryview]]]
 Handler = Callable[[dict, list[memoryview]], Awaitable[Reply]]
+InlineHandler = Callable[[dict, list[memoryview]], Reply]
+
+
+class _Refused(Exception):
+    """A message its connection's peer may not send (403)."""
 
 
 class DataPlaneServer:
@@ -61,6 +66,7 @@ class DataPlaneServer:
         self.is_member: Callable[[str], bool] = lambda peer_id: True
         self.policy: Callable[[str, str], Optional[str]] = lambda kind, sender: None
         self._handlers: dict[str, Handler] = {}
+        self._inline: set[str] = set()  # kinds whose handler is a plain function (``register``)
         self._json_gets: dict[str, Callable[[], dict]] = {"/status": status}
         self._gets: dict[str, Callable[[], tuple[bytes, str]]] = {}
         self._async_json_gets: dict[str, Callable[[], Awaitable[dict]]] = {}
@@ -72,8 +78,15 @@ class DataPlaneServer:
         # connections that open with another magic (``preambles``): magic -> (bytes after it, handler)
         self.preambles: dict[bytes, tuple[int, Callable[[asyncio.Transport, bytes], None]]] = {}
 
-    def register(self, kind: str, handler: Handler) -> None:
+    def register(self, kind: str, handler: "Handler | InlineHandler", inline: bool = False) -> None:
+        """``handler`` answers messages of ``kind``; ``inline``: it is a plain function that neither
+        waits nor takes long (the tensors of a pipeline: checked and filed), run as its frame comes
+        in (``dispatch_now``), not as a task of its own."""
         self._handlers[kind] = handler
+        if inline:
+            self._inline.add(kind)
+        else:
+            self._inline.discard(kind)
 
     def add_json_get(self, path: str, fn: Callable[[], dict]) -> None:
         """Serves ``GET path`` with the JSON ``fn()`` returns (before start)."""
@@ -183,33 +196,58 @@ class DataPlaneServer:
             return 413, f"message of {length} bytes is over this peer's limit of {self.max_message_bytes}"
         return None
 
+    def _opened(self, kind: str, body, sender: Optional[str]) -> tuple[dict, list[memoryview]]:
+        """The frame's header and buffers, its ``src`` checked against the authenticated sender
+        (``sender``; None: no handshake on this server) and the policy: ``_Refused`` if not allowed."""
+        header, buffers = framing.decode(body, self.max_message_bytes)
+        if sender is not None:
+            src = header.setdefault("src", sender)
+            if src != sender:
+                log.warning("refused a %s message from %s claiming to be from %r", kind, sender, src)
+                raise _Refused(f"this connection is authenticated as {sender}, not {str(src)[:60]}")
+            refused = self.policy(kind, sender)
+            if refused:
+                raise _Refused(refused)
+        return header, buffers
+
+    def _failed(self, kind: str, e: Exception) -> tuple[int, str]:
+        """The answer to a message whose decoding or handler raised ``e``."""
+        if isinstance(e, _Refused):
+            return 403, str(e)
+        if isinstance(e, framing.FrameError):
+            log.warning("rejected %s message: %s", kind, e)
+            return 400, str(e)
+        if isinstance(e, Retry):
+            return 503, str(e)
+        # a handler's bug: the sender hears of it, this peer carries on
+        log.error("handler of %s messages failed", kind, exc_info=e)
+        return 500, f"the {kind} handler failed: {type(e).__name__}: {e}"[:500]
+
+    @staticmethod
+    def _answered(reply: Reply) -> tuple[int, "str | list[bytes | memoryview]"]:
+        return (204, "") if reply is None else (200, framing.encode(*reply))
+
     async def _dispatch(self, kind: str, body, sender: Optional[str] = None) -> tuple[int, "str | list[bytes | memoryview]"]:
         """Decodes a whole frame and runs its kind's handler: (status, reason or reply chunks).
         ``sender``: the peer the connection is authenticated as (None: no handshake on this server)."""
+        if kind in self._inline:
+            return self.dispatch_now(kind, body, sender)
         try:
-            header, buffers = framing.decode(body, self.max_message_bytes)
-            if sender is not None:
-                src = header.setdefault("src", sender)
-                if src != sender:
-                    log.warning("refused a %s message from %s claiming to be from %r", kind, sender, src)
-                    return 403, f"this connection is authenticated as {sender}, not {str(src)[:60]}"
-                refused = self.policy(kind, sender)
-                if refused:
-                    return 403, refused
-            reply = await self._handlers[kind](header, buffers)
-        except framing.FrameError as e:
-            log.warning("rejected %s message: %s", kind, e)
-            return 400, str(e)
-        except Retry as e:
-            return 503, str(e)
+            reply = await self._handlers[kind](*self._opened(kind, body, sender))
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # a handler's bug: the sender hears of it, this peer carries on
-            log.exception("handler of %s messages failed", kind)
-            return 500, f"the {kind} handler failed: {type(e).__name__}: {e}"[:500]
-        if reply is None:
-            return 204, ""
-        return 200, framing.encode(*reply)
+        except Exception as e:
+            return self._failed(kind, e)
+        return self._answered(reply)
+
+    def dispatch_now(self, kind: str, body, sender: Optional[str] = None) -> tuple[int, "str | list[bytes | memoryview]"]:
+        """``_dispatch`` of a kind whose handler is a plain function (``register(..., inline=True)``),
+        run at once where the frame came in: no task, and no pause of the connection's reading."""
+        try:
+            reply = self._handlers[kind](*self._opened(kind, body, sender))
+        except Exception as e:
+            return self._failed(kind, e)
+        return self._answered(reply)
 
     async def _read_body(self, request: web.Request, length: Optional[int]) -> bytearray:
         """The whole body, received straight into one buffer of its announced length (no regrowing

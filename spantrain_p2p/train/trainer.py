@@ -159,7 +159,7 @@ class Trainer:
 
     def _install(self, peer) -> None:
         for kind in (ACT, GRAD, *REPLICA_KINDS):
-            peer.dataplane.register(kind, self.transport.on_tensor)
+            peer.dataplane.register(kind, self.transport.on_tensor, inline=True)
         peer.dataplane.register(ATTEST_KIND, self.verifier.on_attest)
         peer.dataplane.register(FETCH_KIND, self.verifier.on_fetch)
         peer.dataplane.register(SUSPECT_KIND, self.verifier.on_suspect)

@@ -143,8 +143,9 @@ class PipelineTransport:
                 for k in (ACT, GRAD, GSUM) if (t := self._deadlines.typical(k)) is not None}
 
     # ---- receiving --------------------------------------------------------------------------------
-    async def on_tensor(self, header: dict, buffers) -> None:
-        """The data plane's handler of ACT, GRAD, GSUM and AMP messages."""
+    def on_tensor(self, header: dict, buffers) -> None:
+        """The data plane's handler of ACT, GRAD, GSUM and AMP messages: checked and filed where the
+        frame comes in (``register(..., inline=True)``: it never waits)."""
         kind, epoch = header.get("kind"), header.get("epoch")
         if self.smap is None or (isinstance(epoch, int) and epoch > self.smap.epoch):
             raise Retry("this peer has no stage map for that epoch yet")

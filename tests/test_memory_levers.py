@@ -38,10 +38,36 @@ def test_the_meter_counts_each_saved_storage_once_and_leaves_the_weights_out():
         stash: dict = {}
         with meter.saving(stash):
             y = memory.layer_call(mode)(layer, x)
-        assert meter.kept(stash) == want, mode
+        assert sum(stash.values()) == want, mode
+        assert meter.kept(want) == want
         y.sum().backward()
         meter.freed(want)
     assert meter.held == 0 and meter.peak == meter.largest == 4 * 16 * 4 + 4 * 32 * 4
+
+
+def test_a_stage_measures_its_stash_on_the_first_forward_of_each_input_shape_and_counts_it_after():
+    """The saved-tensor hooks (a Python call for every tensor autograd saves) run on a stage's first
+    forward of an input shape; its later micro-batches of that shape are counted the same, without
+    them, and a new shape is measured again: the same bytes held, step peak and gradients as
+    measuring every forward."""
+    from spantrain_p2p.pipeline.executor import StageExecutor, _Mb
+
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)) for _ in range(2)]
+    ex = StageExecutor(layers, False, False, 4, None, None, None)
+    calls = []
+    saving = ex.meter.saving
+    ex.meter.saving = lambda into: (calls.append(1), saving(into))[1]
+    held = []
+    for rows in (4, 4, 4, 8, 8):
+        st = _Mb(inp=torch.randn(rows, 16, requires_grad=True))
+        ex._forward(0, 0, st)
+        held.append(st.held)
+    assert len(calls) == 2  # one measured forward for each shape
+    per_row = held[0] // 4
+    assert held == [4 * per_row] * 3 + [8 * per_row] * 2 and per_row == (16 + 32 + 16 + 32 + 16) * 4
+    # (per row: the input, each ReLU's output, the first layer's output (the second's input), the last output)
+    assert ex.meter.held == sum(held)
 
 
 async def test_a_spot_checks_recomputation_leaves_nothing_of_its_micro_batch_behind():

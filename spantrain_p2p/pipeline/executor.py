@@ -210,9 +210,11 @@ class StageExecutor:
         st.ins, st.outs = [], []
         n = len(self.layers)
         loss = None
-        stash: dict[int, int] = {}
         meter = st.meter or self.meter
-        with self._autocast(), meter.saving(stash):
+        key = (tuple(x.shape), x.dtype, targets is not None)
+        known = meter.known(key)
+        stash: dict[int, int] = {}
+        with self._autocast(), (meter.saving(stash) if known is None else contextlib.nullcontext()):
             for i, layer in enumerate(self.layers):
                 if i > 0 and x.is_floating_point():
                     x = x.detach().requires_grad_(True)
@@ -224,9 +226,12 @@ class StageExecutor:
                 else:
                     x = self._call(layer, x)
                 st.outs.append(x)
-        for t in st.outs:  # the outputs are kept too (each the next layer's input: one storage)
-            stash[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        st.held = meter.kept(stash)
+        if known is None:
+            for t in st.outs:  # the outputs are kept too (each the next layer's input: one storage)
+                stash[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            known = sum(stash.values())
+            meter.learn(key, known)
+        st.held = meter.kept(known)
         if meter is self.meter:
             self._check_memory()
         st.out = x

@@ -189,6 +189,68 @@ async def test_an_inline_handler_runs_where_its_frame_comes_in_and_is_answered_l
         await client.close()
 
 
+async def test_an_inline_kind_cuts_a_client_that_leaves_its_answers_unread_and_takes_no_async_handler():
+    """A client waits for each answer before its next request; one that sends on while over
+    ``MAX_UNSENT_BYTES`` of answers wait unsent is cut off (an inline kind never pauses its reading for
+    a handler, so nothing else would bound them). An async function is refused as an inline handler."""
+    from spantrain_p2p.net import connections
+
+    srv = DataPlaneServer("127.0.0.1", 0, lambda: {})
+
+    async def later(header, buffers):
+        return None
+
+    with pytest.raises(TypeError, match="inline"):
+        srv.register("later", later, inline=True)
+    srv.register("now", lambda header, buffers: None, inline=True)
+
+    class Transport:
+        def __init__(self):
+            self.out, self.aborted, self.unsent = [], False, 0
+
+        def get_extra_info(self, key):
+            return ("127.0.0.1", 1)
+
+        def write(self, data):
+            self.out.append(bytes(data))
+
+        def get_write_buffer_size(self):
+            return self.unsent
+
+        def is_closing(self):
+            return self.aborted
+
+        def abort(self):
+            self.aborted = True
+
+        def pause_reading(self):
+            pass
+
+        def resume_reading(self):
+            pass
+
+    frame = b"".join(bytes(c) for c in framing.encode({}, []))
+    request = REQUEST.pack(REQUEST_MAGIC, 3, len(frame)) + b"now" + frame
+    t = Transport()
+    conn = connections.FramedConnection(srv, t, None)
+
+    def send():
+        data = memoryview(request)
+        while data.nbytes and not t.aborted:
+            buf = conn.get_buffer(-1)
+            n = min(len(buf), data.nbytes)
+            buf[:n] = data[:n]
+            conn.buffer_updated(n)
+            data = data[n:]
+
+    send()
+    send()
+    assert [ANSWER.unpack(a[:ANSWER.size])[1] for a in t.out] == [204, 204] and not t.aborted
+    t.unsent = connections.MAX_UNSENT_BYTES + 1
+    send()
+    assert t.aborted and len(t.out) == 2
+
+
 async def test_the_client_keeps_one_connection_for_messages_sent_one_after_another(server):
     client = DataPlaneClient()
     try:

@@ -148,7 +148,7 @@ def test_a_gpu_peers_step_tail_is_its_optimizer_step_on_the_device_alone():
     adam = lambda ps: torch.optim.Adam(ps, lr=1e-3, foreach=True)  # noqa: E731
     gpu = min(step_tail.measure(layers, adam, torch_device=torch.device("cuda")) for _ in range(3))
     cpu = min(step_tail.measure(layers, adam) for _ in range(3))
-    assert 0 < gpu < step_tail.MAX_S_PER_BYTE and 0 < cpu < step_tail.MAX_S_PER_BYTE
+    assert 0 < gpu <= step_tail.MAX_S_PER_BYTE and 0 < cpu <= step_tail.MAX_S_PER_BYTE
     assert gpu < cpu / 5, (gpu, cpu)  # a GPU's step over 16 MB is tens of us; the host's with copies, ms
     after = [p.detach() for layer in layers for p in layer.parameters()]
     assert all(a.device.type == "cpu" and torch.equal(a, b) for a, b in zip(after, before))

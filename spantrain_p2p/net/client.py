@@ -166,10 +166,11 @@ class DataPlaneClient:
                     head = REQUEST.pack(REQUEST_MAGIC, len(name), size) + name
                     sent = 0
                     if ex is None:
-                        # the request's head and the frame's small first chunks in one write (one
-                        # record when encrypted, and one read for the peer), then the rest
-                        k = 0
-                        while k < len(chunks) and memoryview(chunks[k]).nbytes <= SMALL_BYTES:
+                        # the request's head and the frame's first chunks up to SMALL_BYTES in one
+                        # write (one record when encrypted), then the rest uncopied
+                        k, joined = 0, len(head)
+                        while k < len(chunks) and joined + memoryview(chunks[k]).nbytes <= SMALL_BYTES:
+                            joined += memoryview(chunks[k]).nbytes
                             k += 1
                         writer.write(b"".join([head, *chunks[:k]]))
                         for c in chunks[k:]:

@@ -6,8 +6,9 @@ without one (only on a server that has no ``Authenticator``: tests and the raw b
 else HTTP, handed to aiohttp. Everything is bounded (``budget``): connections still in their first
 bytes or handshake share a small pool and a deadline; a frame's bytes are reserved on announcement
 within the budget, and a frame of 64 KiB or more is received into uninitialised memory (``numpy.empty``:
-malloc without the zeroing a bytearray does, so the kernel gives fresh pages only as the bytes are
-written, and a freed buffer's pages serve the next frame without faulting again); a frame that stops
+malloc without the zeroing a bytearray does: every byte is written by the socket or the decryption
+before it is read, a large frame's pages are taken only as they are written, and a freed buffer's
+serve the next frame without faulting again); a frame that stops
 arriving closes its connection after ``stall_timeout_s``.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ Server = Any  # a dataplane.DataPlaneServer (which imports this module)
 log = logging.getLogger("spantrain_p2p.net.dataplane")
 # (host, port) a request being handled came from, as this peer sees it (a NAT's public side, say)
 REMOTE: contextvars.ContextVar = contextvars.ContextVar("remote", default=None)
+MAX_UNSENT_BYTES = 1 << 20  # answers a client leaves unread (beyond the kernel's buffers) before it is cut off
 LAZY_BYTES = 64 << 10  # frames from this size are received into memory not zeroed first (a pipeline's
 # 256 KiB tensor: 0.9 us to allocate, against 8.6 us for a bytearray that zeroes it)
 
@@ -213,7 +215,9 @@ class Handshaking(asyncio.Protocol):
 class FramedConnection(asyncio.BufferedProtocol):
     """One client's connection to the framed-TCP server (see ``wire``): reads the request's fixed
     part, its kind, then its frame straight into a buffer of the announced size; runs the handler
-    with reading paused (a request at a time), answers, and waits for the next. A kind or size
+    (an async one with reading paused, a request at a time; a plain one, ``inline``, at once, the
+    connection cut if the client leaves over ``MAX_UNSENT_BYTES`` of answers unread), answers, and
+    waits for the next; reading waits while the transport holds too many unsent bytes. A kind or size
     refused up front (or over the budget) is answered at once and its body dropped; a connection
     that breaks the protocol is answered 400 and closed; one whose frame stalls is closed."""
 
@@ -228,6 +232,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._progress = self._loop.time()
         self._deadline = float("inf")  # when the frame being read must be whole (``Limits.frame_deadline_s``)
         self._stall: Optional[asyncio.TimerHandle] = None
+        self._writing_paused = False  # the transport holds too many answers unsent (``pause_writing``)
         server._framed.add(self)
         self._expect_request()
 
@@ -348,14 +353,20 @@ class FramedConnection(asyncio.BufferedProtocol):
             self._reserved = 0
 
     def _run(self) -> None:
-        if self._kind in self.server._inline:  # a plain handler: at once, reading goes on
+        if self._kind in self.server._inline:  # a plain handler: at once, and reading goes on
+            if self.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
+                # a client waits for each answer before its next request: this one sends on unanswered
+                log.warning("cut a data-plane connection from %s: over %d MiB of its answers unread",
+                            self.sender or "an unauthenticated client", MAX_UNSENT_BYTES >> 20)
+                self._unreserve()
+                self._stage = "closing"
+                self.transport.abort()
+                return
             token = REMOTE.set(self.remote)
             try:
-                status, out = self.server.dispatch_now(self._kind, self._buf, self.sender)
+                self._finish(*self.server.dispatch_now(self._kind, self._buf, self.sender))
             finally:
                 REMOTE.reset(token)
-                self._unreserve()
-            self._reply(status, out)
             return
         self._stage = "busy"
         self.transport.pause_reading()
@@ -365,15 +376,17 @@ class FramedConnection(asyncio.BufferedProtocol):
 
     async def _handle(self, kind: str, body) -> None:
         REMOTE.set(self.remote)
+        status, out = 500, "the handler did not answer"
         try:
             status, out = await self.server._dispatch(kind, body, self.sender)
-        finally:
-            self._unreserve()
-        self._reply(status, out)
-        self.transport.resume_reading()
+        finally:  # (cancelled: the server is stopping, and the answer goes nowhere)
+            self._finish(status, out)
+            if not self._writing_paused:
+                self.transport.resume_reading()
 
-    def _reply(self, status: int, out: "str | list") -> None:
-        """Answers the request handled, and waits for the next."""
+    def _finish(self, status: int, out: "str | list") -> None:
+        """The request is handled: its bytes' reservation ends, it is answered, and the next awaited."""
+        self._unreserve()
         if self.transport.is_closing():
             return
         if isinstance(out, str):
@@ -388,6 +401,16 @@ class FramedConnection(asyncio.BufferedProtocol):
                 for c in out:
                     self.transport.write(c)
         self._expect_request()
+
+    # ---- a client that sends faster than it reads its answers: reading waits for the writes ---
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        if self._stage != "busy":
+            self.transport.resume_reading()
 
     def _answer(self, status: int, reason: str) -> None:
         self.transport.write(_answer_bytes(status, reason))

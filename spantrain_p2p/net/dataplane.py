@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import json
 import logging
 import math
@@ -82,6 +83,8 @@ class DataPlaneServer:
         """``handler`` answers messages of ``kind``; ``inline``: it is a plain function that neither
         waits nor takes long (the tensors of a pipeline: checked and filed), run as its frame comes
         in (``dispatch_now``), not as a task of its own."""
+        if inline and inspect.iscoroutinefunction(handler):
+            raise TypeError(f"an inline handler is a plain function: {kind!r}'s is async")
         self._handlers[kind] = handler
         if inline:
             self._inline.add(kind)
@@ -233,21 +236,19 @@ class DataPlaneServer:
         if kind in self._inline:
             return self.dispatch_now(kind, body, sender)
         try:
-            reply = await self._handlers[kind](*self._opened(kind, body, sender))
+            return self._answered(await self._handlers[kind](*self._opened(kind, body, sender)))
         except asyncio.CancelledError:
             raise
-        except Exception as e:
+        except Exception as e:  # (a reply that does not encode too: the sender hears of it)
             return self._failed(kind, e)
-        return self._answered(reply)
 
     def dispatch_now(self, kind: str, body, sender: Optional[str] = None) -> tuple[int, "str | list[bytes | memoryview]"]:
         """``_dispatch`` of a kind whose handler is a plain function (``register(..., inline=True)``),
         run at once where the frame came in: no task, and no pause of the connection's reading."""
         try:
-            reply = self._handlers[kind](*self._opened(kind, body, sender))
+            return self._answered(self._handlers[kind](*self._opened(kind, body, sender)))
         except Exception as e:
             return self._failed(kind, e)
-        return self._answered(reply)
 
     async def _read_body(self, request: web.Request, length: Optional[int]) -> bytearray:
         """The whole body, received straight into one buffer of its announced length (no regrowing

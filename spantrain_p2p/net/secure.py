@@ -100,7 +100,7 @@ class SecureProtocol(asyncio.BufferedProtocol):
     loop, of their own before: 4 to 6 reads a tensor message), and opens each whole record into
     the buffer of ``inner`` (a BufferedProtocol) where it takes the record's plain bytes in one
     piece, else into a fresh buffer handed on in pieces. The buffer is kept for the next records:
-    at most a whole record (MAX_PLAIN + TAG and its length) and ``ROOM`` bytes a connection."""
+    at most a whole record (MAX_PLAIN + TAG and its length), ``ROOM`` and ``MIN_ROOM`` bytes a connection."""
 
     ROOM = 256 << 10  # offered to each read beyond the record under way
     MIN_ROOM = 4 << 10  # less than this left at the end: the record under way moves to the front
@@ -187,6 +187,12 @@ class SecureProtocol(asyncio.BufferedProtocol):
 
     def eof_received(self):
         return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
 
     def connection_lost(self, exc) -> None:
         self.inner.connection_lost(exc)

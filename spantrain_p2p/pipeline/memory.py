@@ -73,8 +73,8 @@ class StashMeter:
     MAX_KNOWN = 16  # input shapes remembered (a job has one or two)
 
     def known(self, key: tuple) -> Optional[int]:
-        """The stash measured before for a forward on an input described by ``key`` (its shape and
-        dtype): every micro-batch of a stage saves the same tensors, so the hooks of ``saving``, a
+        """The stash measured before for a forward on an input described by ``key`` (its shape, its
+        dtype and whether the stage computes a loss): every micro-batch of a stage saves the same tensors, so the hooks of ``saving``, a
         Python call for every tensor saved (3.5 % of a small stage's compute, measured), run on the
         first forward of each input shape only."""
         return self._by_input.get(key)

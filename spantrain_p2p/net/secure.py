@@ -26,6 +26,15 @@ TAG = 16
 _INTO = hasattr(AESGCM, "encrypt_into")  # cryptography >= 45: (de)crypt into a buffer given
 
 
+def record_size(buf, at: int = 0) -> int:
+    """The size of the record whose 4-byte length starts at ``at`` (its ciphertext and tag);
+    ConnectionError where no sealer makes a record of that size."""
+    (n,) = _LEN.unpack_from(buf, at)
+    if not TAG <= n <= MAX_PLAIN + TAG:
+        raise ConnectionError(f"encrypted record of {n} bytes is out of bounds")
+    return n
+
+
 class Sealer:
     def __init__(self, key: bytes):
         self._aead, self._n = AESGCM(key), 0
@@ -61,9 +70,7 @@ class Opener:
         self._buf += data
         out = []
         while len(self._buf) >= _LEN.size:
-            (n,) = _LEN.unpack_from(self._buf)
-            if not TAG <= n <= MAX_PLAIN + TAG:
-                raise ConnectionError(f"encrypted record of {n} bytes is out of bounds")
+            n = record_size(self._buf)
             if len(self._buf) < _LEN.size + n:
                 break
             try:  # read in place (the views are let go before the buffer is cut below)
@@ -123,7 +130,7 @@ class SecureProtocol(asyncio.BufferedProtocol):
         kept = self._have - self._start
         need = max(record, kept) + self.MIN_ROOM
         if need > len(self._buf):
-            grown = bytearray(max(need, min(len(self._buf) * 4, self.ROOM)) + (self.ROOM if record else 0))
+            grown = bytearray(need + (self.ROOM if record else 0))  # (a record's: room for the next reads too)
             grown[:kept] = self._buf[self._start:self._have]
             self._buf = grown
         elif self._start:
@@ -133,9 +140,10 @@ class SecureProtocol(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         self._have += nbytes
         while not self.transport.is_closing() and self._have - self._start >= _LEN.size:
-            (n,) = _LEN.unpack_from(self._buf, self._start)
-            if not TAG <= n <= MAX_PLAIN + TAG:
-                self._abort(f"encrypted record of {n} bytes is out of bounds")
+            try:
+                n = record_size(self._buf, self._start)
+            except ConnectionError as e:
+                self._abort(str(e))
                 return
             begin, end = self._start + _LEN.size, self._start + _LEN.size + n
             if end > self._have:

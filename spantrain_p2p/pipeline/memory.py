@@ -74,9 +74,9 @@ class StashMeter:
 
     def known(self, key: tuple) -> Optional[int]:
         """The stash measured before for a forward on an input described by ``key`` (its shape, its
-        dtype and whether the stage computes a loss): every micro-batch of a stage saves the same tensors, so the hooks of ``saving``, a
-        Python call for every tensor saved (3.5 % of a small stage's compute, measured), run on the
-        first forward of each input shape only."""
+        dtype and whether the stage computes a loss): every micro-batch of a stage saves the same
+        tensors, so the hooks of ``saving``, a Python call for every tensor saved (3.5 % of a small
+        stage's compute, measured), run on the first forward of each input shape only."""
         return self._by_input.get(key)
 
     def learn(self, key: tuple, n: int) -> None:

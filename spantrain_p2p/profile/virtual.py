@@ -40,13 +40,14 @@ LATE_TOLERANCE = (0.03, 1e-4)
 Clock = Callable[[], float]
 
 
-def sleep_until(deadline: float, clock: Clock = time.perf_counter, spin_s: float = 2e-4) -> None:
+def sleep_until(deadline: float, clock: Clock = time.perf_counter, spin_s: float = 2e-4,
+                sleep: Callable[[float], None] = time.sleep) -> None:
     """Blocks the calling thread until ``clock() >= deadline`` (see the module docstring)."""
     while True:
         d = deadline - clock()
         if d <= 0:
             return
-        time.sleep(d - spin_s if d > spin_s else 0)
+        sleep(d - spin_s if d > spin_s else 0)
 
 
 @dataclass
@@ -110,6 +111,8 @@ class VirtualDevice:
 
     ``with device.op("F", flops): …`` runs the block and pads it; ``device.run(fn, *args, flops=…)``
     does the same for a call. ``memory_bytes`` is the device's usable memory, reported by the profiler.
+    ``clock`` and ``sleep`` are the time it pads on (a test's own clock: time that passes only as
+    the thread computes or sleeps, so another process's load on the host is not the device's).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class VirtualDevice:
         memory_bytes: Optional[int] = None,
         clock: Clock = time.perf_counter,
         spin_s: float = 2e-4,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         for name, v in (("tflops", tflops), ("scale", scale)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -131,6 +135,7 @@ class VirtualDevice:
         self.memory_bytes = memory_bytes
         self.clock = clock
         self.spin_s = spin_s
+        self.sleep = sleep
         self._lock = threading.Lock()
         self._thread = threading.local()  # free_at: when this thread's last operation ended on the device
         self._stats = DeviceStats()
@@ -177,7 +182,7 @@ class VirtualDevice:
         worked = self.clock()  # the block's end: its CPU work (and any holds) done
         real = worked - t0 - progress.held_s
         if budget > real:
-            sleep_until(start + budget, self.clock, self.spin_s)
+            sleep_until(start + budget, self.clock, self.spin_s, self.sleep)
         self._thread.free_at = max(start + budget, worked)
         busy = self.clock() - start
         with self._lock:
@@ -232,7 +237,7 @@ class OpProgress:
         t = dev.clock()
         deadline = self._t0 + self._budget * min(1.0, max(0.0, float(fraction)))
         if deadline > t:
-            sleep_until(deadline, dev.clock, dev.spin_s)
+            sleep_until(deadline, dev.clock, dev.spin_s, dev.sleep)
             self.held_s += dev.clock() - t
 
 

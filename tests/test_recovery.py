@@ -155,3 +155,40 @@ async def test_a_buddys_copy_of_a_step_the_new_epoch_redoes_is_refused():
     finally:
         layer_state.decode = real
     assert taken == [(0, 3), (0, 5)]
+
+
+def test_a_snapshot_is_one_copy_of_every_tensor_of_the_layer_and_its_optimizer_state_in_order():
+    """``models.state.capture`` copies the host tensors in one ``_foreach_clone``: the same entries,
+    in the same order, as copying each one did (parameters, buffers, ``x:`` marks, Adam's state,
+    the run's scalars), equal values, no gradient history, and memory of their own (the next
+    optimizer step does not move them)."""
+    import torch
+
+    from spantrain_p2p.models import state as layer_state
+    from spantrain_p2p.models.model import ModelConfig, build_layers
+
+    layer = build_layers(ModelConfig(dim=32, depth=1, heads=2))[1]
+    layer.register_buffer("seen", torch.arange(3))  # an integer buffer is copied as it is
+    opt = torch.optim.Adam(layer.parameters(), lr=1e-2, foreach=True)
+
+    def train_step():
+        sum((p.float() ** 2).sum() for p in layer.parameters()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_step()
+    foreign = frozenset({next(n for n, _ in layer.named_parameters())})
+    run = [("s:loss_scale", torch.tensor(1024.0))]
+    got = layer_state.capture(layer, opt, run, foreign)
+    params = dict(layer.named_parameters())
+    want = [(f"p:{n}", p) for n, p in params.items()] + [("b:seen", layer.seen)] + \
+        [(f"x:{n}", torch.zeros(0)) for n in foreign] + \
+        [(f"o:{n}:{k}", v) for n, p in params.items() if n not in foreign for k, v in sorted(opt.state[p].items())] + run
+    assert [n for n, _ in got] == [n for n, _ in want]
+    for (n, a), (_, b) in zip(got, want):
+        assert torch.equal(a, b.detach().float() if n.startswith("o:") else b.detach()) and not a.requires_grad, n
+        assert a.dtype == (torch.float32 if n[:2] in ("o:", "s:") else b.dtype), n
+    before = [t.clone() for _, t in got]
+    train_step()  # the weights and moments move; the snapshot does not
+    assert all(torch.equal(a, b) for (_, a), b in zip(got, before))
+    assert not torch.equal(got[0][1], params[got[0][0][2:]].detach())

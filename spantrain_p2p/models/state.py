@@ -32,15 +32,17 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
     with ``run``'s ``s:`` entries (scalars of the whole run); ``foreign``: the parameters whose
     optimizer state another replica holds (marked ``x:``). With ``copier`` (a
     ``pipeline.hostcopy.HostCopier``), CUDA tensors are copied on its stream
-    while the device computes on: the copy is readable once the copier's next ``mark`` completes."""
-    def host(t: torch.Tensor) -> torch.Tensor:
-        return _host_copy(t) if copier is None or t.device.type != "cuda" else copier.copy(t.detach())
-
-    out: LayerState = [(f"p:{n}", host(p)) for n, p in layer.named_parameters()]
-    out += [(f"b:{n}", host(b)) for n, b in layer.named_buffers()]
-    out += [(f"x:{n}", torch.zeros(0)) for n, _ in layer.named_parameters() if n in foreign]
+    while the device computes on: the copy is readable once the copier's next ``mark`` completes.
+    The tensors in host memory are copied in one ``_foreach_clone`` (``host_copies``)."""
+    params = list(layer.named_parameters())  # (the modules' walk, once: it cost as much as a copy)
+    names = [f"p:{n}" for n, _ in params]
+    tensors = [p for _, p in params]
+    for n, b in layer.named_buffers():
+        names.append(f"b:{n}")
+        tensors.append(b)
+    opt_names, opt_tensors = [], []
     if opt is not None:
-        for n, p in layer.named_parameters():
+        for n, p in params:
             if n in foreign:
                 continue
             for key, v in sorted(opt.state.get(p, {}).items()):
@@ -49,8 +51,31 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
                     # a low-bit optimizer's state (torchao): kept as the values it stands for (its
                     # copy would share the codes the next step overwrites); ``apply`` quantizes again
                     t = t.dequantize()
-                out.append((f"o:{n}:{key}", host(t.float()) if t.device.type == "cuda" else _host_copy(t).float()))
+                opt_names.append(f"o:{n}:{key}")
+                opt_tensors.append(t.float() if t.device.type == "cuda" else t)
+    copies = host_copies(tensors + opt_tensors, copier)
+    k = len(tensors)
+    out: LayerState = list(zip(names, copies[:k]))
+    out += [(f"x:{n}", torch.zeros(0)) for n, _ in params if n in foreign]
+    out += [(n, t.float()) for n, t in zip(opt_names, copies[k:])]
     out += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
+    return out
+
+
+def host_copies(tensors: list[torch.Tensor], copier=None) -> list[torch.Tensor]:
+    """Copies of ``tensors`` in host memory, in order: CUDA ones on ``copier``'s stream where there is
+    one, CPU ones in one ``torch._foreach_clone`` (a ``.to`` and a ``detach`` each cost 8 us more a
+    tensor than the bytes: 2.2 ms between two steps for the 216 tensors of a 6-layer stage and its
+    Adam state, against 0.4 ms of copying), any other one on its own."""
+    out: list[Optional[torch.Tensor]] = [None] * len(tensors)
+    on_cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu"]
+    if on_cpu:
+        with torch.no_grad():  # (clones of parameters would otherwise be part of a graph)
+            for i, c in zip(on_cpu, torch._foreach_clone([tensors[i] for i in on_cpu])):
+                out[i] = c
+    for i, t in enumerate(tensors):
+        if out[i] is None:
+            out[i] = copier.copy(t.detach()) if copier is not None and t.device.type == "cuda" else _host_copy(t)
     return out
 
 

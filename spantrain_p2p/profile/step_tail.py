@@ -14,6 +14,8 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
+from ..models.state import host_copies
+
 # parameters stepped, at most (16 MB of fp32; with Adam's state and the copies ~100 MB held for a moment,
 # on the device): a rate, not the whole model's time
 MAX_ELEMENTS = 1 << 22
@@ -46,9 +48,9 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
         opt.step()
         if cuda:
             torch.cuda.synchronize(params[0].device)
-        else:  # the snapshot's copies (``models.state.capture``)
-            _ = [p.detach().clone() for p in params] + \
-                [v.clone() for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+        else:  # the snapshot's copies, as ``models.state.capture`` makes them
+            host_copies(params + [v for s in opt.state.values() for v in s.values()
+                                   if isinstance(v, torch.Tensor) and v.dim()])
         return time.perf_counter() - t
 
     step()  # the optimizer's state is made at its first step

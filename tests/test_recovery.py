@@ -157,7 +157,7 @@ async def test_a_buddys_copy_of_a_step_the_new_epoch_redoes_is_refused():
     assert taken == [(0, 3), (0, 5)]
 
 
-def test_a_snapshot_is_one_copy_of_every_tensor_of_the_layer_and_its_optimizer_state_in_order():
+def test_a_snapshot_is_one_copy_of_every_tensor_of_the_layer_and_its_optimizer_state_in_order(monkeypatch):
     """``models.state.capture`` copies the host tensors in one ``_foreach_clone``: the same entries,
     in the same order, as copying each one did (parameters, buffers, ``x:`` marks, Adam's state,
     the run's scalars), equal values, no gradient history, and memory of their own (the next
@@ -188,6 +188,9 @@ def test_a_snapshot_is_one_copy_of_every_tensor_of_the_layer_and_its_optimizer_s
     for (n, a), (_, b) in zip(got, want):
         assert torch.equal(a, b.detach().float() if n.startswith("o:") else b.detach()) and not a.requires_grad, n
         assert a.dtype == (torch.float32 if n[:2] in ("o:", "s:") else b.dtype), n
+    monkeypatch.delattr(torch, "_foreach_clone")  # a torch without the op: each tensor's clone, the same state
+    again = layer_state.capture(layer, opt, run, foreign)
+    assert [n for n, _ in again] == [n for n, _ in got] and all(torch.equal(a, b) for (_, a), (_, b) in zip(again, got))
     before = [t.clone() for _, t in got]
     train_step()  # the weights and moments move; the snapshot does not
     assert all(torch.equal(a, b) for (_, a), b in zip(got, before))

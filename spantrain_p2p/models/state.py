@@ -70,8 +70,10 @@ def host_copies(tensors: list[torch.Tensor], copier=None) -> list[torch.Tensor]:
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     on_cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu"]
     if on_cpu:
+        clone = getattr(torch, "_foreach_clone", None)  # (a private op: each tensor's clone where it is missing)
         with torch.no_grad():  # (clones of parameters would otherwise be part of a graph)
-            for i, c in zip(on_cpu, torch._foreach_clone([tensors[i] for i in on_cpu])):
+            src = [tensors[i] for i in on_cpu]
+            for i, c in zip(on_cpu, clone(src) if clone is not None else [t.clone() for t in src]):
                 out[i] = c
     for i, t in enumerate(tensors):
         if out[i] is None:

@@ -14,8 +14,6 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-from ..models.state import host_copies
-
 # parameters stepped, at most (16 MB of fp32; with Adam's state and the copies ~100 MB held for a moment,
 # on the device): a rate, not the whole model's time
 MAX_ELEMENTS = 1 << 22
@@ -48,9 +46,11 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
         opt.step()
         if cuda:
             torch.cuda.synchronize(params[0].device)
-        else:  # the snapshot's copies, as ``models.state.capture`` makes them
-            host_copies(params + [v for s in opt.state.values() for v in s.values()
-                                   if isinstance(v, torch.Tensor) and v.dim()])
+        else:  # the snapshot's copies, as ``models.state.host_copies`` makes them: one clone of all
+            state = params + [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+            clone = getattr(torch, "_foreach_clone", None)
+            with torch.no_grad():
+                _ = clone(state) if clone is not None else [t.clone() for t in state]
         return time.perf_counter() - t
 
     step()  # the optimizer's state is made at its first step

@@ -1,5 +1,5 @@
 """The statistical gate at stage boundaries (robust.gate) and the evictions it leads to
-(train.defence: receivers, gate_evictions): pure logic."""
+(train.defence: receivers, gate_evictions; the planner reading them): pure logic, no peers."""
 import statistics
 
 import torch
@@ -165,3 +165,29 @@ def test_the_gate_evicts_by_most_receivers_and_a_lone_accuser_evicts_once():
     assert gate_evictions(acc, rx, "job", spent={"r1"}) == {"x": ["r1", "r2"]}
     assert gate_evictions({"r1": A("job", [], ["x"])}, rx, "job") == {}  # 1 of 3
     assert gate_evictions({"r1": A("other", [], ["y"])}, rx, "job") == {}
+
+
+async def test_the_planner_reads_no_accusations_in_a_job_without_the_robust_defences(monkeypatch):
+    """Only the robust defences accuse (a replica's verdicts, the gate, verification): in a job that
+    sums plainly the planner does not read the key every second; in a robust one it does, and evicts."""
+    import types
+
+    import spantrain_p2p.train.coordinator as coordinator
+    from spantrain_p2p.plan.stagemap import StageMap
+    from spantrain_p2p.plan.types import Stage
+
+    reads = []
+
+    async def read(peer, log_bad):
+        reads.append(1)
+        return {"a": A("job", ["b"], []), "c": A("job", ["b"], [])}
+
+    monkeypatch.setattr(coordinator, "read_accusations", read)
+    c = coordinator.Coordinator.__new__(coordinator.Coordinator)
+    c.peer = types.SimpleNamespace(evicted=set())
+    c._accusations_read, c._lone_seen, c._lone_accusers, c.log_bad = 0.0, {}, set(), None
+    smap = StageMap(1, "job", (Stage(("a", "b", "c"), (0, 2)),))
+    c.job = types.SimpleNamespace(aggregate="sum", num_micro_batches=3)
+    assert await c._evictions(smap) == "" and await c._evictions(smap, force=True) == "" and reads == []
+    c.job = types.SimpleNamespace(aggregate="robust", num_micro_batches=3)
+    assert "accused by 2 peers" in await c._evictions(smap) and reads == [1] and c.peer.evicted == {"b"}

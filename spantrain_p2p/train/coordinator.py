@@ -426,7 +426,11 @@ class Coordinator:
         """Peers of ``current`` that most other replicas of their stage accuse, or most of the peers
         receiving their tensors (the gate): added to the evicted (for the job) and named in the
         returned reason to re-plan ("" if none). Read every few seconds, and at once (``force``)
-        before re-planning a broken epoch."""
+        before re-planning a broken epoch. A job without the robust defences is never read for
+        them: no replica judges and no gate refuses there, so no honest peer accuses (the planner
+        read the key every second for nothing, ~3 control calls a second from it)."""
+        if self.job is not None and self.job.aggregate != "robust":
+            return ""
         now = time.monotonic()
         if not force and now - self._accusations_read < ACCUSATIONS_EVERY_S:
             return ""

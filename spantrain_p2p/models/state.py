@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..net.framing import FrameError
+from ..profile.step_tail import clone_all
 
 LayerState = list[tuple[str, torch.Tensor]]
 MAX_ENTRIES = 4096
@@ -33,7 +34,7 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
     optimizer state another replica holds (marked ``x:``). With ``copier`` (a
     ``pipeline.hostcopy.HostCopier``), CUDA tensors are copied on its stream
     while the device computes on: the copy is readable once the copier's next ``mark`` completes.
-    The tensors in host memory are copied in one ``_foreach_clone`` (``host_copies``)."""
+    The tensors in host memory are copied in one ``_foreach_clone`` (``_host_copies``)."""
     params = list(layer.named_parameters())  # (the modules' walk, once: it cost as much as a copy)
     names = [f"p:{n}" for n, _ in params]
     tensors = [p for _, p in params]
@@ -52,29 +53,26 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
                     # copy would share the codes the next step overwrites); ``apply`` quantizes again
                     t = t.dequantize()
                 opt_names.append(f"o:{n}:{key}")
-                opt_tensors.append(t.float() if t.device.type == "cuda" else t)
-    copies = host_copies(tensors + opt_tensors, copier)
+                opt_tensors.append(t.float())  # (a float32 state is itself: copied once, as the rest)
+    copies = _host_copies(tensors + opt_tensors, copier)
     k = len(tensors)
     out: LayerState = list(zip(names, copies[:k]))
     out += [(f"x:{n}", torch.zeros(0)) for n, _ in params if n in foreign]
-    out += [(n, t.float()) for n, t in zip(opt_names, copies[k:])]
+    out += list(zip(opt_names, copies[k:]))
     out += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
     return out
 
 
-def host_copies(tensors: list[torch.Tensor], copier=None) -> list[torch.Tensor]:
+def _host_copies(tensors: list[torch.Tensor], copier=None) -> list[torch.Tensor]:
     """Copies of ``tensors`` in host memory, in order: CUDA ones on ``copier``'s stream where there is
-    one, CPU ones in one ``torch._foreach_clone`` (a ``.to`` and a ``detach`` each cost 8 us more a
-    tensor than the bytes: 2.2 ms between two steps for the 216 tensors of a 6-layer stage and its
-    Adam state, against 0.4 ms of copying), any other one on its own."""
+    one, CPU ones in one ``torch._foreach_clone`` (``profile.step_tail.clone_all``, the copies the
+    step tail times: a ``.to`` and a ``detach`` each cost 8 us more a tensor than the bytes, 2.2 ms
+    between two steps for the 216 tensors of a 6-layer stage and its Adam state, against 0.4 ms of
+    copying), any other one on its own."""
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     on_cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu"]
-    if on_cpu:
-        clone = getattr(torch, "_foreach_clone", None)  # (a private op: each tensor's clone where it is missing)
-        with torch.no_grad():  # (clones of parameters would otherwise be part of a graph)
-            src = [tensors[i] for i in on_cpu]
-            for i, c in zip(on_cpu, clone(src) if clone is not None else [t.clone() for t in src]):
-                out[i] = c
+    for i, c in zip(on_cpu, clone_all([tensors[i] for i in on_cpu]) if on_cpu else ()):
+        out[i] = c
     for i, t in enumerate(tensors):
         if out[i] is None:
             out[i] = copier.copy(t.detach()) if copier is not None and t.device.type == "cuda" else _host_copy(t)

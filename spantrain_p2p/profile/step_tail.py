@@ -20,6 +20,15 @@ MAX_ELEMENTS = 1 << 22
 MAX_S_PER_BYTE = 1e-5  # a published rate above this is no device's (10 us a byte: 40 s for 1 GB of weights)
 
 
+def clone_all(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of host ``tensors``, with no gradient history, in one ``torch._foreach_clone`` (each
+    tensor's clone on a torch without that private op): how a snapshot copies a CPU stage's state
+    (``models.state.capture``), and so the copies ``measure`` times."""
+    clone = getattr(torch, "_foreach_clone", None)
+    with torch.no_grad():  # (clones of parameters would otherwise be part of a graph)
+        return clone(tensors) if clone is not None else [t.clone() for t in tensors]
+
+
 def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.optim.Optimizer],
             reps: int = 3, torch_device: Optional[torch.device] = None) -> float:
     """Seconds per byte of weights of one optimizer step (``make_optimizer``: the job's, over the
@@ -46,11 +55,9 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
         opt.step()
         if cuda:
             torch.cuda.synchronize(params[0].device)
-        else:  # the snapshot's copies, as ``models.state.host_copies`` makes them: one clone of all
-            state = params + [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
-            clone = getattr(torch, "_foreach_clone", None)
-            with torch.no_grad():
-                _ = clone(state) if clone is not None else [t.clone() for t in state]
+        else:  # the snapshot's copies
+            clone_all(params + [v for s in opt.state.values() for v in s.values()
+                                if isinstance(v, torch.Tensor) and v.dim()])
         return time.perf_counter() - t
 
     step()  # the optimizer's state is made at its first step

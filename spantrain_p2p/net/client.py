@@ -169,8 +169,8 @@ class DataPlaneClient:
                         # the request's head and the frame's first chunks up to SMALL_BYTES in one
                         # write (one record when encrypted), then the rest uncopied
                         k, joined = 0, len(head)
-                        while k < len(chunks) and joined + memoryview(chunks[k]).nbytes <= SMALL_BYTES:
-                            joined += memoryview(chunks[k]).nbytes
+                        while k < len(chunks) and joined + (n := memoryview(chunks[k]).nbytes) <= SMALL_BYTES:
+                            joined += n
                             k += 1
                         writer.write(b"".join([head, *chunks[:k]]))
                         for c in chunks[k:]:

@@ -18,6 +18,10 @@ def test_a_steps_wall_time_splits_as_its_timeline_says():
     assert got == {"compute_s": 0.5, "wait_s": 0.3, "gradient_sum_s": 0.1, "optimizer_s": 0.05,
                    "sends_in_flight_s": 0.4, "other_s": 0.05, "step_s": 1.0, "steps": 3}
     assert step_breakdown([]) is None
+    # the compute's wait for a core, where every timeline says it (the median); not where one does not
+    waits = [dict(one, core_wait_s=0.1), dict(one, core_wait_s=0.2), dict(slow, core_wait_s=0.4)]
+    assert step_breakdown(waits)["compute_core_wait_s"] == 0.2
+    assert "compute_core_wait_s" not in step_breakdown([*waits, dict(one, core_wait_s=None)])
 
 
 def test_the_daemons_cpu_is_counted_and_the_training_threads_are_told_apart():

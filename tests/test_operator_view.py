@@ -5,6 +5,7 @@ One emulated lan-4 swarm trains for the whole module (an even 4-stage pipeline, 
 test runs last, since it stops a peer."""
 import math
 import os
+import re
 import shutil
 import signal
 import time
@@ -152,6 +153,8 @@ def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_movin
         assert len(points) >= 10 and float(labels[-1]) >= 3.0, (len(points), labels)  # (40 steps at ~10 a second)
         rows = driver.find_element(By.ID, "members").text  # each peer's step breakdown and background CPU
         assert rows.count(" / ") >= 12 and rows.count(" %") >= 8, rows
+        if os.path.exists("/proc/thread-self/schedstat"):  # the compute's wait for a core, in brackets
+            assert len(re.findall(r"\d \([0-9.e+-]+\) / ", rows)) >= 4, rows
         table = driver.find_element(By.ID, "members-section")  # the members table's last column is seen whole
         assert table.size["width"] >= driver.find_element(By.CSS_SELECTOR, "#members-section table").size["width"]
         driver.save_screenshot(str(tmp_path / "dashboard.png"))

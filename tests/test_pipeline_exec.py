@@ -1,5 +1,9 @@
 """The executor follows GPipe, 1F1B and ZB-H1 schedules in-process and matches single-process training."""
 import asyncio
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -98,6 +102,34 @@ async def test_each_layer_is_reported_done_during_the_last_backward_with_its_fin
     for i, _, grads in seen:
         for g, p in zip(grads, ex._layer_params[i]):
             assert torch.equal(g, p.grad)
+    ex.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux scheduler statistics")
+async def test_a_step_counts_what_its_compute_thread_waited_for_a_core():
+    """A busy process pinned to the compute thread's one core takes about half of it: the step's
+    compute ops say so (``core_wait_s``), as a share of their time. By the kernel's counters, not by
+    wall time against a threshold: a loaded host only waits longer."""
+    handle = ModelHandle(JOB)
+    ex = StageExecutor(handle.build(0, handle.num_layers), True, True, 4,
+                       lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), None, None)
+    cpu = min(os.sched_getaffinity(0))
+    await asyncio.get_running_loop().run_in_executor(ex._pool, os.sched_setaffinity, 0, {cpu})  # its thread
+    actions = sched.schedule("gpipe", 1, 4, 0)
+    alone = await ex.run_step(0, actions)  # (warm: the first step allocates)
+    assert alone.core_wait_s is not None and alone.core_wait_s >= 0.0
+    spin = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        time.sleep(0.2)  # (it runs: the interpreter started)
+        busy = [await ex.run_step(s, actions) for s in range(1, 6)]
+    finally:
+        spin.kill()
+        spin.wait()
+    waited = sum(r.core_wait_s for r in busy)
+    computed = sum(r.compute_s for r in busy)
+    assert waited > 0.2 * computed, (waited, computed)  # about half: the spinner's share of the core
+    assert waited < computed
+    print(f"\nwith a spinner on its core: {waited:.3f} s of {computed:.3f} s of compute waited for it")
     ex.close()
 
 

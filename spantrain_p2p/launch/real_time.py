@@ -13,6 +13,7 @@ DURATIONS = ("step_s", "wall_s", "predicted_step_s", "configured_predicted_step_
              "replan_s", "formed_s", "t_s", "probe_seconds", "probe_seconds_per_peer",
              # a peer's step breakdown (train.cpu_use) and its CPU seconds
              "compute_s", "wait_s", "gradient_sum_s", "optimizer_s", "other_s", "sends_in_flight_s",
+             "compute_core_wait_s",
              "process_cpu_s", "training_threads_cpu_s", "background_cpu_s", "daemon_cpu_s")
 NESTED = ("peers", "epochs", "events", "plan", "plans", "runs", "breakdown", "cpu")
 

@@ -17,6 +17,7 @@ from typing import Awaitable, Callable, Optional
 import torch
 from torch import nn
 
+from ..osproc import core_wait_s
 from . import schedule as sched
 from .hostcopy import HostCopier
 from .loss_scale import sanitized, scaled
@@ -54,6 +55,9 @@ class _Mb:
 class StepResult:
     losses: list[float] = field(default_factory=list)  # per micro-batch, last stage only
     compute_s: float = 0.0
+    # of the compute ops' time, what the compute thread waited, runnable, for a core (a host whose
+    # cores are all busy: ``osproc.core_wait_s``); None where the kernel does not say
+    core_wait_s: Optional[float] = None
     # what the peer did, in order: (action, micro-batch, unix start, unix end): F/B/W/BW its compute,
     # RECV_F/RECV_B the wait for a tensor, SEND_F/SEND_B a send from its start to its delivery
     timeline: list[tuple[str, int, float, float]] = field(default_factory=list)
@@ -87,6 +91,8 @@ class StageExecutor:
         self._layer_params = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stage-compute")
         self._thread_cpu_s = 0.0  # CPU seconds on the compute thread, not yet taken (take_thread_cpu)
+        self._core_wait_s: Optional[float] = 0.0  # its seconds waiting for a core in its work (None: unknown)
+        self._wait_mark: Optional[float] = None  # the thread's ``core_wait_s`` when its last work ended
         self.device = device
         self.layer_flops = layer_flops
         self.flops = {ph: sum(x.get(ph, 0.0) for x in layer_flops or ()) for ph in ("F", "B", "W")}
@@ -181,12 +187,23 @@ class StageExecutor:
         return await loop.run_in_executor(self._pool, self._counted, call)
 
     def _counted(self, fn):
-        """``fn()`` on the compute thread, its CPU seconds counted (``take_thread_cpu``)."""
+        """``fn()`` on the compute thread, its CPU seconds counted (``take_thread_cpu``), and its
+        seconds waiting for a core: from the end of its last work to the end of this one, so that
+        the wait to run once handed ``fn`` counts too (a thread asleep, waiting for work, waits for
+        no core)."""
         c0 = time.thread_time()
+        if self._wait_mark is None:
+            self._wait_mark = core_wait_s()
         try:
             return fn()
         finally:
             self._thread_cpu_s += time.thread_time() - c0
+            w1 = core_wait_s()
+            if w1 is None or self._wait_mark is None or self._core_wait_s is None:
+                self._core_wait_s = None
+            else:
+                self._core_wait_s += w1 - self._wait_mark
+                self._wait_mark = w1
 
     async def on_compute_thread(self, fn):
         """Runs ``fn()`` on the compute thread: work as long as the optimizer step (seconds when it
@@ -316,6 +333,7 @@ class StageExecutor:
         self.meter.reset()
         loop = asyncio.get_running_loop()
         t_compute = 0.0
+        waited0 = self._core_wait_s
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
         trace = result.timeline
         # when the step's next op is queued on a virtual device, as a host that does not wait for its
@@ -373,6 +391,8 @@ class StageExecutor:
                 raise
             raise StepFailed(f"step {step} failed: {e}") from e
         result.compute_s = t_compute
+        if waited0 is not None and self._core_wait_s is not None:
+            result.core_wait_s = self._core_wait_s - waited0
         result.stash_peak_bytes = self.meter.peak
         return result
 

@@ -85,7 +85,10 @@ def step_breakdown(timelines: list[dict]) -> Optional[dict]:
     """Median seconds per step of this peer's recent steps (their timelines, ``Trainer.timelines``):
     compute (its F, B, W ops), waiting for tensors (RECV), the replicas' gradient sum, the optimizer,
     and the rest (the loop between ops: (de)serialising, its own sends' hand-over, the snapshot); and
-    the seconds its sends were in flight, beside the rest (they overlap the compute)."""
+    the seconds its sends were in flight, beside the rest (they overlap the compute). Where every
+    timeline says it (``core_wait_s``, Linux), ``compute_core_wait_s``: the part of the compute that
+    its thread spent runnable but waiting for a core, the host's other work on it (other peers, the
+    event loop, the daemon): a step slow for want of CPU, not of tensors."""
     rows = []
     for tl in timelines:
         parts = {"compute_s": 0.0, "wait_s": 0.0, "gradient_sum_s": 0.0, "optimizer_s": 0.0, "sends_in_flight_s": 0.0}
@@ -100,7 +103,11 @@ def step_breakdown(timelines: list[dict]) -> Optional[dict]:
         parts["other_s"] = max(0.0, wall - parts["compute_s"] - parts["wait_s"] - parts["gradient_sum_s"]
                                - parts["optimizer_s"])
         parts["step_s"] = wall
+        waited = tl.get("core_wait_s")
+        if isinstance(waited, (int, float)) and not isinstance(waited, bool):
+            parts["compute_core_wait_s"] = max(0.0, float(waited))
         rows.append(parts)
     if not rows:
         return None
-    return {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]} | {"steps": len(rows)}
+    keys = [k for k in rows[0] if all(k in r for r in rows)]
+    return {k: round(statistics.median(r[k] for r in rows), 4) for k in keys} | {"steps": len(rows)}

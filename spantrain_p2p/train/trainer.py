@@ -569,7 +569,7 @@ class Trainer:
             ops.append(["SUM", -1, t_pipe, t_sum])  # the replicas' gradient sum (and fp16's vote)
         ops.append(["OPT", -1, t_sum, t1])
         self.timelines[step] = {"step": step, "epoch": smap.epoch, "stage": self.stage, "start": t0, "end": t1,
-                                "ops": ops}
+                                "ops": ops, "core_wait_s": result.core_wait_s}
         for old in [k for k in self.timelines if k <= step - KEEP_TIMELINES]:
             del self.timelines[old]
         self.compute_s.append(result.compute_s)

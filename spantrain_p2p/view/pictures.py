@@ -167,7 +167,7 @@ def timeline_picture(run: dict, out: str, step: Optional[int] = None) -> Optiona
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(rows) > 2 else -0.5), ncol=5, fontsize=8)
     fig.tight_layout()
     path = os.path.join(out, "timeline.png")
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # (the row labels, the title and the legend whole)
     plt.close(fig)
     return path
 
@@ -177,7 +177,8 @@ def _breakdown_label(r: dict) -> str:
     bd, cpu = r.get("step_breakdown") or {}, r.get("cpu") or {}
     if not bd:
         return ""
-    text = (f"compute {bd['compute_s']:.3g} / wait {bd['wait_s']:.3g} / "
+    waited = f" (waiting for a core {bd['compute_core_wait_s']:.3g})" if "compute_core_wait_s" in bd else ""
+    text = (f"compute {bd['compute_s']:.3g}{waited} / wait {bd['wait_s']:.3g}\n"
             f"sum+opt {bd['gradient_sum_s'] + bd['optimizer_s']:.3g} / rest {bd['other_s']:.3g} s")
     if cpu.get("background_share") is not None:
         text += f"; background CPU {100 * cpu['background_share']:.0f} %"

@@ -40,6 +40,12 @@ alternating which goes first; ``ratio`` = ours / theirs; the loss difference is 
 ``|ours - theirs| / |theirs|`` over the steps of the pair. With ``--pairs N`` the median ratio of
 each comparison is printed last.
 
+Where the two share a host's cores, each pair also prints (Linux) how long a step's compute waited,
+runnable, for a core on the side's most waiting process: ours the compute thread's
+(``compute_core_wait_s`` of the run summary's breakdown), theirs the one thread that computes and
+drives gloo (its wait over the step, the median after the warm-up). More work beside the compute on
+the same cores (our event loops, gloo's threads) shows there.
+
     .venv/bin/python scripts/pipelining_side_by_side.py --pairs 3
     .venv/bin/python scripts/pipelining_side_by_side.py --pairs 1 --steps 15 --schedules 1f1b --json
 
@@ -67,6 +73,7 @@ from torch import nn
 from spantrain_p2p.job.dataset import open_data
 from spantrain_p2p.job.optim import make_optimizer
 from spantrain_p2p.job.spec import JobSpec, ModelHandle
+from spantrain_p2p.osproc import core_wait_s
 from spantrain_p2p.plan.stagemap import even_split
 
 MODEL_ARGS = {"dim": 128, "depth": 8, "heads": 4, "vocab": 256}
@@ -160,8 +167,9 @@ def torch_rank(rank: int, schedule: str, per_process: int, steps: int, port: int
     sched = cls(stages[0] if single else stages, n_microbatches=MICRO_BATCHES, loss_fn=cross_entropy)
     first, last = 0 in mine, n - 1 in mine
     batch = open_data(job).batch
-    ends, losses = [], []
+    ends, losses, waits = [], [], []
     for step in range(steps):
+        w0 = core_wait_s()
         parts = [batch(step, m) for m in range(MICRO_BATCHES)] if first or last else []
         args = (torch.cat([x for x, _ in parts]),) if first else ()
         mb_losses: list = []
@@ -170,10 +178,12 @@ def torch_rank(rank: int, schedule: str, per_process: int, steps: int, port: int
         opt.step()
         opt.zero_grad(set_to_none=True)
         ends.append(time.time())
+        w1 = core_wait_s()
+        waits.append(None if w0 is None or w1 is None else w1 - w0)
         if last:
             losses.append(sum(float(x.detach()) for x in mb_losses) / len(mb_losses))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"ends": ends, "losses": losses if last else None}, f)
+        json.dump({"ends": ends, "losses": losses if last else None, "core_waits": waits}, f)
     dist.destroy_process_group()
 
 
@@ -194,7 +204,10 @@ def run_theirs(schedule: str, per_process: int, steps: int, warmup: int, tmp: st
             ranks.append(json.load(f))
     ends = [max(r["ends"][s] for r in ranks) for s in range(steps)]
     losses = next(r["losses"] for r in ranks if r["losses"] is not None)
-    return {"samples_per_s": round(throughput(ends, warmup), 3), "losses": losses}
+    # the process whose thread waited longest for a core, its median a step after the warm-up
+    waits = [[w for w in r["core_waits"][warmup:] if w is not None] for r in ranks]
+    core_wait = max((statistics.median(w) for w in waits if w), default=None)
+    return {"samples_per_s": round(throughput(ends, warmup), 3), "losses": losses, "core_wait_s": core_wait}
 
 
 # ---- ours: spantrain swarm ------------------------------------------------------------------------
@@ -223,8 +236,11 @@ def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) ->
             ends[step] = max(ends.get(step, 0.0), t1)
     if sorted(ends) != list(range(steps)):
         raise RuntimeError(f"the swarm's reports time steps {sorted(ends)}, not 0..{steps - 1} (a re-plan?)")
+    waits = [p["breakdown"]["compute_core_wait_s"] for p in summary.get("peers", [])
+             if "compute_core_wait_s" in (p.get("breakdown") or {})]
     return {"samples_per_s": round(throughput([ends[s] for s in range(steps)], warmup), 3),
-            "summary_samples_per_s": summary["samples_per_s"], "losses": summary["losses"]}
+            "summary_samples_per_s": summary["samples_per_s"], "losses": summary["losses"],
+            "core_wait_s": max(waits, default=None)}
 
 
 # ---- the comparison -------------------------------------------------------------------------------
@@ -278,6 +294,9 @@ def main() -> int:
                         f"(summary {o['summary_samples_per_s']:.1f}), theirs {t['samples_per_s']:.1f}: "
                         f"{r['ratio']:.3f}x; losses {o['losses'][0]:.4f} -> {o['losses'][-1]:.4f}, "
                         f"largest relative difference {r['loss_max_rel_diff']:.2e}")
+                    if o["core_wait_s"] is not None and t["core_wait_s"] is not None:
+                        say(f"  a step's compute waited for a core, the longest of a side's processes: "
+                            f"ours {o['core_wait_s'] * 1e3:.0f} ms, theirs {t['core_wait_s'] * 1e3:.0f} ms")
                 results.append({"ours": ours_schedule, "theirs": theirs, "stages_per_process": per_process,
                                 "pairs": pairs, "median_ratio": statistics.median(r["ratio"] for r in pairs),
                                 "loss_max_rel_diff": max(r["loss_max_rel_diff"] for r in pairs)})

@@ -46,6 +46,7 @@ class _Schedstat:
 
     def __init__(self) -> None:
         self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)  # bound to the calling thread
+        self.pid = os.getpid()  # (a forked child's thread is another: it opens its own)
 
     def __del__(self) -> None:  # (the thread's locals go when it ends)
         os.close(self.fd)
@@ -60,7 +61,7 @@ def core_wait_s() -> Optional[float]:
     when the thread is woken (handed work) or preempted to when it runs again. None where the kernel
     does not say (not Linux, or without scheduler statistics)."""
     stat = getattr(_local, "schedstat", False)
-    if stat is False:
+    if stat is False or (stat is not None and stat.pid != os.getpid()):
         try:
             stat = _Schedstat()
         except OSError:

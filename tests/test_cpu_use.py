@@ -4,6 +4,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from spantrain_p2p.train.cpu_use import CpuMeter, children_cpu_s, step_breakdown
 
 
@@ -47,3 +49,28 @@ def test_the_daemons_cpu_is_counted_and_the_training_threads_are_told_apart():
     assert fig["daemon_cpu_s"] >= 0.2 and fig["process_cpu_s"] >= 0.3 and fig["training_threads_cpu_s"] == 0.1
     assert abs(fig["background_cpu_s"] - (fig["process_cpu_s"] - 0.1)) < 1e-2
     assert fig["background_share"] > 0 and fig["daemon_share"] > 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux scheduler statistics")
+def test_a_forked_child_reads_its_own_threads_wait_for_a_core_not_its_parents():
+    """``osproc.core_wait_s`` keeps its thread's file open; a forked child inherits the thread's
+    locals, file included, and must open its own (the zygote forks every peer)."""
+    from spantrain_p2p import osproc
+
+    assert osproc.core_wait_s() is not None  # this thread's file, open
+    parent = osproc._local.schedstat
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a line to the pipe, then out at once
+        ok = False
+        try:
+            ok = osproc.core_wait_s() is not None and osproc._local.schedstat is not parent \
+                and osproc._local.schedstat.pid == os.getpid()
+        finally:
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    assert osproc._local.schedstat is parent  # the parent's stays

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import socket
 import statistics
 import time
 
@@ -26,6 +25,8 @@ from spantrain_p2p.net.dataplane import DataPlaneServer
 from spantrain_p2p.net.handshake import Authenticator
 from spantrain_p2p.pipeline.messages import ACT, Expect, decode_tensor, encode_tensor
 from spantrain_p2p.swarm.identity import Identity
+
+from pipelining_side_by_side import free_port  # (scripts/, beside this one: the side-by-side's gloo port)
 
 SHAPE = (8, 64, 128)
 WARMUP = 50
@@ -100,9 +101,7 @@ def _gloo_rank(rank: int, port: int, n: int, out) -> None:
 
 def gloo(n: int) -> list[float]:
     """Half of each round trip of the tensor there and back (one send), ``n`` after the warm-up."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     a, b = mp.Pipe()
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_gloo_rank, args=(r, port, n, b)) for r in range(2)]

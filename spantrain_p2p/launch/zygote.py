@@ -41,6 +41,10 @@ def _preload() -> None:
 
     install()
     import torch  # noqa: F401
+    # a job's model built on the meta device (its fingerprint, ``job.spec.check_compatible``) runs
+    # torch's Python references, whose first call imports torch._dynamo: 1.1 s of CPU in every peer
+    # of a lan-4 swarm, 31 % of the Python it ran (py-spy, 2026-11-29), paid here once instead
+    import torch._dynamo  # noqa: F401
     from hivemind.dht.node import DHTNode  # noqa: F401
     from hivemind.p2p import P2P  # noqa: F401
 

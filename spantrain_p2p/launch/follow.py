@@ -232,6 +232,7 @@ def keep(run_dir: str, folder: str, name: str, d: dict) -> None:
 
 def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_peer=None, scenario=None) -> dict:
     """Follows training until every stage of the newest epoch is done; returns the run summary."""
+    predict.prefetch()
     follower = RunFollower(procs, args, say, list(chaos), launch_peer,
                            scenario.time_dilation if scenario is not None else 1.0)
     follower.follow()

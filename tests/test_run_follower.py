@@ -94,3 +94,23 @@ def test_a_kill_is_recovered_by_a_newer_epoch_past_the_step_or_at_once_outside_t
     assert outside["recovery_s"] is not None and "recovery_s" not in inside
     f.check_recovery([(None, _training(3, 41)), (None, _training(3, 41, "done"))])
     assert inside["recovery_s"] is not None and f.pending_recovery == []
+
+
+def test_a_quiet_run_is_polled_again_when_its_last_step_is_due_and_at_most_a_second_later(monkeypatch):
+    from types import SimpleNamespace
+
+    from spantrain_p2p.launch import follow
+
+    now = [100.0]
+    monkeypatch.setattr(follow.time, "monotonic", lambda: now[0])
+    f = RunFollower([], SimpleNamespace(steps=60), print, [])
+    assert f._until_next_poll(10) == 1.0  # nothing to go by yet
+    now[0] += 1.0
+    assert f._until_next_poll(30) == 1.0  # 20 steps a second: the last in 1.5 s
+    now[0] += 1.0
+    assert abs(f._until_next_poll(50) - 0.5) < 1e-9  # 10 left: due in half a second
+    now[0] += 0.5
+    assert f._until_next_poll(59) == 0.1  # due at once: not sooner than 0.1 s
+    now[0] += 0.1
+    assert f._until_next_poll(59) == 1.0  # no progress (a slow step): the usual second
+    assert RunFollower([], None, print, [])._until_next_poll(5) == 1.0

@@ -44,7 +44,11 @@ Where the two share a host's cores, each pair also prints (Linux) how long a ste
 runnable, for a core on the side's most waiting process: ours the compute thread's
 (``compute_core_wait_s`` of the run summary's breakdown), theirs the one thread that computes and
 drives gloo (its wait over the step, the median after the warm-up). More work beside the compute on
-the same cores (our event loops, gloo's threads) shows there.
+the same cores (our event loops, gloo's threads) shows there. And each pair prints the CPU a step
+took on each side, summed over its processes (whole runs): ours split into the compute threads, the
+rest of the peers' threads (their event loops: the data plane, the schedule's hand-offs, the control
+plane) and the p2p daemons; theirs into the computing threads and the rest (gloo's). Where every
+core is busy, as here, a step takes about its side's CPU over the cores.
 
     .venv/bin/python scripts/pipelining_side_by_side.py --pairs 3
     .venv/bin/python scripts/pipelining_side_by_side.py --pairs 1 --steps 15 --schedules 1f1b --json
@@ -168,6 +172,7 @@ def torch_rank(rank: int, schedule: str, per_process: int, steps: int, port: int
     first, last = 0 in mine, n - 1 in mine
     batch = open_data(job).batch
     ends, losses, waits = [], [], []
+    cpu0 = time.thread_time(), time.process_time()  # the computing thread's, the whole process's
     for step in range(steps):
         w0 = core_wait_s()
         parts = [batch(step, m) for m in range(MICRO_BATCHES)] if first or last else []
@@ -183,7 +188,8 @@ def torch_rank(rank: int, schedule: str, per_process: int, steps: int, port: int
         if last:
             losses.append(sum(float(x.detach()) for x in mb_losses) / len(mb_losses))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"ends": ends, "losses": losses if last else None, "core_waits": waits}, f)
+        json.dump({"ends": ends, "losses": losses if last else None, "core_waits": waits,
+                   "cpu_main_s": time.thread_time() - cpu0[0], "cpu_process_s": time.process_time() - cpu0[1]}, f)
     dist.destroy_process_group()
 
 
@@ -207,7 +213,10 @@ def run_theirs(schedule: str, per_process: int, steps: int, warmup: int, tmp: st
     # the process whose thread waited longest for a core, its median a step after the warm-up
     waits = [[w for w in r["core_waits"][warmup:] if w is not None] for r in ranks]
     core_wait = max((statistics.median(w) for w in waits if w), default=None)
-    return {"samples_per_s": round(throughput(ends, warmup), 3), "losses": losses, "core_wait_s": core_wait}
+    main, proc = sum(r["cpu_main_s"] for r in ranks), sum(r["cpu_process_s"] for r in ranks)
+    cpu = {"compute": main / steps, "threads": (proc - main) / steps}  # (gloo's among the threads)
+    return {"samples_per_s": round(throughput(ends, warmup), 3), "losses": losses, "core_wait_s": core_wait,
+            "cpu_s_per_step": cpu}
 
 
 # ---- ours: spantrain swarm ------------------------------------------------------------------------
@@ -229,9 +238,14 @@ def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) ->
         raise RuntimeError(f"spantrain swarm exited {done.returncode}:\n{tail}")
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     ends: dict[int, float] = {}
+    cpu = {"compute": 0.0, "threads": 0.0, "daemons": 0.0}  # from each peer's training start to its report
     for path in glob.glob(os.path.join(run_dir, "reports", "*.json")):
         with open(path) as f:
             report = json.load(f)
+        c = report.get("cpu") or {}
+        cpu["compute"] += c.get("training_threads_cpu_s") or 0.0
+        cpu["threads"] += c.get("background_cpu_s") or 0.0  # the event loop's among them
+        cpu["daemons"] += c.get("daemon_cpu_s") or 0.0
         for step, _t0, t1, *_ in report.get("step_times") or []:
             ends[step] = max(ends.get(step, 0.0), t1)
     if sorted(ends) != list(range(steps)):
@@ -240,7 +254,7 @@ def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) ->
              if "compute_core_wait_s" in (p.get("breakdown") or {})]
     return {"samples_per_s": round(throughput([ends[s] for s in range(steps)], warmup), 3),
             "summary_samples_per_s": summary["samples_per_s"], "losses": summary["losses"],
-            "core_wait_s": max(waits, default=None)}
+            "core_wait_s": max(waits, default=None), "cpu_s_per_step": {k: v / steps for k, v in cpu.items()}}
 
 
 # ---- the comparison -------------------------------------------------------------------------------
@@ -297,6 +311,11 @@ def main() -> int:
                     if o["core_wait_s"] is not None and t["core_wait_s"] is not None:
                         say(f"  a step's compute waited for a core, the longest of a side's processes: "
                             f"ours {o['core_wait_s'] * 1e3:.0f} ms, theirs {t['core_wait_s'] * 1e3:.0f} ms")
+                    oc, tc = o["cpu_s_per_step"], t["cpu_s_per_step"]
+                    say(f"  CPU a step, all processes: ours {sum(oc.values()) * 1e3:.0f} ms (compute "
+                        f"{oc['compute'] * 1e3:.0f}, event loops and other threads {oc['threads'] * 1e3:.0f}, p2p daemons "
+                        f"{oc['daemons'] * 1e3:.0f}), theirs {sum(tc.values()) * 1e3:.0f} ms (compute "
+                        f"{tc['compute'] * 1e3:.0f}, gloo's and other threads {tc['threads'] * 1e3:.0f})")
                 results.append({"ours": ours_schedule, "theirs": theirs, "stages_per_process": per_process,
                                 "pairs": pairs, "median_ratio": statistics.median(r["ratio"] for r in pairs),
                                 "loss_max_rel_diff": max(r["loss_max_rel_diff"] for r in pairs)})

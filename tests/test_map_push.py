@@ -3,6 +3,7 @@ the map takes it without reading the DHT, a dead peer's subtree gets it from the
 nobody sends more than the fan-out (plus a lost child's children), and a forged map is refused and
 passed on to nobody. Fake peers: the data plane is a direct call."""
 import asyncio
+import time
 import types
 
 import pytest
@@ -179,7 +180,10 @@ async def test_a_followers_quiet_check_asks_a_member_not_the_key_and_takes_a_new
 
     signed = sign_payload(new.to_dict(), records[ids[0]].peer.identity, 256 << 10)
     me = records[ids[2]]
-    me._map_read = (0.0, me._maps_changed, old)  # follows epoch 2, its read an hour old
+    # follows epoch 2, its read over an hour old (the clock is the host's monotonic one: 0.0 was not
+    # an hour ago on a host booted less than an hour before, and no check was made)
+    an_hour_ago = time.monotonic() - 3601
+    me._map_read = (an_hour_ago, me._maps_changed, old)
     records[ids[1]]._hold((new.term, new.epoch), signed)  # ids[1] holds epoch 3
     import random
 
@@ -188,7 +192,7 @@ async def test_a_followers_quiet_check_asks_a_member_not_the_key_and_takes_a_new
         me.peer.member_ids = lambda pick=pick: frozenset({pick, me.peer.peer_id})
         got = await me.newest_map(max_age_s=3600)  # (the fake DHT raises if read)
         assert got.epoch == want and gets[-1] == pick
-        me._map_read = (0.0, me._maps_changed, got)
+        me._map_read = (an_hour_ago, me._maps_changed, got)
     me.peer.member_ids = lambda: frozenset({ids[5], me.peer.peer_id})  # no answer: the key is read
     with pytest.raises(AssertionError, match="read the DHT"):
         await me.newest_map(max_age_s=3600)

@@ -331,7 +331,6 @@ class StageExecutor:
         result = StepResult()
         self.overflowed = False
         self.meter.reset()
-        loop = asyncio.get_running_loop()
         t_compute = 0.0
         waited0 = self._core_wait_s
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
@@ -370,7 +369,7 @@ class StageExecutor:
                     await asyncio.sleep(0)
                     continue
                 else:
-                    t0 = loop.time()
+                    t0 = time.monotonic()
                     tell = on_layer_done if j == last_bw else None
                     if op is sched.Op.F:
                         loss = await self._compute("F", self._forward, step, a.mb, st, ready=queued)
@@ -382,7 +381,7 @@ class StageExecutor:
                         await self._compute("W", self._backward_weight, st, on_layer_done=tell, ready=queued)
                     elif op is sched.Op.BW:
                         await self._compute("BW", self._backward_full, st, on_layer_done=tell, ready=queued)
-                    t_compute += loop.time() - t0
+                    t_compute += time.monotonic() - t0
                 trace.append((op.name, a.mb, w0, time.time()))
             if last_bw < 0 and on_layer_done is not None:  # no micro-batch of its own: nothing to wait for
                 for i in reversed(range(len(self.layers))):

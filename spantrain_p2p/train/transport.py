@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Awaitable, Callable, Optional
 
 import aiohttp
@@ -188,14 +189,14 @@ class PipelineTransport:
         waits for this kind), ask whether ``src`` still lives: one that does not answer fails the
         step at once; a slow but live one is waited for, up to ``timeout_s``."""
         loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        t0, m0 = loop.time(), time.monotonic()  # (durations from the clock with microseconds: uvloop's has milliseconds)
         cap = t0 + self.timeout_s()
         while True:
             wait = self._deadlines.deadline(kind, max(0.0, cap - loop.time()))
             try:
                 t = await self.inbox.get(key, max(0.05, wait))
             except TimeoutError:
-                waited = loop.time() - t0
+                waited = time.monotonic() - m0
                 if loop.time() >= cap:
                     raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} from "
                                      f"{self.smap.name_of(src)} within {waited:.1f}s") from None
@@ -206,7 +207,7 @@ class PipelineTransport:
                          waited, kind, key[1], self.smap.name_of(src), self._deadlines.typical(kind) or 0.0)
                 self.deadline_extensions += 1
                 continue
-            self._deadlines.observe(kind, loop.time() - t0)
+            self._deadlines.observe(kind, time.monotonic() - m0)
             return t
 
     # ---- sending ----------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class PipelineTransport:
         while True:
             url = self.peer.data_url_of(dst)
             sent = await _take_turn(stream) if stream is not None else _no_turn
-            t0 = loop.time()  # this attempt's: refusals and waits before it say nothing of the link
+            t0 = time.monotonic()  # this attempt's: refusals and waits before it say nothing of the link
             try:
                 try:  # the turn is given back whatever happens (held, every later send to dst would wait forever)
                     if url is None:
@@ -287,7 +288,7 @@ class PipelineTransport:
                 per = self.wire_bytes.setdefault(step, {})
                 per[dst] = per.get(dst, 0) + nbytes
                 self.wire_totals[(kind, dst, codec)] = self.wire_totals.get((kind, dst, codec), 0) + nbytes
-                elapsed = loop.time() - t0
+                elapsed = time.monotonic() - t0
                 probe = self.probes.get(dst)
                 rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0
                 # an epoch's first step meets peers still loading and setting up their stages: its

@@ -202,19 +202,6 @@ async def run_peer(config, ready_file: Optional[str], train_options=None) -> int
     return 0
 
 
-def event_loop_factory():
-    """The peer's event loop: uvloop's (libuv; hivemind runs its own DHT on it), unless
-    ``SPANTRAIN_UVLOOP=0`` asks for asyncio's own. A training peer's loop wakes for every message, every
-    answer and every op its compute thread ends; under uvloop the peers' threads besides compute took
-    0.202 of the compute's CPU against 0.224 (4 side-by-side pairs each, alternating, 2026-11-29).
-    Its clock has milliseconds: durations are taken with ``time.monotonic``/``perf_counter``."""
-    if os.environ.get("SPANTRAIN_UVLOOP", "1") == "0":
-        return None
-    import uvloop
-
-    return uvloop.new_event_loop
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     """``spantrain-peer``; the exit code: 0 done or stopped, 1 bad arguments or no start, 3 refused, 4 crashed."""
     args = peer_parser().parse_args(argv)
@@ -230,8 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         config = config_from_args(args)
-        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            return runner.run(run_peer(config, args.ready_file, train_options(args)))
+        return asyncio.run(run_peer(config, args.ready_file, train_options(args)))
     except (PeerError, ScenarioError, ValueError) as e:
         print(f"spantrain-peer: error: {e}", file=sys.stderr, flush=True)
         return 1

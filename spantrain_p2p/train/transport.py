@@ -188,16 +188,17 @@ class PipelineTransport:
         """The message ``key`` from ``src``. Past the adaptive deadline (a multiple of the recent
         waits for this kind), ask whether ``src`` still lives: one that does not answer fails the
         step at once; a slow but live one is waited for, up to ``timeout_s``."""
-        loop = asyncio.get_running_loop()
-        t0, m0 = loop.time(), time.monotonic()  # (durations from the clock with microseconds: uvloop's has milliseconds)
+        # time.monotonic, not the loop's clock: a peer of the Python API runs in its user's loop, and
+        # uvloop's clock has milliseconds (the waits feed the adaptive deadlines)
+        t0 = time.monotonic()
         cap = t0 + self.timeout_s()
         while True:
-            wait = self._deadlines.deadline(kind, max(0.0, cap - loop.time()))
+            wait = self._deadlines.deadline(kind, max(0.0, cap - time.monotonic()))
             try:
                 t = await self.inbox.get(key, max(0.05, wait))
             except TimeoutError:
-                waited = time.monotonic() - m0
-                if loop.time() >= cap:
+                waited = time.monotonic() - t0
+                if time.monotonic() >= cap:
                     raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} from "
                                      f"{self.smap.name_of(src)} within {waited:.1f}s") from None
                 if not await is_alive(self.peer, src):
@@ -207,7 +208,7 @@ class PipelineTransport:
                          waited, kind, key[1], self.smap.name_of(src), self._deadlines.typical(kind) or 0.0)
                 self.deadline_extensions += 1
                 continue
-            self._deadlines.observe(kind, time.monotonic() - m0)
+            self._deadlines.observe(kind, time.monotonic() - t0)
             return t
 
     # ---- sending ----------------------------------------------------------------------------------

@@ -134,12 +134,63 @@ def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it
     assert not torch.equal(states[0][1][0][1], layers[0][0].weight.detach().cpu())  # trained on since
 
 
+def test_a_cpu_stage_s_snapshot_is_taken_on_its_thread_and_keeps_the_state_it_was_taken_at(monkeypatch):
+    """A CPU stage's snapshot after a step is copied on the snapshot thread (the trainer goes on at
+    once); the optimizer steps after it wait for that thread (``before_update``), so the snapshot
+    holds exactly the state after the step it was taken at, the run's scalars included; what the
+    thread raises reaches ``settled``."""
+    import asyncio
+    import types
+
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train import recovery as rec_mod
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(4)]
+    opt = torch.optim.Adam([p for layer in layers for p in layer.parameters()], lr=1e-2)
+    x = torch.randn(64, 256)
+
+    def train_step():
+        h = x
+        for layer in layers:
+            h = layer(h)
+        h.square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_step()
+    run = [("s:loss_scale", torch.tensor(8.0))]
+    expected = [layer_state.capture(layer, opt, run) for layer in layers]  # on this thread
+    rec = rec_mod.Recovery(types.SimpleNamespace(peer_id="a"), lambda p: 0.0, lambda e: None)
+    smap = StageMap(1, "j", (Stage(("a",), (0, 4), (1.0,)),))
+    states = rec.snapshot(smap, 0, layers, opt, 0, 1, [], run)
+    assert isinstance(rec._copied, rec_mod._Behind)
+    assert [rec.store.get(i, 1) is st for i, st in states] == [True] * 4  # in the store at once
+    for _ in range(3):  # the weights and moments change once the snapshot thread is done
+        rec.before_update()
+        train_step()
+    asyncio.run(rec.settled())
+    for (idx, got), want in zip(states, expected):
+        assert [n for n, _ in got] == [n for n, _ in want]
+        for (n, a), (_, b) in zip(got, want):
+            assert torch.equal(a, b), (idx, n)
+    assert not torch.equal(states[0][1][0][1], layers[0][0].weight.detach())  # trained on since
+
+    def no_room(tensors):
+        raise MemoryError("no room for the copies")
+    monkeypatch.setattr(layer_state, "clone_all", no_room)
+    rec.snapshot(smap, 0, layers, opt, 0, 2, [])
+    with pytest.raises(MemoryError, match="no room"):
+        asyncio.run(rec.settled())
+    with pytest.raises(MemoryError, match="no room"):
+        rec.before_update()
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_a_gpu_peers_step_tail_is_its_optimizer_step_on_the_device_alone():
     """``profile.step_tail`` on a GPU: the optimizer steps copies of the layers' parameters on the
-    device, synchronized, and no snapshot copy is counted (a GPU copies on a side stream while the next
-    step computes): a rate, finite, far under the host's for the same layers (which counts the copies
-    too), and the layers themselves stay where and as they were."""
+    device, synchronized (the snapshot's copies overlap the next step): a rate, finite, far under the
+    host's for the same layers, and the layers themselves stay where and as they were."""
     from spantrain_p2p.profile import step_tail
 
     torch.manual_seed(0)
@@ -149,6 +200,6 @@ def test_a_gpu_peers_step_tail_is_its_optimizer_step_on_the_device_alone():
     gpu = min(step_tail.measure(layers, adam, torch_device=torch.device("cuda")) for _ in range(3))
     cpu = min(step_tail.measure(layers, adam) for _ in range(3))
     assert 0 < gpu <= step_tail.MAX_S_PER_BYTE and 0 < cpu <= step_tail.MAX_S_PER_BYTE
-    assert gpu < cpu / 5, (gpu, cpu)  # a GPU's step over 16 MB is tens of us; the host's with copies, ms
+    assert gpu < cpu / 5, (gpu, cpu)  # a GPU's step over 16 MB is tens of us; the host's, ms
     after = [p.detach() for layer in layers for p in layer.parameters()]
     assert all(a.device.type == "cpu" and torch.equal(a, b) for a, b in zip(after, before))

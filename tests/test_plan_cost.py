@@ -59,9 +59,9 @@ def test_round_trips_over_high_latency_links_limit_1f1b():
     assert e.step_s > 1.5 * estimate(_chain(2, 4, "1f1b", 32), _snap(2), _model()).step_s
 
 
-def test_each_stage_ends_its_step_with_its_slowest_peers_optimizer_step_and_snapshot_copies():
+def test_each_stage_ends_its_step_with_its_slowest_peers_optimizer_step():
     """A peer's measured seconds per byte of weights after a step (``profile.step_tail``: the
-    optimizer's step, a CPU's snapshot copies) add to its stage's step, the slowest replica's, in the
+    optimizer's step) add to its stage's step, the slowest replica's, in the
     estimate and the simulator alike; an offloaded optimizer is priced by its own copies instead."""
     from dataclasses import replace
 

@@ -211,9 +211,8 @@ def test_a_profile_from_the_network_is_validated(change):
 
 
 def test_the_steps_tail_is_measured_per_byte_of_weights_and_leaves_the_layers_alone():
-    """``profile.step_tail``: an optimizer step (and, on a CPU, the snapshot's copies) per byte of
-    weights, on copies of the layers' parameters: Adam's, with its two moments to step and copy,
-    costs more than plain SGD's; the layers' weights are untouched."""
+    """``profile.step_tail``: an optimizer step per byte of weights, on copies of the layers'
+    parameters: Adam's, with its two moments to step, costs more than plain SGD's; the layers' weights are untouched."""
     from spantrain_p2p.profile import step_tail
 
     layers = build_layers(CFG)

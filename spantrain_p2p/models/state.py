@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from ..net.framing import FrameError
-from ..profile.step_tail import clone_all
 
 LayerState = list[tuple[str, torch.Tensor]]
 MAX_ENTRIES = 4096
@@ -35,13 +34,19 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
     ``pipeline.hostcopy.HostCopier``), CUDA tensors are copied on its stream
     while the device computes on: the copy is readable once the copier's next ``mark`` completes.
     The tensors in host memory are copied in one ``_foreach_clone`` (``_host_copies``)."""
+    entries, own = walk(layer, opt, run, foreign)
+    return filled(entries, own, _host_copies([entries[i][1] for i in own], copier))
+
+
+def walk(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerState = (),
+         foreign: frozenset = frozenset()) -> tuple[LayerState, list[int]]:
+    """``capture``'s entries before the copies: the stage's own tensors where the copies go (the
+    indices ``own``: parameters, buffers, optimizer state), the rest made here (``x:``, ``s:``)."""
     params = list(layer.named_parameters())  # (the modules' walk, once: it cost as much as a copy)
-    names = [f"p:{n}" for n, _ in params]
-    tensors = [p for _, p in params]
-    for n, b in layer.named_buffers():
-        names.append(f"b:{n}")
-        tensors.append(b)
-    opt_names, opt_tensors = [], []
+    entries: LayerState = [(f"p:{n}", p) for n, p in params]
+    entries += [(f"b:{n}", b) for n, b in layer.named_buffers()]
+    own = list(range(len(entries)))
+    entries += [(f"x:{n}", torch.zeros(0)) for n, _ in params if n in foreign]
     if opt is not None:
         for n, p in params:
             if n in foreign:
@@ -52,23 +57,33 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
                     # a low-bit optimizer's state (torchao): kept as the values it stands for (its
                     # copy would share the codes the next step overwrites); ``apply`` quantizes again
                     t = t.dequantize()
-                opt_names.append(f"o:{n}:{key}")
-                opt_tensors.append(t.float())  # (a float32 state is itself: copied once, as the rest)
-    copies = _host_copies(tensors + opt_tensors, copier)
-    k = len(tensors)
-    out: LayerState = list(zip(names, copies[:k]))
-    out += [(f"x:{n}", torch.zeros(0)) for n, _ in params if n in foreign]
-    out += list(zip(opt_names, copies[k:]))
-    out += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
+                own.append(len(entries))
+                entries.append((f"o:{n}:{key}", t.float()))  # (a float32 state is itself: copied once, as the rest)
+    entries += [(n, t.detach().float().clone()) for n, t in run if n.startswith("s:")]
+    return entries, own
+
+
+def filled(entries: LayerState, own: list[int], copies: list[torch.Tensor]) -> LayerState:
+    """``walk``'s entries with the copies of its ``own`` tensors in their place."""
+    out = list(entries)
+    for i, c in zip(own, copies):
+        out[i] = (out[i][0], c)
     return out
+
+
+def clone_all(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of host ``tensors``, with no gradient history, in one ``torch._foreach_clone`` (each
+    tensor's clone on a torch without that private op): how a snapshot copies a CPU stage's state."""
+    clone = getattr(torch, "_foreach_clone", None)
+    with torch.no_grad():  # (clones of parameters would otherwise be part of a graph)
+        return clone(tensors) if clone is not None else [t.clone() for t in tensors]
 
 
 def _host_copies(tensors: list[torch.Tensor], copier=None) -> list[torch.Tensor]:
     """Copies of ``tensors`` in host memory, in order: CUDA ones on ``copier``'s stream where there is
-    one, CPU ones in one ``torch._foreach_clone`` (``profile.step_tail.clone_all``, the copies the
-    step tail times: a ``.to`` and a ``detach`` each cost 8 us more a tensor than the bytes, 2.2 ms
-    between two steps for the 216 tensors of a 6-layer stage and its Adam state, against 0.4 ms of
-    copying), any other one on its own."""
+    one, CPU ones in one ``torch._foreach_clone`` (``clone_all``: a ``.to`` and a ``detach`` each
+    cost 8 us more a tensor than the bytes, 2.2 ms between two steps for the 216 tensors of a
+    6-layer stage and its Adam state, against 0.4 ms of copying), any other one on its own."""
     out: list[Optional[torch.Tensor]] = [None] * len(tensors)
     on_cpu = [i for i, t in enumerate(tensors) if t.device.type == "cpu"]
     for i, c in zip(on_cpu, clone_all([tensors[i] for i in on_cpu]) if on_cpu else ()):

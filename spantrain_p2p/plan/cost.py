@@ -31,9 +31,9 @@ Per stage ``s`` and peer ``q`` (``n_q`` of the ``m`` micro-batches, per micro-ba
   the stage's last backward op (W, or fused B+W) has done that layer (at its share of the op's
   FLOPs, from the last layer), so only what the ring has not moved by the op's end adds to the
   step (``layout.RingLayers``); the step ends with the last stage's;
-- **step tail**: then each stage's optimizer step and, off a GPU, the snapshot's copies of its
-  weights and optimizer state, as its slowest peer measured them per byte of weights
-  (``profile.step_tail``; an offloaded optimizer: its copies and host step instead);
+- **step tail**: then each stage's optimizer step, as its slowest peer measured it per byte of
+  weights (``profile.step_tail``; an offloaded optimizer: its copies and host step instead; the
+  snapshot's copies overlap the next step);
 - **memory**: weights + gradients + optimizer state (Adam: 2x) + the stash of the most
   micro-batches the peer's schedule holds at once must fit, else the step time is infinite.
 
@@ -427,7 +427,7 @@ def _allreduce(layout: Layout, sched: str, pipe: float, ends: list[float]) -> tu
         else:
             last_op = max((pw.w + (pw.b if fused else 0.0) for _, pw in layout.stages[s].kinds if pw.mbs), default=0.0)
             ars.append(ring.tail_s(last_op, fused))
-        ars[s] += layout.stages[s].step_tail_s  # the optimizer's step (an offloaded one's copies), a snapshot's copies
+        ars[s] += layout.stages[s].step_tail_s  # the optimizer's step (an offloaded one's copies and host step)
         if ends[s] + ars[s] > total:
             total, ar_stage = ends[s] + ars[s], s
     return total, ar_stage, ars

@@ -106,7 +106,7 @@ class StageWork:
     # forward is being recomputed inside a backward keeps its whole stash meanwhile
     stash_once: float = 0.0
     # after its last backward and all-reduce (slowest peer): an offloaded optimizer's copies and host
-    # step, else the optimizer's step on the device and a CPU's snapshot copies (``PeerInfo.step_s_per_param_byte``)
+    # step, else the optimizer's step on the device (``PeerInfo.step_s_per_param_byte``)
     step_tail_s: float = 0.0
 
 
@@ -288,7 +288,7 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
     if profile.host_copy_bytes_per_param_byte or profile.host_step_s_per_param_byte:  # an offloaded optimizer
         tail = max(params * (profile.host_copy_bytes_per_param_byte / peers[pw.id].host_bytes_per_s
                              + profile.host_step_s_per_param_byte) for pw in works)
-    else:  # the optimizer's step on the device and (off a GPU) the snapshot's copies, as each peer measured them
+    else:  # the optimizer's step on the device, as each peer measured it
         tail = max(params * peers[pw.id].step_s_per_param_byte for pw in works)
     # sharded (ZeRO-1): a replica keeps the optimizer state of the layers it owns only
     opt_share = sharded_state_share(st)

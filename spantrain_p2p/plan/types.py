@@ -49,8 +49,8 @@ class PeerInfo:
     memory_bytes: float
     region_hint: str = ""
     host_bytes_per_s: float = HOST_BYTES_PER_S  # copies between its device and host memory (offloading)
-    # after each step, seconds per byte of a stage's weights: its optimizer step and (off a GPU) the
-    # snapshot's copies, as it measured them (``profile.step_tail``); 0: unknown
+    # after each step, seconds per byte of a stage's weights: its optimizer step, as it measured it
+    # (``profile.step_tail``); 0: unknown
     step_s_per_param_byte: float = 0.0
 
     def __post_init__(self) -> None:

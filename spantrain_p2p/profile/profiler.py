@@ -83,7 +83,7 @@ class DeviceProfile:
     memory_bytes: int
     effective_tflops: float
     version: int = PROFILE_VERSION
-    # the optimizer's step and (off a GPU) the snapshot's copies after a step, seconds per byte of
+    # the optimizer's step after a step (the snapshot's copies overlap the next), seconds per byte of
     # weights (``profile.step_tail``); 0: not measured (a profile from a peer that does not say)
     step_s_per_param_byte: float = 0.0
 

@@ -1,10 +1,11 @@
-"""What a step costs a device after its last backward, per byte of weights: the optimizer's step, and
-on a CPU the snapshot's copy of the weights and the optimizer's state (``train.recovery``: a GPU
-copies them on a side stream while the next step computes). Measured by each peer on its own device
-(a virtual one steps on the host CPU, unpadded: the host's time is the truth there) and published
-with its profile (``DeviceProfile.step_s_per_param_byte``); the cost model adds it to every stage's
-step (``plan.layout``). Counted nowhere before, it was 5 % of a cee-3region step here (2.6 ms of
-optimizer and 2 ms of snapshot in 107 ms, 2026-11-28)."""
+"""What a step costs a device after its last backward, per byte of weights: the optimizer's step.
+The snapshot's copy of the weights and the optimizer's state is not on it: ``train.recovery`` takes
+it while the next step computes (a GPU on a side stream, a CPU on a thread of its own, since
+2026-11-29). Measured by each peer on its own device (a virtual one steps on the host CPU, unpadded:
+the host's time is the truth there) and published with its profile
+(``DeviceProfile.step_s_per_param_byte``); the cost model adds it to every stage's step
+(``plan.layout``). Counted nowhere before, it was 5 % of a cee-3region step here (2.6 ms of
+optimizer and 2 ms of snapshot, then between the steps, in 107 ms, 2026-11-28)."""
 from __future__ import annotations
 
 import statistics
@@ -20,20 +21,10 @@ MAX_ELEMENTS = 1 << 22
 MAX_S_PER_BYTE = 1e-5  # a published rate above this is no device's (10 us a byte: 40 s for 1 GB of weights)
 
 
-def clone_all(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of host ``tensors``, with no gradient history, in one ``torch._foreach_clone`` (each
-    tensor's clone on a torch without that private op): how a snapshot copies a CPU stage's state
-    (``models.state.capture``), and so the copies ``measure`` times."""
-    clone = getattr(torch, "_foreach_clone", None)
-    with torch.no_grad():  # (clones of parameters would otherwise be part of a graph)
-        return clone(tensors) if clone is not None else [t.clone() for t in tensors]
-
-
 def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.optim.Optimizer],
             reps: int = 3, torch_device: Optional[torch.device] = None) -> float:
     """Seconds per byte of weights of one optimizer step (``make_optimizer``: the job's, over the
-    parameters given) and, off a GPU, one copy of the weights and its state, on copies of the
-    layers' parameters (up to ``MAX_ELEMENTS``; the layers are left as they are): the median of
+    parameters given), on copies of the layers' parameters (up to ``MAX_ELEMENTS``; the layers are left as they are): the median of
     ``reps`` after a first step that makes the state. Blocking: call it through ``asyncio.to_thread``."""
     params, n = [], 0
     for layer in layers:
@@ -55,9 +46,6 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
         opt.step()
         if cuda:
             torch.cuda.synchronize(params[0].device)
-        else:  # the snapshot's copies
-            clone_all(params + [v for s in opt.state.values() for v in s.values()
-                                if isinstance(v, torch.Tensor) and v.dim()])
         return time.perf_counter() - t
 
     step()  # the optimizer's state is made at its first step

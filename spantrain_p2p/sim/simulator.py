@@ -171,7 +171,7 @@ def simulate(plan: Plan, snapshot: Snapshot, profile: ModelProfile, links: Optio
             else:
                 wire += 2 * (n - 1) * sw.param_bytes * profile.grad_wire_bytes_per_param_byte
         ar_times.append(ar)
-        ends.append(end + ar + sw.step_tail_s)  # the optimizer's step, a snapshot's copies (``layout``)
+        ends.append(end + ar + sw.step_tail_s)  # the optimizer's step (``layout``)
     step = max(ends)
     peers_info = snapshot.by_id()
     oom = tuple(pid for pid, need in peak_memory.items() if need > peers_info[pid].memory_bytes)

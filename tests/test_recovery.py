@@ -53,14 +53,29 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
         assert "throughput.png" in open(pics["index"]).read()
 
 
+def _lan4_fast_joiners() -> str:
+    """lan-4 with p2's and p3's devices 3x as fast: joining pays whatever the host's load. On lan-4
+    itself (four equal peers) a loaded box (the suite's other half beside it) once profiled the
+    joiners so slow that the planner's predicted gain went from 16 % to 0 and they were never
+    planned in (1 full suite run in 3, 2026-11-29): the planner was right on its measurements, and
+    the test measured the box."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "peers", "lan-4.toml")).read()
+    before, joiners = text.split('name = "p2"')
+    return (before.replace('name = "lan-4"', 'name = "lan-4-fast-joiners"') + 'name = "p2"'
+            + joiners.replace('device = "cpu-node"', 'device = "cpu-node-3x"')
+            + '\n[device_classes.cpu-node-3x]\ntflops = 0.15\nmemory_gb = 8\n')
+
+
 @pytest.mark.heavy
 def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(tmp_path):
     # lan-4 runs 5-10 steps a second: the joiners are measured and planned in (~step 185 alone, 37 s
     # after they were started) well before the end; 240 steps left too little room on a loaded box
     steps = 360
     reference = _reference_losses()
-    out = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", str(steps), "--chaos", "join:p2@step=5",
-                         "--chaos", "join:p3@step=5", "--run-dir", str(tmp_path))
+    scenario = tmp_path / "lan-4-fast-joiners.toml"
+    scenario.write_text(_lan4_fast_joiners())
+    out = run_swarm_json("--scenario", str(scenario), "--steps", str(steps), "--chaos", "join:p2@step=5",
+                         "--chaos", "join:p3@step=5", "--run-dir", str(tmp_path / "run"))
     assert out["lost_steps"] == 0 and len(out["losses"]) == steps
     first = out["plans"][0]
     assert not {"p2", "p3"} & {p for s in first["stages"] for p in s["peers"]}

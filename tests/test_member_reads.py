@@ -162,7 +162,10 @@ async def test_a_heartbeat_with_nothing_new_stores_the_same_signed_record_and_a_
         assert seen[a.peer_id].seq == rec.seq
         await a.set_state("measuring", job="x")
         changed, _ = a._record()
-        assert changed.seq == rec.seq + 1 and changed.state == "measuring"
+        # a change is a new record, a later seq: not always the next one (in a full suite run on a
+        # loaded box, 2026-11-29, seq went 2 -> 4 after a quiet window: something else of a's
+        # record changed within the same second, as its reachability does once after start)
+        assert changed.seq > rec.seq and changed.state == "measuring"
 
         async def b_sees_it():
             while {r.peer_id: r for r in b.live_members()}[a.peer_id].state != "measuring":

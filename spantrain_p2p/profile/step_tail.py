@@ -24,8 +24,9 @@ MAX_S_PER_BYTE = 1e-5  # a published rate above this is no device's (10 us a byt
 def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.optim.Optimizer],
             reps: int = 3, torch_device: Optional[torch.device] = None) -> float:
     """Seconds per byte of weights of one optimizer step (``make_optimizer``: the job's, over the
-    parameters given), on copies of the layers' parameters (up to ``MAX_ELEMENTS``; the layers are left as they are): the median of
-    ``reps`` after a first step that makes the state. Blocking: call it through ``asyncio.to_thread``."""
+    parameters given), on copies of the layers' parameters (up to ``MAX_ELEMENTS``; the layers are
+    left as they are): the median of ``reps`` after a first step that makes the state. Blocking:
+    call it through ``asyncio.to_thread``."""
     params, n = [], 0
     for layer in layers:
         for p in layer.parameters():

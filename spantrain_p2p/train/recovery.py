@@ -200,7 +200,7 @@ class Recovery:
         """A CPU stage's states: walked here, copied on the snapshot thread, each an empty list until
         then. On a cee-3region cloud peer the snapshot took 2.4-2.8 ms of the event loop between two
         steps, its replica waiting; with the copies here the loop spent 24.5-25.0 ms of CPU a step
-        against 26.0-27.5, and the gap between steps was 1.3-2.5 ms against 3.3-3.9 (the thread:
+        against 26.0-27.5, and the gap between steps was 1.9-3.1 ms against 3.3-4.0 (the thread:
         1.4 ms a step; 2026-11-29). ``clone_all`` lets go of the GIL while it copies; the walk is
         Python and stays on the loop (walked on the thread as well, it held the GIL as the next
         step began, and the steps were 115-119 ms against 110-116). Nothing of a stage's state is

@@ -202,8 +202,8 @@ class Recovery:
         steps, its replica waiting; with the copies here the loop spent 24.5-25.0 ms of CPU a step
         against 26.0-27.5, and the gap between steps was 1.9-3.1 ms against 3.3-4.0 (the thread:
         1.4 ms a step; 2026-11-29). ``clone_all`` lets go of the GIL while it copies; the walk is
-        Python and stays on the loop (walked on the thread as well, it held the GIL as the next
-        step began, and the steps were 115-119 ms against 110-116). Nothing of a stage's state is
+        Python and stays on the loop (walked on the thread as well, the steps were 115-119 ms
+        against 110-116: most likely its hold of the GIL as the next step began). Nothing of a stage's state is
         written before ``before_update``, and its readers wait for ``settled``."""
         walks = [layer_state.walk(layer, opt, run) for layer in layers]
         states: list[tuple[int, LayerState]] = [(first + i, []) for i in range(len(layers))]

@@ -34,8 +34,7 @@ def capture(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerSt
     ``pipeline.hostcopy.HostCopier``), CUDA tensors are copied on its stream
     while the device computes on: the copy is readable once the copier's next ``mark`` completes.
     The tensors in host memory are copied in one ``_foreach_clone`` (``_host_copies``)."""
-    entries, own = walk(layer, opt, run, foreign)
-    return filled(entries, own, _host_copies([entries[i][1] for i in own], copier))
+    return copied([walk(layer, opt, run, foreign)], copier)[0]
 
 
 def walk(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerState = (),
@@ -63,11 +62,16 @@ def walk(layer: nn.Module, opt: Optional[torch.optim.Optimizer], run: LayerState
     return entries, own
 
 
-def filled(entries: LayerState, own: list[int], copies: list[torch.Tensor]) -> LayerState:
-    """``walk``'s entries with the copies of its ``own`` tensors in their place."""
-    out = list(entries)
-    for i, c in zip(own, copies):
-        out[i] = (out[i][0], c)
+def copied(walks: list[tuple[LayerState, list[int]]], copier=None) -> list[LayerState]:
+    """The states of ``walk``s: their ``own`` tensors copied to host memory, all in one pass
+    (``_host_copies``), in their places."""
+    copies = iter(_host_copies([entries[i][1] for entries, own in walks for i in own], copier))
+    out = []
+    for entries, own in walks:
+        state = list(entries)
+        for i in own:
+            state[i] = (state[i][0], next(copies))
+        out.append(state)
     return out
 
 

@@ -209,9 +209,8 @@ class Recovery:
         states: list[tuple[int, LayerState]] = [(first + i, []) for i in range(len(layers))]
 
         def copy() -> None:
-            copies = iter(layer_state.clone_all([entries[i][1] for entries, own in walks for i in own]))
-            for (_, st), (entries, own) in zip(states, walks):
-                st.extend(layer_state.filled(entries, own, [next(copies) for _ in own]))
+            for (_, st), done in zip(states, layer_state.copied(walks)):
+                st.extend(done)
         if self._snapshot_thread is None:
             self._snapshot_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self._copied = _Behind(self._snapshot_thread.submit(copy))

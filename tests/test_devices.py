@@ -90,6 +90,30 @@ def test_a_stage_on_the_gpu_computes_what_it_computes_on_the_cpu_and_sends_host_
     assert max(float((a - b).abs().max() / a.abs().max().clamp_min(1e-12)) for a, b in zip(cpu_grads, gpu_grads)) <= 1e-3
 
 
+def _adam_stage(layers, x):
+    """Adam over ``layers`` and a training step of theirs on ``x``, taken once (the state exists)."""
+    opt = torch.optim.Adam([p for layer in layers for p in layer.parameters()], lr=1e-2)
+
+    def train_step():
+        h = x
+        for layer in layers:
+            h = layer(h)
+        h.square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    train_step()
+    return opt, train_step
+
+
+def _assert_same_states(states, expected):
+    """``states`` ((layer, state) pairs) hold exactly the ``expected`` states, entry by entry."""
+    for (idx, got), want in zip(states, expected):
+        assert [n for n, _ in got] == [n for n, _ in want]
+        for (n, a), (_, b) in zip(got, want):
+            assert torch.equal(a, b), (idx, n)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it_was_taken_at(dtype):
@@ -105,18 +129,7 @@ def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it
 
     torch.manual_seed(0)
     layers = [torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.GELU()).to("cuda", dtype) for _ in range(4)]
-    opt = torch.optim.Adam([p for layer in layers for p in layer.parameters()], lr=1e-2)
-    x = torch.randn(256, 2048, device="cuda", dtype=dtype)
-
-    def train_step():
-        h = x
-        for layer in layers:
-            h = layer(h)
-        h.square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    train_step()
+    opt, train_step = _adam_stage(layers, torch.randn(256, 2048, device="cuda", dtype=dtype))
     expected = [layer_state.capture(layer, opt) for layer in layers]  # synchronous copies
     rec = Recovery(types.SimpleNamespace(peer_id="a"), lambda p: 0.0, lambda e: None)
     smap = StageMap(1, "j", (Stage(("a",), (0, 4), (1.0,)),))
@@ -127,10 +140,7 @@ def test_a_gpu_stage_s_snapshot_copies_while_it_trains_on_and_keeps_the_state_it
         rec.before_update()
         train_step()
     asyncio.run(rec.settled())
-    for (idx, got), want in zip(states, expected):
-        assert [n for n, _ in got] == [n for n, _ in want]
-        for (n, a), (_, b) in zip(got, want):
-            assert torch.equal(a, b), (idx, n)
+    _assert_same_states(states, expected)
     assert not torch.equal(states[0][1][0][1], layers[0][0].weight.detach().cpu())  # trained on since
 
 
@@ -147,18 +157,7 @@ def test_a_cpu_stage_s_snapshot_is_taken_on_its_thread_and_keeps_the_state_it_wa
 
     torch.manual_seed(0)
     layers = [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) for _ in range(4)]
-    opt = torch.optim.Adam([p for layer in layers for p in layer.parameters()], lr=1e-2)
-    x = torch.randn(64, 256)
-
-    def train_step():
-        h = x
-        for layer in layers:
-            h = layer(h)
-        h.square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    train_step()
+    opt, train_step = _adam_stage(layers, torch.randn(64, 256))
     run = [("s:loss_scale", torch.tensor(8.0))]
     expected = [layer_state.capture(layer, opt, run) for layer in layers]  # on this thread
     rec = rec_mod.Recovery(types.SimpleNamespace(peer_id="a"), lambda p: 0.0, lambda e: None)
@@ -170,10 +169,7 @@ def test_a_cpu_stage_s_snapshot_is_taken_on_its_thread_and_keeps_the_state_it_wa
         rec.before_update()
         train_step()
     asyncio.run(rec.settled())
-    for (idx, got), want in zip(states, expected):
-        assert [n for n, _ in got] == [n for n, _ in want]
-        for (n, a), (_, b) in zip(got, want):
-            assert torch.equal(a, b), (idx, n)
+    _assert_same_states(states, expected)
     assert not torch.equal(states[0][1][0][1], layers[0][0].weight.detach())  # trained on since
 
     def no_room(tensors):

@@ -1,0 +1,89 @@
+"""The planner's search for a better plan (``Coordinator._worth_replanning``) after it published one:
+not redone at once on the measurements the published plan was searched on (that search cost
+cee-3region's 2-core host 0.45 s of CPU as its training began), but at its interval, and at once
+for a newcomer."""
+import time
+import types
+
+import spantrain_p2p.train.coordinator as coordinator
+from spantrain_p2p.plan.stagemap import StageMap
+from spantrain_p2p.plan.types import Stage
+
+PROFILES = {p: {"profile": {"tflops": 1.0}} for p in "abcd"}
+LINKS = {p: {"x": [1.0, 100.0]} for p in "abcd"}
+
+
+def _coordinator(monkeypatch, members: list, searches: list):
+    def make_plan(job, snap, kind="planner"):
+        searches.append(tuple(snap))
+        return types.SimpleNamespace(step_s=1.0, bottleneck="compute:stage 0")
+
+    monkeypatch.setattr(coordinator.planning, "make_plan", make_plan)
+    monkeypatch.setattr(coordinator.planning, "make_sync_plan", lambda job, snap, kind: (make_plan(job, snap), ""))
+    monkeypatch.setattr(coordinator.planning, "model_profile", lambda job: {})
+    monkeypatch.setattr(coordinator.planning, "snapshot", lambda profiles, links, ids, *caps: list(ids))
+    monkeypatch.setattr(coordinator.planning, "current_cost", lambda smap, job, snap: 1.0)
+    monkeypatch.setattr(coordinator.planning, "to_stage_map", lambda plan, job, epoch, names, term, start: StageMap(
+        epoch, "job", (Stage(("a", "b", "c"), (0, 2)),), term=term, predicted_step_s=plan.step_s))
+    published = []
+
+    async def publish_map(smap):
+        published.append(smap)
+
+    peer = types.SimpleNamespace(evicted=set(), live_members=lambda: list(members))
+    c = coordinator.Coordinator(peer, types.SimpleNamespace(publish_map=publish_map), None, None,
+                                measure_links=True, poll_s=1.0)
+    c.job = types.SimpleNamespace(plan="planner", peers=3, sync="global", recompute="none", shard_optimizer="none",
+                                  aggregate="sum", job_id="job")
+    c.election = types.SimpleNamespace(leader=types.SimpleNamespace(term=1))
+    c.groups_digest = "groups"
+
+    async def measured():
+        ids = sorted(r.peer_id for r in members)
+        return ids, PROFILES, LINKS
+
+    async def agree(ids, digest):
+        return True
+
+    async def resume_point(current):
+        return 0, 0, ""
+
+    async def copy_every(smap, snap=None):
+        return 1
+
+    c._measured_snapshot, c._quorum, c._resume_point, c._copy_every = measured, agree, resume_point, copy_every
+    return c, published
+
+
+def _member(p: str):
+    return types.SimpleNamespace(peer_id=p, name=p, state="ready", progress={})
+
+
+async def test_the_first_plan_s_measurements_are_not_searched_again_until_the_interval_or_a_newcomer(monkeypatch):
+    members, searches = [_member(p) for p in "abc"], []
+    c, published = _coordinator(monkeypatch, members, searches)
+    await c._plan_and_publish(None, reason="first plan")
+    assert len(published) == 1 and searches == [("a", "b", "c")]  # the plan's own search
+    smap = published[0]
+
+    assert not await c._worth_replanning(smap)  # at once: nothing searched
+    c._last_gain_check -= coordinator.REPLAN_CHECK_S + 1
+    assert not await c._worth_replanning(smap)  # past the 5 s floor, within the search's interval
+    c._last_gain_check -= c._check_every
+    assert not await c._worth_replanning(smap) and len(searches) == 1  # its interval: the same answer, unsearched
+
+    members.append(_member("d"))  # a newcomer is searched for at once (past the 5 s floor)
+    c._last_gain_check -= coordinator.REPLAN_CHECK_S + 1
+    assert not await c._worth_replanning(smap)
+    assert searches[1:] == [("a", "b", "c", "d")]
+
+
+async def test_without_the_plan_s_answer_a_check_searches_at_once(monkeypatch):
+    """What the first test guards against: a planner that had not searched (a new one, or before the
+    change) searches on its first check."""
+    members, searches = [_member(p) for p in "abc"], []
+    c, _ = _coordinator(monkeypatch, members, searches)
+    smap = StageMap(1, "job", (Stage(("a", "b", "c"), (0, 2)),), term=1)
+    assert not await c._worth_replanning(smap)
+    assert searches == [("a", "b", "c")]
+    assert c._last_gain_check <= time.monotonic()

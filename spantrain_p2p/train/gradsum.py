@@ -113,6 +113,14 @@ class GradientSum:
         if self.closed:
             return
         host, done = self._copier.start(t)
+        if done is None and not (self.sanitize or self.attack or self.gate is not None and k == len(self.buckets) - 1):
+            # in host memory and sent as it is: its sends are queued now, ahead of the step's own
+            # continuation (queued by the compute thread after this layer's news); as a task's later
+            # turn they waited a median 1 ms behind it, the step's last bucket with them (cee-3region)
+            self._send(k, host)
+            self.local[k] = asyncio.get_running_loop().create_future()
+            self.local[k].set_result(host)
+            return
 
         async def ready() -> torch.Tensor:
             part = await self._copier.wait(host, done)
@@ -125,10 +133,13 @@ class GradientSum:
                 part = torch.cat([part, torch.tensor(self.gate.shared(self.step), dtype=part.dtype)])
             if self.closed:
                 raise asyncio.CancelledError()
-            self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part, epoch=self.epoch))
-                           for dst in self._receivers(k)]
+            self._send(k, part)
             return part
         self.local[k] = asyncio.ensure_future(ready())
+
+    def _send(self, k: int, part: torch.Tensor) -> None:
+        self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part, epoch=self.epoch))
+                       for dst in self._receivers(k)]
 
     def _receivers(self, k: int) -> list[str]:
         """Who sums bucket ``k`` besides this replica: every other one, or its owner (sharded; the

@@ -113,29 +113,37 @@ class GradientSum:
         if self.closed:
             return
         host, done = self._copier.start(t)
-        if done is None and not (self.sanitize or self.attack or self.gate is not None and k == len(self.buckets) - 1):
-            # in host memory and sent as it is: its sends are queued now, ahead of the step's own
-            # continuation (queued by the compute thread after this layer's news); as a task's later
-            # turn they waited a median 1 ms behind it, the step's last bucket with them (cee-3region)
-            self._send(k, host)
+        if done is None and not (self.attack and k < len(self.buckets)):
+            # nothing to wait for (in host memory, not forged): its sends are queued now, ahead of the
+            # step's own continuation (queued by the compute thread after this layer's news); as a task's
+            # later turn they waited a median 1 ms behind it, the step's last bucket with them (cee-3region)
+            part = self._with_medians(k, self._sanitized(host))
+            self._send(k, part)
             self.local[k] = asyncio.get_running_loop().create_future()
-            self.local[k].set_result(host)
+            self.local[k].set_result(part)
             return
 
         async def ready() -> torch.Tensor:
-            part = await self._copier.wait(host, done)
-            if self.sanitize:
-                part, bad = sanitized(part)
-                self.overflowed |= bad
+            part = self._sanitized(await self._copier.wait(host, done))
             if self.attack and k < len(self.buckets):
                 part = await self._forge(k, part)
-            if self.gate is not None and k == len(self.buckets) - 1:  # the gate's medians ride on the last bucket
-                part = torch.cat([part, torch.tensor(self.gate.shared(self.step), dtype=part.dtype)])
+            part = self._with_medians(k, part)
             if self.closed:
                 raise asyncio.CancelledError()
             self._send(k, part)
             return part
         self.local[k] = asyncio.ensure_future(ready())
+
+    def _sanitized(self, part: torch.Tensor) -> torch.Tensor:
+        if self.sanitize:
+            part, bad = sanitized(part)
+            self.overflowed |= bad
+        return part
+
+    def _with_medians(self, k: int, part: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None and k == len(self.buckets) - 1:  # the gate's medians ride on the last bucket
+            part = torch.cat([part, torch.tensor(self.gate.shared(self.step), dtype=part.dtype)])
+        return part
 
     def _send(self, k: int, part: torch.Tensor) -> None:
         self.sends += [asyncio.create_task(self.transport.send_to(dst, GSUM, self.step, k, part, epoch=self.epoch))

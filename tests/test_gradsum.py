@@ -18,6 +18,9 @@ class _Transport:
     async def send_to(self, dst, kind, step, mb, t, epoch=None):
         self.sent.append((dst, kind, step, mb, self.smap.epoch if epoch is None else epoch))
 
+    async def receive(self, key, kind, src):  # nothing comes in (the sum is cancelled)
+        await asyncio.Event().wait()
+
 
 def _params():
     ps = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
@@ -40,6 +43,7 @@ async def test_a_part_the_compute_thread_finishes_after_a_re_plan_is_not_sent_as
     gsum.layer_done(0)  # started under epoch 1, sent after the switch: still epoch 1's
     await asyncio.sleep(0.01)
     assert sorted(transport.sent) == [("other", GSUM, 7, 0, 1), ("other", GSUM, 7, 1, 1)]
+    await gsum.cancel()
     transport.sent.clear()
     late = GradientSum(transport, "me", 8, params, buckets, ["other"])
     await late.cancel()
@@ -76,6 +80,7 @@ async def test_a_host_memory_part_starts_its_send_before_what_the_loop_had_queue
     await asyncio.sleep(0.01)
     assert order == ["send 0", "continuation"]
     assert gsum.local[0].done() and torch.equal(gsum.local[0].result(), torch.full((3,), 2.0))
+    await gsum.cancel()
 
 
 def test_a_sharded_stages_buckets_hold_one_owners_parameters_each():
@@ -85,10 +90,11 @@ def test_a_sharded_stages_buckets_hold_one_owners_parameters_each():
     assert layer_buckets([[3, 2, 4], [5]]) == [(0, [(0, 3), (1, 2), (2, 4)]), (1, [(3, 5)])]
 
 
-def test_too_few_replicas_to_judge_are_summed_bucket_by_bucket_as_the_whole_gradient_would_be():
+async def test_too_few_replicas_to_judge_are_summed_bucket_by_bucket_as_the_whole_gradient_would_be():
     """With fewer than robust.aggregate.MIN_PEERS replicas the robust sum is the plain one: taken
-    bucket by bucket (no copy of the whole gradient), it equals robust_sum over the whole gradient
-    bit for bit, and reports the same: nothing judged, a part of weight 0 that is not zeros idle."""
+    bucket by bucket as the parts come in (no copy of the whole gradient), it equals robust_sum over
+    the whole gradient bit for bit, and reports the same: nothing judged, a part of weight 0 that is
+    not zeros idle."""
     from spantrain_p2p.robust.aggregate import robust_sum
 
     g = torch.Generator().manual_seed(0)
@@ -97,10 +103,49 @@ def test_too_few_replicas_to_judge_are_summed_bucket_by_bucket_as_the_whole_grad
     for weights, peers, idle in (({"a": 3.0, "b": 1.0, "z": 0.0}, "abz", False), ({"a": 2.0, "b": 2.0}, "abc", True)):
         buckets = [{p: torch.randn(n, generator=g) * 1e3 for p in peers} for n in sizes]
         buckets[1]["b"][:] = 0.0
-        gsum = GradientSum(_Transport(1), "a", 3, _params(), [], [p for p in peers if p != "a"], weights=weights)
-        got = gsum._robust(buckets)
+        params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+        for p, b in zip(params, buckets):
+            p.grad = b["a"].clone()
+        gsum = GradientSum(_Inbox(buckets), "a", 3, params, layer_buckets([[n] for n in sizes]),
+                           [p for p in peers if p != "a"], weights=weights)
+        for layer in reversed(range(len(sizes))):
+            gsum.layer_done(layer)
+        await gsum.finish()
         whole = {p: torch.cat([b[p] for b in buckets]) for p in peers if weights.get(p, 1) > 0}
         want, report = robust_sum(whole, weights)
-        assert torch.equal(torch.cat(got), want)
+        assert torch.equal(torch.cat([p.grad for p in params]), want)
         assert gsum.reports == [report]
         assert (report.clipped == ("c",)) == idle
+
+
+class _Inbox(_Transport):
+    """The other replicas' parts, each bucket's from ``parts[k][src]``, as they would come in."""
+
+    def __init__(self, parts: list[dict[str, torch.Tensor]]):
+        super().__init__(epoch=1)
+        self.parts = parts
+
+    async def receive(self, key, kind, src):
+        await asyncio.sleep(0)
+        return self.parts[key[2]][src]
+
+
+async def test_each_bucket_is_summed_as_its_parts_come_in_not_all_after_the_backward():
+    """The step's last bucket (the first layer's, done last) is all that is left when the backward
+    ends: the other buckets were summed while it went on. All after it, the sums held the loop
+    3.2-3.4 ms on each cee-3region replica, the later replica's last send queued behind them. The
+    sum is the same: every replica's part added up in peer-id order."""
+    sizes = [4, 6]
+    mine = [torch.arange(n, dtype=torch.float32) for n in sizes]
+    theirs = [{"b": torch.full((n,), 0.5)} for n in sizes]
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in sizes]
+    for p, t in zip(params, mine):
+        p.grad = t.clone()
+    gsum = GradientSum(_Inbox(theirs), "a", 3, params, layer_buckets([[n] for n in sizes]), ["b"])
+    gsum.layer_done(1)  # the backward runs from the last layer down
+    await asyncio.sleep(0.01)
+    assert gsum.work[1].done(), "the last layer's bucket is summed while the backward goes on"
+    gsum.layer_done(0)
+    await gsum.finish()
+    for p, t, o in zip(params, mine, theirs):
+        assert torch.equal(p.grad, t + o["b"])

@@ -149,3 +149,19 @@ async def test_each_bucket_is_summed_as_its_parts_come_in_not_all_after_the_back
     await gsum.finish()
     for p, t, o in zip(params, mine, theirs):
         assert torch.equal(p.grad, t + o["b"])
+
+
+async def test_the_last_stages_loss_goes_to_the_other_replicas_with_its_last_forward_not_after_the_backward():
+    """``losses_done`` sends this replica's loss (sum, count) as soon as its last forward ends;
+    ``finish``, given the same, sends nothing more and returns the whole step's loss."""
+    params = _params()
+    theirs = [{"b": torch.ones(3)}, {"b": torch.ones(2)}, {"b": torch.tensor([5.0, 2.0])}]
+    transport = _Inbox(theirs)
+    gsum = GradientSum(transport, "a", 3, params, layer_buckets([[3], [2]]), ["b"])
+    gsum.losses_done([1.5, 2.5])
+    await asyncio.sleep(0.01)
+    assert transport.sent == [("b", GSUM, 3, 2, 1)]  # the loss's part, before any layer's
+    gsum.layer_done(1)
+    gsum.layer_done(0)
+    assert await gsum.finish((4.0, 2)) == (9.0, 4)
+    assert sorted(mb for _, _, _, mb, _ in transport.sent) == [0, 1, 2]

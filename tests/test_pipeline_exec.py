@@ -133,6 +133,21 @@ async def test_a_step_counts_what_its_compute_thread_waited_for_a_core():
     ex.close()
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+async def test_the_last_stage_has_its_losses_once_its_last_forward_is_done_before_the_backward_ends(schedule):
+    """``on_losses`` comes once, after the step's last forward and before its last backward op, with
+    the losses the step returns: a replica's loss can go to the others beside the backward."""
+    handle = ModelHandle(JOB)
+    ex = StageExecutor(handle.build(0, handle.num_layers), True, True, 2,
+                       lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), None, None)
+    got, layers = [], []
+    actions = peer_actions([assign_microbatches(["a"], [1.0], 2)], schedule)[(0, "a")]
+    result = await ex.run_step(0, actions, on_layer_done=lambda i: layers.append(i),
+                               on_losses=lambda losses: got.append((list(losses), len(layers))))
+    assert got == [(result.losses, 0)] and len(result.losses) == 2  # before any layer of the last backward
+    ex.close()
+
+
 async def test_a_peer_without_micro_batches_reports_every_layer_done():
     handle = ModelHandle(JOB)
     ex = StageExecutor(handle.build(0, 3), True, False, 2, lambda s, m: data.batch(0, s, m, 2, JOB.seq_len), None, None)

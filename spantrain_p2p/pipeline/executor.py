@@ -322,10 +322,13 @@ class StageExecutor:
 
     # ---- one step --------------------------------------------------------------------------------
     async def run_step(self, step: int, actions: list[sched.Action],
-                       on_layer_done: Optional[LayerDone] = None) -> StepResult:
+                       on_layer_done: Optional[LayerDone] = None,
+                       on_losses: Optional[Callable[[list[float]], None]] = None) -> StepResult:
         """Runs this peer's ``actions`` for ``step``. ``on_layer_done(i)`` (on the event loop) says
         that layer ``i``'s weight gradients for the step are final: while the step's last
-        backward op is still running, for the layers it has done (for all, at the end)."""
+        backward op is still running, for the layers it has done (for all, at the end).
+        ``on_losses(losses)`` (on the event loop) has the step's losses (``StepResult.losses``) as
+        soon as its last forward is done, before the backward ops after it."""
         mbs: dict[int, _Mb] = {}
         sends: list[asyncio.Task] = []
         result = StepResult()
@@ -334,6 +337,7 @@ class StageExecutor:
         t_compute = 0.0
         waited0 = self._core_wait_s
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
+        last_f = max((j for j, a in enumerate(actions) if a.op is sched.Op.F), default=-1)
         trace = result.timeline
         # when the step's next op is queued on a virtual device, as a host that does not wait for its
         # device would queue it: at once, or when its input arrives (``VirtualDevice.op``'s ``ready``)
@@ -375,6 +379,8 @@ class StageExecutor:
                         loss = await self._compute("F", self._forward, step, a.mb, st, ready=queued)
                         if loss is not None:
                             result.losses.append(loss)
+                        if j == last_f and on_losses is not None:
+                            on_losses(list(result.losses))
                     elif op is sched.Op.B:
                         await self._compute("B", self._backward_input, st, ready=queued)
                     elif op is sched.Op.W:

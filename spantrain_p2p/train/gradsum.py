@@ -184,13 +184,24 @@ class GradientSum:
                 self._start(k, torch.cat([p.grad.detach().reshape(-1) if p.grad is not None
                                           else torch.zeros(p.numel(), device=p.device) for p in ps]))
 
+    def losses_done(self, losses: list[float]) -> None:
+        """This replica's losses of the step (the last stage's), as its last forward ends: their sum
+        goes to the other replicas then, beside the backward (``finish`` is given the same). Sent
+        after the backward, it was the last message a cee-3region replica waited for: 2.7 ms from
+        the later replica's send to the other's inbox, the emulated link pricing 0.5."""
+        if len(self.local) == len(self.buckets):
+            self._start_loss((sum(losses), len(losses)))
+
+    def _start_loss(self, loss: tuple[float, int]) -> None:
+        self.local.append(None)
+        self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
+
     async def finish(self, loss: Optional[tuple[float, int]] = None) -> Optional[tuple[float, int]]:
         """Sums the step's gradients (and, on the last stage, ``loss``: this replica's (sum, count)
         of micro-batch losses rides along, and the whole step's is returned)."""
         try:
-            if loss is not None:
-                self.local.append(None)
-                self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
+            if loss is not None and len(self.local) == len(self.buckets):  # (not sent with the last forward)
+                self._start_loss(loss)
             done = [await self.work[k] for k in range(len(self.local))]
             summed = self._totals(done)
             for (_, bucket), total in zip(self.buckets, summed):

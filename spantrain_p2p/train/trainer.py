@@ -514,7 +514,8 @@ class Trainer:
         st.executor.loss_scale = st.scale.scale if st.scale is not None else None
         checks = self.verifier.begin_checks(step, st) if gsum is not None else None  # beside the step
         try:
-            result = await st.executor.run_step(step, st.actions, gsum.layer_done if gsum else None)
+            result = await st.executor.run_step(step, st.actions, gsum.layer_done if gsum else None,
+                                                gsum.losses_done if gsum and st.is_last else None)
         except BaseException:
             if gsum is not None:
                 await gsum.cancel()

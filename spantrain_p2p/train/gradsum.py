@@ -226,14 +226,14 @@ class GradientSum:
 
     async def _bucket(self, k: int) -> Optional[tuple[str, object]]:
         """Bucket ``k``'s work, as soon as its parts are here (a task from ``_start``): None where
-        another replica sums it (sharded); ("sum", total) added up in peer-id order (zeros: no part of weight above 0); ("each",
-        (total, report)) a robust sum of too few replicas to judge, bucket by bucket the same sum;
-        ("whole", parts) for the robust sum of the whole gradient at once (``finish``). The gate's
-        medians, on the last bucket, are taken off here; another replica's part sent again bit
-        for bit at another step is noted (``replayed``). On the step's last bucket (the first
-        layer's, done last) only its own work is left when the backward ends: the rest was done
-        as the parts came in (all after the backward, they held both cee-3region replicas' loops
-        3.2-3.4 ms, the later one's last send queued behind them)."""
+        another replica sums it (sharded); ("sum", total) added up in peer-id order (zeros where no
+        part has a weight above 0); ("each", (total, report)) a robust sum of too few replicas to
+        judge, bucket by bucket the same sum; ("whole", parts) for the robust sum of the whole
+        gradient at once (``finish``). The gate's medians, on the last bucket, are taken off here;
+        another replica's part sent again bit for bit at another step is noted (``replayed``).
+        When the backward ends, only the step's last bucket (the first layer's, done last) is left
+        to do: the rest was done as the parts came in (all after the backward, they held both
+        cee-3region replicas' loops 3.2-3.4 ms, the later one's last send queued behind them)."""
         mine = await self.local[k]
         if not self._sums(k):  # sharded: its owner sums it
             return None

@@ -125,19 +125,17 @@ class GradientSum:
             self._send(k, part)
             self.local[k] = asyncio.get_running_loop().create_future()
             self.local[k].set_result(part)
-            self.work[k] = asyncio.ensure_future(self._bucket(k))
-            return
-
-        async def ready() -> torch.Tensor:
-            part = self._sanitized(await self._copier.wait(host, done))
-            if self.attack and k < len(self.buckets):
-                part = await self._forge(k, part)
-            part = self._with_medians(k, part)
-            if self.closed:
-                raise asyncio.CancelledError()
-            self._send(k, part)
-            return part
-        self.local[k] = asyncio.ensure_future(ready())
+        else:
+            async def ready() -> torch.Tensor:
+                part = self._sanitized(await self._copier.wait(host, done))
+                if self.attack and k < len(self.buckets):
+                    part = await self._forge(k, part)
+                part = self._with_medians(k, part)
+                if self.closed:
+                    raise asyncio.CancelledError()
+                self._send(k, part)
+                return part
+            self.local[k] = asyncio.ensure_future(ready())
         self.work[k] = asyncio.ensure_future(self._bucket(k))
 
     def _sanitized(self, part: torch.Tensor) -> torch.Tensor:
@@ -189,10 +187,12 @@ class GradientSum:
         goes to the other replicas then, beside the backward (``finish`` is given the same). Sent
         after the backward, it was the last message a cee-3region replica waited for: 2.7 ms from
         the later replica's send to the other's inbox, the emulated link pricing 0.5."""
-        if len(self.local) == len(self.buckets):
-            self._start_loss((sum(losses), len(losses)))
+        self._start_loss((sum(losses), len(losses)))
 
     def _start_loss(self, loss: tuple[float, int]) -> None:
+        """Starts the loss's part, the bucket after the gradients', once a step."""
+        if len(self.local) > len(self.buckets):  # (sent already, with the last forward)
+            return
         self.local.append(None)
         self._start(len(self.buckets), torch.tensor([float(loss[0]), float(loss[1])], dtype=torch.float32))
 
@@ -200,7 +200,7 @@ class GradientSum:
         """Sums the step's gradients (and, on the last stage, ``loss``: this replica's (sum, count)
         of micro-batch losses rides along, and the whole step's is returned)."""
         try:
-            if loss is not None and len(self.local) == len(self.buckets):  # (not sent with the last forward)
+            if loss is not None:
                 self._start_loss(loss)
             done = [await self.work[k] for k in range(len(self.local))]
             summed = self._totals(done)

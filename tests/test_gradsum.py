@@ -90,6 +90,18 @@ def test_a_sharded_stages_buckets_hold_one_owners_parameters_each():
     assert layer_buckets([[3, 2, 4], [5]]) == [(0, [(0, 3), (1, 2), (2, 4)]), (1, [(3, 5)])]
 
 
+class _Inbox(_Transport):
+    """The other replicas' parts, each bucket's from ``parts[k][src]``, as they would come in."""
+
+    def __init__(self, parts: list[dict[str, torch.Tensor]]):
+        super().__init__(epoch=1)
+        self.parts = parts
+
+    async def receive(self, key, kind, src):
+        await asyncio.sleep(0)
+        return self.parts[key[2]][src]
+
+
 async def test_too_few_replicas_to_judge_are_summed_bucket_by_bucket_as_the_whole_gradient_would_be():
     """With fewer than robust.aggregate.MIN_PEERS replicas the robust sum is the plain one: taken
     bucket by bucket as the parts come in (no copy of the whole gradient), it equals robust_sum over
@@ -116,18 +128,6 @@ async def test_too_few_replicas_to_judge_are_summed_bucket_by_bucket_as_the_whol
         assert torch.equal(torch.cat([p.grad for p in params]), want)
         assert gsum.reports == [report]
         assert (report.clipped == ("c",)) == idle
-
-
-class _Inbox(_Transport):
-    """The other replicas' parts, each bucket's from ``parts[k][src]``, as they would come in."""
-
-    def __init__(self, parts: list[dict[str, torch.Tensor]]):
-        super().__init__(epoch=1)
-        self.parts = parts
-
-    async def receive(self, key, kind, src):
-        await asyncio.sleep(0)
-        return self.parts[key[2]][src]
 
 
 async def test_each_bucket_is_summed_as_its_parts_come_in_not_all_after_the_backward():

@@ -5,7 +5,7 @@ every peer checks it can run it, measures its device and links (``measuring``) a
 ``ready``). The elected planner (``coordinator``) publishes signed stage maps (``run_records``); every
 peer adopts the newest one it sees and runs its stage: activations and gradients go peer to peer
 (``transport``), replicas of a stage sum their gradients (``gradsum``), each step's state is kept
-and copied for recovery (``recovery``). This module keeps the life cycle and the step loop; each
+and copied for recovery (``recovery``); an epoch's stage is built by ``stage_setup``. This module keeps the life cycle and the step loop; each
 component is a room of its own.
 """
 from __future__ import annotations
@@ -19,13 +19,10 @@ from typing import Optional
 import torch
 
 from ..pipeline import schedule as sched
-from ..pipeline.memory import layer_stashes
-from ..pipeline.executor import StageExecutor, StepFailed, stage_layer_flops
-from ..pipeline.loss_scale import LossScale, nonfinite, unscale_
-from ..pipeline.messages import ACT, AMP, GRAD, GSUM, REPLICA_KINDS, WGAT, Expect
-from ..pipeline.assignment import peer_actions
+from ..pipeline.executor import StepFailed
+from ..pipeline.loss_scale import nonfinite, unscale_
+from ..pipeline.messages import ACT, GRAD, REPLICA_KINDS
 from ..robust.attacks import BOUNDARY
-from ..robust.gate import SHARED
 from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
@@ -37,17 +34,17 @@ from ..job.dataset import open_data, with_data
 from ..models.devices import is_out_of_memory, peak_flops, resolve_device
 from .defence import Defence
 from .verifier import ATTEST_KIND, FETCH_KIND, SUSPECT_KIND, Verifier
-from .gradsum import GradientSum, layer_buckets
+from .gradsum import GradientSum
 from ..job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
-from ..job.optim import make_optimizer
 from ..islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
-from ..models.precision import COMPUTE_DTYPES, WIRE_DTYPES
-from . import overflow, planning, shard
+from ..models.precision import COMPUTE_DTYPES
+from . import overflow, planning
 from ..models import workload
 from .planning import model_profile
 from .run_records import MAP_POLL_S, RunRecords
 from .recovery import Recovery
+from .stage_setup import Stage, setup_stage
 from .transport import PipelineTransport
 
 log = logging.getLogger("spantrain.train")
@@ -73,29 +70,6 @@ class TrainOptions:
     profile_cache_dir: Optional[str] = None
     poll_s: float = 0.5
     byzantine: str = ""  # the attack harness: send forged contributions (robust.attacks); "" honest
-
-
-@dataclass
-class _Stage:
-    """What one epoch's stage runs with."""
-
-    layers: list
-    first: int
-    last: int
-    executor: StageExecutor
-    opt: torch.optim.Optimizer
-    actions: list
-    params: list
-    buckets: list
-    replicas: tuple[str, ...]
-    is_last: bool
-    scale: Optional[LossScale] = None  # fp16's loss scale (the same on every peer)
-    weights: Optional[dict] = None  # replica -> its micro-batches of a step (the robust sum's weights)
-    k: int = 0  # the stage's index in the (island's) map
-    assignments: Optional[list] = None  # per stage, the peer of each micro-batch
-    shapes: Optional[list] = None  # the model's boundary shapes (ModelHandle.boundary_shapes)
-    wire: str = "float32"  # the dtype activations and their gradients cross in
-    sharding: Optional[shard.Sharding] = None  # its optimizer state sharded across the replicas (ZeRO-1)
 
 
 class Trainer:
@@ -348,92 +322,8 @@ class Trainer:
                 task.cancel()
 
     # ---- a stage's steps ----------------------------------------------------------------------------
-    async def _setup_stage(self) -> _Stage:
-        """Builds this epoch's stage: its layers, routes, the messages it takes, the executor and
-        optimizer, its layers' state at the map's start step, and its actions in schedule order."""
-        job, smap, k = self.job, self.smap, self.stage
-        me = self.peer.peer_id
-        first, last = smap.stages[k].layers
-        n, M = smap.num_stages, self._micro_batches()
-        shapes = self.handle.boundary_shapes()
-        layers = await asyncio.to_thread(  # off the loop, as the profile's model (measuring.run)
-            lambda: [layer.to(self.torch_device) for layer in self.handle.build(first, last)])
-        prev = smap.stages[k - 1] if k > 0 else None
-        nxt = smap.stages[k + 1] if k < n - 1 else None
-        self.transport.route({ACT: nxt.assign(M) if nxt else [], GRAD: prev.assign(M) if prev else []})
-        replicas = smap.stages[k].peers
-        expect = {}
-        wire = WIRE_DTYPES[job.precision]  # activations and their gradients cross in the compute dtype
-        if prev:
-            expect[ACT] = Expect(ACT, job.job_id, smap.epoch, frozenset(prev.peers), shapes[first], M, dtype=wire)
-        if nxt:
-            expect[GRAD] = Expect(GRAD, job.job_id, smap.epoch, frozenset(nxt.peers), shapes[last], M, dtype=wire)
-        params = [p for layer in layers for p in layer.parameters() if p.requires_grad]
-        buckets = []
-        sharding = shard.setup(smap, k, me, layers)
-        if len(replicas) > 1:
-            buckets = layer_buckets([[p.numel() for p in layer.parameters() if p.requires_grad] for layer in layers],
-                                    owners=sharding.param_owner if sharding else None)
-            sizes = [(sum(n for _, n in b),) for _, b in buckets]
-            if self.defence.gate is not None and sizes:  # the gate's medians ride on the last bucket
-                sizes[-1] = (sizes[-1][0] + SHARED,)
-            sizes += [(2,)] if nxt is None else []
-            self.transport.bucket_layers = [first + layer for layer, _ in buckets]
-            expect[GSUM] = Expect(GSUM, job.job_id, smap.epoch, frozenset(replicas) - {me}, (),
-                                  len(sizes), shapes_by_mb=tuple(sizes))
-        self.recompute = smap.stages[k].recompute  # (the coordinator marks every stage for --recompute full)
-        sample = tgt = None  # one micro-batch through the stage's layers: their FLOPs, what one keeps
-        if self.recompute == "full" or (self.peer.device is not None and not job.workload):
-            await self.data_share.ensure(0, [0])
-            ids, tgt = self.data.batch(0, 0)
-            sample = (ids if k == 0 else torch.randn(shapes[first], generator=torch.Generator().manual_seed(k))
-                      ).to(self.torch_device)  # (not the process's generator: local peers build layers with it)
-            tgt = tgt.to(self.torch_device) if k == n - 1 else None
-        layer_flops = None
-        if self.peer.device is not None and job.workload:  # pad to the workload's FLOPs
-            layer_flops = workload.layer_flops(job, first, last)
-        elif self.peer.device is not None:
-            layer_flops = await asyncio.to_thread(stage_layer_flops, layers, sample, tgt)
-        schedule = smap.schedule or sched.resolve_schedule(job.schedule)
-        if self.recompute == "full" and layer_flops is not None:  # a virtual device runs the forward again too
-            layer_flops = memory_use.recomputed_flops(layer_flops, split=schedule == "zb-h1")
-        self.memory_state, self.stash_peak_bytes, self.recompute_transient = None, 0, 0
-        self.memory_predicted = await asyncio.to_thread(memory_use.predicted, job, smap, me)
-        if self.recompute == "full":  # what the layer being recomputed holds meanwhile, measured once
-            self.recompute_transient = max(await asyncio.to_thread(
-                layer_stashes, layers, sample, tgt, COMPUTE_DTYPES.get(job.precision)))
-        executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=self._batch, recv=self.transport.recv,
-                                 send=self.defence.sender(self.transport.send, self.opts.byzantine), device=self.peer.device,
-                                 layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
-                                 recompute=self.recompute)
-        if sharding is not None:
-            sharding.use(buckets)
-            expect[WGAT] = sharding.expect(job.job_id, smap.epoch)
-        opt = make_optimizer(job, sharding.owned_params(executor.params) if sharding else executor.params)
-        # what a virtual device's memory holds besides activations: predicted until the first step measures it
-        executor.state_bytes = int((self.memory_predicted or {}).get("state")
-                                   or 4 * sum(p.numel() * p.element_size() for p in executor.params))
-        # islands start from their outer state (``_train_rounds``): the layers are built fresh here
-        run = await self.recovery.load(layers, opt, first, smap.start_step if self.island is None else 0,
-                                       sharding.foreign if sharding else None)
-        scale = None
-        if job.precision == "fp16":
-            expect[AMP] = overflow.expect(job.job_id, smap, me)
-            scale = LossScale(job.loss_scale)
-            if not scale.load(run) and smap.start_step > 0:
-                log.warning("the layer states of step %d carry no loss scale: starting again from %g",
-                            smap.start_step, job.loss_scale)
-            self.loss_scale = scale.scale
-        assignments = [st.assign(M) for st in smap.stages]
-        actions = peer_actions(assignments, schedule).get((k, me), [])  # this peer's micro-batches, in order
-        self.transport.open(expect)
-        self.work = run_report.stage_work(job, first, last, actions)
-        weights = {p: float(assignments[k].count(p)) for p in replicas} if job.aggregate == "robust" else None
-        return _Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None, scale,
-                      weights, k, assignments, shapes, wire, sharding)
-
     async def _train(self) -> None:
-        st = await self._setup_stage()
+        st = await setup_stage(self)
         self.cpu.start()
         if self.device_base is None and self.peer.device is not None:
             self.device_base = self.peer.device.stats()
@@ -462,7 +352,7 @@ class Trainer:
         ds, first = self._data_of.get(step, (step, 0))
         return self.data.batch(ds, first + mb)
 
-    async def _train_rounds(self, st: _Stage) -> None:
+    async def _train_rounds(self, st: Stage) -> None:
         """Islands: this island's rounds, each its steps on its own data steps, then the exchange
         (``outer_sync``): the previous round's contributions merged, this round's sent."""
         full, k, job = self.full_map, self.island, self.job
@@ -492,7 +382,7 @@ class Trainer:
             else:
                 r, base = r + 1, nxt
 
-    async def _run_step(self, st: _Stage, step: int, data_step: Optional[int] = None, first_mb: int = 0) -> None:
+    async def _run_step(self, st: Stage, step: int, data_step: Optional[int] = None, first_mb: int = 0) -> None:
         """One step: the pipeline, the replicas' gradient sum, the optimizer, the snapshot. With
         islands, ``step`` counts this island's steps and ``data_step`` is the data it trains on from
         micro-batch ``first_mb`` (losses and step times are reported by data step: the order of the

@@ -5,8 +5,8 @@ every peer checks it can run it, measures its device and links (``measuring``) a
 ``ready``). The elected planner (``coordinator``) publishes signed stage maps (``run_records``); every
 peer adopts the newest one it sees and runs its stage: activations and gradients go peer to peer
 (``transport``), replicas of a stage sum their gradients (``gradsum``), each step's state is kept
-and copied for recovery (``recovery``); an epoch's stage is built by ``stage_setup``. This module keeps the life cycle and the step loop; each
-component is a room of its own.
+and copied for recovery (``recovery``); an epoch's stage is built by ``stage_setup``. This module
+keeps the life cycle and the step loop; each component is a room of its own.
 """
 from __future__ import annotations
 

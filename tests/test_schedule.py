@@ -10,6 +10,7 @@ from spantrain_p2p.pipeline.schedule import (
     all_stages,
     peak_stashed,
     from_text,
+    fuse_adjacent_backward,
     gpipe,
     one_f_one_b,
     peak_in_flight,
@@ -134,6 +135,25 @@ def test_zb_h1_follows_the_paper_pattern_for_4_stages():
         order = [a for a in zb_h1(p, m, s) if a.op in (Op.B, Op.W)]
         first_w = next(i for i, a in enumerate(order) if a.op is Op.W)
         assert [a.op for a in order[:first_w]] == [Op.B] * (s + 1)
+
+
+def test_a_b_followed_at_once_by_its_own_w_runs_fused_and_nothing_else_does():
+    """What the peers run (``assignment.peer_lists``): on ZB-H1's first stage each W follows its own B
+    at once (it lags by nothing, and a first stage sends nothing back), so each pair is one BW; on the
+    other stages a send or other micro-batches' work lies between, and they stay split."""
+    from spantrain_p2p.pipeline.assignment import peer_actions
+
+    assert to_text(fuse_adjacent_backward(from_text("F0 B0 W0 F1 B1 SEND_B1 W1 B2 W3 W2"))) == \
+        "F0 BW0 F1 B1 SEND_B1 W1 B2 W3 W2"
+    p, m = 4, 8
+    lists = peer_actions([[f"s{k}"] * m for k in range(p)], "zb-h1")
+    assert compute_only(lists[(0, "s0")]) == "F0 F1 F2 F3 BW0 F4 BW1 F5 BW2 F6 BW3 F7 BW4 BW5 BW6 BW7"
+    for k in range(1, p):
+        assert lists[(k, f"s{k}")] == zb_h1(p, m, k)  # the paper's pattern, B and W apart
+    # two replicas of a first stage: each one's own B and W are still adjacent
+    two = peer_actions([["a", "b"] * (m // 2), ["c"] * m], "zb-h1")
+    assert all(a.op not in (Op.B, Op.W) for peer in "ab" for a in two[(0, peer)])
+    validate([fuse_adjacent_backward(zb_h1(p, m, s)) for s in range(p)])
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (4, 12), (8, 16)])

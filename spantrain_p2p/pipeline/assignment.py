@@ -108,11 +108,12 @@ def stage_actions(schedule_name: str, num_stages: int, stage: int, m: int, warmu
 def peer_lists(schedule_name: str, num_stages: int, stage: int, m: int, warmup: int,
                owner: Sequence[int], n_peers: int) -> list[list[sched.Action]]:
     """Each peer's action list: the stage's list filtered to the micro-batches it owns
-    (``owner[mb]``: index of the peer that runs micro-batch ``mb``)."""
+    (``owner[mb]``: index of the peer that runs micro-batch ``mb``), a ``B`` followed at once by its
+    own ``W`` fused (``schedule.fuse_adjacent_backward``; the simulator runs these lists too)."""
     lists: list[list[sched.Action]] = [[] for _ in range(n_peers)]
     for a in stage_actions(schedule_name, num_stages, stage, m, warmup):
         lists[owner[a.mb]].append(a)
-    return lists
+    return [sched.fuse_adjacent_backward(lst) for lst in lists]
 
 
 def peer_actions(assignments: list[list[str]], schedule_name: str) -> dict[tuple[int, str], list[sched.Action]]:

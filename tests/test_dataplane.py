@@ -295,8 +295,7 @@ def test_the_dataplane_benchmark_reports_both_raw_baselines_and_the_ratio_to_the
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "spantrain_p2p.cli.dataplane_bench", "--mib", "1", "--reps", "2", "--rounds", "1", "--cpu", "3",
-         "--json"],
+        [sys.executable, "-m", "spantrain_p2p.cli.dataplane_bench", "--mib", "1", "--reps", "2", "--rounds", "1", "--json"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -304,9 +303,3 @@ def test_the_dataplane_benchmark_reports_both_raw_baselines_and_the_ratio_to_the
     assert d["raw_streamreader_mib_s"] > 0 and d["raw_recv_into_mib_s"] > 0 and d["dataplane_mib_s"] > 0
     assert d["raw_mib_s"] == max(d["raw_streamreader_mib_s"], d["raw_recv_into_mib_s"])
     assert d["ratio"] == pytest.approx(d["dataplane_mib_s"] / d["raw_mib_s"], abs=2e-3)
-    # --cpu: each mode's CPU a message at both ends, and AES-GCM's own
-    cpu = d["cpu_us_per_message"]
-    assert set(cpu) == {"raw_recv_into", "plain", "authenticated", "encrypted", "aes_gcm"}
-    for mode in ("raw_recv_into", "plain", "authenticated", "encrypted"):
-        assert cpu[mode]["both"] == cpu[mode]["client"] + cpu[mode]["server"] and cpu[mode]["client"] >= 0
-    assert cpu["aes_gcm"]["seal"] > 0 and cpu["aes_gcm"]["open"] > 0

@@ -11,12 +11,6 @@ a ``StreamReader`` loop (whose 64 KiB default limit pauses the socket often), an
 ``BufferedProtocol`` that receives straight into the payload's buffer (no copy at all: the most
 plain asyncio TCP can move). The best of the rounds counts for each, so a moment of other load on
 the machine does not decide the figure.
-
-``--cpu N`` adds what a message costs in CPU, not in time: N messages one at a time through each
-mode and the raw ``BufferedProtocol``, and the microseconds of CPU a message took in the client
-process and in the server process (both ends of the message and its answer, kernel time included),
-and AES-256-GCM alone sealing and opening it. Where every core is busy (a pipeline of peers
-sharing a host's cores) a step's time follows its CPU, so this is the data plane's floor there.
 """
 from __future__ import annotations
 
@@ -24,7 +18,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
-import os
 import struct
 import time
 
@@ -108,33 +101,7 @@ def _serve(nbytes: int, ready) -> None:
     asyncio.run(main())
 
 
-def _cpu_s(pid: int) -> float:
-    """User and system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _aes_us(nbytes: int, n: int = 200) -> dict:
-    """CPU microseconds AES-256-GCM takes to seal, and to open, ``nbytes`` (the best of 3 rounds)."""
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    aead, nonce, plain = AESGCM(AESGCM.generate_key(256)), bytes(12), bytes(nbytes)
-    sealed = aead.encrypt(nonce, plain, None)
-    out = {}
-    for name, fn in (("seal", lambda: aead.encrypt(nonce, plain, None)), ("open", lambda: aead.decrypt(nonce, sealed, None))):
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.process_time()
-            for _ in range(n):
-                fn()
-            best = min(best, time.process_time() - t0)
-        out[name] = round(best / n * 1e6, 1)
-    return out
-
-
-async def _client(urls: list[str], raw_ports: tuple[int, int], nbytes: int, reps: int, rounds: int,
-                  cpu_messages: int = 0, server_pid: int = 0) -> dict:
+async def _client(urls: list[str], raw_ports: tuple[int, int], nbytes: int, reps: int, rounds: int) -> dict:
     t = torch.randn(nbytes // 4)
     payload = memoryview(t.numpy()).cast("B")
     conns = [await asyncio.open_connection("127.0.0.1", port) for port in raw_ports]
@@ -177,21 +144,6 @@ async def _client(urls: list[str], raw_ports: tuple[int, int], nbytes: int, reps
             best = min(best, time.perf_counter() - t0)
         return reps * nbytes / best / 2**20
 
-    async def cpu_per_message(fn) -> dict:
-        """CPU a message in each process (µs): the better of 2 rounds of ``cpu_messages``, after a warm-up."""
-        for i in range(min(20, cpu_messages)):
-            await fn(i)
-        best = None
-        for _ in range(2):
-            c0, s0 = time.process_time(), _cpu_s(server_pid)
-            for i in range(cpu_messages):
-                await fn(i)
-            c, s = (time.process_time() - c0) / cpu_messages * 1e6, (_cpu_s(server_pid) - s0) / cpu_messages * 1e6
-            if best is None or c + s < best[0] + best[1]:
-                best = (c, s)
-        client, server = round(best[0]), round(best[1])
-        return {"client": client, "server": server, "both": client + server}
-
     stream, into = (raw_once(*c) for c in conns)
     try:
         raws = [await timed(stream), await timed(into)]
@@ -202,12 +154,6 @@ async def _client(urls: list[str], raw_ports: tuple[int, int], nbytes: int, reps
             modes[mode] = {"send": await timed(sender(i)), "pull": await timed(puller(i))}
         for i, mode in enumerate(MODES):
             modes[mode] = {k: max(v, await timed((sender if k == "send" else puller)(i))) for k, v in modes[mode].items()}
-        cpu = None
-        if cpu_messages:
-            cpu = {"raw_recv_into": await cpu_per_message(into)}
-            for i, mode in enumerate(MODES):
-                cpu[mode] = await cpu_per_message(sender(i))
-            cpu["aes_gcm"] = _aes_us(nbytes)
     finally:
         for _, writer in conns:
             writer.close()
@@ -220,8 +166,7 @@ async def _client(urls: list[str], raw_ports: tuple[int, int], nbytes: int, reps
             "dataplane_mib_s": round(dp, 1), "ratio": round(dp / raw, 3),
             "modes_mib_s": {m: {k: round(v, 1) for k, v in d.items()} for m, d in modes.items()},
             "authenticated_over_plain": {k: round(modes["authenticated"][k] / modes["plain"][k], 3) for k in ("send", "pull")},
-            "encrypted_over_plain": {k: round(modes["encrypted"][k] / modes["plain"][k], 3) for k in ("send", "pull")},
-            **({"cpu_us_per_message": cpu} if cpu else {})}
+            "encrypted_over_plain": {k: round(modes["encrypted"][k] / modes["plain"][k], 3) for k in ("send", "pull")}}
 
 
 def main(argv=None) -> int:
@@ -229,8 +174,6 @@ def main(argv=None) -> int:
     ap.add_argument("--mib", type=float, default=16.0, help="tensor size in MiB (default 16)")
     ap.add_argument("--reps", type=int, default=20, help="messages per timed round (default 20)")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds; the best counts (default 3)")
-    ap.add_argument("--cpu", type=int, default=0, metavar="N",
-                    help="also the CPU a message costs at each end, over N messages a mode (default: not measured)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     nbytes = int(args.mib * 2**20) // 4 * 4
@@ -242,7 +185,7 @@ def main(argv=None) -> int:
         if not parent.poll(60):
             raise SystemExit("benchmark server did not start")
         urls, *ports = parent.recv()
-        out = asyncio.run(_client(urls, tuple(ports), nbytes, args.reps, args.rounds, args.cpu, server.pid))
+        out = asyncio.run(_client(urls, tuple(ports), nbytes, args.reps, args.rounds))
     finally:
         server.terminate()
         server.join(5)
@@ -256,10 +199,6 @@ def main(argv=None) -> int:
             rel = "" if m == "plain" else (f" ({out[m + '_over_plain']['send']:.0%} and "
                                            f"{out[m + '_over_plain']['pull']:.0%} of plain)")
             print(f"  {m:>13}: send {d['send']} MiB/s, pull {d['pull']} MiB/s{rel}")
-        for m, d in out.get("cpu_us_per_message", {}).items():
-            what = (f"seal {d['seal']} us, open {d['open']} us" if m == "aes_gcm" else
-                    f"{d['both']} us of CPU a message (client {d['client']}, server {d['server']})")
-            print(f"  {m:>13}: {what}")
     return 0
 
 

@@ -2,9 +2,9 @@
 
 On ZB-H1's first stage each micro-batch's W comes right after its own B, and the peers run the two
 as one backward (``schedule.fuse_adjacent_backward``). This times what that saves, with the
-executor's own methods: the side-by-side's job (the built-in model at dim 128, 4 heads, sequence
-64, micro-batches of 8; ``scripts/pipelining_side_by_side.py``), its first stage of four (layers
-[0, 3): the embedding and two blocks), one thread. Each round runs ``--reps`` micro-batches forward
+executor's own methods on the side-by-side's job and split, taken from
+``scripts/pipelining_side_by_side.py`` (``make_job``, ``PROCESSES``): its first stage of four (layers
+[0, 3): the embedding and two blocks), built and fed as that script does, one thread. Each round runs ``--reps`` micro-batches forward
 and backward, split (``_backward_input`` then ``_backward_weight``) and fused (``_backward_full``)
 alternately, and prints the CPU (``time.process_time``) a micro-batch took: the median of the
 rounds, and each round. It checks that the two leave the same weight gradients, bit for bit.
@@ -21,10 +21,14 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
 
-from spantrain_p2p.models.model import ModelConfig, build_layer_range  # noqa: E402
+from pipelining_side_by_side import PROCESSES, make_job  # noqa: E402  (the side-by-side's job and split)
+from spantrain_p2p.job.dataset import open_data  # noqa: E402
+from spantrain_p2p.job.spec import ModelHandle  # noqa: E402
 from spantrain_p2p.pipeline.executor import StageExecutor, _Mb  # noqa: E402
+from spantrain_p2p.plan.stagemap import even_split  # noqa: E402
 
 
 def main() -> None:
@@ -33,11 +37,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20, help="micro-batches a round and way")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as a peer computes
-    cfg = ModelConfig(dim=128, depth=8, heads=4, vocab=256, seq_len=64)
-    layers = build_layer_range(cfg, 0, 3)
-    ids = torch.randint(0, cfg.vocab, (8, cfg.seq_len), generator=torch.Generator().manual_seed(0))
-    grad = torch.randn(8, cfg.seq_len, cfg.dim, generator=torch.Generator().manual_seed(1))
-    ex = StageExecutor(layers, True, False, 8, batch=lambda step, mb: (ids, None), recv=None, send=None)
+    job = make_job(1)
+    handle = ModelHandle(job)
+    first, last = even_split(handle.num_layers, PROCESSES)[0]
+    ids, _ = open_data(job).batch(0, 0)
+    grad = torch.randn(handle.boundary_shapes()[last], generator=torch.Generator().manual_seed(1))
+    ex = StageExecutor(handle.build(first, last), True, False, job.num_micro_batches,
+                       batch=lambda step, mb: (ids, None), recv=None, send=None)
 
     def one(split: bool) -> None:
         st = _Mb()

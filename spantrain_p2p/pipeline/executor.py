@@ -19,6 +19,7 @@ from torch import nn
 
 from ..osproc import core_wait_s
 from . import schedule as sched
+from . import split_backward
 from .hostcopy import HostCopier
 from .loss_scale import sanitized, scaled
 from .memory import StashMeter, layer_call
@@ -44,8 +45,9 @@ class _Mb:
     ins: Optional[list] = None
     outs: Optional[list] = None
     gouts: Optional[list] = None
-    # per layer, after B (without recomputation): where its weights meet the gradients B passed
-    # (``torch.distributed.pipelining``'s param groups), so that W computes the weight gradients alone
+    # per layer, after B (without recomputation): what W needs to compute the weight gradients alone
+    # (``split_backward``'s, or under autocast ``torch.distributed.pipelining``'s param groups: where
+    # its weights meet the gradients B passed)
     groups: Optional[list] = None
     held: int = 0  # the bytes its forward keeps (``memory.StashMeter``), held until its backward is done
     meter: Optional[StashMeter] = None  # where its stash is counted: the stage's (None), or a check's own
@@ -103,11 +105,15 @@ class StageExecutor:
         self.loss_scale: Optional[float] = None
         self.overflowed = False  # this step sent a tensor that overflowed (fp16)
         self._call = layer_call(recompute)  # (not ``self.recompute``: that is the verifier's method below)
-        # a split backward keeps, in B, the gradients where each weight enters its layer's graph, so
-        # W does not go through the layer's backward again (torch.distributed.pipelining's own
-        # split: W cost 1.5x a fused backward's share without it, measured on 3 blocks here); a layer
-        # recomputed in its backward keeps the plain split (its graph is rebuilt during B)
+        # a split backward (B, then W) does not go through a layer's backward twice: in float32 the
+        # linear layers leave their weight gradients' factors to W (``split_backward``, installed at
+        # the first step that splits); under autocast B keeps the gradients where each weight enters
+        # the layer's graph (torch.distributed.pipelining's own split: W cost 1.5x a fused
+        # backward's share without it, measured on 3 blocks here); a layer recomputed in its
+        # backward keeps the plain split (its graph is rebuilt during B)
         self._weight_groups = recompute == "none"
+        self._deferral = split_backward.Deferral() if self._weight_groups and compute_dtype is None else None
+        self._split_installed = False
         self.meter = StashMeter(self.params)
         self.state_bytes = 0  # weights, gradients and optimizer state: what a virtual device's memory holds besides activations
 
@@ -275,7 +281,10 @@ class StageExecutor:
             st.gouts[i] = g
             if not self._needs_input_grad(st, i):
                 break
-            if self._weight_groups and self._layer_params[i] and st.outs[i].requires_grad:
+            if self._deferral is not None and self._layer_params[i] and st.outs[i].requires_grad:
+                g, st.groups[i] = split_backward.input_backward(self._deferral, st.outs[i], st.ins[i],
+                                                                 self._layer_params[i], g)
+            elif self._weight_groups and self._layer_params[i] and st.outs[i].requires_grad:
                 from torch.distributed.pipelining._backward import stage_backward_input  # (1.7 s to import: zb only)
 
                 (g,), st.groups[i] = stage_backward_input([st.outs[i]], None if g is None else [g], [st.ins[i]],
@@ -288,7 +297,9 @@ class StageExecutor:
     def _backward_weight(self, st: _Mb, done=None) -> None:
         """W: the weight gradients, layer by layer from the last, from the gradients B left."""
         for i in reversed(range(len(self.layers))):
-            if st.groups is not None and st.groups[i] is not None:
+            if st.groups is not None and st.groups[i] is not None and self._deferral is not None:
+                split_backward.weight_backward(st.groups[i])
+            elif st.groups is not None and st.groups[i] is not None:
                 from torch.distributed.pipelining._backward import stage_backward_weight
 
                 stage_backward_weight(iter(self._layer_params[i]), st.groups[i])
@@ -338,6 +349,9 @@ class StageExecutor:
         waited0 = self._core_wait_s
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
         last_f = max((j for j, a in enumerate(actions) if a.op is sched.Op.F), default=-1)
+        if self._deferral is not None and not self._split_installed and any(a.op is sched.Op.W for a in actions):
+            split_backward.install(list(self.layers), self._deferral)
+            self._split_installed = True
         trace = result.timeline
         # when the step's next op is queued on a virtual device, as a host that does not wait for its
         # device would queue it: at once, or when its input arrives (``VirtualDevice.op``'s ``ready``)

@@ -13,11 +13,10 @@ from spantrain_p2p.pipeline.executor import StageExecutor, _Mb
 JOB = JobSpec(model_args={"dim": 32, "depth": 4, "heads": 2}, seq_len=16, micro_batch_size=2, num_micro_batches=2)
 
 
-def _executor(first: int, last: int, layers=None) -> StageExecutor:
+def _executor(first: int, last: int) -> StageExecutor:
     handle = ModelHandle(JOB)
     torch.manual_seed(0)
-    layers = layers if layers is not None else handle.build(first, last)
-    return StageExecutor(layers, first == 0, last == handle.num_layers, 2,
+    return StageExecutor(handle.build(first, last), first == 0, last == handle.num_layers, 2,
                          lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), None, None)
 
 

@@ -297,12 +297,13 @@ class StageExecutor:
     def _backward_weight(self, st: _Mb, done=None) -> None:
         """W: the weight gradients, layer by layer from the last, from the gradients B left."""
         for i in reversed(range(len(self.layers))):
-            if st.groups is not None and st.groups[i] is not None and self._deferral is not None:
-                split_backward.weight_backward(st.groups[i])
-            elif st.groups is not None and st.groups[i] is not None:
+            held = st.groups[i] if st.groups is not None else None
+            if held is not None and self._deferral is not None:
+                split_backward.weight_backward(held)
+            elif held is not None:
                 from torch.distributed.pipelining._backward import stage_backward_weight
 
-                stage_backward_weight(iter(self._layer_params[i]), st.groups[i])
+                stage_backward_weight(iter(self._layer_params[i]), held)
             elif self._layer_params[i] and st.outs[i].requires_grad:
                 torch.autograd.backward(st.outs[i], st.gouts[i], inputs=self._layer_params[i])
             if done is not None:

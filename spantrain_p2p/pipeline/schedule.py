@@ -210,11 +210,12 @@ def schedule(name: str, num_stages: int, num_microbatches: int, stage: int) -> l
 def fuse_adjacent_backward(actions: Sequence[Action]) -> list[Action]:
     """``actions`` with each ``B`` that is followed at once by the ``W`` of its micro-batch (nothing
     between: no send) made one ``BW``. The weight gradients come out bit for bit the same, the
-    split's own work does not happen (keeping where each weight enters the graph, and a second
-    pass to reach them: the side-by-side's first stage took 37.3 ms of CPU a micro-batch split, 30.9
-    fused, ``scripts/first_stage_backward.py`` on 2026-11-29), and nothing waits longer: no action
-    ran between the two). Since the linear layers' own split (``split_backward``) a split costs little
-    more than a fused backward, but a fused one still skips B's second autograd call a layer."""
+    split's own work does not happen, and nothing waits longer: no action ran between the two.
+    (With torch's split, which keeps where each weight enters the graph and passes over it again in
+    W, the side-by-side's first stage took 37.3 ms of CPU a micro-batch split against 30.9 fused,
+    ``scripts/first_stage_backward.py`` on 2026-11-29; the linear layers' own split,
+    ``split_backward``, costs little more than a fused backward, which still saves B's second
+    autograd call a layer.)"""
     out: list[Action] = []
     for a in actions:
         if a.op is Op.W and out and out[-1].op is Op.B and out[-1].mb == a.mb:

@@ -48,22 +48,24 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, weight = ctx.saved_tensors
-        module = ctx.module
         gx = gy.matmul(weight) if ctx.needs_input_grad[0] else None
+        _, want_w, want_b = ctx.needs_input_grad[:3]
+        if not (want_w or want_b):  # a frozen layer: no weight gradient to compute, now or in W
+            return gx, None, None, None, None
         into = ctx.deferral.into
         if into is not None:
-            if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-                into.append((module, x, gy))
+            into.append((ctx.module, x, gy))
             return gx, None, None, None, None
-        gw, gb = linear_weight_grads(module, x, gy)
-        return (gx, gw if ctx.needs_input_grad[1] else None, gb if ctx.needs_input_grad[2] else None, None, None)
+        return (gx, *linear_weight_grads(x, gy, want_w, want_b), None, None)
 
 
-def linear_weight_grads(module: nn.Linear, x: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The gradients of ``module``'s weight and bias from its input ``x`` and the gradient at its
-    output ``gy``: the products ``addmm``'s backward computes (equal to its bit for bit)."""
+def linear_weight_grads(x: torch.Tensor, gy: torch.Tensor, want_w: bool,
+                        want_b: bool) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """The gradients of a linear layer's weight and bias (those wanted, else None) from its input
+    ``x`` and the gradient at its output ``gy``: the products ``addmm``'s backward computes (equal to
+    its bit for bit)."""
     g2, x2 = gy.reshape(-1, gy.shape[-1]), x.reshape(-1, x.shape[-1])
-    return g2.t().mm(x2), (g2.sum(0) if module.bias is not None else None)
+    return (g2.t().mm(x2) if want_w else None), (g2.sum(0) if want_b else None)
 
 
 def _split_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -106,11 +108,12 @@ def _sum_into(ready: list, factors: list) -> None:
     for p, g in ready:  # (autograd's may share memory with another tensor: a first one is copied)
         _accumulate(p, g, fresh=False)
     for module, x, gy in factors:
-        gw, gb = linear_weight_grads(module, x, gy)
-        if module.weight.requires_grad:
+        bias = module.bias
+        gw, gb = linear_weight_grads(x, gy, module.weight.requires_grad, bias is not None and bias.requires_grad)
+        if gw is not None:
             _accumulate(module.weight, gw)
-        if gb is not None and module.bias.requires_grad:
-            _accumulate(module.bias, gb)
+        if gb is not None:
+            _accumulate(bias, gb)
 
 
 def _accumulate(p: torch.Tensor, g: torch.Tensor, fresh: bool = True) -> None:

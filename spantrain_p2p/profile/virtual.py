@@ -226,11 +226,16 @@ class VirtualDevice:
 
 class OpProgress:
     """The running operation of ``VirtualDevice.op``: ``reach(f)`` holds the thread until the
-    fraction ``f`` of its budget has passed since it started (at once if it has)."""
+    fraction ``f`` of its budget has passed since it started (at once if it has); ``due(f)`` says
+    whether it has."""
 
     def __init__(self, device: VirtualDevice, t0: float, budget_s: float):
         self._device, self._t0, self._budget = device, t0, budget_s
         self.held_s = 0.0  # time spent held here: not the operation's CPU time
+
+    def due(self, fraction: float) -> bool:
+        """Whether the fraction ``fraction`` of the budget has passed since the operation started."""
+        return self._device.clock() >= self._t0 + self._budget * min(1.0, max(0.0, float(fraction)))
 
     def reach(self, fraction: float) -> None:
         dev = self._device

@@ -123,3 +123,41 @@ def test_the_steps_an_inventory_named_stay_held_while_the_peer_trains_on():
     store.hold(time.monotonic() - 1)  # run out
     store.put(0, 40, [])
     assert store.inventory() == {0: [33, 34, 40]}
+
+
+def test_a_layer_walked_again_finds_the_same_tensors_and_notices_what_moved():
+    """A layer's next snapshots reuse where its first walk found its tensors: the entries are the
+    ones a fresh walk finds, the same tensors, through optimizer steps, a replaced parameter, a
+    state that appears later (SGD's momentum), another optimizer, and a state that is no float32
+    tensor (walked afresh every time)."""
+    from spantrain_p2p.models.state import _walk
+
+    def same(layer, opt):
+        got, own = state.walk(layer, opt, [("s:scale", torch.tensor(8.0))])
+        want, want_own = _walk(layer, opt, frozenset())
+        assert [n for n, _ in got[:-1]] == [n for n, _ in want] and own == want_own
+        # the same tensors (a float64 state is converted afresh by either walk: equal then)
+        assert all(a is b or (b.dtype == torch.float32 and a.dtype == b.dtype and torch.equal(a, b) and
+                              b.data_ptr() != a.data_ptr()) for (_, a), (_, b) in zip(got, want))
+        assert got[-1][0] == "s:scale"
+
+    def train(layer, opt):
+        layer(torch.randn(3, 4)).sum().backward()
+        opt.step()
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.BatchNorm1d(4))
+    adam = torch.optim.Adam(layer.parameters(), foreach=True)
+    same(layer, adam)  # no state yet
+    for _ in range(2):
+        train(layer, adam)
+        same(layer, adam)
+    layer[0].weight = torch.nn.Parameter(layer[0].weight.detach() + 1)  # replaced: not the optimizer's
+    same(layer, adam)
+    sgd = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9)
+    same(layer, sgd)
+    train(layer, sgd)  # its momentum appears
+    same(layer, sgd)
+    sgd.state[layer[1].weight]["momentum_buffer"] = torch.zeros(4, dtype=torch.float64)
+    same(layer, sgd)
+    same(layer, sgd)

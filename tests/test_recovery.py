@@ -210,3 +210,15 @@ def test_a_snapshot_is_one_copy_of_every_tensor_of_the_layer_and_its_optimizer_s
     train_step()  # the weights and moments move; the snapshot does not
     assert all(torch.equal(a, b) for (_, a), b in zip(got, before))
     assert not torch.equal(got[0][1], params[got[0][0][2:]].detach())
+
+
+def test_a_buddy_copy_carries_the_loss_rows_of_the_steps_since_the_last_copy_could_be():
+    """The rows a snapshot sends along: the latest ``LOSS_ROWS`` steps' that have one, up to the step
+    just done, looked up (a run's whole history is not sorted every step)."""
+    from spantrain_p2p.train.recovery import LOSS_ROWS, recent_rows
+
+    sums = {s: (float(s), 4, 1) for s in range(10_000) if s != 9_995}  # a step without a loss row
+    rows = recent_rows(sums, 9_999)
+    assert rows == [[s, float(s), 4, 1] for s in range(10_000 - LOSS_ROWS, 10_000) if s != 9_995]
+    assert recent_rows(sums, 3) == [[s, float(s), 4, 1] for s in range(4)]
+    assert recent_rows({}, 50) == []

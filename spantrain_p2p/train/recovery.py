@@ -74,6 +74,13 @@ def copy_cost_s_per_byte(encrypted: bool = True, nbytes: int = 4 << 20) -> float
     return _COST_PER_BYTE[encrypted]
 
 
+def recent_rows(loss_sums: dict, upto: int) -> list[list]:
+    """The [step, loss sum, count, epoch] rows of the ``LOSS_ROWS`` steps up to ``upto`` that have
+    one: what a buddy copy carries (copies are at most that many steps apart). Looked up, not sorted
+    out of the whole run's: a step's snapshot sorted every row of the run, 3.4 ms at 10,000 steps."""
+    return [[s, *loss_sums[s]] for s in range(upto - LOSS_ROWS + 1, upto + 1) if s in loss_sums]
+
+
 class Recovery:
     """This peer's snapshots and the copies it holds for others (``store``), and the losses a
     buddy sent along (``held_losses``). ``rtt_ms(peer id)`` orders buddies and sources;

@@ -43,7 +43,7 @@ from . import overflow, planning
 from ..models import workload
 from .planning import model_profile
 from .run_records import MAP_POLL_S, RunRecords
-from .recovery import Recovery
+from .recovery import Recovery, recent_rows
 from .stage_setup import Stage, setup_stage
 from .transport import PipelineTransport
 
@@ -480,7 +480,7 @@ class Trainer:
         states = None
         if self.island is None:  # (islands resume from their outer state: islands.exchange)
             states = self.recovery.snapshot(smap, self.stage, st.layers, st.opt, st.first, self.step,
-                                            [[s, a, n, e] for s, (a, n, e) in sorted(self.loss_sums.items())],
+                                            recent_rows(self.loss_sums, ds),
                                             st.scale.state() if st.scale is not None else (),
                                             st.sharding.foreign if st.sharding else None)
         run_report.log_step(log, step, ds, self.losses[ds] if loss_count else None, (t0, t_pipe, t_sum, t1),

@@ -186,10 +186,11 @@ class StageExecutor:
                 if fracs is None:
                     return fn(*args, None)
                 # a layer done here is done on the device once its share of the op has passed: told
-                # then, while the layers below compute on (as a host queues a GPU's kernels ahead of
-                # it), not after holding the thread there, which had every layer's CPU work wait for
-                # the one before it on the device and lost a wake-up a layer on a busy host
-                # (cee-3region: the step's last backward took 39 ms for its 30 ms budget)
+                # at the first layer's end after that (the layers below compute on meanwhile, as a host
+                # queues a GPU's kernels ahead of it), or held for at the op's end; not after holding
+                # the thread at each layer, which had every layer's CPU work wait for the one before it
+                # on the device and lost a wake-up a layer on a busy host (cee-3region: the step's last
+                # backward took 39 ms for its 30 ms budget)
                 waiting: list[int] = []
 
                 def tell_due() -> None:

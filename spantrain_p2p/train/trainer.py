@@ -26,6 +26,7 @@ from ..robust.attacks import BOUNDARY
 from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
+from ..peer import loop_cpu
 from . import cpu_use, memory_use, report as run_report
 from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, map_states, ready_peers
@@ -325,6 +326,7 @@ class Trainer:
     async def _train(self) -> None:
         st = await setup_stage(self)
         self.cpu.start()
+        loop_cpu.begin()
         if self.device_base is None and self.peer.device is not None:
             self.device_base = self.peer.device.stats()
         if self.peak is None:  # for MFU: an emulated peer's is its virtual device's
@@ -339,6 +341,7 @@ class Trainer:
                     await self._run_step(st, step)
         finally:
             st.executor.close()
+            loop_cpu.end(self.peer.config.name or self.peer.peer_id)
         await self.peer.set_state("done")
         log.info("training done: %d steps", self.steps_done)
 

@@ -24,12 +24,12 @@ def status(t) -> dict:
             "loss": last, "error": t.error or t.refused,
             **t.coordinator.status(),
             "recent_losses": [[st, a, n, e] for st, (a, n, e) in
-                              sorted(t.loss_sums.items())[-30:] + sorted(t.recovery.held_losses.items())[-30:]],
+                              t.loss_sums.last(30) + sorted(t.recovery.held_losses.items())[-30:]],
             "plan": (t.full_map or smap).summary() if smap else None, "events": t.events[-20:],
             "recent_steps": [[st, round(e, 3), round(e - s, 4), ep] for st, s, e, ep in t.step_times[-60:]],
             # the whole run, thinned (a page opened mid-run draws it from step 0)
-            "loss_history": thin([[st, a, n, e] for st, (a, n, e) in sorted(t.loss_sums.items())]),
-            "throughput_history": throughput_history(t),
+            "loss_history": [[st, a, n, e] for st, (a, n, e) in t.loss_sums.thinned()],
+            "throughput_history": t.throughput.rows(t.work["tokens_per_step"]) if t.work else [],
             "tokens_per_s": tokens_per_s(t), "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
             "step_breakdown": cpu_use.step_breakdown([t.timelines[k] for k in sorted(t.timelines)[-10:]]),
             "cpu": t.cpu.figures(),
@@ -97,35 +97,6 @@ def log_step(log, step: int, data_step: int, loss: Optional[float], times: tuple
         log.info("step %d: loss %.4f (%s)", data_step, loss, parts)
     else:
         log.debug("step %d (%s)", step, parts)
-
-
-HISTORY_POINTS = 200
-
-
-def thin(rows: list, most: int = HISTORY_POINTS) -> list:
-    """At most ``most`` of ``rows``, evenly spaced, the last one kept."""
-    if len(rows) <= most:
-        return rows
-    k = -(-len(rows) // most)
-    return rows[::-1][::k][::-1]
-
-
-def throughput_history(t, most: int = HISTORY_POINTS) -> list[list]:
-    """This peer's tokens per second over the run: [first step, end (unix s), tokens/s] per group of
-    consecutive steps, at most ``most`` of them: groups of a power of two steps cut at its multiples,
-    so that the replicas of a stage (at the same step, give or take one) cut them alike and a page can
-    add them up."""
-    if not t.work or not t.step_times:
-        return []
-    k = 1
-    while max(st for st, *_ in t.step_times) // k >= most:
-        k *= 2
-    groups: dict[int, list] = {}
-    for st, s, e, _ in t.step_times:
-        g = groups.setdefault(st // k * k, [s, e, 0])
-        g[0], g[1], g[2] = min(g[0], s), max(g[1], e), g[2] + 1
-    return [[first, round(e, 3), round(t.work["tokens_per_step"] * n / max(e - s, 1e-6), 3)]
-            for first, (s, e, n) in sorted(groups.items())]
 
 
 def tokens_per_s(t) -> Optional[float]:

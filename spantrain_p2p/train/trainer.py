@@ -36,6 +36,7 @@ from ..models.devices import is_out_of_memory, peak_flops, resolve_device
 from .defence import Defence
 from .verifier import ATTEST_KIND, FETCH_KIND, SUSPECT_KIND, Verifier
 from .gradsum import GradientSum
+from .histories import StepRows, Throughput
 from ..job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
 from ..islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
@@ -86,8 +87,9 @@ class Trainer:
         self.step = 0  # the step being run (or next to run)
         self.steps_done = 0
         self.losses: dict[int, float] = {}  # step -> mean loss of this peer's micro-batches (last stage)
-        self.loss_sums: dict[int, tuple[float, int, int]] = {}  # step -> (sum of micro-batch losses, count, epoch)
+        self.loss_sums = StepRows()  # step -> (sum of micro-batch losses, count, epoch)
         self.step_times: list[tuple[int, float, float, int]] = []  # (step, start unix, end unix, epoch)
+        self.throughput = Throughput()  # the step times grouped for /status
         self.compute_s: list[float] = []
         self.stash_peak_bytes = 0  # the most activation bytes held at once in any step (``pipeline.memory``)
         self.memory_state: Optional[dict] = None  # weights, gradients, optimizer state as measured (``memory_use``)
@@ -458,6 +460,7 @@ class Trainer:
         self.transport.drop_before(step + 1)
         t1 = time.time()
         self.step_times.append((ds, t0, t1, smap.epoch))
+        self.throughput.add(ds, t0, t1)
         ops = [list(x) for x in result.timeline]
         if gsum is not None or st.scale is not None:
             ops.append(["SUM", -1, t_pipe, t_sum])  # the replicas' gradient sum (and fp16's vote)

@@ -84,6 +84,15 @@ def test_a_timed_loop_counts_each_coroutine_s_cpu_from_begin_to_end(tmp_path, mo
     assert loop_cpu.end("p0") is None  # not counting any more
 
 
+def test_figures_that_cannot_be_written_leave_the_peer_running(tmp_path, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv(loop_cpu.ENV, str(blocked / "under-a-file"))
+    monkeypatch.setattr(loop_cpu, "_M", loop_cpu._Meter())
+    loop_cpu.begin()
+    assert loop_cpu.end("p0") is None
+
+
 def test_without_the_variable_the_loop_is_left_as_it_is(monkeypatch):
     monkeypatch.delenv(loop_cpu.ENV, raising=False)
     assert loop_cpu.wrap_loop_factory(uvloop.new_event_loop) is uvloop.new_event_loop

@@ -21,11 +21,13 @@ import asyncio
 import collections
 import collections.abc
 import json
+import logging
 import os
 import time
 from typing import Callable, Optional
 
 ENV = "SPANTRAIN_LOOP_CPU"
+log = logging.getLogger("spantrain.peer")
 
 # (prefix of a coroutine's or callback's qualified name, role); the first that matches
 ROLES: tuple[tuple[str, str], ...] = (
@@ -213,8 +215,12 @@ def end(name: str) -> Optional[str]:
     folder = os.environ[ENV]
     figures = {"wall_s": round(_M.wall_s, 4), "loop_cpu_s": round(_M.loop_s, 6),
                "coroutines": {k: [round(v, 6), _M.turns[k]] for k, v in _M.cpu.most_common()}}
-    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.loop_cpu.json")
-    with open(path, "w") as f:
-        json.dump(figures, f, indent=1)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(figures, f, indent=1)
+    except OSError as e:  # a diagnostic: it never stops a peer (this runs as training ends, or fails)
+        log.warning("could not write the loop's CPU figures to %s: %s", path, e)
+        return None
     return path

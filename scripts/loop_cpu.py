@@ -1,6 +1,6 @@
 """Where the peers' event loops spend their CPU while training, by role and by coroutine (issue 31).
 
-Runs one swarm with ``SPANTRAIN_LOOP_CPU`` set (``peer/loop_cpu.py``: each task's turns and the data
+Runs one swarm with ``SPANTRAIN_LOOP_CPU`` set (``train/loop_cpu.py``: each task's turns and the data
 plane's callbacks timed on the loop thread's own CPU clock, from each peer's first training step to
 its last), then prints per peer the loop thread's CPU in ms a second of training, the same over all
 peers by role (data plane, schedule, gradient sum, recovery, status pages, control plane, streams,
@@ -26,7 +26,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from spantrain_p2p.peer import loop_cpu  # noqa: E402
+from spantrain_p2p.train import loop_cpu  # noqa: E402
 
 
 def side_by_side_cmd(schedule: str, steps: int, tmp: str) -> list[str]:

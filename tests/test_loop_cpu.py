@@ -1,11 +1,11 @@
-"""The loop's CPU by coroutine and role (``peer/loop_cpu``, ``SPANTRAIN_LOOP_CPU``)."""
+"""The loop's CPU by coroutine and role (``train/loop_cpu``, ``SPANTRAIN_LOOP_CPU``)."""
 import asyncio
 import json
 import time
 
 import uvloop
 
-from spantrain_p2p.peer import loop_cpu
+from spantrain_p2p.train import loop_cpu
 
 
 async def module_level() -> None:

@@ -231,7 +231,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     try:
         config = config_from_args(args)
-        from ..peer import loop_cpu
+        from ..train import loop_cpu
 
         with asyncio.Runner(loop_factory=loop_cpu.wrap_loop_factory(_loop_factory(args.event_loop))) as runner:
             return runner.run(run_peer(config, args.ready_file, train_options(args)))

@@ -26,7 +26,7 @@ from ..robust.attacks import BOUNDARY
 from ..plan.islands import data_steps
 from ..plan.stagemap import StageMap
 from ..swarm.membership import BadRecordLog
-from ..peer import loop_cpu
+from . import loop_cpu
 from . import cpu_use, memory_use, report as run_report
 from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
 from .coordinator import Coordinator, map_states, ready_peers

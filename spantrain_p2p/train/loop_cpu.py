@@ -27,7 +27,7 @@ import time
 from typing import Callable, Optional
 
 ENV = "SPANTRAIN_LOOP_CPU"
-log = logging.getLogger("spantrain.peer")
+log = logging.getLogger("spantrain.train")
 
 # (prefix of a coroutine's or callback's qualified name, role); the first that matches
 ROLES: tuple[tuple[str, str], ...] = (

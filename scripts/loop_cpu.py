@@ -35,12 +35,7 @@ def side_by_side_cmd(schedule: str, steps: int, tmp: str) -> list[str]:
     scenario = os.path.join(tmp, "unpadded-4.toml")
     with open(scenario, "w") as f:
         f.write(sbs.SCENARIO)
-    model_args = [a for k, v in sbs.MODEL_ARGS.items() for a in ("--model-arg", f"{k}={v}")]
-    return ["swarm", "--scenario", scenario, "--steps", str(steps), "--plan", "even", "--stages", str(sbs.PROCESSES),
-            "--schedule", schedule, "--model", "transformer", *model_args, "--seq-len", str(sbs.SEQ_LEN),
-            "--micro-batch-size", str(sbs.MICRO_BATCH_SIZE), "--micro-batches", str(sbs.MICRO_BATCHES),
-            "--precision", "fp32", "--compression", "none", "--aggregate", "sum", "--verify", "0",
-            "--recompute", "none"]
+    return sbs.ours_argv(schedule, steps, scenario)
 
 
 def main() -> int:

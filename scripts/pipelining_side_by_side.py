@@ -221,15 +221,19 @@ def run_theirs(schedule: str, per_process: int, steps: int, warmup: int, tmp: st
 
 # ---- ours: spantrain swarm ------------------------------------------------------------------------
 
+def ours_argv(schedule: str, steps: int, scenario: str) -> list[str]:
+    """``spantrain swarm``'s arguments for our side of the job (also ``scripts/loop_cpu.py``'s)."""
+    model_args = [a for k, v in MODEL_ARGS.items() for a in ("--model-arg", f"{k}={v}")]
+    return ["swarm", "--scenario", scenario, "--steps", str(steps), "--plan", "even", "--stages", str(PROCESSES),
+            "--schedule", schedule, "--model", "transformer", *model_args, "--seq-len", str(SEQ_LEN),
+            "--micro-batch-size", str(MICRO_BATCH_SIZE), "--micro-batches", str(MICRO_BATCHES),
+            "--precision", "fp32", "--compression", "none", "--aggregate", "sum", "--verify", "0",
+            "--recompute", "none"]
+
+
 def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) -> dict:
     run_dir = tempfile.mkdtemp(prefix=f"swarm-{schedule}-", dir=tmp)
-    model_args = [a for k, v in MODEL_ARGS.items() for a in ("--model-arg", f"{k}={v}")]
-    cmd = [sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", scenario, "--run-dir", run_dir,
-           "--steps", str(steps), "--plan", "even", "--stages", str(PROCESSES), "--schedule", schedule,
-           "--model", "transformer", *model_args, "--seq-len", str(SEQ_LEN),
-           "--micro-batch-size", str(MICRO_BATCH_SIZE), "--micro-batches", str(MICRO_BATCHES),
-           "--precision", "fp32", "--compression", "none", "--aggregate", "sum", "--verify", "0",
-           "--recompute", "none", "--json"]
+    cmd = [sys.executable, "-m", "spantrain_p2p", *ours_argv(schedule, steps, scenario), "--run-dir", run_dir, "--json"]
     with open(os.path.join(run_dir, "launcher.log"), "w") as log:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=120 + 10 * steps)
     if done.returncode != 0:

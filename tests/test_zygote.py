@@ -52,6 +52,29 @@ def test_a_forked_peer_runs_in_its_own_session_and_answers_signals(zyg, tmp_path
     assert q.wait(10) == -signal.SIGKILL
 
 
+def _mapped(pid: int, name: str) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return any(name in line for line in f)
+
+
+def test_a_requested_import_is_done_before_the_next_fork_and_only_of_what_it_may_import(zyg, tmp_path):
+    """An ``hf:`` job's launcher has the zygote import transformers once (``processes.preloads``),
+    instead of each of the job's peers importing it (2.2 s of CPU each)."""
+    assert "not a module the zygote imports" in zyg.preload(["os"])
+    assert not _mapped(zyg.pid, "regex/_regex")  # (a library of transformers' that the zygote's own imports lack)
+    assert zyg.preload(list(zygote.IMPORTABLE)) is None
+    assert _mapped(zyg.pid, "regex/_regex")
+    assert zyg.preload(list(zygote.IMPORTABLE)) is None  # already: not asked again
+    p = zyg.spawn(["--no-such-flag"], str(tmp_path / "after.log"))
+    assert p.wait(30) == 2
+
+    from spantrain_p2p.launch.processes import preloads
+
+    assert preloads(["--swarm", "s", "--model", "hf:gpt2-tiny"]) == ["transformers.modeling_utils"]
+    assert preloads(["--model=hf:./dir"]) == ["transformers.modeling_utils"]
+    assert preloads(["--model", "transformer"]) == preloads(["--join", "/ip4/1.2.3.4/tcp/1"]) == []
+
+
 def test_children_get_sigterm_when_the_zygote_goes(tmp_path):
     z = zygote.Zygote()
     ready = tmp_path / "c.ready.json"

@@ -46,6 +46,11 @@ class PeerProcess:
         argv = ["--ready-file", self.ready_file, *self.args]
         if zygote.enabled() and (self.netns or not self.wrap):
             try:
+                modules = preloads(self.args)
+                if modules:  # before the job's first peer: the others join later, forked after it
+                    why = zygote.shared().preload(modules)
+                    if why:
+                        print(f"spantrain: the zygote did not import {modules}: {why}", file=sys.stderr, flush=True)
                 self.proc = zygote.shared().spawn(argv, self.log_file, netns=self.netns)
                 return self
             except zygote.ZygoteError as e:
@@ -153,3 +158,15 @@ def wait_until(pred, timeout: float, interval: float = 0.25, what: str = "a cond
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def preloads(args: list[str]) -> list[str]:
+    """What the zygote imports before it forks a peer of these arguments: transformers' model
+    machinery where the peer defines a job with a transformers model (``--model hf:...``; the
+    peers that join it are forked after it and find it imported too)."""
+    for i, a in enumerate(args):
+        # (``models.hf_model.PREFIX``: not imported here, it imports torch, which the launcher leaves to its peers)
+        value = args[i + 1] if a == "--model" and i + 1 < len(args) else a[len("--model="):] if a.startswith("--model=") else None
+        if value is not None and value.startswith("hf:"):
+            return ["transformers.modeling_utils"]
+    return []

@@ -10,6 +10,10 @@ Protocol (JSON lines; the launcher is the zygote's only client, over its stdin a
 - request ``{"id": N, "argv": [...], "log": PATH, "cwd": DIR}``: fork a peer that runs
   ``spantrain-peer ARGV`` with stdout and stderr appended to ``log``; reply ``{"id": N, "pid": PID}``.
 - when a child exits, ``{"exit": PID, "code": C}`` (C as ``Popen.returncode``: ``-signal`` if killed).
+- request ``{"id": N, "import": [MODULE, ...]}``: import these (of ``IMPORTABLE`` only) before the
+  next fork, for every peer forked after it; reply ``{"id": N, "imported": [...], "error": E}``. The
+  launcher asks it before a job's first peer where the job's model needs a library only such jobs
+  import (``transformers``: 2.2 s of CPU in each peer of an ``hf:`` job, four at once on two cores).
 The zygote runs no torch operation, no event loop and starts no thread of its own before forking.
 Each child starts a new session (``killpg`` reaches it and its p2pd, as with ``Popen``) and gets
 SIGTERM if the zygote dies; the zygote ignores Ctrl-C (the launcher stops the peers) and exits at
@@ -28,11 +32,14 @@ import subprocess
 import sys
 import threading
 import traceback
-from typing import Optional
+from typing import Any, Optional
 
 from ..osproc import die_with_parent, enter_netns
 
 START_TIMEOUT_S = 60.0  # the zygote's own imports, on a loaded 2-core machine
+# what the launcher may have the zygote import on request: transformers' model machinery (its import
+# pulls in torchao's quantizers and scipy, whose BLAS starts one idle thread, as numpy's does already)
+IMPORTABLE = ("transformers.modeling_utils",)
 
 
 # ---- the zygote process ------------------------------------------------------------------------
@@ -94,6 +101,25 @@ def _child(argv: list[str], log: str, cwd: str, netns: str = "") -> None:
             os._exit(code if isinstance(code, int) else 1)
 
 
+def _import(modules) -> dict:
+    """Imports the modules asked for (``IMPORTABLE`` ones only): what to reply."""
+    import importlib
+    import warnings
+
+    done = []
+    for name in modules if isinstance(modules, list) else []:
+        if name not in IMPORTABLE:
+            return {"imported": done, "error": f"{str(name)[:80]!r} is not a module the zygote imports"}
+        try:
+            with warnings.catch_warnings():  # (torchao's about CUDA kernels this machine lacks)
+                warnings.simplefilter("ignore")
+                importlib.import_module(name)
+        except Exception as e:  # the peers import it themselves, and say why it fails
+            return {"imported": done, "error": f"{name}: {type(e).__name__}: {e}"[:300]}
+        done.append(name)
+    return {"imported": done, "error": None}
+
+
 def _reap(out) -> None:
     while True:
         try:
@@ -130,6 +156,9 @@ def serve() -> int:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             req = json.loads(line)
+            if "import" in req:
+                _reply(out, {"id": req["id"], **_import(req["import"])})
+                continue
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
@@ -156,11 +185,12 @@ class Zygote:
         self._lock = threading.Lock()
         self._cond = threading.Condition()
         self._proc: Optional[subprocess.Popen] = None
-        self._replies: dict[int, int] = {}
+        self._replies: dict[int, Any] = {}  # request id -> pid (a fork) or error text (an import)
         self._exits: dict[int, int] = {}
         self._next_id = 0
         self._dead: Optional[str] = None
         self._ready = threading.Event()
+        self._imported: set[str] = set()  # modules this zygote has imported on request
 
     def prestart(self) -> None:
         """Starts the zygote now, without waiting: its imports overlap with the launcher's work."""
@@ -172,6 +202,7 @@ class Zygote:
             return
         self._dead = None
         self._ready = threading.Event()
+        self._imported = set()
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=None, bufsize=0,
@@ -194,6 +225,9 @@ class Zygote:
                     ready.set()
                 elif "exit" in msg:
                     self._exits[int(msg["exit"])] = int(msg["code"])
+                elif "imported" in msg:
+                    self._imported.update(msg["imported"])
+                    self._replies[int(msg["id"])] = msg.get("error") or ""
                 else:
                     self._replies[int(msg["id"])] = int(msg["pid"])
                 self._cond.notify_all()
@@ -202,23 +236,33 @@ class Zygote:
             self._cond.notify_all()
         ready.set()
 
-    def spawn(self, argv: list[str], log: str, netns: str = "") -> "ForkedPeer":
+    def _ask(self, req: dict, timeout: float):
+        """Sends ``req`` (an id added); its reply."""
         with self._lock:
             self._started()
             self._next_id += 1
             rid = self._next_id
-            req = json.dumps({"id": rid, "argv": list(argv), "log": os.path.abspath(log), "cwd": os.getcwd(),
-                              "netns": netns})
             try:
-                self._proc.stdin.write(req.encode() + b"\n")
+                self._proc.stdin.write(json.dumps({"id": rid, **req}).encode() + b"\n")
             except OSError as e:
                 raise ZygoteError(f"the zygote is gone: {e}") from None
         with self._cond:
-            if not self._cond.wait_for(lambda: rid in self._replies or self._dead, 30):
-                raise ZygoteError("the zygote did not answer within 30 s")
+            if not self._cond.wait_for(lambda: rid in self._replies or self._dead, timeout):
+                raise ZygoteError(f"the zygote did not answer within {timeout:.0f} s")
             if rid not in self._replies:
                 raise ZygoteError(f"the zygote {self._dead}")
-            return ForkedPeer(self, self._replies.pop(rid))
+            return self._replies.pop(rid)
+
+    def spawn(self, argv: list[str], log: str, netns: str = "") -> "ForkedPeer":
+        return ForkedPeer(self, self._ask({"argv": list(argv), "log": os.path.abspath(log), "cwd": os.getcwd(),
+                                           "netns": netns}, 30))
+
+    def preload(self, modules: list[str]) -> Optional[str]:
+        """Has the zygote import ``modules`` (of ``IMPORTABLE``) for the peers it forks from now on;
+        None once they are imported, else why not (the peers then import them themselves)."""
+        if set(modules) <= self._imported:
+            return None
+        return self._ask({"import": list(modules)}, START_TIMEOUT_S) or None
 
     def returncode(self, pid: int) -> Optional[int]:
         with self._cond:

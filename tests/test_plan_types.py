@@ -64,6 +64,23 @@ def test_profile_of_the_reference_transformer():
     assert prof.layers[-1].activation_bytes_out == 0
 
 
+def test_a_model_profile_goes_through_json_unchanged_and_a_bad_one_is_refused():
+    """A peer's ``/report`` hands the launcher its model profile, which prices the run's plan with it
+    instead of building the model again."""
+    import json
+    from dataclasses import replace
+
+    prof = replace(ModelProfile.from_model_config(ModelConfig(dim=64, depth=2, heads=2, vocab=128, seq_len=16)),
+                   name="tiny", wire_dtype_bytes=2, optimizer_bytes_per_param_byte=0.25)
+    assert ModelProfile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+    d = prof.to_dict()
+    for bad in ([], {**d, "layers": "x"}, {**d, "extra": 1}, {**d, "layers": [{"fwd_flops": "1"}]},
+                {**d, "layers": [{**d["layers"][0], "mystery": 1.0}]}, {**d, "name": 3}, {**d, "wire_dtype_bytes": 2.5},
+                {**d, "layers": [{**d["layers"][0], "fwd_flops": float("inf")}]}, {**d, "layers": []}):
+        with pytest.raises(ValueError):
+            ModelProfile.from_dict(bad)
+
+
 def test_default_planning_model_is_a_gpt_of_about_a_billion_parameters():
     cfg = default_planning_model()
     assert 1.0e9 < num_params(cfg) < 1.6e9 and cfg.depth == 24 and cfg.seq_len == 1024

@@ -272,7 +272,7 @@ def train_and_report(procs: list["PeerProcess"], args, say, chaos=(), launch_pee
     summary["seq_len"] = seq
     summary.update(figures(summary, reports, scenario))
     summary.update(predict.configured(summary.get("plan"), next((r["job"] for r in reports if r.get("job")), None),
-                                      scenario))
+                                      scenario, next((r["model_profile"] for r in reports if r.get("model_profile")), None)))
     summary.update(predict.rates(summary))
     summary["epochs"] = epoch_figures(reports, follower.plans, summary["samples_per_step"])
     summary.update({"replans": max(0, len(epochs) - 1), "stage_moves": moves,

@@ -9,7 +9,7 @@ speak in ms, Mbit/s, TFLOP/s and GB; the ``from_*`` constructors convert.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Mapping, Optional
 
 from ..pipeline.assignment import assign_microbatches
@@ -181,6 +181,30 @@ class ModelProfile:
                      "host_copy_bytes_per_param_byte", "host_step_s_per_param_byte"):
             _finite(name, getattr(self, name), positive=False)
 
+    def to_dict(self) -> dict:
+        return {**{f: getattr(self, f) for f in _MODEL_FIELDS if f != "layers"},
+                "layers": [{f: getattr(x, f) for f in _LAYER_FIELDS} for x in self.layers]}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "ModelProfile":
+        """The profile ``to_dict`` gave (read from a peer's ``/report``); ValueError if ``d`` is not one."""
+        if not isinstance(d, dict) or not isinstance(d.get("layers"), list) or set(d) - set(_MODEL_FIELDS):
+            raise ValueError("a model profile is a map of its fields with a list of layers")
+        layers = []
+        for x in d["layers"]:
+            if not isinstance(x, dict) or set(x) - set(_LAYER_FIELDS) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in x.values()):
+                raise ValueError("a model profile's layer is a map of its numeric fields")
+            try:
+                layers.append(LayerProfile(**x))
+            except TypeError as e:  # a field missing
+                raise ValueError(f"a model profile's layer: {e}") from None
+        rest = {k: v for k, v in d.items() if k != "layers"}
+        if not isinstance(rest.get("name", ""), str) or not isinstance(rest.get("wire_dtype_bytes", 4), int) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in rest.items() if k != "name"):
+            raise ValueError("a model profile's fields have the wrong types")
+        return cls(tuple(layers), **rest)
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -243,6 +267,10 @@ def default_planning_model(dim: int = 2048, depth: int = 24, seq_len: int = 1024
 
 def _mbps(v: float) -> float:
     return v * 1e6 / 8.0
+
+
+_LAYER_FIELDS = tuple(f.name for f in fields(LayerProfile))
+_MODEL_FIELDS = tuple(f.name for f in fields(ModelProfile))
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,22 @@ def model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
     meta device (a second for GPT-2), so the answer is kept per job: the trainer asks first, off the
     event loop, and the planner and the status pages find it ready. What a layer keeps for its
     backward is measured on ``STASH_DEVICE`` (``measure_stash_on``)."""
-    return _model_profile(json.dumps(job.to_dict(), sort_keys=True), STASH_DEVICE)
+    key = json.dumps(job.to_dict(), sort_keys=True)
+    prof = _model_profile(key, STASH_DEVICE)
+    _LAST[0] = (key, STASH_DEVICE, prof)
+    return prof
+
+
+_LAST: list = [None]  # (job, stash device, profile) of the last ``model_profile`` answered
+
+
+def known_model_profile(job: JobSpec) -> Optional[pt.ModelProfile]:
+    """The job's profile where this process has it already, else None: never computed here (for a
+    page, which must not hold the event loop while a transformers model is built)."""
+    last = _LAST[0]
+    if last is None or last[1] != STASH_DEVICE or last[0] != json.dumps(job.to_dict(), sort_keys=True):
+        return None
+    return last[2]
 
 
 # where this process measures what layers keep (``measured_stash``): the device its layers train on,

@@ -44,11 +44,15 @@ def status(t) -> dict:
 
 def report(t) -> dict:
     """The trainer's whole run, for ``/report``."""
+    from .planning import known_model_profile
+
     smap, job, tr = t.smap, t.job, t.transport
     durations = [e - s for _, s, e, _ in t.step_times]
     return {"peer_id": t.peer.peer_id, "name": t.peer.config.name, "stage": t.stage, "defence": {**t.defence.status(), "verify": t.verifier.status()},
             "layers": list(smap.stages[t.stage].layers) if smap and t.stage is not None else None,
             "plan": smap.summary() if smap else None, "job": job.to_dict() if job else None,
+            # the planner's view of the model: the launcher prices the run's plan with it (``launch.predict``)
+            "model_profile": (p.to_dict() if job and (p := known_model_profile(job)) is not None else None),
             "steps_done": t.steps_done, "losses": [[s, loss] for s, loss in sorted(t.losses.items())],
             "loss_sums": [[s, a, n, e] for s, (a, n, e) in sorted(t.loss_sums.items())],
             "step_times": [list(x) for x in t.step_times],

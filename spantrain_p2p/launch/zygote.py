@@ -137,6 +137,13 @@ def _reply(out, msg: dict) -> None:
 
 
 def serve() -> int:
+    try:
+        return _serve()
+    except BrokenPipeError:  # the launcher is gone (it stopped before it needed us: a bad argument, say)
+        return 0
+
+
+def _serve() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "w")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints of imported modules stay off the protocol

@@ -9,9 +9,10 @@ speak in ms, Mbit/s, TFLOP/s and GB; the ``from_*`` constructors convert.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional
 
+from ..net.framing import strict_from_dict
 from ..pipeline.assignment import assign_microbatches
 from ..pipeline.schedule import SCHEDULE_NAMES
 from .model import ModelConfig, block_params, embed_params, flops_per_layer, head_params, num_params
@@ -182,28 +183,17 @@ class ModelProfile:
             _finite(name, getattr(self, name), positive=False)
 
     def to_dict(self) -> dict:
-        return {**{f: getattr(self, f) for f in _MODEL_FIELDS if f != "layers"},
-                "layers": [{f: getattr(x, f) for f in _LAYER_FIELDS} for x in self.layers]}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Any) -> "ModelProfile":
-        """The profile ``to_dict`` gave (read from a peer's ``/report``); ValueError if ``d`` is not one."""
-        if not isinstance(d, dict) or not isinstance(d.get("layers"), list) or set(d) - set(_MODEL_FIELDS):
+        """The profile ``to_dict`` gave, from untrusted data (a peer's ``/report``): every field
+        required, else ValueError."""
+        layers = d.get("layers") if isinstance(d, dict) else None
+        if not isinstance(layers, list):
             raise ValueError("a model profile is a map of its fields with a list of layers")
-        layers = []
-        for x in d["layers"]:
-            if not isinstance(x, dict) or set(x) - set(_LAYER_FIELDS) or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in x.values()):
-                raise ValueError("a model profile's layer is a map of its numeric fields")
-            try:
-                layers.append(LayerProfile(**x))
-            except TypeError as e:  # a field missing
-                raise ValueError(f"a model profile's layer: {e}") from None
-        rest = {k: v for k, v in d.items() if k != "layers"}
-        if not isinstance(rest.get("name", ""), str) or not isinstance(rest.get("wire_dtype_bytes", 4), int) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in rest.items() if k != "name"):
-            raise ValueError("a model profile's fields have the wrong types")
-        return cls(tuple(layers), **rest)
+        return strict_from_dict(cls, {**d, "layers": [strict_from_dict(LayerProfile, x, "model profile layer")
+                                                       for x in layers]}, "model profile")
 
     @property
     def num_layers(self) -> int:
@@ -267,10 +257,6 @@ def default_planning_model(dim: int = 2048, depth: int = 24, seq_len: int = 1024
 
 def _mbps(v: float) -> float:
     return v * 1e6 / 8.0
-
-
-_LAYER_FIELDS = tuple(f.name for f in fields(LayerProfile))
-_MODEL_FIELDS = tuple(f.name for f in fields(ModelProfile))
 
 
 @dataclass(frozen=True)

@@ -73,16 +73,19 @@ class Throughput:
 
     def add(self, step: int, start: float, end: float) -> None:
         """A step timed from ``start`` to ``end`` (unix seconds); a redone step counts again."""
-        g = self._groups.setdefault(step // self.k * self.k, [start, end, 0])
-        g[0], g[1], g[2] = min(g[0], start), max(g[1], end), g[2] + 1
+        self._fold(self._groups, step, start, end, 1)
         self.top = max(self.top, step)
         while self.top // self.k >= self.most:
             self.k *= 2
             merged: dict[int, list] = {}
             for first, (s, e, n) in self._groups.items():
-                m = merged.setdefault(first // self.k * self.k, [s, e, 0])
-                m[0], m[1], m[2] = min(m[0], s), max(m[1], e), m[2] + n
+                self._fold(merged, first, s, e, n)
             self._groups = merged
+
+    def _fold(self, groups: dict[int, list], step: int, start: float, end: float, n: int) -> None:
+        """``n`` steps from ``start`` to ``end`` into the group of ``step``."""
+        g = groups.setdefault(step // self.k * self.k, [start, end, 0])
+        g[0], g[1], g[2] = min(g[0], start), max(g[1], end), g[2] + n
 
     def rows(self, tokens_per_step: float) -> list[list]:
         """[first step, end (unix s, ms), tokens/s] per group, by step."""

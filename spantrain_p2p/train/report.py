@@ -54,7 +54,7 @@ def report(t) -> dict:
             # the planner's view of the model: the launcher prices the run's plan with it (``launch.predict``)
             "model_profile": (p.to_dict() if job and (p := known_model_profile(job)) is not None else None),
             "steps_done": t.steps_done, "losses": [[s, loss] for s, loss in sorted(t.losses.items())],
-            "loss_sums": [[s, a, n, e] for s, (a, n, e) in sorted(t.loss_sums.items())],
+            "loss_sums": [[s, a, n, e] for s, (a, n, e) in t.loss_sums.items()],  # (StepRows: in step order)
             "step_times": [list(x) for x in t.step_times],
             "step_s_median": statistics.median(durations) if durations else None,
             "wire_bytes": [[s, {smap.name_of(d): b for d, b in per.items()}]

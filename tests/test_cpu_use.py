@@ -74,3 +74,41 @@ def test_a_forked_child_reads_its_own_threads_wait_for_a_core_not_its_parents():
     assert os.read(r, 1) == b"1"
     os.close(r)
     assert osproc._local.schedstat is parent  # the parent's stays
+
+
+def test_a_compute_thread_asks_for_a_long_slice_and_keeps_its_policy_and_nice_value():
+    """``osproc.ask_slice``: where the kernel takes a custom slice (EEVDF, Linux >= 6.12; this
+    project's machines), the thread's slice is what it asked and its nice value is unchanged; where
+    it does not, nothing changes. Out of the kernel's bounds: not asked. The stage executor's
+    compute thread asks for ``COMPUTE_SLICE_S``."""
+    import threading
+
+    import torch
+
+    from spantrain_p2p import osproc
+    from spantrain_p2p.pipeline.executor import COMPUTE_SLICE_S, StageExecutor
+
+    out = {}
+
+    def ask():
+        tid = threading.get_native_id()
+        before, nice = osproc.custom_slice_s(), os.getpriority(os.PRIO_PROCESS, tid)
+        out["ok"] = osproc.ask_slice(0.02)
+        out["slice"], out["before"] = osproc.custom_slice_s(), before
+        out["nice"] = (nice, os.getpriority(os.PRIO_PROCESS, tid))
+        out["refused"] = (osproc.ask_slice(5.0), osproc.ask_slice(0.0), osproc.custom_slice_s())
+
+    t = threading.Thread(target=ask)
+    t.start()
+    t.join()
+    assert out["nice"][0] == out["nice"][1]
+    assert out["slice"] == (0.02 if out["ok"] else out["before"])
+    assert out["refused"] == (False, False, out["slice"])
+    if sys.platform.startswith("linux") and tuple(map(int, os.uname().release.split(".")[:2])) >= (6, 12):
+        assert out["ok"], "this kernel has custom slices"
+    ex = StageExecutor([torch.nn.Linear(2, 2)], True, True, 1, batch=None, recv=None, send=None)
+    try:
+        tid = ex._pool.submit(threading.get_native_id).result()
+        assert osproc.custom_slice_s(tid) == (COMPUTE_SLICE_S if out["ok"] else out["before"])
+    finally:
+        ex.close()

@@ -91,8 +91,9 @@ def ask_slice(seconds: float) -> bool:
     (SCHED_OTHER) and nice value kept: whether the kernel took it. A thread that computes for tens
     of milliseconds between waits, on a host where more such threads than cores take turns (peers
     sharing a machine), is then switched out less often, and each switch costs it its caches: four
-    processes computing on two cores spent 1,244-1,301 ms of CPU a step of the side-by-side's job
-    with 20 ms slices against 1,309-1,329 with the default (issue 31). A thread that wakes briefly
+    processes computing the side-by-side's job on two cores spent 1,182-1,272 ms of CPU a step with
+    20 ms slices against 1,298-1,435 with the default, the four peers of our side of it 1,244-1,301
+    against 1,309-1,329 in their compute threads (issue 31). A thread that wakes briefly
     (an event loop) keeps the default short slice, so it still runs soon after it wakes. False,
     changing nothing, on a kernel without custom slices or another platform."""
     number = _SCHED_SETATTR.get(platform.machine()) if sys.platform.startswith("linux") else None
@@ -104,11 +105,11 @@ def ask_slice(seconds: float) -> bool:
         nice = os.getpriority(os.PRIO_PROCESS, tid)
     except OSError:
         return False
-    attr = ctypes.create_string_buffer(_SCHED_ATTR.pack(_SCHED_ATTR.size, SCHED_OTHER, 0, nice, 0,
-                                                        int(seconds * 1e9), 0, 0, 0, 0))
+    ns = round(seconds * 1e9)
+    attr = ctypes.create_string_buffer(_SCHED_ATTR.pack(_SCHED_ATTR.size, SCHED_OTHER, 0, nice, 0, ns, 0, 0, 0, 0))
     if libc.syscall(number, tid, attr, 0) != 0:
         return False
-    return custom_slice_s(tid) == round(seconds * 1e9) / 1e9
+    return custom_slice_s(tid) == ns / 1e9
 
 
 def custom_slice_s(tid: Optional[int] = None) -> Optional[float]:

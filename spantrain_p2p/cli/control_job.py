@@ -30,7 +30,7 @@ def designs(n: int, weather: bool = True, weather_s: float = 0.0) -> dict[str, J
     now = JobDesign(
         "now", map_read_s=max(run_records.MAP_POLL_S, min(run_records.MAP_QUIET_MAX_S, run_records.MAP_QUIET_PER_PEER_S * n)),
         map_holders=run_records.QUIET_HOLDERS, news_holders=run_records.NEWS_HOLDERS, map_keep_s=run_records.MAP_TTL_S / 3,
-        lease_s=coordinator.LEASE_S / election.RENEWALS, close=election.CLOSE,
+        lease_s=election.LEASE_S / election.RENEWALS, close=election.CLOSE,
         far_lease_s=max(1.0, min(election.FAR_MAX_S, election.FAR_PER_PEER_S * n)), far_holders=election.FAR_HOLDERS,
         step_record_s=min(cfg.record_s, max(cfg.step_record_s, STEP_RECORD_PER_PEER_S * n)), step_told=False,
         measure_keep_s=900.0, weather_s=max(REPLAN_CHECK_S, measuring.PASSIVE_PER_PEER_S * n) if weather else never,

@@ -36,6 +36,7 @@ CLOSE = 3  # the leader and the candidates that claim first read the lease every
 FAR_PER_PEER_S = 0.25  # the others every this much a candidate, from two of the key's nodes
 FAR_MAX_S = 300.0
 FAR_HOLDERS = 2
+LEASE_S = 6.0  # the planner's lease: a dead planner's successor claims within it and its slot
 RENEWALS = 3  # a live lease is renewed, and read by the close candidates, this many times a lease
 
 
@@ -90,7 +91,7 @@ def parse_leases(raw: Any, on_bad: Callable[[object, str], None]) -> list[Lease]
 class Election:
     """Runs on every peer: keeps ``leader`` up to date, claims or renews the lease when it is its turn."""
 
-    def __init__(self, peer, lease_s: float = 6.0, candidates: Callable[[], list[str]] | None = None,
+    def __init__(self, peer, lease_s: float = LEASE_S, candidates: Callable[[], list[str]] | None = None,
                  on_change: Callable[[Optional[Lease], Optional[Lease]], Any] | None = None,
                  settle_s: Optional[float] = None):
         self.peer = peer

@@ -32,7 +32,6 @@ WHOLE_READ_PEERS = 100  # up to this many ready peers, the measurements are read
 WHOLE_READ_S = 300.0  # (a safety net: a change of a peer's measurements is read when its record says so)
 MAX_WEIGHED = 100_000  # peers whose first plan this planner remembers (one float each)
 MAX_FAILED_KEPT = 4096  # dead peers counted towards the failure rate (a swarm this churned copies every step anyway)
-LEASE_S = 6.0  # the planner's lease (``swarm.election``): a dead planner's successor claims within it
 LONE_WAIT_S = 2.0  # a lone receiver's accusation stands this long, its accuser unaccused, before it evicts
 ACCUSATIONS_EVERY_S = 1.0  # how often the planner reads the accusations (a DHT read of one key)
 PUBLISHED_KEPT, PUBLISHED_FOR_S = 8, 10.0  # the maps this planner published lately, in its /status
@@ -139,7 +138,7 @@ class Coordinator:
 
     def start(self, job, handle, has_map) -> None:
         self.job, self.handle, self.has_map = job, handle, has_map
-        self.election = Election(self.peer, lease_s=LEASE_S, candidates=lambda: [r.peer_id for r in ready_peers(self.peer)])
+        self.election = Election(self.peer, candidates=lambda: [r.peer_id for r in ready_peers(self.peer)])
         self.peer.watcher_ids = self.watchers  # whom SWIM tells of joins, deaths and new records
         self.peer.on_measured = self._take_measured
         if self.peer.swim is not None:  # this peer turned ready before it knew the voters: tell them

@@ -225,8 +225,8 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
 
             # once nothing changes (a new peer's reachability may still change its record once), no
             # record is stored again within record_s, yet pings flow
-            def counts(row):
-                return [p.control.snapshot()["out"].get(row, {}).get("calls", 0) for p in peers]
+            def counts(row, what="calls"):
+                return [p.control.snapshot()["out"].get(row, {}).get(what, 0) for p in peers]
 
             for _ in range(5):
                 stores, pings = counts("rpc_store members"), counts("ping swim")
@@ -236,10 +236,14 @@ async def test_with_swim_a_crash_a_departure_and_a_join_reach_every_member_and_r
             else:
                 raise AssertionError(f"records stored in every 2 s window: {stores} -> {counts('rpc_store members')}")
             assert all(n1 >= n0 + 2 for n0, n1 in zip(pings, counts("ping swim")))
-            # and in a quiet swarm the pings are answered (a busy machine may miss an ack now and then)
-            for p in peers:
-                out = p.control.snapshot()["out"]
-                assert out["ping swim"]["failed"] <= out["ping swim"]["calls"] // 4, out
+            # and in a quiet swarm the pings are answered (a busy machine may miss an ack now and then),
+            # counted from now: since the start, the joins' pings counted too (9 of 33 failed once
+            # under the suite's load)
+            pings, failed = counts("ping swim"), counts("ping swim", "failed")
+            await asyncio.sleep(4.0)
+            sent = [n1 - n0 for n0, n1 in zip(pings, counts("ping swim"))]
+            lost = [n1 - n0 for n0, n1 in zip(failed, counts("ping swim", "failed"))]
+            assert all(n >= 4 for n in sent) and all(f <= n // 4 for f, n in zip(lost, sent)), (lost, sent)
 
             # a crash (no tombstone, its record still in the DHT): out of every view
             d = peers.pop()

@@ -9,7 +9,7 @@ import pytest
 from spantrain_p2p.net.client import DataPlaneClient
 from spantrain_p2p.net.dataplane import DataPlaneServer, RemoteError
 from spantrain_p2p.net.emulator import LinkEmulator
-from spantrain_p2p.net.passive import PassiveEstimator, link_update
+from spantrain_p2p.net.passive import FlapDamper, PassiveEstimator, link_update
 from spantrain_p2p.net.ping import paired_rtt, ping_link, ping_links
 from spantrain_p2p.net.probe_messages import PROBE_KIND, handle_probe
 from spantrain_p2p.net.prober import LinkMeasurement, probe_link
@@ -487,6 +487,26 @@ async def test_a_peer_with_a_small_message_limit_is_probed_with_what_it_accepts(
 ])
 def test_only_sizeable_link_changes_are_published(published, probed, estimate, bound, want):
     assert link_update(published, probed, estimate, bound) == want
+
+
+def test_a_link_whose_figure_goes_down_and_up_is_held_back_longer_each_time():
+    d = FlapDamper(5.0, max_hold_s=40.0)
+    # the loopback run's sequence (11:30 UTC): 3043 -> 1171 -> 562 -> 1321 -> 414 -> 1408 ... Mbit/s
+    assert d.allow("p3", 3043, 1171, now=0.0)
+    assert d.allow("p3", 1171, 562, now=3.0)  # further down: at once
+    assert not d.allow("p3", 562, 1321, now=6.0)  # back up 3 s after the last change: held
+    assert d.allow("p3", 562, 1321, now=8.0)  # 5 s after it: let through, the hold doubles
+    assert d.hold_s("p3") == 10.0
+    assert not d.allow("p3", 1321, 414, now=17.0)  # down again within 10 s: held
+    assert d.allow("p3", 1321, 414, now=18.0)
+    assert d.hold_s("p3") == 20.0
+    assert d.allow("p3", 414, 200, now=19.0)  # the same way: at once, the hold kept
+    assert not d.allow("p3", 200, 900, now=38.0)
+    assert d.allow("p3", 200, 900, now=39.0) and d.hold_s("p3") == 40.0
+    assert d.allow("p3", 900, 300, now=80.0) and d.hold_s("p3") == 40.0  # capped
+    assert d.allow("p3", 300, 3043, now=80.0 + 4 * 40.0)  # left alone for four holds: back at the base
+    assert d.hold_s("p3") == 5.0
+    assert d.allow("p1", 100, 10, now=0.0) and not d.allow("p1", 10, 10, now=100.0)  # (per link; no change)
 
 
 def test_a_busy_receiver_now_and_then_does_not_look_like_a_slower_link():

@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
-from ..net.passive import PassiveEstimator, link_update
+from ..net.passive import FlapDamper, PassiveEstimator, link_update
 from ..net.ping import paired_rtt, ping_links
 from ..net.prober import probe_link
 from ..profile import step_tail
@@ -68,6 +68,7 @@ class Measuring:
         self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination
         self._probed: dict = {}  # destination -> the probe's measurement, before any passive update
         self._passive_published = 0.0
+        self._damper = FlapDamper(REPLAN_CHECK_S)  # links whose passive figure goes down and up, held back
 
     def rtt_ms(self, peer_id: str) -> float:
         """Probed RTT to a peer (nearest first when choosing a buddy or a source); unknown: last."""
@@ -196,7 +197,8 @@ class Measuring:
         Only sizeable changes reach the DHT (see ``link_update``), at most every ``REPLAN_CHECK_S``,
         or ``PASSIVE_PER_PEER_S`` a member: each is a record told to the planner and the grouping's
         voters, who read the peer's links key (a 20-peer swarm on two busy cores republished every
-        6-10 s a peer; at 1,000 peers, 1 a second swarm-wide at most)."""
+        6-10 s a peer; at 1,000 peers, 1 a second swarm-wide at most); a link whose figure goes down
+        and up again waits longer each time (``FlapDamper``)."""
         now = time.monotonic()
         if now - self._passive_published < max(REPLAN_CHECK_S, PASSIVE_PER_PEER_S * len(self.peer.member_ids())):
             return
@@ -208,7 +210,7 @@ class Measuring:
             probed = self._probed.setdefault(dst, cur)
             bound = self.passive.lower_bound(dst)
             new = link_update(cur.mbps, probed.mbps, self.passive.estimate_mbps(dst), bound * 8 / 1e6 if bound else None)
-            if new is not None:
+            if new is not None and self._damper.allow(dst, cur.mbps, new, now):
                 log.info("link to %s now %.1f Mbit/s (was %.1f, probed %.1f)", self.peer.name_of(dst),
                          new, cur.mbps, probed.mbps)
                 self.probes[dst] = replace(cur, status="ok", mbps=new, error="")

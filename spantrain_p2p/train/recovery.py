@@ -50,11 +50,18 @@ class _Behind:
 
 def copy_cost_s_per_byte(encrypted: bool = True, nbytes: int = 4 << 20) -> float:
     """CPU seconds a byte of a buddy copy costs its two ends, measured once per process on this
-    machine: the sender's encoding and sealing, the receiver's opening and decoding (validation
-    included), of a ``nbytes`` layer state, through the functions a copy goes through (the best of
-    3 rounds). What ``decide.copy_every`` weighs against failures. (The planner's machine stands for
-    the swarm's: a peer's copies cost what its own CPU makes of them.)"""
+    machine: the sender's encoding, sealing and socket writes, the receiver's socket reads into a
+    buffer of its own, opening and decoding (validation included), of a ``nbytes`` layer state,
+    through the functions a copy goes through, across a local socket pair (the best of 3 rounds,
+    both threads' CPU). What ``decide.copy_every`` weighs against failures. (The planner's machine
+    stands for the swarm's: a peer's copies cost what its own CPU makes of them.) Without the
+    socket it read 1.3-1.6 ns a byte in the side-by-side's runs (copies every 4-5 steps), where
+    the copies' turns on the senders' event loops alone took 2.9 ns a copied byte (17.7 ms of CPU
+    a second for 6.2 MB/s of copies, ``scripts/loop_cpu.py``, 2026-11-30); with it, 2.3 (every 5)."""
     if encrypted not in _COST_PER_BYTE:
+        import socket
+        import threading
+
         import torch
 
         from ..net.secure import Opener, Sealer
@@ -64,12 +71,42 @@ def copy_cost_s_per_byte(encrypted: bool = True, nbytes: int = 4 << 20) -> float
         for _ in range(3):
             key = bytes(32)
             sealer, opener = Sealer(key), Opener(key)
-            t0 = time.thread_time()
-            header, bufs = layer_state.encode(state)
-            if encrypted:
-                bufs = [memoryview(b"".join(p for buf in bufs for rec in sealer.seal(buf) for p in opener.feed(rec)))]
-            layer_state.decode(header, bufs, {"p:w": (nbytes // 4,)})
-            best = min(best, time.thread_time() - t0)
+            ours, theirs = socket.socketpair()
+            received: list = []
+            reader_cpu = [0.0]
+
+            def receive(total: int) -> None:
+                # plain: straight into the frame's buffer, as the data plane's server receives
+                c0 = time.thread_time()
+                buf, got = bytearray(1 << 18 if encrypted else total), 0
+                with memoryview(buf) as view:
+                    while got < total:
+                        n = theirs.recv_into(view if encrypted else view[got:])
+                        if not n:
+                            break
+                        got += n
+                        if encrypted:
+                            received.extend(opener.feed(view[:n]))
+                if not encrypted:
+                    received.append(buf)
+                reader_cpu[0] = time.thread_time() - c0
+            try:
+                t0 = time.thread_time()
+                header, bufs = layer_state.encode(state)
+                out = [rec for buf in bufs for rec in sealer.seal(buf)] if encrypted else bufs
+                reader = threading.Thread(target=receive, args=(sum(memoryview(b).nbytes for b in out),))
+                reader.start()
+                for b in out:
+                    ours.sendall(b)
+                sender_cpu = time.thread_time() - t0
+                reader.join()
+                t1 = time.thread_time()
+                whole = received[0] if len(received) == 1 else b"".join(received)
+                layer_state.decode(header, [memoryview(whole)], {"p:w": (nbytes // 4,)})
+                best = min(best, sender_cpu + reader_cpu[0] + time.thread_time() - t1)
+            finally:
+                ours.close()
+                theirs.close()
         _COST_PER_BYTE[encrypted] = best / nbytes
     return _COST_PER_BYTE[encrypted]
 

@@ -30,6 +30,10 @@ emulator adds next to nothing, as gloo on 127.0.0.1 has nothing added) and a vir
 (1e6 TFLOP/s) that no op is ever held: compute runs at the CPU's own pace, nothing padded (the
 scenarios in ``peers/`` all pad, and there is no flag for unpadded compute). The launcher warns
 that such a device outruns a CPU; that is the point here, and its ``fidelity`` means nothing.
+The four peers share one ``host`` in the scenario, as four processes of this machine do: their
+connections stay on it and are not encrypted (``net.handshake``; gloo's are not either), where a
+scenario's peers are otherwise machines of their own, whose connections are. ``--encrypted`` runs
+ours that way (as four machines of one site would connect: encrypted, where gloo's are not).
 
 samples/s, the same rule on both sides: each step's end is the latest of its processes' ends
 (after the optimizer step; ours from the peers' reports, ``step_times``); the steps after
@@ -105,7 +109,10 @@ memory_gb = 64
 
 [regions.local]
 link = "loopback"
-""" + "".join(f'\n[[peers]]\nname = "p{i}"\nregion = "local"\ndevice = "unpadded"\n' for i in range(PROCESSES))
+""" + "".join(f'\n[[peers]]\nname = "p{i}"\nregion = "local"\ndevice = "unpadded"\nhost = "this"\n'
+            for i in range(PROCESSES))
+# --encrypted: the same peers as machines of their own (the scenario gives them no host)
+SCENARIO_APART = SCENARIO.replace('host = "this"\n', "")
 
 
 def make_job(steps: int) -> JobSpec:
@@ -286,6 +293,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5, help="first steps left out of samples/s (default 5)")
     p.add_argument("--schedules", default="1f1b,zb", help="comma-separated: 1f1b, zb (default both)")
     p.add_argument("--json", action="store_true", help="print one JSON object, last")
+    p.add_argument("--encrypted", action="store_true",
+                   help="our peers stand for machines of their own: their connections are encrypted")
     a = p.parse_args()
     names = [s for s in a.schedules.split(",") if s]
     if not names or any(s not in COMPARISONS for s in names):
@@ -300,7 +309,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as tmp:
         scenario = os.path.join(tmp, "unpadded-4.toml")
         with open(scenario, "w") as f:
-            f.write(SCENARIO)
+            f.write(SCENARIO_APART if a.encrypted else SCENARIO)
         for name in names:
             for ours_schedule, theirs, per_process in COMPARISONS[name]:
                 pairs = []
@@ -329,7 +338,7 @@ def main() -> int:
     if a.json:
         print(json.dumps({"job": {"model": "transformer", "model_args": MODEL_ARGS, "seq_len": SEQ_LEN,
                                   "micro_batch_size": MICRO_BATCH_SIZE, "micro_batches": MICRO_BATCHES,
-                                  "processes": PROCESSES, "steps": a.steps, "warmup": a.warmup,
+                                  "processes": PROCESSES, "steps": a.steps, "warmup": a.warmup, "encrypted": a.encrypted,
                                   "torch": torch.__version__},
                           "comparisons": results}), flush=True)
     return 0

@@ -47,6 +47,9 @@ class ScenarioPeer:
     region: str
     device: str
     uplink_mbps: Optional[float] = None
+    # peers that give the same host share one machine: their connections stay on it (not encrypted,
+    # as two real peers of one machine connect: ``net.handshake``); "": a machine of its own
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,10 @@ def parse(data: dict, path: str = "") -> Scenario:
         if device not in devices:
             raise ScenarioError(f"{w} ({pname}): device {device!r} is not defined")
         up = _num(v, "uplink_mbps", w, default=0.0, positive=False) or None
-        peers.append(ScenarioPeer(pname, region, device, up))
+        host = v.get("host", "")
+        if not isinstance(host, str) or len(host) > 64:
+            raise ScenarioError(f"{w} ({pname}): host must be a short string")
+        peers.append(ScenarioPeer(pname, region, device, up, host))
     if not peers:
         raise ScenarioError(f"{where}: no [[peers]]")
     names = [p.name for p in peers]

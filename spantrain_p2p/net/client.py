@@ -79,15 +79,17 @@ class DataPlaneClient:
             reader, writer = await self.paths.open(addr, want)
         else:
             reader, writer = await asyncio.open_connection(*addr, limit=1 << 20)
-        return await self.authenticate(reader, writer, want)
+        return await self.authenticate(reader, writer, want, dialed=addr)
 
     async def authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           want: Optional[str]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Runs the client's handshake over a fresh connection (whichever way it was opened)."""
+                           want: Optional[str], dialed: Optional[tuple[str, int]] = None,
+                           ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Runs the client's handshake over a fresh connection (whichever way it was opened; ``dialed``:
+        the address it was dialed to, where it was)."""
         self._writers.add(writer)
         if self.auth is not None:
             try:
-                session = await asyncio.wait_for(self.auth.client(reader, writer, want), handshake.TIMEOUT_S)
+                session = await asyncio.wait_for(self.auth.client(reader, writer, want, dialed), handshake.TIMEOUT_S)
             except BaseException:
                 self._discard(writer)
                 raise

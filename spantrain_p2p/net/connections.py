@@ -173,7 +173,7 @@ class Handshaking(asyncio.Protocol):
                 refused = self.server.budget.handshake_allowed(self.addr)  # before any RSA work
                 if refused:
                     raise HandshakeError(refused)
-                answer, self.pending = auth.server_hello(message)
+                answer, self.pending = auth.server_hello(message, self.transport.get_extra_info("peername"))
                 self.transport.write(answer)
             else:
                 if self.buf:

@@ -18,11 +18,23 @@ fresh nonces from both, so a recorded handshake cannot be replayed), and in a cl
 holds the swarm key. From then on the connection's sender is known: a message's ``src`` must be it.
 Encryption (either side asks): both derive two AEAD keys, one per direction, with HKDF from the
 X25519 shared secret salted with ``T`` (``secure``). Primitives from ``cryptography`` only.
+
+A peer asks for encryption on every connection that leaves its machine. One whose two ends are
+both on it (``Authenticator.host``) it does not ask for: the client dialed the listening address
+of the peer it names straight (the socket's far end is that very loopback address: no relay, no
+reversal), and the server sees a loopback address too, and a client hello that says it is on the
+same machine (``host``: peers that emulate a scenario's stand for machines of their own unless
+the scenario gives them one host). Such bytes go from one process's memory to the other's through
+the kernel: no one but root can read or inject them, and root reads both processes anyway. The
+handshake still binds the connection to both identities (a relay on the machine, or a peer that
+took a dead one's port, fails it or makes one end ask), and ``--encrypt`` has a peer ask on those
+connections too.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import secrets
 import struct
 from dataclasses import dataclass
@@ -57,14 +69,41 @@ class Session:
     recv_key: bytes = b""
 
 
+def _ip(host: Any):
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+
+
+def is_loopback(peername: Any) -> bool:
+    """Whether a socket's far end (``get_extra_info("peername")``) is a loopback address: its
+    bytes never leave this machine."""
+    ip = _ip(peername[0]) if isinstance(peername, tuple) and len(peername) >= 2 else None
+    return ip is not None and ip.is_loopback
+
+
+def dialed_straight(peername: Any, dialed: Optional[tuple[str, int]]) -> bool:
+    """Whether a client's socket ends at the loopback address it dialed (``dialed``: its host, an IP
+    literal, and port), not at a relay or another path's end."""
+    return dialed is not None and is_loopback(peername) and peername[1] == dialed[1] and \
+        _ip(dialed[0]) is not None and _ip(peername[0]) == _ip(dialed[0])
+
+
 class Authenticator:
     """What a peer proves and checks in handshakes: its identity, the swarm key of a closed swarm,
-    whether it wants encryption, and ``admit(peer_id)`` (None, or the reason that peer is refused)."""
+    whether it wants encryption, and ``admit(peer_id)`` (None, or the reason that peer is refused).
+    ``host()``, where given: the machine this peer is on, as its hellos say (an emulated peer's
+    scenario decides); a connection whose two ends are both on it is then not asked to be
+    encrypted (see the module's docstring). Without it, every connection is asked (``encrypt``)."""
 
     def __init__(self, identity: Identity, swarm_key: Optional[SwarmKey] = None, encrypt: bool = False,
-                 admit: Optional[Callable[[str], Optional[str]]] = None):
+                 admit: Optional[Callable[[str], Optional[str]]] = None,
+                 host: Optional[Callable[[], str]] = None):
         self.identity, self.swarm_key, self.encrypt = identity, swarm_key, encrypt
         self.admit = admit or (lambda peer_id: None)
+        self.host = host
         # what a closed swarm's pages take: the swarm key's, or (with an allow-list) the group
         # key's once this peer holds it (None: an open swarm, or not yet)
         self.operator_token: Optional[str] = swarm_key.operator_token if swarm_key is not None else None
@@ -73,11 +112,12 @@ class Authenticator:
     def peer_id(self) -> str:
         return self.identity.peer_id
 
-    def _hello(self) -> tuple[dict, X25519PrivateKey]:
+    def _hello(self, here: bool = False) -> tuple[dict, X25519PrivateKey]:
+        """``here``: both ends of this connection are on this machine (no encryption asked for)."""
         eph = X25519PrivateKey.generate()
         pub = eph.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         return {"v": VERSION, "id": self.peer_id, "key": self.identity.public_der, "nonce": secrets.token_bytes(32),
-                "eph": pub, "enc": self.encrypt}, eph
+                "eph": pub, "enc": self.encrypt and not here, "host": self.host() if self.host else ""}, eph
 
     def _proof(self, role: bytes, transcript: bytes) -> bytes:
         return self.swarm_key.prove(role, transcript) if self.swarm_key is not None else b""
@@ -95,9 +135,10 @@ class Authenticator:
 
     # ---- client side ----------------------------------------------------------------------
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     want: Optional[str] = None) -> Session:
-        """Runs the client's side over a fresh connection; HandshakeError if it fails."""
-        hello, eph = self._hello()
+                     want: Optional[str] = None, dialed: Optional[tuple[str, int]] = None) -> Session:
+        """Runs the client's side over a fresh connection; HandshakeError if it fails. ``dialed``: the
+        address this connection was dialed to, where it was (the listening address of ``want``)."""
+        hello, eph = self._hello(self.host is not None and dialed_straight(writer.get_extra_info("peername"), dialed))
         hello["want"] = want or ""
         hello_bytes = pack(hello)
         writer.write(hello_bytes)
@@ -120,9 +161,10 @@ class Authenticator:
         return self._session(server, eph, core, hello["enc"] or core.get("enc") is True, transcript, client=True)
 
     # ---- server side ----------------------------------------------------------------------
-    def server_hello(self, hello_bytes: bytes) -> tuple[bytes, "Pending"]:
+    def server_hello(self, hello_bytes: bytes, peername: Any = None) -> tuple[bytes, "Pending"]:
         """The answer to a client hello (the full message, prefix included), and what the finish
-        will be checked against; HandshakeError (to answer as ``{error}``) if the hello is bad."""
+        will be checked against; HandshakeError (to answer as ``{error}``) if the hello is bad.
+        ``peername``: the connection's far end (``get_extra_info("peername")``)."""
         hello = unpack_map(hello_bytes[_PREFIX.size:])
         if hello.get("v") != VERSION:
             raise HandshakeError(f"handshake version {hello.get('v')!r}, this peer speaks {VERSION}")
@@ -144,12 +186,14 @@ class Authenticator:
         refused = self.admit(claimed)
         if refused:
             raise HandshakeError(refused)
-        mine, eph = self._hello()
+        host = hello.get("host")
+        mine, eph = self._hello(self.host is not None and is_loopback(peername) and isinstance(host, str)
+                                and bool(host) and host == self.host())
         core_bytes = msgpack.packb(mine, use_bin_type=True)
         transcript = hashlib.sha256(hello_bytes + core_bytes).digest()
         answer = pack({"core": core_bytes, "sig": self.identity.sign(b"server" + transcript),
                        "proof": self._proof(b"server", transcript)})
-        return answer, Pending(hello, eph, transcript, self.encrypt or hello.get("enc") is True)
+        return answer, Pending(hello, eph, transcript, mine["enc"] or hello.get("enc") is True)
 
     def server_finish(self, pending: "Pending", finish: dict) -> Session:
         client = self._check_party(pending.hello, b"client", pending.transcript, finish.get("sig"), finish.get("proof"))

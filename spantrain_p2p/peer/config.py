@@ -48,5 +48,7 @@ class PeerConfig:
     # encrypt data-plane connections (either end asking is enough): AES-256-GCM records, which bind
     # every message to its connection (an on-path attacker can neither read nor inject); on by default
     encrypt: bool = True
+    # encrypt connections between peers of this machine too (``handshake``: not asked for otherwise)
+    encrypt_on_host: bool = False
     relay_circuits: int = 16  # circuits this peer relays at once for peers that reach each other no other way
     stall_timeout_s: float = 30.0  # a message that stops arriving this long closes its connection

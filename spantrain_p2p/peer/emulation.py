@@ -27,6 +27,18 @@ def start_emulation(spec: str, t0: Optional[float]):
     return emulator, device
 
 
+def machine_of(peer) -> Callable[[], str]:
+    """The machine ``peer`` says it is on in its handshakes (``handshake.Authenticator.host``): this
+    one, unless it emulates a scenario peer: then its scenario host, or a machine of its own (a
+    scenario's peers share this machine to stand for machines whose connections are encrypted)."""
+    def machine() -> str:
+        em = peer.emulator
+        if em is None:
+            return "this machine"
+        return f"scenario host {em.me.host}" if em.me.host else f"scenario peer {em.self_name}"
+    return machine
+
+
 def emulated_link(emulator, name: str):
     """The emulated link to the scenario peer ``name`` (None when not emulating, or for a peer outside
     the scenario)."""

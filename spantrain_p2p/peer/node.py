@@ -33,7 +33,7 @@ from ..swarm.validator import SwarmValidator
 from ..swarm.records import PeerRecord, seal
 from .config import PeerConfig, PeerError, SwarmUnreachable
 from ..view import dashboard
-from .emulation import CHAOS_KIND, chaos_handler, emulated_link, start_emulation
+from .emulation import CHAOS_KIND, chaos_handler, emulated_link, machine_of, start_emulation
 from .loop_lag import LoopLag
 from . import admission, member_view, reach, swim_loop
 
@@ -277,7 +277,8 @@ class Peer:
                 raise PeerError(f"--swarm-key {cfg.swarm_key_path}: {getattr(e, 'strerror', None) or e}") from None
         if cfg.allow:
             self.allow = frozenset(cfg.allow) | {self.peer_id}
-        self.client.auth = Authenticator(self.identity, self.swarm_key, cfg.encrypt, admit=self._admit)
+        self.client.auth = Authenticator(self.identity, self.swarm_key, cfg.encrypt, admit=self._admit,
+                                         host=None if cfg.encrypt_on_host else machine_of(self))
         join = list(cfg.join)
         auto = join == ["auto"]
         if auto:

@@ -69,8 +69,8 @@ def peer_parser() -> argparse.ArgumentParser:
                    help="relay at most N circuits at once for peers behind NAT that reach each other no other way "
                    "(a reachable peer only; 0: never; default: %(default)s)")
     p.add_argument("--encrypt", action="store_true",
-                   help="(always on now: every data-plane connection is encrypted and integrity-protected; "
-                   "the flag is kept for old scripts)")
+                   help="encrypt data-plane connections to peers of this machine too (every connection that leaves "
+                   "it is encrypted and integrity-protected)")
     p.add_argument("--stall-timeout", type=float, default=30.0, metavar="S",
                    help="close a data-plane connection whose message stops arriving for S seconds (default: 30)")
     p.add_argument("--byzantine", default="", metavar="ATTACK",
@@ -135,7 +135,7 @@ def config_from_args(a: argparse.Namespace):
                       announce=tuple(a.announce), relay_circuits=max(0, a.relay),
                       identity_path=a.identity, name=name, device=device, heartbeat_s=a.heartbeat, mdns=a.mdns, liveness=a.liveness,
                       emulate=a.emulate or "", emulate_t0=a.emulate_t0, operator=a.operator, swarm_key_path=a.swarm_key or "",
-                      allow=allow, encrypt=True, stall_timeout_s=a.stall_timeout)
+                      allow=allow, encrypt=True, encrypt_on_host=a.encrypt, stall_timeout_s=a.stall_timeout)
 
 
 def allow_list(items: list[str]) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ import time
 from typing import Optional
 
 COMPUTE_OPS = ("F", "B", "W", "BW")
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+TASKS_RESCAN_S = 10.0  # how often ``CpuMeter`` looks for children forked by threads other than the main one
 
 
 def process_cpu_s(pid: int) -> float:
@@ -23,20 +25,24 @@ def process_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     try:
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14 and 15)
+        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14 and 15)
     except IndexError:
         raise ValueError(f"/proc/{pid}/stat is short") from None
 
 
-def children_cpu_s(pid: Optional[int] = None) -> Optional[float]:
+def children_cpu_s(pid: Optional[int] = None, tasks: Optional[list] = None) -> Optional[float]:
     """CPU seconds (user + system) of the live child processes of ``pid`` (this one by default): the
-    p2p daemon. None where /proc does not say."""
+    p2p daemon. None where /proc does not say. ``tasks``: the threads whose children count (all by
+    default; a list given is filled with those that have some)."""
     pid = os.getpid() if pid is None else pid
     try:
         kids: set[int] = set()
-        for task in os.listdir(f"/proc/{pid}/task"):
+        for task in os.listdir(f"/proc/{pid}/task") if tasks is None or not tasks else tasks:
             with open(f"/proc/{pid}/task/{task}/children") as f:
-                kids.update(int(x) for x in f.read().split())
+                found = f.read().split()
+            kids.update(int(x) for x in found)
+            if found and tasks is not None and task not in tasks:
+                tasks.append(task)
         total = 0.0
         for kid in kids:
             try:
@@ -55,10 +61,21 @@ class CpuMeter:
     def __init__(self) -> None:
         self.base: Optional[tuple[float, float, Optional[float]]] = None  # (wall, process, children)
         self.thread_s = 0.0
+        # the threads that forked children, read each time (the main one always); every thread at
+        # most every TASKS_RESCAN_S: one file a thread was a fifth of a status page's CPU
+        self._tasks: list[str] = []
+        self._scanned = -float("inf")
+
+    def _children_cpu_s(self) -> Optional[float]:
+        now = time.monotonic()
+        if now - self._scanned >= TASKS_RESCAN_S:
+            self._scanned, self._tasks = now, []
+            return children_cpu_s(tasks=self._tasks)
+        return children_cpu_s(tasks=sorted({str(os.getpid()), *self._tasks}))
 
     def start(self) -> None:
         if self.base is None:
-            self.base = (time.time(), time.process_time(), children_cpu_s())
+            self.base = (time.time(), time.process_time(), self._children_cpu_s())
 
     def add_thread(self, seconds: float) -> None:
         if self.base is not None:
@@ -70,7 +87,7 @@ class CpuMeter:
             return None
         wall = max(1e-9, time.time() - self.base[0])
         process = time.process_time() - self.base[1]
-        kids = children_cpu_s()
+        kids = self._children_cpu_s()
         daemon = kids - self.base[2] if kids is not None and self.base[2] is not None else None
         background = max(0.0, process - self.thread_s)
         return {"wall_s": round(wall, 3), "process_cpu_s": round(process, 3), "training_threads_cpu_s":

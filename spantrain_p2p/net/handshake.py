@@ -3,11 +3,12 @@
 A connection that carries messages starts with three handshake messages (each ``b"STH1"``, a
 4-byte big-endian length, then a msgpack map):
 
-1. client hello: ``{v, id, key, nonce, eph, enc, want}``: its peer id, its RSA public key (DER;
-   the peer id is the key's hash, as libp2p derives it), 32 random bytes, an X25519 public key for
-   this connection only, whether it wants encryption, and the peer id it means to reach;
+1. client hello: ``{v, id, key, nonce, eph, enc, host, want}``: its peer id, its RSA public key
+   (DER; the peer id is the key's hash, as libp2p derives it), 32 random bytes, an X25519 public key
+   for this connection only, whether it wants encryption, the machine it says it is on (below), and
+   the peer id it means to reach;
 2. server hello: ``{core, sig, proof}``: ``core`` is the msgpack of the server's own ``{v, id, key,
-   nonce, eph, enc}``; ``sig`` its RSA signature of ``"server" + T``, where the transcript hash
+   nonce, eph, enc, host}``; ``sig`` its RSA signature of ``"server" + T``, where the transcript hash
    ``T = sha256(client hello + core)``; ``proof`` (closed swarms) an HMAC of the same under the
    key derived from the swarm key. Or ``{error}``;
 3. client finish: ``{sig, proof}`` over ``"client" + T``; the server answers ``{ok: true}`` or

@@ -70,7 +70,7 @@ def peer_parser() -> argparse.ArgumentParser:
                    "(a reachable peer only; 0: never; default: %(default)s)")
     p.add_argument("--encrypt", action="store_true",
                    help="encrypt data-plane connections to peers of this machine too (every connection that leaves "
-                   "it is encrypted and integrity-protected)")
+                   "it is encrypted and integrity-protected): where others than root can capture its loopback")
     p.add_argument("--stall-timeout", type=float, default=30.0, metavar="S",
                    help="close a data-plane connection whose message stops arriving for S seconds (default: 30)")
     p.add_argument("--byzantine", default="", metavar="ATTACK",

@@ -26,11 +26,18 @@ def is_unspecified(host: str) -> bool:
     return host in ("0.0.0.0", "::", "")
 
 
-def is_loopback(host: str) -> bool:
+def ip_of(host: str) -> Optional[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The IP address ``host`` spells (an IPv4 one mapped into IPv6 as itself), None for a name."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        ip = ipaddress.ip_address(host)
     except ValueError:
-        return host == "localhost"
+        return None
+    return ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+
+
+def is_loopback(host: str) -> bool:
+    ip = ip_of(host)
+    return ip.is_loopback if ip is not None else host == "localhost"
 
 
 def maddr_host(maddr: str) -> Optional[str]:

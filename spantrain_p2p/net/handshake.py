@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import secrets
 import struct
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..swarm.identity import Identity, peer_id_from_public_der, public_key, verify
+from .addresses import ip_of
 from ..swarm.sealing import SwarmKey
 
 MAGIC = b"STH1"
@@ -70,26 +70,23 @@ class Session:
     recv_key: bytes = b""
 
 
-def _ip(host: Any):
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+def _loopback_ip(peername: Any):
+    """The loopback IP a socket's far end (``get_extra_info("peername")``) has, else None."""
+    ip = ip_of(peername[0]) if isinstance(peername, tuple) and len(peername) >= 2 and isinstance(peername[0], str) \
+        else None
+    return ip if ip is not None and ip.is_loopback else None
 
 
 def is_loopback(peername: Any) -> bool:
-    """Whether a socket's far end (``get_extra_info("peername")``) is a loopback address: its
-    bytes never leave this machine."""
-    ip = _ip(peername[0]) if isinstance(peername, tuple) and len(peername) >= 2 else None
-    return ip is not None and ip.is_loopback
+    """Whether a socket's far end is a loopback address: its bytes never leave this machine."""
+    return _loopback_ip(peername) is not None
 
 
 def dialed_straight(peername: Any, dialed: Optional[tuple[str, int]]) -> bool:
     """Whether a client's socket ends at the loopback address it dialed (``dialed``: its host, an IP
     literal, and port), not at a relay or another path's end."""
-    return dialed is not None and is_loopback(peername) and peername[1] == dialed[1] and \
-        _ip(dialed[0]) is not None and _ip(peername[0]) == _ip(dialed[0])
+    ip = _loopback_ip(peername)
+    return ip is not None and dialed is not None and peername[1] == dialed[1] and ip == ip_of(dialed[0])
 
 
 class Authenticator:
@@ -188,8 +185,7 @@ class Authenticator:
         if refused:
             raise HandshakeError(refused)
         host = hello.get("host")
-        mine, eph = self._hello(self.host is not None and is_loopback(peername) and isinstance(host, str)
-                                and bool(host) and host == self.host())
+        mine, eph = self._hello(self.host is not None and is_loopback(peername) and bool(host) and host == self.host())
         core_bytes = msgpack.packb(mine, use_bin_type=True)
         transcript = hashlib.sha256(hello_bytes + core_bytes).digest()
         answer = pack({"core": core_bytes, "sig": self.identity.sign(b"server" + transcript),

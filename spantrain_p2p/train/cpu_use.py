@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Optional
+from typing import Iterable, Optional
 
 COMPUTE_OPS = ("F", "B", "W", "BW")
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
@@ -30,26 +30,31 @@ def process_cpu_s(pid: int) -> float:
         raise ValueError(f"/proc/{pid}/stat is short") from None
 
 
-def children_cpu_s(pid: Optional[int] = None, tasks: Optional[list] = None) -> Optional[float]:
+def task_children(pid: int, tasks: Optional[Iterable[str]] = None) -> dict[str, list[int]]:
+    """The child processes each thread of ``pid`` forked (``tasks``: those threads, default all),
+    from /proc; OSError or ValueError where it does not say."""
+    found = {}
+    for task in os.listdir(f"/proc/{pid}/task") if tasks is None else tasks:
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found[task] = [int(x) for x in f.read().split()]
+    return found
+
+
+def _cpu_of(kids: Iterable[int]) -> float:
+    total = 0.0
+    for kid in set(kids):
+        try:
+            total += process_cpu_s(kid)
+        except (OSError, ValueError):
+            continue  # it ended meanwhile
+    return total
+
+
+def children_cpu_s(pid: Optional[int] = None) -> Optional[float]:
     """CPU seconds (user + system) of the live child processes of ``pid`` (this one by default): the
-    p2p daemon. None where /proc does not say. ``tasks``: the threads whose children count (all by
-    default; a list given is filled with those that have some)."""
-    pid = os.getpid() if pid is None else pid
+    p2p daemon. None where /proc does not say."""
     try:
-        kids: set[int] = set()
-        for task in os.listdir(f"/proc/{pid}/task") if tasks is None or not tasks else tasks:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found = f.read().split()
-            kids.update(int(x) for x in found)
-            if found and tasks is not None and task not in tasks:
-                tasks.append(task)
-        total = 0.0
-        for kid in kids:
-            try:
-                total += process_cpu_s(kid)
-            except (OSError, ValueError):
-                continue  # it ended meanwhile
-        return total
+        return _cpu_of(k for kids in task_children(os.getpid() if pid is None else pid).values() for k in kids)
     except (OSError, ValueError):
         return None
 
@@ -61,17 +66,23 @@ class CpuMeter:
     def __init__(self) -> None:
         self.base: Optional[tuple[float, float, Optional[float]]] = None  # (wall, process, children)
         self.thread_s = 0.0
-        # the threads that forked children, read each time (the main one always); every thread at
+        # the other threads that forked children, read each time with the main one; every thread at
         # most every TASKS_RESCAN_S: one file a thread was a fifth of a status page's CPU
         self._tasks: list[str] = []
         self._scanned = -float("inf")
 
     def _children_cpu_s(self) -> Optional[float]:
-        now = time.monotonic()
-        if now - self._scanned >= TASKS_RESCAN_S:
-            self._scanned, self._tasks = now, []
-            return children_cpu_s(tasks=self._tasks)
-        return children_cpu_s(tasks=sorted({str(os.getpid()), *self._tasks}))
+        """``children_cpu_s`` of this process, from the threads known to fork (all, now and then)."""
+        pid, now = os.getpid(), time.monotonic()
+        try:
+            if now - self._scanned >= TASKS_RESCAN_S:
+                found = task_children(pid)
+                self._tasks, self._scanned = [t for t, kids in found.items() if kids and t != str(pid)], now
+            else:
+                found = task_children(pid, [str(pid), *self._tasks])
+            return _cpu_of(k for kids in found.values() for k in kids)
+        except (OSError, ValueError):
+            return None
 
     def start(self) -> None:
         if self.base is None:

@@ -42,17 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from spantrain_p2p.launch.processes import PeerProcess, wait_until  # noqa: E402
 from spantrain_p2p.sim.control_plane import spread  # noqa: E402
 from spantrain_p2p.swarm.control_meter import rates  # noqa: E402
+from spantrain_p2p.train.cpu_use import process_cpu_s  # noqa: E402
 
 SWARM = "cp"
-CLK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK
-
-
 def proc_io(pid: int) -> int:
     with open(f"/proc/{pid}/io") as f:
         vals = dict(line.split(":") for line in f.read().splitlines())
@@ -100,8 +92,8 @@ def sample(peers: list[PeerProcess]) -> dict:
     for p in peers:
         pid = p.proc.pid
         d = daemon_of(pid)
-        out[p.name] = {"t": time.monotonic(), "control": status(p)["control"], "cpu": proc_cpu_s(pid),
-                       "daemon_cpu": proc_cpu_s(d) if d else 0.0, "daemon_io": proc_io(d) if d else 0}
+        out[p.name] = {"t": time.monotonic(), "control": status(p)["control"], "cpu": process_cpu_s(pid),
+                       "daemon_cpu": process_cpu_s(d) if d else 0.0, "daemon_io": proc_io(d) if d else 0}
     return out
 
 

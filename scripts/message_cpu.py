@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import os
 import socket
 import struct
 import time
@@ -27,14 +26,10 @@ from spantrain_p2p.net.dataplane import DataPlaneServer
 from spantrain_p2p.net.handshake import Authenticator
 from spantrain_p2p.pipeline.messages import ACT, Expect, decode_tensor, encode_tensor
 from spantrain_p2p.swarm.identity import Identity
+from spantrain_p2p.train.cpu_use import process_cpu_s
 
 NUMEL = 8 * 64 * 128
 JOB = "message-cpu"
-
-
-def process_cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def serve_dataplane(encrypt: bool, ready) -> None:

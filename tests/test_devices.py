@@ -182,6 +182,33 @@ def test_a_cpu_stage_s_snapshot_is_taken_on_its_thread_and_keeps_the_state_it_wa
         rec.before_update()
 
 
+def test_settled_wakes_once_when_the_snapshot_thread_is_done_not_polling_it(monkeypatch):
+    """``settled`` on a CPU stage's snapshot waits for the snapshot thread's work without a timer
+    (polled like a CUDA event, the loop woke every millisecond of the copy)."""
+    import asyncio
+    import concurrent.futures
+    import threading
+    import types
+
+    from spantrain_p2p.train import recovery as rec_mod
+
+    rec = rec_mod.Recovery(types.SimpleNamespace(peer_id="a"), lambda p: 0.0, lambda e: None)
+    gate = threading.Event()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    rec._copied = rec_mod._Behind(pool.submit(gate.wait, 10))
+    timers = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.2, gate.set)
+        real = loop.call_later
+        monkeypatch.setattr(loop, "call_later", lambda *a, **k: timers.append(a[0]) or real(*a, **k))
+        await rec.settled()  # (the thread waits 10 s at most)
+    asyncio.run(main())
+    pool.shutdown()
+    assert gate.is_set() and timers == []
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_a_gpu_peers_step_tail_is_its_optimizer_step_on_the_device_alone():
     """``profile.step_tail`` on a GPU: the optimizer steps copies of the layers' parameters on the

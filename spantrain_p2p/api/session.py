@@ -176,7 +176,7 @@ class Session:
         """Waits (up to ``timeout``) until the peers of the map in force have finished: a stage that
         ends its last step after the loss is in (the first: its last backward, its optimizer step)
         keeps that step's snapshot only then."""
-        from ..train.coordinator import map_states
+        from ..train.run_records import map_states
 
         smap = self.trainer.full_map or self.trainer.smap
         deadline = time.monotonic() + timeout

@@ -27,6 +27,7 @@ from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOL
                      same_layout, stalled)
 from ..swarm.liveness import is_alive
 from .recovery import copy_cost_s_per_byte
+from .run_records import READY_STATES, map_states, ready_peers
 
 WHOLE_READ_PEERS = 100  # up to this many ready peers, the measurements are read whole every WHOLE_READ_S
 WHOLE_READ_S = 300.0  # (a safety net: a change of a peer's measurements is read when its record says so)
@@ -56,20 +57,6 @@ def snapshot_digest(ids) -> str:
 
 
 PLAN_PROBE_S = 5.0  # a re-plan leaves out a peer of the broken map that does not answer /status in this long
-
-READY_STATES = ("ready", "training", "recovering", "done")
-
-
-def ready_peers(peer) -> list:
-    """The live members that measured and can take a stage."""
-    return [r for r in peer.live_members() if r.state in READY_STATES and r.peer_id not in peer.evicted]
-
-
-def map_states(peer, smap) -> dict[str, str]:
-    """The state of each live member that ``smap`` names (a peer no longer a member is left out)."""
-    mine = {p for st in smap.stages for p in st.peers}
-    return {r.peer_id: r.state for r in peer.live_members() if r.peer_id in mine}
-
 
 def _timed(fn, *args):
     """(``fn(*args)``, the CPU seconds it took on this thread): run in a worker thread."""

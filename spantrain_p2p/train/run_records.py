@@ -31,6 +31,19 @@ from ..job.spec import JobRefused, JobSpec
 
 log = logging.getLogger("spantrain.train")
 
+READY_STATES = ("ready", "training", "recovering", "done")
+
+
+def ready_peers(peer) -> list:
+    """The live members that measured and can take a stage."""
+    return [r for r in peer.live_members() if r.state in READY_STATES and r.peer_id not in peer.evicted]
+
+
+def map_states(peer, smap) -> dict[str, str]:
+    """The state of each live member that ``smap`` names (a peer no longer a member is left out)."""
+    mine = {p for st in smap.stages for p in st.peers}
+    return {r.peer_id: r.state for r in peer.live_members() if r.peer_id in mine}
+
 RECORD_TTL_S = 600.0
 MAX_MAP_BYTES = 256 << 10
 # without news a peer reads the stage maps this often

@@ -29,7 +29,7 @@ from ..swarm.membership import BadRecordLog
 from . import loop_cpu
 from . import cpu_use, memory_use, report as run_report
 from ..models.checkpoint import CheckpointDir, dump_grads, write_layers
-from .coordinator import Coordinator, map_states, ready_peers
+from .coordinator import Coordinator
 from ..data.share import MANIFEST, SHARD, DataShare
 from ..job.dataset import open_data, with_data
 from ..models.devices import is_out_of_memory, peak_flops, resolve_device
@@ -44,7 +44,7 @@ from ..models.precision import COMPUTE_DTYPES
 from . import overflow, planning
 from ..models import workload
 from .planning import model_profile
-from .run_records import MAP_POLL_S, RunRecords
+from .run_records import MAP_POLL_S, RunRecords, map_states, ready_peers
 from .recovery import Recovery, recent_rows
 from .stage_setup import Stage, setup_stage
 from .transport import PipelineTransport

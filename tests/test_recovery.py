@@ -222,3 +222,60 @@ def test_a_buddy_copy_carries_the_loss_rows_of_the_steps_since_the_last_copy_cou
     assert rows == [[s, float(s), 4, 1] for s in range(10_000 - LOSS_ROWS, 10_000) if s != 9_995]
     assert recent_rows(sums, 3) == [[s, float(s), 4, 1] for s in range(4)]
     assert recent_rows({}, 50) == []
+
+
+def test_a_peer_done_with_the_job_takes_a_newer_map_that_redoes_the_last_step_then_waits_for_all():
+    """A re-plan published as the run ends (the others' last step still running) redoes that step
+    with every peer of the new map: a peer already done takes part (from its snapshots) rather than
+    leave them waiting for its tensors for ever; it returns once every peer of its map is done."""
+    import asyncio
+    import types
+
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train.trainer import Trainer
+
+    first = StageMap(1, "j", (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,))))
+    redo = StageMap(2, "j", (Stage(("b",), (0, 1), (1.0,)), Stage(("a",), (1, 2), (1.0,))), start_step=9)
+    published = [first]  # the maps out so far
+    states = {"a": "training", "b": "training"}
+    trained = []
+
+    async def nothing(*a, **k):
+        return None
+
+    class Records:
+        async def await_map(self, after, _why):
+            while published[-1].epoch <= after:
+                await asyncio.sleep(0.01)
+            return published[-1]
+
+        async def newest_map(self, _quiet):
+            return published[-1]
+
+        def quiet_s(self):
+            return 0.0
+
+        async def news_or(self, _s):
+            await asyncio.sleep(0.01)
+
+    async def set_state(state, **_):
+        states["a"] = state
+
+    peer = types.SimpleNamespace(peer_id="a", read_for_map=nothing, set_state=set_state,
+                                 live_members=lambda: [types.SimpleNamespace(peer_id=p, state=s) for p, s in states.items()])
+    t = Trainer.__new__(Trainer)
+    t.peer, t.records, t.smap, t.epochs_adopted, t._train_task = peer, Records(), None, set(), None
+    t.defence = t.recovery = t.transport = t.verifier = types.SimpleNamespace(
+        adopt=lambda *a, **k: None, begin_epoch=lambda *a: None)
+
+    async def train():  # this peer's steps of the map: done; the other peer's last step, not yet
+        trained.append((t.smap.epoch, t.smap.start_step))
+        states["a"] = "done"
+        if len(trained) == 1:
+            published.append(redo)  # the planner's re-plan as the run ended
+        else:
+            states["b"] = "done"
+    t._train = train
+
+    asyncio.run(asyncio.wait_for(t._epochs(), 10))
+    assert trained == [(1, 0), (2, 9)] and states == {"a": "done", "b": "done"}

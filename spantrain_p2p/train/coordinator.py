@@ -343,8 +343,11 @@ class Coordinator:
         if ready == self._searched_ready and now - self._last_gain_check < self._check_every:
             return False
         self._last_gain_check, self._searched_ready = now, ready
-        if self.job.plan != "planner" or not self.measure_links or current.islands:
-            return False  # (a map with islands is re-planned when a peer goes, not for a predicted gain yet)
+        # (a map with islands is re-planned when a peer goes, not for a predicted gain yet; with a peer
+        # done with the job, a new plan would only redo the others' last steps, the done ones' with them)
+        if self.job.plan != "planner" or not self.measure_links or current.islands or \
+                "done" in map_states(self.peer, current).values():
+            return False
         ids, profiles, links = await self._measured_snapshot()
         if not ids:
             return False

@@ -278,7 +278,13 @@ class Trainer:
             self._train_task = asyncio.create_task(self._train())
             try:
                 await self._train_task
-                return
+                # the job's last step is done here, not yet on every peer of the map: a newer map (a
+                # re-plan as the run ended) redoes it on them, and needs this peer (from its snapshots);
+                # left, the others waited for its tensors for ever
+                if await self._spare_until_done(smap):
+                    return
+                log.info("a newer stage map came before every peer of epoch %d was done: taking part", smap.epoch)
+                continue
             except (StepFailed, asyncio.CancelledError, RuntimeError) as e:
                 # a failed step or setup, a device out of memory anywhere in the epoch (building, measuring:
                 # another process on the GPU may take what this one had) and a cancelled epoch abandon the
@@ -299,8 +305,9 @@ class Trainer:
                 self._train_task = None
 
     async def _spare_until_done(self, smap: StageMap) -> bool:
-        """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
-        every one of them that is still a member says it is done), so that it does not wait forever."""
+        """A spare, or a peer done with the job, waits for a newer map (False) or for the peers of
+        ``smap`` to finish the job (True: every one of them that is still a member says it is done),
+        so that it does not wait forever."""
         while True:
             newest = await self.records.newest_map(self.records.quiet_s())
             if newest is not None and newest.epoch > smap.epoch:

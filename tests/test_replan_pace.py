@@ -87,3 +87,17 @@ async def test_without_the_plan_s_answer_a_check_searches_at_once(monkeypatch):
     assert not await c._worth_replanning(smap)
     assert searches == [("a", "b", "c")]
     assert c._last_gain_check <= time.monotonic()
+
+
+async def test_no_search_for_a_faster_plan_once_a_peer_of_the_map_is_done(monkeypatch):
+    """As the run ends a faster plan would only redo the others' last steps (the done peers' with
+    them): the planner does not look for one once a peer of the map says it is done."""
+    members, searches = [_member(p) for p in "abc"], []
+    c, _ = _coordinator(monkeypatch, members, searches)
+    smap = StageMap(1, "job", (Stage(("a", "b", "c"), (0, 2)),), term=1)
+    members[1].state = "done"
+    assert not await c._worth_replanning(smap) and searches == []
+    members[1].state = "training"
+    c._last_gain_check -= c._check_every + coordinator.REPLAN_CHECK_S + 1
+    c._searched_ready = None
+    assert not await c._worth_replanning(smap) and searches == [("a", "b", "c")]

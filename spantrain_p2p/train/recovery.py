@@ -290,8 +290,8 @@ class Recovery:
         while self._copied is not None:
             done = self._copied
             if isinstance(done, _Behind):
-                # woken once by the snapshot thread: polled like a CUDA event, the loop woke every
-                # millisecond of the copy (57 wake-ups a second a peer on the side-by-side's 1F1B)
+                # woken once by the snapshot thread: polled like a CUDA event, the loop set a timer
+                # every millisecond of the copy (57 a second a peer on the side-by-side's 1F1B)
                 await done.wait()  # (raises what the snapshot thread raised)
             else:
                 await HostCopier.wait(None, done)

@@ -278,13 +278,6 @@ class Trainer:
             self._train_task = asyncio.create_task(self._train())
             try:
                 await self._train_task
-                # the job's last step is done here, not yet on every peer of the map: a newer map (a
-                # re-plan as the run ended) redoes it on them, and needs this peer (from its snapshots);
-                # left, the others waited for its tensors for ever
-                if await self._spare_until_done(smap):
-                    return
-                log.info("a newer stage map came before every peer of epoch %d was done: taking part", smap.epoch)
-                continue
             except (StepFailed, asyncio.CancelledError, RuntimeError) as e:
                 # a failed step or setup, a device out of memory anywhere in the epoch (building, measuring:
                 # another process on the GPU may take what this one had) and a cancelled epoch abandon the
@@ -301,13 +294,29 @@ class Trainer:
                 await self.peer.set_state("recovering", failed_epoch=smap.epoch, failed_why=why[:MAX_WHY].encode("utf-8", "replace").decode(),
                                           **memory_use.out_of_memory_progress(
                     e, self.memory_predicted, self.peer.progress))
+                continue
             finally:
                 self._train_task = None
+            # the job's last step is done here, not yet on every peer of the map: a newer map (a re-plan
+            # as the run ended) redoes it on them, and needs this peer (from its snapshots); left, the
+            # others waited for its tensors for ever
+            if await self._done_until_all_are(smap):
+                return
+            log.info("a newer stage map came before every peer of epoch %d was done: taking part", smap.epoch)
+
+    async def _done_until_all_are(self, smap: StageMap) -> bool:
+        """``_spare_until_done`` for a peer done with the job, a failed read of the maps read again
+        (not the error of a trainer whose job is done)."""
+        while True:
+            try:
+                return await self._spare_until_done(smap)
+            except Exception as e:
+                log.info("reading the stage maps failed: %s", e)
+                await asyncio.sleep(MAP_POLL_S)
 
     async def _spare_until_done(self, smap: StageMap) -> bool:
-        """A spare, or a peer done with the job, waits for a newer map (False) or for the peers of
-        ``smap`` to finish the job (True: every one of them that is still a member says it is done),
-        so that it does not wait forever."""
+        """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
+        every one of them that is still a member says it is done), so that it does not wait forever."""
         while True:
             newest = await self.records.newest_map(self.records.quiet_s())
             if newest is not None and newest.epoch > smap.epoch:

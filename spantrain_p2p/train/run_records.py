@@ -1,4 +1,5 @@
-"""The swarm's records of a run in the DHT: the job, the stage maps, and the news of a new map.
+"""The swarm's records of a run in the DHT: the job, the stage maps, the news of a new map, and the
+members' states on a map (``ready_peers``, ``map_states``).
 
 The peer that starts the swarm publishes the job; every peer that runs it stores its own signed
 copy (subkey = its peer id: nobody can store in another's name), so the job outlives its founder,

@@ -45,6 +45,8 @@ from spantrain_p2p.swarm.control_meter import rates  # noqa: E402
 from spantrain_p2p.train.cpu_use import process_cpu_s  # noqa: E402
 
 SWARM = "cp"
+
+
 def proc_io(pid: int) -> int:
     with open(f"/proc/{pid}/io") as f:
         vals = dict(line.split(":") for line in f.read().splitlines())

@@ -266,7 +266,8 @@ def test_a_peer_done_with_the_job_takes_a_newer_map_that_redoes_the_last_step_th
     async def set_state(state, **_):
         states["a"] = state
 
-    peer = types.SimpleNamespace(peer_id="a", read_for_map=nothing, set_state=set_state,
+    peer = types.SimpleNamespace(peer_id="a", read_for_map=nothing, set_state=set_state, read_records=nothing,
+                                 config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0),
                                  live_members=lambda: [types.SimpleNamespace(peer_id=p, state=s) for p, s in states.items()])
     t = Trainer.__new__(Trainer)
     t.peer, t.records, t.smap, t.epochs_adopted, t._train_task = peer, Records(), None, set(), None
@@ -284,3 +285,46 @@ def test_a_peer_done_with_the_job_takes_a_newer_map_that_redoes_the_last_step_th
 
     asyncio.run(asyncio.wait_for(t._epochs(), 10))
     assert trained == [(1, 0), (2, 9)] and states == {"a": "done", "b": "done"} and len(reads) >= 3
+
+
+def test_a_done_peer_that_watches_no_members_reads_its_maps_peers_records_until_they_say_done(monkeypatch):
+    """A peer done with the job that is neither the planner nor its standby reads no member records:
+    its view held the others "training" and it waited for ever (a LocalSwarm of 4, every peer done,
+    3 runs in 9). It follows its map's peers (their records read on SWIM news) and reads those not
+    done itself, and stops following once the wait ends."""
+    import asyncio
+    import types
+
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train import trainer as trainer_mod
+    from spantrain_p2p.train.trainer import Trainer
+
+    monkeypatch.setattr(trainer_mod, "MAP_POLL_S", 0.01)
+    smap = StageMap(1, "j", (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,)), Stage(("c",), (2, 3), (1.0,))))
+    view = {"a": "done", "b": "training", "c": "training"}  # as last read; the DHT says otherwise
+    dht = {"a": "done", "b": "done", "c": "training"}
+    reads, followed = [], []
+
+    async def read_records(ids):
+        reads.append(sorted(ids))
+        followed.append(peer.followed)
+        view.update({p: dht[p] for p in ids})
+        dht["c"] = "done"  # c finishes its last step after the first read
+
+    class Records:
+        async def newest_map(self, _quiet):
+            return smap
+
+        def quiet_s(self):
+            return 1000.0  # a spare's gap: a done peer reads as often as the members
+
+        async def news_or(self, _s):
+            await asyncio.sleep(0.01)
+
+    peer = types.SimpleNamespace(peer_id="a", state="done", read_records=read_records, followed=frozenset(),
+                                 config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0),
+                                 live_members=lambda: [types.SimpleNamespace(peer_id=p, state=s) for p, s in view.items()])
+    t = Trainer.__new__(Trainer)
+    t.peer, t.records = peer, Records()
+    assert asyncio.run(asyncio.wait_for(t._spare_until_done(smap), 10)) is True
+    assert reads == [["b", "c"], ["c"]] and followed == [frozenset("abc")] * 2 and peer.followed == frozenset()

@@ -23,7 +23,7 @@ def loop_and_inbox():
         peer_id=me.peer_id, instance="me-life", dataplane=types.SimpleNamespace(url="http://127.0.0.1:1"),
         take_records=lambda recs: taken.append(recs), control=types.SimpleNamespace(tally=lambda *a, **k: None),
         on_measured=lambda src, kind, payload: got.append((src, kind, payload)), measured_signed={}, _view={},
-        watching=lambda: False, _view_changed=types.SimpleNamespace(set=lambda: None), last_data_url=lambda p: None)
+        watching=lambda: False, followed=frozenset(), _view_changed=types.SimpleNamespace(set=lambda: None), last_data_url=lambda p: None)
     return SwimLoop(peer, SwimParams()), got, taken
 
 
@@ -295,3 +295,14 @@ async def test_a_member_known_by_news_alone_has_its_address_asked_of_the_next_pe
     for bad in (["x"] * 9, "QmJoiner", [3], [""]):
         with pytest.raises(FrameError):
             await b.handle({**header, "ask": bad}, bufs)
+
+
+def test_news_that_a_followed_member_has_a_newer_record_has_it_read_and_of_another_not():
+    """A peer that watches no members reads the new record of one it follows (a done peer waits for
+    its stage map's peers to say done), not of the others (they read records when they need them)."""
+    from spantrain_p2p.swarm.swim import ALIVE, News
+
+    loop, _, _ = loop_and_inbox()
+    loop.peer.followed = frozenset({"QmFollowed"})
+    loop._apply([News("QmFollowed", ALIVE, 0, "l1", 5), News("QmOther", ALIVE, 0, "l2", 5)])
+    assert loop._to_read == {"QmFollowed"} and loop._read_wake.is_set()

@@ -89,9 +89,10 @@ class SwimLoop:
     def _apply(self, changes: list[News]) -> None:
         """Changes of the member list into the view: a dead or departed life out of it at once; a
         member whose record is newer than the view's is read soon by a watcher (the planner and its
-        standby), not by the others: they read a record when they need it (a stage map's peer)."""
+        standby) or by a peer that follows it (``Peer.followed``: a done peer waits for its stage map's
+        peers to be done), not by the others: they read a record when they need it (a stage map's peer)."""
         view, dropped = self.peer._view, False
-        watching = self.peer.watching()
+        watching, followed = self.peer.watching(), self.peer.followed
         for n in changes:
             rec = view.get(n.peer)
             if n.state in GONE:
@@ -99,7 +100,7 @@ class SwimLoop:
                     log.info("peer %s %s", membership.describe(rec, n.peer), "left" if n.state == LEFT else "died")
                     del view[n.peer]
                     dropped = True
-            elif watching and (rec is None or rec.instance != n.life or rec.seq < n.rec):
+            elif (watching or n.peer in followed) and (rec is None or rec.instance != n.life or rec.seq < n.rec):
                 self._to_read.add(n.peer)
                 self._read_wake.set()
         if dropped:

@@ -48,6 +48,7 @@ def test_an_epoch_is_broken_when_a_peer_abandoned_it():
 def test_peers_without_a_fresh_record_are_to_be_asked_in_map_order():
     live = {"a": _rec(), "c": _rec()}
     assert epoch_verdict(MAP, live) == (False, ["b", "d"])
+    assert epoch_verdict(MAP, live, done={"b"}) == (False, ["d"])  # b was done with the job: it left
 
 
 def test_a_run_stalls_after_epochs_in_a_row_break_with_no_new_step_and_training_past_its_best_starts_over():

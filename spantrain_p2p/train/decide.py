@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Collection, Mapping, Optional, Sequence
 
 from ..plan.stagemap import MAX_COPY_EVERY, StageMap
 from ..models import state as layer_state
@@ -60,17 +60,20 @@ class ReplanHysteresis:
         return "move"
 
 
-def epoch_verdict(smap: StageMap, live: Mapping[str, object]) -> tuple[bool, list[str]]:
+def epoch_verdict(smap: StageMap, live: Mapping[str, object], done: Collection[str] = ()) -> tuple[bool, list[str]]:
     """(broken, peers to ask): the epoch is broken if a peer of the map abandoned it (state
     ``recovering`` with this ``failed_epoch``); peers of the map with no fresh record are returned
     in map order, to be asked whether they still answer (a record that expired on a busy machine
-    is no death). ``live``: peer id -> record (``state``, ``progress``)."""
+    is no death), but not those seen ``done`` with the job on this map: one that left then broke
+    nothing (a planner that re-planned when the done peers left published a map for a job over).
+    ``live``: peer id -> record (``state``, ``progress``)."""
     absent = []
     for st in smap.stages:
         for p in st.peers:
             r = live.get(p)
             if r is None:
-                absent.append(p)
+                if p not in done:
+                    absent.append(p)
             elif r.state == "recovering" and r.progress.get("failed_epoch") == smap.epoch:
                 return True, []
     return False, absent

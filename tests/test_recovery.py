@@ -264,9 +264,9 @@ def test_a_peer_done_with_the_job_takes_a_newer_map_that_redoes_the_last_step_th
             await asyncio.sleep(0.01)
 
     async def set_state(state, **_):
-        states["a"] = state
+        states["a"] = peer.state = state
 
-    peer = types.SimpleNamespace(peer_id="a", read_for_map=nothing, set_state=set_state, read_records=nothing,
+    peer = types.SimpleNamespace(peer_id="a", state="ready", read_for_map=nothing, set_state=set_state, read_records=nothing,
                                  config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0),
                                  live_members=lambda: [types.SimpleNamespace(peer_id=p, state=s) for p, s in states.items()])
     t = Trainer.__new__(Trainer)
@@ -276,7 +276,7 @@ def test_a_peer_done_with_the_job_takes_a_newer_map_that_redoes_the_last_step_th
 
     async def train():  # this peer's steps of the map: done; the other peer's last step, not yet
         trained.append((t.smap.epoch, t.smap.start_step))
-        states["a"] = "done"
+        states["a"] = peer.state = "done"
         if len(trained) == 1:
             published.append(redo)  # the planner's re-plan as the run ended
         else:
@@ -328,3 +328,39 @@ def test_a_done_peer_that_watches_no_members_reads_its_maps_peers_records_until_
     t.peer, t.records = peer, Records()
     assert asyncio.run(asyncio.wait_for(t._spare_until_done(smap), 10)) is True
     assert reads == [["b", "c"], ["c"]] and followed == [frozenset("abc")] * 2 and peer.followed == frozenset()
+
+
+def test_a_spare_reads_no_records_as_its_map_begins_and_leaves_for_a_newer_map():
+    """A spare stands by for the whole run: it does not read its map's peers' records as the map
+    begins (they are training), only after ``quiet_s``, and a newer map ends its wait (False)."""
+    import asyncio
+    import types
+
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train.trainer import Trainer
+
+    smap = StageMap(1, "j", (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,))))
+    later = StageMap(2, "j", smap.stages)
+    reads, polls = [], []
+
+    async def read_records(ids):
+        reads.append(sorted(ids))
+
+    class Records:
+        async def newest_map(self, _quiet):
+            return later if len(polls) >= 3 else smap
+
+        def quiet_s(self):
+            return 1000.0
+
+        async def news_or(self, _s):
+            polls.append(1)
+            await asyncio.sleep(0)
+
+    peer = types.SimpleNamespace(peer_id="s", state="ready", read_records=read_records, followed=frozenset(),
+                                 config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0),
+                                 live_members=lambda: [types.SimpleNamespace(peer_id=p, state="training") for p in "ab"])
+    t = Trainer.__new__(Trainer)
+    t.peer, t.records = peer, Records()
+    assert asyncio.run(asyncio.wait_for(t._spare_until_done(smap), 10)) is False
+    assert reads == [] and peer.followed == frozenset()

@@ -300,33 +300,30 @@ class Trainer:
             # the job's last step is done here, not yet on every peer of the map: a newer map (a re-plan
             # as the run ended) redoes it on them, and needs this peer (from its snapshots); left, the
             # others waited for its tensors for ever
-            if await self._done_until_all_are(smap):
+            if await self._spare_until_done(smap):
                 return
             log.info("a newer stage map came before every peer of epoch %d was done: taking part", smap.epoch)
-
-    async def _done_until_all_are(self, smap: StageMap) -> bool:
-        """``_spare_until_done`` for a peer done with the job, a failed read of the maps read again
-        (not the error of a trainer whose job is done)."""
-        while True:
-            try:
-                return await self._spare_until_done(smap)
-            except Exception as e:
-                log.info("reading the stage maps failed: %s", e)
-                await asyncio.sleep(MAP_POLL_S)
 
     async def _spare_until_done(self, smap: StageMap) -> bool:
         """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
         every one of them that is still a member says it is done), so that it does not wait forever.
-        It follows their records (``Peer.followed``: read when a SWIM message says they changed) and
-        reads those not yet done at once and then, done, as often as a peer that does not watch reads
-        the members (``membership.read_interval`` of them), a spare every ``quiet_s``: a peer that
-        watches no members read none, and a done peer waited for its map's peers, "training" in its
-        view, for ever (a LocalSwarm of 4, every peer done: 3 runs in 9 at 20:03-20:12 UTC, and CI's
-        on 9f9d7af)."""
-        self.peer.followed, read_at = frozenset(p for st in smap.stages for p in st.peers), None
+        It follows their records (``Peer.followed``: read when a SWIM message says they changed);
+        done, it reads those not yet done at once and then as often as a peer that does not watch
+        reads the members (``membership.read_interval`` of them), a spare (its map just begun) every
+        ``quiet_s``: a peer that watches no members read none, and a done peer waited for its map's
+        peers, "training" in its view, for ever (a LocalSwarm of 4, every peer done: 3 runs in 9 at
+        20:03-20:12 UTC, and CI's on 9f9d7af)."""
+        done = self.peer.state == "done"
+        self.peer.followed = frozenset(p for st in smap.stages for p in st.peers)
+        read_at = None if done else time.monotonic()
         try:
             while True:
-                newest = await self.records.newest_map(self.records.quiet_s())
+                try:
+                    newest = await self.records.newest_map(self.records.quiet_s())
+                except Exception as e:  # read again: not the error of a spare or of a trainer whose job is done
+                    log.info("reading the stage maps failed: %s", e)
+                    await self.records.news_or(MAP_POLL_S)
+                    continue
                 if newest is not None and newest.epoch > smap.epoch:
                     return False
                 states = map_states(self.peer, smap)
@@ -334,14 +331,15 @@ class Trainer:
                     return True
                 waiting = [p for p, v in states.items() if v != "done" and p != self.peer.peer_id]
                 cfg = self.peer.config
-                gap = read_interval(len(waiting), cfg.poll_s, False, cfg.view_records_per_poll) \
-                    if self.peer.state == "done" else self.records.quiet_s()
+                gap = read_interval(len(waiting), cfg.poll_s, False, cfg.view_records_per_poll) if done \
+                    else self.records.quiet_s()
                 if waiting and (read_at is None or time.monotonic() - read_at >= gap):
                     read_at = time.monotonic()
                     try:
                         await self.peer.read_records(waiting)
                     except Exception as e:  # read again after the gap
-                        log.info("reading the records of %d peer(s) of stage map epoch %d failed: %s", len(waiting), smap.epoch, e)
+                        log.info("reading the records of %d peer(s) of stage map epoch %d failed: %s",
+                                 len(waiting), smap.epoch, e)
                     continue
                 await self.records.news_or(MAP_POLL_S)
         finally:

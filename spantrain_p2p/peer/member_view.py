@@ -35,6 +35,14 @@ def watching(peer) -> bool:
     return peer.peer_id in membership.watchers([p for p, r in peer._view.items() if r.alive])
 
 
+def note_gone(peer, rec) -> None:
+    """A member left the view with ``rec`` its last record: a peer of the stage map done with the job
+    is kept in ``peer.gone_done`` (bounded by the map), so that its departure breaks no epoch: the
+    planner saw it done or not by the luck of its poll (``Coordinator._epoch_broken``)."""
+    if rec is not None and rec.state == "done" and peer.plan_peers and rec.peer_id in peer.plan_peers:
+        peer.gone_done = {p for p in peer.gone_done if p in peer.plan_peers} | {rec.peer_id}
+
+
 def lost(before: dict, after: dict, me: str, keep: frozenset) -> bool:
     """Whether a read's view ``after`` lost too much of ``before`` to be taken from some of the key's
     nodes alone: a peer of ``keep`` (the stage map's), or more than ``LOST_SHARE`` of the live

@@ -34,7 +34,7 @@ from ..swarm.deltas import Held, Sent
 from ..swarm.measure import MAX_BYTES as MEASURE_MAX_BYTES, VERSIONED, versions_changed
 from ..swarm.records import BadRecord, open_payload, open_record
 from ..swarm.swim import ALIVE, GONE, LEFT, MAX_NEWS, SUSPECT, News, Swim, SwimParams
-from . import swim_wire as wire
+from . import member_view, swim_wire as wire
 from .swim_wire import KIND, MAX_ASK, MAX_LIST, VERSION
 
 log = logging.getLogger("spantrain.peer")
@@ -98,6 +98,7 @@ class SwimLoop:
             if n.state in GONE:
                 if rec is not None and rec.alive and rec.instance == n.life:
                     log.info("peer %s %s", membership.describe(rec, n.peer), "left" if n.state == LEFT else "died")
+                    member_view.note_gone(self.peer, rec)
                     del view[n.peer]
                     dropped = True
             elif (watching or n.peer in followed) and (rec is None or rec.instance != n.life or rec.seq < n.rec):

@@ -381,7 +381,9 @@ class Coordinator:
         seen done with the job on this map (gone then, it left)."""
         if self._done_seen[0] != current.epoch:
             self._done_seen = (current.epoch, set())
-        self._done_seen[1].update(p for p, v in map_states(self.peer, current).items() if v == "done")
+        mine = {p for st in current.stages for p in st.peers}
+        self._done_seen[1].update({p for p, v in map_states(self.peer, current).items() if v == "done"} |
+                                  (self.peer.gone_done & mine))
         broken, absent = epoch_verdict(current, {r.peer_id: r for r in self.peer.live_members()}, self._done_seen[1])
         if broken:
             return True

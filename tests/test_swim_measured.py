@@ -311,7 +311,9 @@ def test_news_that_a_followed_member_has_a_newer_record_has_it_read_and_of_anoth
 def test_a_peer_of_the_map_that_leaves_done_with_the_job_is_kept_as_such_and_no_other():
     """The planner must not take a done peer's departure for a failure (it re-planned a finished job
     once the done peers left a LocalSwarm, 3 runs in 24): a member that leaves or dies with a record
-    saying done, of the stage map, is kept in ``gone_done``; one still training, or of no map, is not."""
+    saying done, of the stage map, is kept in ``gone_done`` until it joins again; one still training,
+    or of no map, is not."""
+    from spantrain_p2p.peer import member_view
     from spantrain_p2p.swarm.swim import DEAD, LEFT, News
 
     loop, _, _ = loop_and_inbox()
@@ -322,3 +324,5 @@ def test_a_peer_of_the_map_that_leaves_done_with_the_job_is_kept_as_such_and_no_
     peer._view.update({"QmA": rec("QmA", "done"), "QmB": rec("QmB", "training"), "QmC": rec("QmC", "done")})
     loop._apply([News(p, LEFT if p != "QmB" else DEAD, 0, f"{p}-life", 3) for p in ("QmA", "QmB", "QmC")])
     assert peer.gone_done == {"QmA"} and not peer._view
+    member_view.note_views(peer, ["QmA"], [])  # back in a new life: its next departure is judged anew
+    assert peer.gone_done == set()

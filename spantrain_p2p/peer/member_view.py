@@ -35,12 +35,15 @@ def watching(peer) -> bool:
     return peer.peer_id in membership.watchers([p for p, r in peer._view.items() if r.alive])
 
 
-def note_gone(peer, rec) -> None:
-    """A member left the view with ``rec`` its last record: a peer of the stage map done with the job
-    is kept in ``peer.gone_done`` (bounded by the map), so that its departure breaks no epoch: the
-    planner saw it done or not by the luck of its poll (``Coordinator._epoch_broken``)."""
-    if rec is not None and rec.state == "done" and peer.plan_peers and rec.peer_id in peer.plan_peers:
-        peer.gone_done = {p for p in peer.gone_done if p in peer.plan_peers} | {rec.peer_id}
+def note_views(peer, joined, left_records) -> None:
+    """Members joined the view and others left it (``left_records``: their last records): a peer of
+    the stage map that left done with the job is kept in ``peer.gone_done`` until it joins again
+    (bounded by the map), so that its departure breaks no epoch: the planner saw it done or not by
+    the luck of its poll (``Coordinator._epoch_broken``)."""
+    mine = peer.plan_peers or frozenset()
+    gone = {p for p in peer.gone_done if p in mine and p not in joined}
+    peer.gone_done = gone | {r.peer_id for r in left_records
+                             if r is not None and r.state == "done" and r.peer_id in mine}
 
 
 def lost(before: dict, after: dict, me: str, keep: frozenset) -> bool:

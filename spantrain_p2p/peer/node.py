@@ -87,7 +87,7 @@ class Peer:
         self.member_checks: list = []  # callables(peer_id) -> bool: more ways to know a member (the stage map)
         self.watch_checks: list = []  # callables() -> bool: this peer reads the members every poll (the planner)
         self.followed: frozenset[str] = frozenset()  # members whose new records it reads on SWIM news (``swim_loop``)
-        self.gone_done: set[str] = set()  # the stage map's peers that left done with the job (``member_view.note_gone``)
+        self.gone_done: set[str] = set()  # the stage map's peers that left done with the job (``member_view.note_views``)
         # callable(before, after) -> [peer id]: whom SWIM tells of a death (None, None), or of this peer's
         # new record ``after`` (its last told: ``before``), where a job says (``Coordinator.watchers``)
         self.watcher_ids = None
@@ -560,7 +560,7 @@ class Peer:
             log.info("peer %s joined", membership.describe(view.get(p), p))
         for p in left:
             log.info("peer %s left", membership.describe(self._view.get(p), p))
-            member_view.note_gone(self, self._view.get(p))
+        member_view.note_views(self, joined, [self._view.get(p) for p in left])
         self._view = view
         if joined or left:
             self._view_changed.set()

@@ -98,7 +98,7 @@ class SwimLoop:
             if n.state in GONE:
                 if rec is not None and rec.alive and rec.instance == n.life:
                     log.info("peer %s %s", membership.describe(rec, n.peer), "left" if n.state == LEFT else "died")
-                    member_view.note_gone(self.peer, rec)
+                    member_view.note_views(self.peer, (), [rec])
                     del view[n.peer]
                     dropped = True
             elif (watching or n.peer in followed) and (rec is None or rec.instance != n.life or rec.seq < n.rec):

@@ -87,7 +87,7 @@ class Peer:
         self.member_checks: list = []  # callables(peer_id) -> bool: more ways to know a member (the stage map)
         self.watch_checks: list = []  # callables() -> bool: this peer reads the members every poll (the planner)
         self.followed: frozenset[str] = frozenset()  # members whose new records it reads on SWIM news (``swim_loop``)
-        self.gone_done: set[str] = set()  # the stage map's peers that left done with the job (``member_view.note_views``)
+        self.gone_done: set[str] = set()  # the map's peers that left done with the job (``member_view.note_views``)
         # callable(before, after) -> [peer id]: whom SWIM tells of a death (None, None), or of this peer's
         # new record ``after`` (its last told: ``before``), where a job says (``Coordinator.watchers``)
         self.watcher_ids = None

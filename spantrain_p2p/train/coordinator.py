@@ -109,7 +109,6 @@ class Coordinator:
         self._hysteresis = ReplanHysteresis()
         self._stall = (-1, 0)  # decide.stalled: (the most steps trained, broken epochs since that grew)
         self._stall_epoch = -1  # the last broken epoch counted
-        self._done_seen: tuple[int, set] = (-1, set())  # (epoch, its peers seen done with the job)
         self._last_gain_check = 0.0
         self._check_every = REPLAN_CHECK_S  # (``decide.replan_check_s`` of the last search)
         self._searched_ready: list[str] = []  # the ready peers at the last search
@@ -377,14 +376,9 @@ class Coordinator:
     async def _epoch_broken(self, current: StageMap) -> bool:
         """A peer of the map abandoned this epoch, or is gone: its record is missing and it does
         not answer where it served last (a heartbeat late on a busy machine is no failure:
-        re-planning around it would throw away the step in flight for nothing), and it was not
-        seen done with the job on this map (gone then, it left)."""
-        if self._done_seen[0] != current.epoch:
-            self._done_seen = (current.epoch, set())
-        mine = {p for st in current.stages for p in st.peers}
-        self._done_seen[1].update({p for p, v in map_states(self.peer, current).items() if v == "done"} |
-                                  (self.peer.gone_done & mine))
-        broken, absent = epoch_verdict(current, {r.peer_id: r for r in self.peer.live_members()}, self._done_seen[1])
+        re-planning around it would throw away the step in flight for nothing), and its last record
+        in the view did not say it was done with the job (gone then, it left: ``Peer.gone_done``)."""
+        broken, absent = epoch_verdict(current, {r.peer_id: r for r in self.peer.live_members()}, self.peer.gone_done)
         if broken:
             return True
         for p in absent:

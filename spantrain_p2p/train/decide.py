@@ -64,8 +64,8 @@ def epoch_verdict(smap: StageMap, live: Mapping[str, object], done: Collection[s
     """(broken, peers to ask): the epoch is broken if a peer of the map abandoned it (state
     ``recovering`` with this ``failed_epoch``); peers of the map with no fresh record are returned
     in map order, to be asked whether they still answer (a record that expired on a busy machine
-    is no death), but not those seen ``done`` with the job on this map: one that left then broke
-    nothing (a planner that re-planned when the done peers left published a map for a job over).
+    is no death), but not those ``done`` (whose last record said they were done with the job): one
+    that left then broke nothing (a planner that re-planned when the done peers left published a map for a job over).
     ``live``: peer id -> record (``state``, ``progress``)."""
     absent = []
     for st in smap.stages:

@@ -23,7 +23,8 @@ def loop_and_inbox():
         peer_id=me.peer_id, instance="me-life", dataplane=types.SimpleNamespace(url="http://127.0.0.1:1"),
         take_records=lambda recs: taken.append(recs), control=types.SimpleNamespace(tally=lambda *a, **k: None),
         on_measured=lambda src, kind, payload: got.append((src, kind, payload)), measured_signed={}, _view={},
-        watching=lambda: False, followed=frozenset(), _view_changed=types.SimpleNamespace(set=lambda: None), last_data_url=lambda p: None)
+        watching=lambda: False, followed=frozenset(), _view_changed=types.SimpleNamespace(set=lambda: None),
+        last_data_url=lambda p: None)
     return SwimLoop(peer, SwimParams()), got, taken
 
 

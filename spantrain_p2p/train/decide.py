@@ -65,8 +65,8 @@ def epoch_verdict(smap: StageMap, live: Mapping[str, object], done: Collection[s
     ``recovering`` with this ``failed_epoch``); peers of the map with no fresh record are returned
     in map order, to be asked whether they still answer (a record that expired on a busy machine
     is no death), but not those ``done`` (whose last record said they were done with the job): one
-    that left then broke nothing (a planner that re-planned when the done peers left published a map for a job over).
-    ``live``: peer id -> record (``state``, ``progress``)."""
+    that left then broke nothing (a planner that re-planned when the done peers left published a
+    map for a job over). ``live``: peer id -> record (``state``, ``progress``)."""
     absent = []
     for st in smap.stages:
         for p in st.peers:

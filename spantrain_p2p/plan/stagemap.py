@@ -94,6 +94,10 @@ class StageMap:
                         isl.predicted_step_s, self.bottleneck, self.error, isl.compression, self.reason,
                         start_data_step=self.start_data_step, copy_every=self.copy_every)
 
+    def members(self) -> list[str]:
+        """Every peer of the map, stage by stage (a replicated stage's peers in their order)."""
+        return [p for st in self.stages for p in st.peers]
+
     def stage_of(self, peer_id: str) -> Optional[int]:
         for i, s in enumerate(self.stages):
             if peer_id in s.peers:

@@ -294,7 +294,7 @@ class Coordinator:
         if self._stall_epoch == current.epoch or current.islands:  # (islands count rounds: not compared)
             return False
         self._stall_epoch = current.epoch
-        mine = {p for st in current.stages for p in st.peers}
+        mine = set(current.members())
         live = [r for r in self.peer.live_members() if r.peer_id in mine]
         if out_of_memory(current, {r.peer_id: r for r in live}):
             return False  # a refit within less memory is planned next: not a step failing the same way

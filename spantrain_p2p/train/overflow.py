@@ -19,14 +19,10 @@ def collector_of(smap: StageMap) -> str:
     return smap.stages[0].peers[0]
 
 
-def members_of(smap: StageMap) -> list[str]:
-    return [p for st in smap.stages for p in st.peers]
-
-
 def expect(job_id: str, smap: StageMap, me: str) -> Expect:
     """What ``me`` takes: every member's flag (the collector), or the collector's verdict."""
     collector = collector_of(smap)
-    src = frozenset(members_of(smap)) - {me} if me == collector else frozenset({collector})
+    src = frozenset(smap.members()) - {me} if me == collector else frozenset({collector})
     return Expect(AMP, job_id, smap.epoch, src, (1,), 1)
 
 
@@ -37,7 +33,7 @@ async def agree(transport, smap: StageMap, me: str, step: int, found: bool) -> b
         await transport.send_to(collector, AMP, step, 0, torch.tensor([float(found)]))
         verdict = await transport.receive((f"{AMP}/{collector}", step, 0), AMP, collector)
         return float(verdict[0]) != 0.0
-    others = [p for p in members_of(smap) if p != me]
+    others = [p for p in smap.members() if p != me]
     flags = await asyncio.gather(*[transport.receive((f"{AMP}/{p}", step, 0), AMP, p) for p in others])
     verdict = found or any(float(f[0]) != 0.0 for f in flags)
     await asyncio.gather(*[transport.send_to(p, AMP, step, 0, torch.tensor([float(verdict)])) for p in others])

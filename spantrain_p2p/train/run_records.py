@@ -42,7 +42,7 @@ def ready_peers(peer) -> list:
 
 def map_states(peer, smap) -> dict[str, str]:
     """The state of each live member that ``smap`` names (a peer no longer a member is left out)."""
-    mine = {p for st in smap.stages for p in st.peers}
+    mine = set(smap.members())
     return {r.peer_id: r.state for r in peer.live_members() if r.peer_id in mine}
 
 RECORD_TTL_S = 600.0

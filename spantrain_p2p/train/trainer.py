@@ -253,7 +253,7 @@ class Trainer:
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
             self.full_map, self.island = smap, smap.island_of(self.peer.peer_id)
-            self.peer.plan_peers = frozenset(p for st in smap.stages for p in st.peers)
+            self.peer.plan_peers = frozenset(smap.members())
             try:
                 await self.peer.read_for_map(self.peer.plan_peers)  # their addresses, before the first send
             except Exception as e:  # the sends retry; the next read brings them
@@ -314,7 +314,7 @@ class Trainer:
         peers, "training" in its view, for ever (a LocalSwarm of 4, every peer done: 3 runs in 9 at
         20:03-20:12 UTC, and CI's on 9f9d7af)."""
         done = self.peer.state == "done"
-        self.peer.followed = frozenset(p for st in smap.stages for p in st.peers)
+        self.peer.followed = frozenset(smap.members())
         read_at = None if done else time.monotonic()
         try:
             while True:

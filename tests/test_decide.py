@@ -26,6 +26,15 @@ def test_a_lasting_gain_moves_stages_once_it_held_long_enough():
     assert h.update(REPLAN_GAIN + 0.1, now=200.0) == "hold"  # after a move, a new gain holds again
 
 
+def test_a_held_gain_is_due_for_a_check_once_its_hold_is_over_and_not_before():
+    h = ReplanHysteresis()
+    assert not h.due(0.0)  # nothing held
+    h.update(0.5, now=100.0)
+    assert not h.due(100.0 + REPLAN_HOLD_S - 1) and h.due(100.0 + REPLAN_HOLD_S)
+    h.update(0.5, now=100.0 + REPLAN_HOLD_S)  # moved
+    assert not h.due(1000.0)
+
+
 def test_a_short_blip_moves_nothing():
     h = ReplanHysteresis()
     assert h.update(0.5, now=0.0) == "hold"

@@ -8,6 +8,7 @@ import types
 import spantrain_p2p.train.coordinator as coordinator
 from spantrain_p2p.plan.stagemap import StageMap
 from spantrain_p2p.plan.types import Stage
+from spantrain_p2p.train.decide import REPLAN_CHECK_MAX_S
 
 PROFILES = {p: {"profile": {"tflops": 1.0}} for p in "abcd"}
 LINKS = {p: {"x": [1.0, 100.0]} for p in "abcd"}
@@ -101,3 +102,19 @@ async def test_no_search_for_a_faster_plan_once_a_peer_of_the_map_is_done(monkey
     c._last_gain_check -= c._check_every + coordinator.REPLAN_CHECK_S + 1
     c._searched_ready = None
     assert not await c._worth_replanning(smap) and searches == [("a", "b", "c")]
+
+
+async def test_a_held_gain_is_checked_again_once_its_hold_is_over_not_at_the_search_s_interval(monkeypatch):
+    """Two newcomers' 144 % gain was held for 22 s, not 10: the check that moves the stages waited
+    for the search's interval (23 s, for a search of 0.47 s of CPU; up to a minute in a large swarm)."""
+    members, searches = [_member(p) for p in "abc"], []
+    c, _ = _coordinator(monkeypatch, members, searches)
+    monkeypatch.setattr(coordinator.planning, "current_cost", lambda smap, job, snap: 2.0)  # the new plan: twice as fast
+    smap = StageMap(1, "job", (Stage(("a", "b", "c"), (0, 2)),), term=1)
+    assert not await c._worth_replanning(smap)  # the gain appears: held
+    c._check_every = REPLAN_CHECK_MAX_S  # a costly search's interval
+    c._last_gain_check -= coordinator.REPLAN_CHECK_S + 1
+    assert not await c._worth_replanning(smap)  # past the 5 s floor, still within the hold
+    c._last_gain_check -= coordinator.REPLAN_CHECK_S + 1
+    c._hysteresis.since -= coordinator.REPLAN_HOLD_S
+    assert await c._worth_replanning(smap)  # the hold is over: checked, and the stages move

@@ -340,7 +340,8 @@ class Coordinator:
         if now - self._last_gain_check < REPLAN_CHECK_S or planning.model_profile(self.job) is None:
             return False
         ready = sorted(r.peer_id for r in ready_peers(self.peer))  # a newcomer: searched at once
-        if ready == self._searched_ready and now - self._last_gain_check < self._check_every:
+        if ready == self._searched_ready and now - self._last_gain_check < self._check_every and \
+                not self._hysteresis.due(now):
             return False
         self._last_gain_check, self._searched_ready = now, ready
         # (a map with islands is re-planned when a peer goes, not for a predicted gain yet; with a peer

@@ -1,5 +1,6 @@
 """How a peer keeps its view of the members (issue 33): who reads the member keys (``keys.members_keys``)
-how often, and from how many of each key's DHT nodes.
+how often, and from how many of each key's DHT nodes; and how what it reads or hears enters the
+view (``take``, ``update``).
 
 A read returns every member's record, so in a large swarm the reads are most of the control
 plane's cost (``membership.read_interval``). The planner and its standby read every poll, any other
@@ -33,6 +34,39 @@ def watching(peer) -> bool:
     if any(s is not None for s in said):
         return False
     return peer.peer_id in membership.watchers([p for p, r in peer._view.items() if r.alive])
+
+
+def take(peer, got: dict) -> None:
+    """Records (peer id -> ``PeerRecord``) into ``peer``'s view where newer than its own (of a
+    member's next life: changed later)."""
+    view = dict(peer._view)
+    view.update({p: r for p, r in got.items() if p != peer.peer_id and (
+        p not in view or (view[p].seq <= r.seq if view[p].instance == r.instance else view[p].ts < r.ts))})
+    update(peer, view, whole=False)
+
+
+def update(peer, view: dict, whole: bool = True) -> None:
+    """``peer``'s view from now on (``whole``: read from every member key, ``status``'s age of the view)."""
+    if whole:
+        peer._read_at = time.monotonic()
+    if peer.swim is not None:
+        view = peer.swim.filter(view)
+    if peer.identity is not None and peer.state != "left":
+        own = peer._view.get(peer.peer_id)
+        if own is not None and (peer.peer_id not in view or view[peer.peer_id].seq < own.seq):
+            view[peer.peer_id] = own  # our own latest record, even if the DHT lags behind
+    for pid, rec in view.items():
+        if rec.alive and rec.data_url:
+            peer._last_url[pid] = rec.data_url
+    joined, left = membership.diff_members(peer._view, view)
+    for p in (p for p in joined if p != peer.peer_id):
+        log.info("peer %s joined", membership.describe(view.get(p), p))
+    for p in left:
+        log.info("peer %s left", membership.describe(peer._view.get(p), p))
+    note_views(peer, joined, [peer._view.get(p) for p in left])
+    peer._view = view
+    if joined or left:
+        peer._view_changed.set()
 
 
 def note_views(peer, joined, left_records) -> None:

@@ -536,34 +536,10 @@ class Peer:
         self.take_records(await membership.read_members(self._dht, self.config.swarm, self._on_bad, peer_ids=peer_ids))
 
     def take_records(self, got: dict[str, PeerRecord]) -> None:
-        """Records into the view where newer than its own (of a member's next life: changed later)."""
-        view = dict(self._view)
-        view.update({p: r for p, r in got.items() if p != self.peer_id and (
-            p not in view or (view[p].seq <= r.seq if view[p].instance == r.instance else view[p].ts < r.ts))})
-        self._update_view(view, whole=False)
+        member_view.take(self, got)
 
     def _update_view(self, view: dict[str, PeerRecord], whole: bool = True) -> None:
-        """The view from now on (``whole``: read from every member key, ``status``'s age of the view)."""
-        if whole:
-            self._read_at = time.monotonic()
-        if self.swim is not None:
-            view = self.swim.filter(view)
-        if self.identity is not None and self.state != "left":
-            own = self._view.get(self.peer_id)
-            if own is not None and (self.peer_id not in view or view[self.peer_id].seq < own.seq):
-                view[self.peer_id] = own  # our own latest record, even if the DHT lags behind
-        for pid, rec in view.items():
-            if rec.alive and rec.data_url:
-                self._last_url[pid] = rec.data_url
-        joined, left = membership.diff_members(self._view, view)
-        for p in (p for p in joined if p != self.peer_id):
-            log.info("peer %s joined", membership.describe(view.get(p), p))
-        for p in left:
-            log.info("peer %s left", membership.describe(self._view.get(p), p))
-        member_view.note_views(self, joined, [self._view.get(p) for p in left])
-        self._view = view
-        if joined or left:
-            self._view_changed.set()
+        member_view.update(self, view, whole)
 
     def _task_done(self, task: asyncio.Task) -> None:
         if task in self._tasks:

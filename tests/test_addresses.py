@@ -35,3 +35,11 @@ def test_the_daemon_announces_a_forwarded_port_and_hands_out_a_reachable_address
     maddrs = ["/ip4/127.0.0.1/tcp/1/p2p/X", "/ip4/192.168.1.2/tcp/1/p2p/X", "/ip4/11.0.0.5/tcp/1/p2p/X"]
     assert order_maddrs(maddrs, ["http://11.0.0.5:7001"])[0] == "/ip4/11.0.0.5/tcp/1/p2p/X"
     assert order_maddrs(maddrs)[-1] == "/ip4/127.0.0.1/tcp/1/p2p/X"
+
+
+def test_only_a_daemon_listening_beyond_this_host_asks_the_router_for_a_port():
+    from spantrain_p2p.net.addresses import port_mapping_wanted
+
+    assert port_mapping_wanted("/ip4/0.0.0.0/tcp/4001") and port_mapping_wanted("/ip4/11.0.0.5/tcp/0")
+    for local in ("/ip4/127.0.0.1/tcp/0", "/ip6/::1/tcp/0", "/ip4/127.0.0.2/tcp/9", "/unix/tmp/p2pd.sock"):
+        assert not port_mapping_wanted(local), local

@@ -95,7 +95,7 @@ async def _attacker(address: str):
     from hivemind.dht.node import DHTNode
     from hivemind.p2p import P2P
 
-    p2p = await P2P.create(initial_peers=[address])
+    p2p = await P2P.create(initial_peers=[address], nat_port_map=False)
     node = await DHTNode.create(p2p=p2p, initial_peers=[address], wait_timeout=3)
     return p2p, node
 

@@ -31,6 +31,16 @@ async def test_close_cancels_every_task_and_stops_the_daemon():
     assert daemon.returncode is not None
 
 
+async def test_a_peer_on_loopback_asks_no_router_for_a_port():
+    """A daemon asked to map its port (UPnP, NAT-PMP) multicasts SSDP on every interface and queries
+    the default gateway as it starts: every peer of a local swarm did, on the host's own network
+    (strace of a loopback peer's p2pd: 14 M-SEARCHes to 239.255.255.250:1900, 2 to the gateway)."""
+    async with Peer(PeerConfig(**FAST)) as peer:
+        with open(f"/proc/{peer._p2p._child.pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+    assert "-natPortMap=0" in argv, argv
+
+
 async def test_a_bad_record_in_the_dht_is_ignored_and_the_peer_keeps_working(caplog):
     from hivemind.utils import get_dht_time
 

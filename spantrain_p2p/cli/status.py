@@ -23,7 +23,7 @@ async def read_swarm_members(join: list[str], swarm: str, timeout: float, swarm_
     daemon_wire.install()
     tie_daemons_to_this_process()
     join = discovery.parse_join(join)
-    p2p = await P2P.create(initial_peers=join, startup_timeout=timeout)
+    p2p = await P2P.create(initial_peers=join, startup_timeout=timeout, nat_port_map=False)  # nobody dials a reader
     node = None
     try:
         from ..swarm import group_key

@@ -40,6 +40,16 @@ def is_loopback(host: str) -> bool:
     return ip.is_loopback if ip is not None else host == "localhost"
 
 
+def port_mapping_wanted(listen: str) -> bool:
+    """Whether a p2p daemon listening on the multiaddr ``listen`` asks the router to forward a port
+    to it (UPnP, NAT-PMP: libp2p's ``natPortMap``): only where it listens beyond this host. Asking
+    multicasts SSDP on every interface and queries the default gateway; from a loopback listener,
+    which no router can forward to, every peer of a local swarm (and of the tests) did that on the
+    host's own network."""
+    host = maddr_host(listen)
+    return host is not None and not is_loopback(host)
+
+
 def maddr_host(maddr: str) -> Optional[str]:
     """The IP or DNS name of a multiaddr (``/ip4/1.2.3.4/tcp/…`` → ``1.2.3.4``), None if it has none."""
     parts = maddr.strip("/").split("/")

@@ -18,7 +18,7 @@ from typing import Any, Optional
 from .. import PROTOCOL_VERSION, __version__
 from ..net.client import DataPlaneClient
 from ..net.budget import Limits
-from ..net.addresses import announced_urls, order_maddrs, p2p_announce
+from ..net.addresses import announced_urls, order_maddrs, p2p_announce, port_mapping_wanted
 from ..net.dataplane import DataPlaneServer, Retry
 from ..net.handshake import Authenticator
 from ..net.probe_messages import PROBE_KIND, handle_probe
@@ -318,6 +318,7 @@ class Peer:
                 host_maddrs=[cfg.listen],
                 announce_maddrs=p2p_announce(cfg.listen, cfg.announce) or None,
                 identity_path=identity_path,
+                nat_port_map=port_mapping_wanted(cfg.listen),
                 check_if_identity_free=False,  # hivemind's check misses live peers; see admission.refuse_duplicate
                 startup_timeout=cfg.join_timeout_s,
             )

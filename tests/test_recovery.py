@@ -330,6 +330,49 @@ def test_a_done_peer_that_watches_no_members_reads_its_maps_peers_records_until_
     assert reads == [["b", "c"], ["c"]] and followed == [frozenset("abc")] * 2 and peer.followed == frozenset()
 
 
+def test_a_spare_whose_maps_peers_all_left_done_is_done_and_not_while_one_left_without_saying_so():
+    """Peers done with the job leave as soon as every peer of their map is: a spare that had not read
+    their "done" by then had none of them in its view, and waited for a newer map that no planner
+    would publish. Those that left done (``Peer.gone_done``) count as done, as live ones that say
+    so do; while one still trains, or where none is known done (all gone without a word), the
+    spare waits for the planner's next map."""
+    import asyncio
+    import types
+
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train.trainer import Trainer
+
+    smap = StageMap(1, "j", (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,))))
+
+    class Records:
+        async def newest_map(self, _quiet):
+            return smap
+
+        def quiet_s(self):
+            return 1000.0
+
+        async def news_or(self, _s):
+            await asyncio.sleep(0)
+
+    async def read_records(ids):
+        pass
+
+    def spare(gone_done, live=()):
+        peer = types.SimpleNamespace(peer_id="s", state="ready", read_records=read_records, followed=frozenset(),
+                                     gone_done=set(gone_done), live_members=lambda: [
+                                         types.SimpleNamespace(peer_id=p, state=v) for p, v in live],
+                                     config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0))
+        t = Trainer.__new__(Trainer)
+        t.peer, t.records = peer, Records()
+        return t
+
+    assert asyncio.run(asyncio.wait_for(spare({"a", "b"})._spare_until_done(smap), 10)) is True
+    assert asyncio.run(asyncio.wait_for(spare({"a"}, [("b", "done")])._spare_until_done(smap), 10)) is True
+    for gone, live in (({"a"}, [("b", "training")]), (set(), [])):
+        with pytest.raises(asyncio.TimeoutError):
+            asyncio.run(asyncio.wait_for(spare(gone, live)._spare_until_done(smap), 0.5))
+
+
 def test_a_spare_reads_no_records_as_its_map_begins_and_leaves_for_a_newer_map():
     """A spare stands by for the whole run: it does not read its map's peers' records as the map
     begins (they are training), only after ``quiet_s``, and a newer map ends its wait (False)."""

@@ -306,7 +306,8 @@ class Trainer:
 
     async def _spare_until_done(self, smap: StageMap) -> bool:
         """A spare waits for a newer map (False) or for the peers of ``smap`` to finish the job (True:
-        every one of them that is still a member says it is done), so that it does not wait forever.
+        every one of them that is still a member says it is done, or, none left, one left done:
+        ``Peer.gone_done``), so that it does not wait forever.
         It follows their records (``Peer.followed``: read when a SWIM message says they changed);
         done, it reads those not yet done at once and then as often as a peer that does not watch
         reads the members (``membership.read_interval`` of them), a spare (its map just begun) every
@@ -327,7 +328,7 @@ class Trainer:
                 if newest is not None and newest.epoch > smap.epoch:
                     return False
                 states = map_states(self.peer, smap)
-                if states and all(v == "done" for v in states.values()):
+                if (states or self.peer.gone_done & self.peer.followed) and all(v == "done" for v in states.values()):
                     return True
                 waiting = [p for p, v in states.items() if v != "done" and p != self.peer.peer_id]
                 cfg = self.peer.config

@@ -55,16 +55,9 @@ def swarm(out: str, name: str, steps: int, *extra: str, watch=None) -> dict:
 
 
 def chromium(user_dir: str):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    from spantrain_p2p.view import browser
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={user_dir}", "--window-size=1500,1250"):
-        opts.add_argument(flag)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    return browser.chromium(user_dir, "1500,1250")
 
 
 def looking(screenshot: str | None):

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from spantrain_p2p.launch import PeerProcess, wait_until
+from spantrain_p2p.view import browser
 
 pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
 
@@ -101,27 +102,12 @@ def test_a_zb_h1_step_fills_the_pipeline_bubble_with_weight_gradients(swarm):
     assert "W" in ops[first_b:last_b], ops
 
 
-def _chromium():
-    for c in ("chromium", "chromium-browser"):
-        if shutil.which(c):
-            return shutil.which(c)
-    return None
-
-
-@pytest.mark.skipif(_chromium() is None or shutil.which("chromedriver") is None,
+@pytest.mark.skipif(browser.binary() is None or shutil.which("chromedriver") is None,
                     reason="Chromium and chromedriver are not installed (scripts/setup-browser.sh installs them)")
 def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_moving_loss(swarm, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
 
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = _chromium()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,1100"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+    driver = browser.chromium(str(tmp_path / "chromium"), "1400,1100")
     try:
         # opened after 40 steps: the peers' recent losses (30) no longer reach step 0, the run's history does
         wait_until(lambda: all((p.status().get("train") or {}).get("steps_done", 0) >= 40 for p in swarm.values()),

@@ -109,7 +109,8 @@ async def test_a_held_gain_is_checked_again_once_its_hold_is_over_not_at_the_sea
     for the search's interval (23 s, for a search of 0.47 s of CPU; up to a minute in a large swarm)."""
     members, searches = [_member(p) for p in "abc"], []
     c, _ = _coordinator(monkeypatch, members, searches)
-    monkeypatch.setattr(coordinator.planning, "current_cost", lambda smap, job, snap: 2.0)  # the new plan: twice as fast
+    # the current map costs twice the new plan's step
+    monkeypatch.setattr(coordinator.planning, "current_cost", lambda smap, job, snap: 2.0)
     smap = StageMap(1, "job", (Stage(("a", "b", "c"), (0, 2)),), term=1)
     assert not await c._worth_replanning(smap)  # the gain appears: held
     c._check_every = REPLAN_CHECK_MAX_S  # a costly search's interval

@@ -65,7 +65,6 @@ import argparse
 import glob
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -157,14 +156,21 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def torch_rank(rank: int, schedule: str, per_process: int, steps: int, port: int, out_dir: str) -> None:
+def file_store(folder: str) -> str:
+    """gloo's rendezvous in a file of ``folder``, not over TCP: a TCPStore names each connection's far
+    end with getnameinfo, which asked the host's resolver for 127.0.0.1's name (a dual-stack socket's
+    ::ffff:127.0.0.1, not in /etc/hosts): 10-11 DNS queries a run, beyond the loopback these runs keep to."""
+    return f"file://{os.path.join(folder, 'store')}"
+
+
+def torch_rank(rank: int, schedule: str, per_process: int, steps: int, out_dir: str) -> None:
     """One process of torch's pipeline: its stages, ``steps`` steps, then its step ends (wall clock)
     and, on the process with the last stage, the step losses, written to ``out_dir``."""
     from torch.distributed import pipelining
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=PROCESSES)
+    dist.init_process_group("gloo", init_method=file_store(out_dir), rank=rank, world_size=PROCESSES)
     job = make_job(steps)
     handle = ModelHandle(job)
     n = PROCESSES * per_process
@@ -200,16 +206,10 @@ def torch_rank(rank: int, schedule: str, per_process: int, steps: int, port: int
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_theirs(schedule: str, per_process: int, steps: int, warmup: int, tmp: str) -> dict:
     out = tempfile.mkdtemp(prefix=f"{schedule}-", dir=tmp)
     # forked, not spawned: the children inherit the imported torch (seconds of CPU each on this box)
-    mp.start_processes(torch_rank, args=(schedule, per_process, steps, free_port(), out), nprocs=PROCESSES,
+    mp.start_processes(torch_rank, args=(schedule, per_process, steps, out), nprocs=PROCESSES,
                        start_method="fork")
     ranks = []
     for path in sorted(glob.glob(os.path.join(out, "rank*.json"))):

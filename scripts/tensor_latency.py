@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import shutil
 import statistics
+import tempfile
 import time
 
 import torch
@@ -26,7 +28,7 @@ from spantrain_p2p.net.handshake import Authenticator
 from spantrain_p2p.pipeline.messages import ACT, Expect, decode_tensor, encode_tensor
 from spantrain_p2p.swarm.identity import Identity
 
-from pipelining_side_by_side import free_port  # (scripts/, beside this one: the side-by-side's gloo port)
+from pipelining_side_by_side import file_store  # (scripts/, beside this one: the side-by-side's rendezvous)
 
 SHAPE = (8, 64, 128)
 WARMUP = 50
@@ -80,9 +82,9 @@ def ours(n: int) -> list[float]:
             server.terminate()
 
 
-def _gloo_rank(rank: int, port: int, n: int, out) -> None:
+def _gloo_rank(rank: int, folder: str, n: int, out) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=file_store(folder), rank=rank, world_size=2)
     t, rtts = torch.zeros(*SHAPE), []
     for _ in range(WARMUP + n):
         if rank == 0:
@@ -101,10 +103,10 @@ def _gloo_rank(rank: int, port: int, n: int, out) -> None:
 
 def gloo(n: int) -> list[float]:
     """Half of each round trip of the tensor there and back (one send), ``n`` after the warm-up."""
-    port = free_port()
+    folder = tempfile.mkdtemp(prefix="gloo-")
     a, b = mp.Pipe()
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=_gloo_rank, args=(r, port, n, b)) for r in range(2)]
+    procs = [ctx.Process(target=_gloo_rank, args=(r, folder, n, b)) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -112,6 +114,7 @@ def gloo(n: int) -> list[float]:
     finally:
         for p in procs:
             p.join(30)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def describe(name: str, xs: list[float]) -> str:

@@ -157,9 +157,10 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def file_store(folder: str) -> str:
-    """gloo's rendezvous in a file of ``folder``, not over TCP: a TCPStore names each connection's far
-    end with getnameinfo, which asked the host's resolver for 127.0.0.1's name (a dual-stack socket's
-    ::ffff:127.0.0.1, not in /etc/hosts): 10-11 DNS queries a run, beyond the loopback these runs keep to."""
+    """gloo's rendezvous in a file of ``folder``, not over TCP: a TCPStore names each connection's
+    far end with getnameinfo, which asked the host's resolver for 127.0.0.1's name (a dual-stack
+    socket's ::ffff:127.0.0.1, not in /etc/hosts): 10-11 DNS queries a run, beyond the loopback
+    these runs keep to."""
     return f"file://{os.path.join(folder, 'store')}"
 
 

@@ -19,21 +19,20 @@ def counts(procs):
     return [p.status()["member_count"] for p in procs]
 
 
+def swim_list(proc) -> dict:
+    """``proc``'s SWIM list (``/swim``): peer id -> its entry (a gone member's is kept a minute)."""
+    with urllib.request.urlopen(proc.info["data_url"] + "/swim", timeout=5) as r:
+        return json.loads(r.read())["members"]
+
+
 def print_swim_lists(procs):
     """Each peer's SWIM list (``/swim``) as (state, confirmed, address known, address a hint), by the
     last four characters of the peer ids: what a failure to form left behind."""
     short = {p.info["peer_id"]: p.info["peer_id"][-4:] for p in procs}
     for p in procs:
-        with urllib.request.urlopen(p.info["data_url"] + "/swim", timeout=5) as r:
-            members = json.loads(r.read())["members"]
+        members = swim_list(p)
         print("swim list of", short[p.info["peer_id"]], p.status()["member_count"],
               {short.get(k, k[-4:]): (v["state"], v["confirmed"], v["address"], v["hint"]) for k, v in members.items()})
-
-
-def swim_state(proc, peer_id: str):
-    """``peer_id``'s state in ``proc``'s SWIM list (``/swim``; a gone member is kept a minute), or None."""
-    with urllib.request.urlopen(proc.info["data_url"] + "/swim", timeout=5) as r:
-        return (json.loads(r.read())["members"].get(peer_id) or {}).get("state")
 
 
 @pytest.mark.heavy
@@ -74,7 +73,7 @@ def test_eight_peers_form_a_swarm_and_drop_crashed_and_leaving_peers(peers):
     # 0.5-0.8 s alone, over 5 s once with two other tests on the box; a death is found in 5-8 s alone)
     wait_until(lambda: all(c == 5 for c in counts(survivors)), 30)
     print(f"after Ctrl-C of 1: the others list 5 after {time.monotonic() - t0:.1f}s")
-    states = [swim_state(p, leaver.info["peer_id"]) for p in survivors]
+    states = [(swim_list(p).get(leaver.info["peer_id"]) or {}).get("state") for p in survivors]
     assert "left" in states and set(states) <= {"left", None}, states
     assert leaver.proc.wait(10) == 0
 

@@ -287,7 +287,33 @@ def test_a_peer_done_with_the_job_takes_a_newer_map_that_redoes_the_last_step_th
     assert trained == [(1, 0), (2, 9)] and states == {"a": "done", "b": "done"} and len(reads) >= 3
 
 
-def test_a_done_peer_that_watches_no_members_reads_its_maps_peers_records_until_they_say_done(monkeypatch):
+def _waiter(peer_id: str, state: str, live_members, read_records, newest, gone_done=()):
+    """A ``Trainer`` whose ``_spare_until_done`` runs on fakes: its peer ``peer_id`` in ``state``,
+    ``live_members()`` its view, ``newest()`` the newest stage map at each read of the maps."""
+    import asyncio
+    import types
+
+    from spantrain_p2p.train.trainer import Trainer
+
+    class Records:
+        async def newest_map(self, _quiet):
+            return newest()
+
+        def quiet_s(self):
+            return 1000.0  # a spare's gap: a done peer reads as often as the members
+
+        async def news_or(self, _s):
+            await asyncio.sleep(0.01)
+
+    peer = types.SimpleNamespace(peer_id=peer_id, state=state, read_records=read_records, followed=frozenset(),
+                                 gone_done=set(gone_done), live_members=live_members,
+                                 config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0))
+    t = Trainer.__new__(Trainer)
+    t.peer, t.records = peer, Records()
+    return t
+
+
+def test_a_done_peer_that_watches_no_members_reads_its_maps_peers_records_until_they_say_done():
     """A peer done with the job that is neither the planner nor its standby reads no member records:
     its view held the others "training" and it waited for ever (a LocalSwarm of 4, every peer done,
     3 runs in 9). It follows its map's peers (their records read on SWIM news) and reads those not
@@ -296,10 +322,7 @@ def test_a_done_peer_that_watches_no_members_reads_its_maps_peers_records_until_
     import types
 
     from spantrain_p2p.plan.stagemap import Stage, StageMap
-    from spantrain_p2p.train import trainer as trainer_mod
-    from spantrain_p2p.train.trainer import Trainer
 
-    monkeypatch.setattr(trainer_mod, "MAP_POLL_S", 0.01)
     smap = StageMap(1, "j", (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,)), Stage(("c",), (2, 3), (1.0,))))
     view = {"a": "done", "b": "training", "c": "training"}  # as last read; the DHT says otherwise
     dht = {"a": "done", "b": "done", "c": "training"}
@@ -307,27 +330,14 @@ def test_a_done_peer_that_watches_no_members_reads_its_maps_peers_records_until_
 
     async def read_records(ids):
         reads.append(sorted(ids))
-        followed.append(peer.followed)
+        followed.append(t.peer.followed)
         view.update({p: dht[p] for p in ids})
         dht["c"] = "done"  # c finishes its last step after the first read
 
-    class Records:
-        async def newest_map(self, _quiet):
-            return smap
-
-        def quiet_s(self):
-            return 1000.0  # a spare's gap: a done peer reads as often as the members
-
-        async def news_or(self, _s):
-            await asyncio.sleep(0.01)
-
-    peer = types.SimpleNamespace(peer_id="a", state="done", read_records=read_records, followed=frozenset(),
-                                 config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0),
-                                 live_members=lambda: [types.SimpleNamespace(peer_id=p, state=s) for p, s in view.items()])
-    t = Trainer.__new__(Trainer)
-    t.peer, t.records = peer, Records()
+    t = _waiter("a", "done", lambda: [types.SimpleNamespace(peer_id=p, state=s) for p, s in view.items()],
+                read_records, lambda: smap)
     assert asyncio.run(asyncio.wait_for(t._spare_until_done(smap), 10)) is True
-    assert reads == [["b", "c"], ["c"]] and followed == [frozenset("abc")] * 2 and peer.followed == frozenset()
+    assert reads == [["b", "c"], ["c"]] and followed == [frozenset("abc")] * 2 and t.peer.followed == frozenset()
 
 
 def test_a_spare_whose_maps_peers_all_left_done_is_done_and_not_while_one_left_without_saying_so():
@@ -340,31 +350,15 @@ def test_a_spare_whose_maps_peers_all_left_done_is_done_and_not_while_one_left_w
     import types
 
     from spantrain_p2p.plan.stagemap import Stage, StageMap
-    from spantrain_p2p.train.trainer import Trainer
 
     smap = StageMap(1, "j", (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,))))
-
-    class Records:
-        async def newest_map(self, _quiet):
-            return smap
-
-        def quiet_s(self):
-            return 1000.0
-
-        async def news_or(self, _s):
-            await asyncio.sleep(0)
 
     async def read_records(ids):
         pass
 
     def spare(gone_done, live=()):
-        peer = types.SimpleNamespace(peer_id="s", state="ready", read_records=read_records, followed=frozenset(),
-                                     gone_done=set(gone_done), live_members=lambda: [
-                                         types.SimpleNamespace(peer_id=p, state=v) for p, v in live],
-                                     config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0))
-        t = Trainer.__new__(Trainer)
-        t.peer, t.records = peer, Records()
-        return t
+        return _waiter("s", "ready", lambda: [types.SimpleNamespace(peer_id=p, state=v) for p, v in live],
+                       read_records, lambda: smap, gone_done)
 
     assert asyncio.run(asyncio.wait_for(spare({"a", "b"})._spare_until_done(smap), 10)) is True
     assert asyncio.run(asyncio.wait_for(spare({"a"}, [("b", "done")])._spare_until_done(smap), 10)) is True
@@ -380,30 +374,19 @@ def test_a_spare_reads_no_records_as_its_map_begins_and_leaves_for_a_newer_map()
     import types
 
     from spantrain_p2p.plan.stagemap import Stage, StageMap
-    from spantrain_p2p.train.trainer import Trainer
 
     smap = StageMap(1, "j", (Stage(("a",), (0, 1), (1.0,)), Stage(("b",), (1, 2), (1.0,))))
     later = StageMap(2, "j", smap.stages)
-    reads, polls = [], []
+    reads, looks = [], []
 
     async def read_records(ids):
         reads.append(sorted(ids))
 
-    class Records:
-        async def newest_map(self, _quiet):
-            return later if len(polls) >= 3 else smap
+    def newest():  # the newer map from the fourth read of the maps on (after three polls)
+        looks.append(1)
+        return later if len(looks) >= 4 else smap
 
-        def quiet_s(self):
-            return 1000.0
-
-        async def news_or(self, _s):
-            polls.append(1)
-            await asyncio.sleep(0)
-
-    peer = types.SimpleNamespace(peer_id="s", state="ready", read_records=read_records, followed=frozenset(),
-                                 config=types.SimpleNamespace(poll_s=0.01, view_records_per_poll=8.0),
-                                 live_members=lambda: [types.SimpleNamespace(peer_id=p, state="training") for p in "ab"])
-    t = Trainer.__new__(Trainer)
-    t.peer, t.records = peer, Records()
+    t = _waiter("s", "ready", lambda: [types.SimpleNamespace(peer_id=p, state="training") for p in "ab"],
+                read_records, newest)
     assert asyncio.run(asyncio.wait_for(t._spare_until_done(smap), 10)) is False
-    assert reads == [] and peer.followed == frozenset()
+    assert reads == [] and t.peer.followed == frozenset()

@@ -30,6 +30,15 @@ def peers(tmp_path):
         p.kill()
 
 
+def pytest_configure(config):
+    """``SPANTRAIN_TEST_CPU=FILE``: each test's CPU, its peers' included, to FILE (``tests/_cpu_report.py``)."""
+    path = os.environ.get("SPANTRAIN_TEST_CPU")
+    if path:
+        from tests._cpu_report import CpuReport
+
+        config.pluginmanager.register(CpuReport(os.path.abspath(path)), "spantrain-cpu-report")
+
+
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     return [int(x) for x in out]

@@ -1,0 +1,69 @@
+"""Per test, the CPU seconds of the test process's whole tree: what to cut when the suite is slow.
+
+The suite is CPU-bound on a 2-core box (``vmstat``: no idle time from its first minute), so a test's
+wall time says little of what it costs the others: a test that sleeps while its peers wait for an
+event costs nobody, one that trains 400 steps costs everyone. With ``SPANTRAIN_TEST_CPU=FILE`` each
+test process (every xdist worker) appends one JSON line per test to FILE: ``test``, ``cpu_s`` (CPU
+of the process, its zygote, its peers, their p2p daemons and any other descendant, from the test's
+setup to its teardown) and ``wall_s``; ``scripts/suite_cpu.py FILE`` sums them up.
+
+A descendant's CPU is read while it runs (``utime + stime``) and, once it has exited and been
+waited for, in its parent's ``cutime + cstime``, where the kernel adds a reaped child's own and its
+reaped children's. A process that outlives its parent and is adopted by init (a peer's daemon,
+when the peer is SIGKILLed) leaves the tree and is not counted from then on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Optional
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: str) -> Optional[tuple[int, float]]:
+    """(parent pid, CPU seconds of the process and its waited-for descendants), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+    except OSError:
+        return None
+    fields = st[st.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK  # ppid; utime, stime, cutime, cstime
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds used so far by process ``root`` and every descendant (see the module's docstring)."""
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and (s := _stat(pid)) is not None:
+            children.setdefault(s[0], []).append(int(pid))
+            cpu[int(pid)] = s[1]
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo.extend(children.get(pid, ()))
+    return total
+
+
+class CpuReport:
+    """The pytest hooks that write the report (registered by ``conftest`` when it is asked for)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._started: dict[str, tuple[float, float]] = {}
+
+    def pytest_runtest_setup(self, item) -> None:
+        self._started[item.nodeid] = (tree_cpu_s(os.getpid()), time.monotonic())
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when != "teardown" or report.nodeid not in self._started:
+            return
+        cpu0, t0 = self._started.pop(report.nodeid)
+        row = {"test": report.nodeid, "cpu_s": round(tree_cpu_s(os.getpid()) - cpu0, 2),
+               "wall_s": round(time.monotonic() - t0, 2)}
+        with open(self.path, "a") as f:  # one short line a write: the workers' lines do not interleave
+            f.write(json.dumps(row) + "\n")

@@ -17,35 +17,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Optional
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat(pid: str) -> Optional[tuple[int, float]]:
-    """(parent pid, CPU seconds of the process and its waited-for descendants), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            st = f.read()
-    except OSError:
-        return None
-    fields = st[st.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK  # ppid; utime, stime, cutime, cstime
+from spantrain_p2p.train.cpu_use import process_cpu_s, task_children
 
 
 def tree_cpu_s(root: int) -> float:
     """CPU seconds used so far by process ``root`` and every descendant (see the module's docstring)."""
-    children: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and (s := _stat(pid)) is not None:
-            children.setdefault(s[0], []).append(int(pid))
-            cpu[int(pid)] = s[1]
     total, todo = 0.0, [root]
     while todo:
         pid = todo.pop()
-        total += cpu.get(pid, 0.0)
-        todo.extend(children.get(pid, ()))
+        try:
+            total += process_cpu_s(pid, reaped=True)
+            todo.extend(kid for kids in task_children(pid).values() for kid in kids)
+        except (OSError, ValueError):
+            continue  # it ended meanwhile: its parent's cutime has it, or will at the next read
     return total
 
 

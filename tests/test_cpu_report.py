@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 
-from tests._cpu_report import CpuReport, _stat, tree_cpu_s
+from spantrain_p2p.train.cpu_use import process_cpu_s
+from tests._cpu_report import CpuReport, tree_cpu_s
 
 # a child that spends ~0.3 s of CPU itself, and has a grandchild spend as much before it exits
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
@@ -26,10 +27,10 @@ def test_running_children_count_and_a_sibling_is_not_in_a_childs_tree():
     kids = [subprocess.Popen([sys.executable, "-c", wait], stdin=subprocess.PIPE) for _ in range(2)]
     try:
         deadline = time.monotonic() + 60
-        while min(_stat(str(k.pid))[1] for k in kids) < 0.3 and time.monotonic() < deadline:
+        while min(process_cpu_s(k.pid) for k in kids) < 0.3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert tree_cpu_s(os.getpid()) - before >= 0.55  # both burns, while the two still run
-        own = _stat(str(kids[0].pid))[1]
+        own = process_cpu_s(kids[0].pid)
         assert abs(tree_cpu_s(kids[0].pid) - own) < 0.02  # its sibling's burn is not in its tree
     finally:
         for k in kids:

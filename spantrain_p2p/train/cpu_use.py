@@ -19,15 +19,16 @@ _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 TASKS_RESCAN_S = 10.0  # how often ``CpuMeter`` looks for children forked by threads other than the main one
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used, from /proc (Linux); OSError or ValueError if
-    it cannot be read (the process ended)."""
+def process_cpu_s(pid: int, reaped: bool = False) -> float:
+    """CPU seconds (user + system) a process has used, from /proc (Linux); with ``reaped``, its
+    children's too once it has waited for them (and theirs, that they had waited for). OSError or
+    ValueError if it cannot be read (the process ended)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    try:
-        return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14 and 15)
-    except IndexError:
-        raise ValueError(f"/proc/{pid}/stat is short") from None
+    end = 15 if reaped else 13  # utime, stime (fields 14 and 15), then cutime and cstime (16 and 17)
+    if len(fields) < end:
+        raise ValueError(f"/proc/{pid}/stat is short")
+    return sum(int(x) for x in fields[11:end]) * _TICK_S
 
 
 def task_children(pid: int, tasks: Optional[Iterable[str]] = None) -> dict[str, list[int]]:

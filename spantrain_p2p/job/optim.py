@@ -18,7 +18,23 @@ def make_optimizer(job: JobSpec, params) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=job.lr)
     if job.optimizer == "adam8bit":
         return adam8bit(params, job.lr)
-    return torch.optim.Adam(params, lr=job.lr, foreach=True)  # one multi-tensor pass (CPU default: per tensor)
+    return torch.optim.Adam(params, lr=job.lr, **adam_kernel(params))
+
+
+# torch's fused Adam kernel: these devices and dtypes (``torch.optim.Adam(fused=True)`` refuses others)
+FUSED_DEVICES = ("cpu", "cuda")
+FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def adam_kernel(params) -> dict:
+    """How ``torch.optim.Adam`` steps ``params``: its fused kernel (one pass over each tensor)
+    where every parameter is a dense float on the CPU or a CUDA device, else ``foreach`` (one
+    multi-tensor op per update term; torch's CPU default is per tensor). On this 2-core box, one
+    thread, the 235,136 parameters of cee-3region's stage (54 tensors) stepped in 0.97 ms fused
+    against 3.58 ms foreach and 6.89 per tensor (``scripts/optimizer_step.py``): a cee-3region step
+    spent 3-18 ms of its ~105 in ``foreach``'s step (2026-12-01)."""
+    ok = all(p.device.type in FUSED_DEVICES and p.dtype in FUSED_DTYPES and not p.is_sparse for p in params)
+    return {"fused": True} if ok and params else {"foreach": True}
 
 
 def adam8bit(params, lr: float) -> torch.optim.Optimizer:

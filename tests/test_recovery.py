@@ -12,13 +12,15 @@ from tests._helpers import run_swarm_json
 STEPS = 60
 
 
-@functools.lru_cache(maxsize=1)
-def _reference_losses() -> concurrent.futures.Future:
-    """The single-process losses of the default job, once for every test here: a step's loss
-    does not depend on how many steps the run has (the batch of a step is (seed, step, index)).
-    Computed in a thread (~15 s here) while the first test's swarm runs, which mostly waits."""
+@functools.lru_cache(maxsize=2)
+def _reference_losses(steps: int) -> concurrent.futures.Future:
+    """The single-process losses of the default job's first ``steps`` steps, once a length in a test
+    process: a step's loss does not depend on how many steps the run has (the batch of a step is
+    (seed, step, index)). Computed in a thread while the test's swarm runs, which mostly waits: 360
+    steps cost ~17 CPU-s here, and each test process the suite spreads these tests over made them
+    all, where the kill tests read 60."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reference")
-    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=360), 360)[0]))  # the longest run here
+    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=360), steps)[0]))
     pool.shutdown(wait=False)
     return future
 
@@ -26,7 +28,7 @@ def _reference_losses() -> concurrent.futures.Future:
 @pytest.mark.heavy
 @pytest.mark.parametrize("victim", ["worker", "planner"])
 def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
-    reference = _reference_losses()
+    reference = _reference_losses(STEPS)
     out = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", str(STEPS), "--chaos", f"kill:{victim}@step=20",
                          "--run-dir", str(tmp_path))
     assert out["lost_steps"] == 0 and len(out["losses"]) == STEPS
@@ -71,7 +73,7 @@ def test_two_peers_joining_mid_run_are_used_after_a_re_plan_and_nothing_is_lost(
     # lan-4 runs 5-10 steps a second: the joiners are measured and planned in (~step 185 alone, 37 s
     # after they were started) well before the end; 240 steps left too little room on a loaded box
     steps = 360
-    reference = _reference_losses()
+    reference = _reference_losses(steps)
     scenario = tmp_path / "lan-4-fast-joiners.toml"
     scenario.write_text(_lan4_fast_joiners())
     out = run_swarm_json("--scenario", str(scenario), "--steps", str(steps), "--chaos", "join:p2@step=5",

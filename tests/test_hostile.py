@@ -73,16 +73,25 @@ def _training_pair(peers, swarm: str, steps: int, *extra: str, tag: str = ""):
     return a, b
 
 
+def _report_losses(procs) -> list[list]:
+    """The [step, loss] rows of the last stage's report."""
+    return max((p.status(path="/report") for p in procs), key=lambda r: r["stage"])["losses"]
+
+
 def _losses(procs) -> list[float]:
-    last = max((p.status(path="/report") for p in procs), key=lambda r: r["stage"])
-    return [l for _, l in last["losses"]]
+    return [l for _, l in _report_losses(procs)]
+
+
+def _match_one_process(losses: list[float], steps: int) -> None:
+    """``losses``, the first steps of a ``steps``-step job, are one process's within 1e-4."""
+    ref, _ = reference_run(JobSpec(steps=steps), len(losses))
+    assert max(abs(x - y) / abs(y) for x, y in zip(losses, ref)) <= 1e-4
 
 
 def _losses_match_one_process(procs, steps: int) -> None:
     losses = _losses(procs)
-    ref, _ = reference_run(JobSpec(steps=steps), steps)
     assert len(losses) == steps  # no step lost
-    assert max(abs(x - y) / abs(y) for x, y in zip(losses, ref)) <= 1e-4
+    _match_one_process(losses, steps)
 
 
 def _steps_so_far(procs) -> list[float]:
@@ -92,10 +101,10 @@ def _steps_so_far(procs) -> list[float]:
         assert p.alive(), p.log_tail()
         st = p.status()
         assert not (st.get("train") or {}).get("error"), st["train"]["error"]
-    last = max((p.status(path="/report") for p in procs), key=lambda r: r["stage"])
-    steps = [s for s, _ in last["losses"]]
+    rows = _report_losses(procs)
+    steps = [s for s, _ in rows]
     assert steps == list(range(len(steps))), steps
-    return [l for _, l in last["losses"]]
+    return [l for _, l in rows]
 
 
 def _losses_so_far_match_one_process(procs, steps: int, at_least: int) -> int:
@@ -104,8 +113,7 @@ def _losses_so_far_match_one_process(procs, steps: int, at_least: int) -> int:
     that outlasts them on a loaded box: a minute of two peers' training); returns their number."""
     losses = _steps_so_far(procs)
     assert len(losses) >= at_least, (len(losses), at_least)
-    ref, _ = reference_run(JobSpec(steps=steps), len(losses))
-    assert max(abs(x - y) / abs(y) for x, y in zip(losses, ref)) <= 1e-4
+    _match_one_process(losses, steps)
     return len(losses)
 
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """How long one Adam step takes over a job's layers, by torch's kernel: fused (what
 ``make_optimizer`` picks where it can, ``job.optim.adam_kernel``), ``foreach`` and per tensor.
-One thread, as in a peer. A benchmark, not a test: the figures depend on the box and the hour.
+One thread, as in a peer; each timed by ``profile.step_tail.measure`` (what a peer publishes as its
+step tail: copies of the parameters, up to 4 M elements, the median of ``--reps`` steps after the
+first; its rate a byte times the model's bytes). A benchmark, not a test: the figures depend on the
+box and the hour.
 
     .venv/bin/python scripts/optimizer_step.py                  # the built-in model, all its layers
     .venv/bin/python scripts/optimizer_step.py --model-args '{"dim": 256, "depth": 8}' --reps 100
@@ -10,24 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from spantrain_p2p.job.spec import JobSpec, ModelHandle
-
-
-def step_ms(params: list, reps: int, **kernel) -> tuple[float, float]:
-    """(median, min) ms of ``torch.optim.Adam(params, **kernel).step()`` after its first step."""
-    opt = torch.optim.Adam(params, lr=1e-3, **kernel)
-    opt.step()  # makes the state
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        opt.step()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3, min(ts) * 1e3
+from spantrain_p2p.profile import step_tail
 
 
 def main() -> None:
@@ -41,13 +31,12 @@ def main() -> None:
     handle = ModelHandle(JobSpec(model_args=json.loads(a.model_args)))
     layers = handle.build(0, handle.num_layers)
     params = [p for layer in layers for p in layer.parameters()]
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
     n = sum(p.numel() for p in params)
-    print(f"{len(params)} tensors, {n:,} parameters, {a.threads} thread(s), {a.reps} steps each")
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    print(f"{len(params)} tensors, {n:,} parameters, {a.threads} thread(s), median of {a.reps} steps each")
     for name, kernel in (("fused", {"fused": True}), ("foreach", {"foreach": True}), ("per tensor", {"foreach": False})):
-        med, low = step_ms(params, a.reps, **kernel)
-        print(f"  {name:<10} {med:7.3f} ms median  {low:7.3f} min")
+        s_per_byte = step_tail.measure(layers, lambda ps: torch.optim.Adam(ps, lr=1e-3, **kernel), reps=a.reps)
+        print(f"  {name:<10} {s_per_byte * nbytes * 1e3:7.3f} ms")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The operator's view of a live swarm (issue 18): /metrics for Prometheus, /swarm and the dashboard
-page (in a real headless Chromium), a ZB-H1 step's timeline in /report, and a clean SIGTERM.
+page (in a real headless Chromium), a ZB-H1 step's timeline in /report, and a clean SIGTERM (also with the peer's p2p daemon frozen).
 
 One emulated lan-4 swarm trains for the whole module (an even 4-stage pipeline, ZB-H1); the SIGTERM
-test runs last, since it stops a peer."""
+tests run last, since each stops a peer."""
 import math
 import os
 import re
@@ -162,3 +162,39 @@ def test_sigterm_stops_a_training_peer_within_two_seconds_without_a_traceback(sw
     assert "Traceback" not in tail, tail
     assert took <= 2.0, (took, tail)
     print(f"\nSIGTERM of a training peer: exited in {took:.2f}s")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def test_sigterm_stops_a_peer_whose_p2p_daemon_is_frozen_within_two_seconds(swarm):
+    """A daemon that answers nothing (SIGSTOP) must not hold the peer's leave: the tombstone it
+    cannot store and the daemon's own stop are bounded, and the daemon is killed. (Runs after the
+    SIGTERM test, on another peer.)"""
+    p = swarm["p2"]
+    daemons = [c for c in _children(p.info["pid"]) if "p2pd" in open(f"/proc/{c}/cmdline", "rb").read().decode(errors="replace")]
+    assert len(daemons) == 1, daemons
+    before = os.path.getsize(p.log_file)
+    os.kill(daemons[0], signal.SIGSTOP)
+    t0 = time.monotonic()
+    p.signal(signal.SIGTERM)
+    wait_until(lambda: not p.alive(), 15, interval=0.05)
+    took = time.monotonic() - t0
+    with open(p.log_file, errors="replace") as f:
+        f.seek(before)
+        tail = f.read()
+    assert "Traceback" not in tail, tail
+    assert took <= 2.0, (took, tail)
+    wait_until(lambda: not os.path.exists(f"/proc/{daemons[0]}") or
+               open(f"/proc/{daemons[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 5, interval=0.05)
+    print(f"\nSIGTERM of a peer with a frozen daemon: exited in {took:.2f}s")

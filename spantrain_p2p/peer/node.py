@@ -10,7 +10,6 @@ import asyncio
 import logging
 import os
 import secrets
-import shutil
 import time
 from dataclasses import replace
 from typing import Any, Optional
@@ -35,10 +34,9 @@ from .config import PeerConfig, PeerError, SwarmUnreachable
 from ..view import dashboard
 from .emulation import CHAOS_KIND, chaos_handler, emulated_link, machine_of, start_emulation
 from .loop_lag import LoopLag
-from . import admission, member_view, reach, swim_loop
+from . import admission, leave, member_view, reach, swim_loop
 
 log = logging.getLogger("spantrain.peer")
-SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
 
 
 def local_device_summary() -> dict:
@@ -395,38 +393,8 @@ class Peer:
 
     async def close(self, graceful: bool = True) -> None:
         """Leaves the swarm: tasks cancelled (training stops first: it must not answer its own
-        departure), tombstone (if graceful), servers and daemon stopped."""
-        # every part of a stop is bounded: a daemon that died first (or a task that ignores its
-        # cancellation) must not leave a peer that never exits
-        for t in self._tasks:
-            t.cancel()
-        try:
-            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), SHUTDOWN_STEP_S)
-        except asyncio.TimeoutError:
-            log.warning("shutdown: tasks %s did not stop within %.0fs", [t.get_name() for t in self._tasks
-                                                                         if not t.done()], SHUTDOWN_STEP_S)
-        self._tasks.clear()
-        if graceful and self._dht is not None and self.identity is not None and self.state != "left":
-            self.state = "left"
-            if self.swim is not None:
-                try:
-                    await asyncio.wait_for(self.swim.leave(), 2)
-                except Exception as e:
-                    log.warning("could not say goodbye to the members: %s", e)
-            try:
-                await asyncio.wait_for(self._announce(), 5)
-            except Exception as e:
-                log.warning("could not write the tombstone: %s", e)
-        for step in (self._stop_advertiser, self.client.close, self._stop_dataplane, self._stop_dht, self._stop_p2p):
-            try:
-                await asyncio.wait_for(step(), SHUTDOWN_STEP_S)
-            except asyncio.TimeoutError:
-                log.warning("shutdown step %s did not finish within %.0fs: going on", step.__name__, SHUTDOWN_STEP_S)
-            except Exception as e:
-                log.warning("shutdown step %s failed: %s", step.__name__, e)
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        departure), goodbye and tombstone (if graceful), servers and daemon stopped (``leave``)."""
+        await leave.leave(self, graceful)
 
     # ---- internals ------------------------------------------------------------------------
     def is_member(self, peer_id: str) -> bool:
@@ -547,26 +515,6 @@ class Peer:
             self._tasks.remove(task)  # short-lived ones (news of a stage map) do not pile up
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s crashed: %r", task.get_name(), task.exception())
-
-    async def _stop_advertiser(self) -> None:
-        if self._advertiser is not None:
-            await self._advertiser.stop()
-            self._advertiser = None
-
-    async def _stop_dataplane(self) -> None:
-        if self.dataplane is not None:
-            await self.dataplane.stop()
-
-    async def _stop_dht(self) -> None:
-        if self._dht is not None:
-            await self._dht.shutdown()
-            self._dht = None
-
-    async def _stop_p2p(self) -> None:
-        if self._p2p is not None:
-            await self._p2p.shutdown()
-            self._p2p = None
-        self.emulator = self.device = None
 
 
 STEP_RECORD_PER_PEER_S = 0.3

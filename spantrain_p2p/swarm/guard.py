@@ -350,6 +350,3 @@ class GuardedDHT:
         if self.refused["forged"]:
             return f"swarm {swarm!r}: its records do not open with this peer's swarm key"
         return None
-
-    async def shutdown(self) -> None:
-        await self.node.shutdown()

@@ -46,3 +46,44 @@ def test_install_swaps_the_control_client_writer():
 
     daemon_wire.install()
     assert control.write_pbmsg is daemon_wire.write_pbmsg
+
+
+def _answers(*call_ids: bytes) -> bytes:
+    out = b""
+    for cid in call_ids:
+        body = p2pd_pb2.PersistentConnectionResponse(
+            callId=cid, callUnaryResponse=p2pd_pb2.CallUnaryResponse(response=b"ok")).SerializeToString()
+        out += daemon_wire.varint(len(body)) + body
+    return out
+
+
+def _read_answers(pending: dict, cancelled: bytes, live: bytes):
+    """hivemind's own reader of the daemon's answers, fed an answer to a call whose caller gave up
+    (its future cancelled, not yet dropped from the table) and then one to a live call."""
+    from uuid import UUID
+
+    from hivemind.p2p.p2p_daemon_bindings.control import ControlClient
+
+    async def go():
+        client = ControlClient.__new__(ControlClient)
+        client._pending_calls = pending
+        client._handler_tasks, client._read_task, client._write_task = {}, None, None
+        gave_up, waiting = asyncio.get_running_loop().create_future(), asyncio.get_running_loop().create_future()
+        gave_up.cancel()
+        pending[UUID(bytes=cancelled)], pending[UUID(bytes=live)] = gave_up, waiting
+        reader = asyncio.StreamReader()
+        reader.feed_data(_answers(cancelled, live))
+        reader.feed_eof()
+        try:
+            await client._read_from_persistent_conn(reader)
+        except asyncio.InvalidStateError:
+            return "reader died", waiting.done()
+        return "reader read on", waiting.result()
+
+    return asyncio.run(go())
+
+
+def test_an_answer_to_a_call_given_up_does_not_kill_the_reader():
+    a, b = b"a" * 16, b"b" * 16
+    assert _read_answers(daemon_wire.LiveCalls(), a, b) == ("reader read on", b"ok")
+    assert _read_answers({}, a, b) == ("reader died", False)  # hivemind's plain table: why LiveCalls

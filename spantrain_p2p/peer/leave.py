@@ -3,9 +3,10 @@ departure), the goodbye and the tombstone (if graceful), then its servers and it
 
 Every part is bounded, and the log says what each took: a daemon that died first or froze, or a
 task that ignores its cancellation, must not leave a peer that never exits (a SIGTERM promises
-2 s). In CI on 2026-12-01 a SIGTERM took 8.2 s: a tombstone store waiting on an unanswering
-replica, then 5 s asking the daemon to remove the DHT's handlers. With the daemon frozen
-(SIGSTOP) the old order took 13.1 s; this one 1.2 s (tests/test_operator_view.py)."""
+2 s). In CI on 2026-12-01 a SIGTERM took 8.2 s: 3 s before the DHT's stop, where no part
+warned (the tombstone's store, whose calls time out after 3 s, the likely one), then 5 s asking
+the daemon to remove the DHT's handlers. With the daemon frozen (SIGSTOP) the old order took
+13.1 s; this one 1.15-1.26 s (tests/test_operator_view.py)."""
 import asyncio
 import logging
 import shutil
@@ -52,8 +53,8 @@ async def leave(peer, graceful: bool = True) -> None:
 
 async def say_goodbye(peer) -> None:
     """SWIM's goodbye to the watchers and the tombstone in the DHT, side by side and together
-    bounded by ``LEAVE_NOTICE_S`` (one after the other, the tombstone's 3 s wait came on top): a
-    member that misses both still sees this peer go by its silence."""
+    bounded by ``LEAVE_NOTICE_S`` (one after the other, each had a bound of its own, 2 s and 5 s): a
+    member that misses both still sees this peer go by its silence. ~0.01-0.02 s on a quiet swarm."""
     parts = {"goodbye": peer.swim.leave() if peer.swim is not None else None, "tombstone": peer._announce()}
     tasks = {k: asyncio.ensure_future(c) for k, c in parts.items() if c is not None}
     _, pending = await asyncio.wait(tasks.values(), timeout=LEAVE_NOTICE_S)

@@ -41,11 +41,14 @@ def test_varint_reads_back():
         daemon_wire.varint(-1)
 
 
-def test_install_swaps_the_control_client_writer():
+def test_install_swaps_the_control_client_writer_and_its_table_of_calls():
     from hivemind.p2p.p2p_daemon_bindings import control
 
     daemon_wire.install()
+    daemon_wire.install()
     assert control.write_pbmsg is daemon_wire.write_pbmsg
+    client = control.ControlClient(None, _initialized_with_create=True)
+    assert type(client._pending_calls) is daemon_wire.LiveCalls  # idempotent: installed twice above
 
 
 def _answers(*call_ids: bytes) -> bytes:

@@ -39,8 +39,9 @@ class LiveCalls(dict):
     longer counts as pending. A caller's timeout cancels its call's future at once, but the call is
     only dropped from the table when the caller next runs; an answer the reader takes in between
     met ``set_result`` on a cancelled future, and ``InvalidStateError`` killed the reader: every
-    later DHT call of that peer would wait forever. Seen as a peer left, with its tombstone store
-    cut short (2026-12-01). With this, such an answer is dropped as unexpected (hivemind logs it)."""
+    later DHT call of that peer would wait forever. A bare "InvalidStateError: invalid state" was
+    printed once in a test run on 2026-12-01, after leaving began to cut the tombstone's store
+    short (its process was not caught). With this, such an answer is dropped as unexpected."""
 
     def __contains__(self, call_id) -> bool:
         fut = self.get(call_id)

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from spantrain_p2p.launch import PeerProcess, wait_until
+from spantrain_p2p.train import cpu_use
 from spantrain_p2p.view import browser
 
 pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
@@ -168,25 +169,21 @@ def test_sigterm_stops_a_training_peer_within_two_seconds_without_a_traceback(sw
     print(f"\nSIGTERM of a training peer: exited in {took:.2f}s")
 
 
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command's name: [state, parent pid, ...] ([] once gone)."""
+def _state(pid: int) -> str:
+    """The process's state letter in /proc ("" once it is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return []
+        return ""
 
 
 def _daemons_of(pid: int) -> list[int]:
     out = []
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                is_p2pd = b"p2pd" in f.read()
-        except OSError:
-            continue
-        if is_p2pd and _stat(int(d))[1:2] == [str(pid)]:
-            out.append(int(d))
+    for kid in {k for kids in cpu_use.task_children(pid).values() for k in kids}:
+        with open(f"/proc/{kid}/cmdline", "rb") as f:
+            if b"p2pd" in f.read():
+                out.append(kid)
     return out
 
 
@@ -201,5 +198,5 @@ def test_sigterm_stops_a_peer_whose_p2p_daemon_is_frozen_within_two_seconds(swar
     took, tail = _sigterm(p)
     assert "Traceback" not in tail, tail
     assert took <= 2.0, (took, tail)
-    wait_until(lambda: _stat(daemons[0])[:1] in ([], ["Z"]), 5, interval=0.05)  # killed
+    wait_until(lambda: _state(daemons[0]) in ("", "Z"), 5, interval=0.05)  # killed
     print(f"\nSIGTERM of a peer with a frozen daemon: exited in {took:.2f}s")

@@ -20,7 +20,7 @@ def _reference_losses(steps: int) -> concurrent.futures.Future:
     steps cost ~17 CPU-s here, and each test process the suite spreads these tests over made them
     all, where the kill tests read 60."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reference")
-    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=360), steps)[0]))
+    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=steps), steps)[0]))
     pool.shutdown(wait=False)
     return future
 

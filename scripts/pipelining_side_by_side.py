@@ -7,7 +7,8 @@ the project's own builder (``ModelHandle.build``: layer ``i`` seeded from ``(see
 initial weights are equal), take micro-batch ``m`` of step ``s`` from ``open_data(job).batch(s, m)``,
 compute the head's mean cross-entropy per micro-batch with gradients scaled by 1/8 (ours scales the
 loss before its backward, torch's ``scale_grads`` the gradients after), and step
-``make_optimizer(job)`` (Adam, ``foreach``) over each process's own parameters.
+``make_optimizer(job)`` (Adam, torch's fused kernel on the CPU: ``job.optim.adam_kernel``) over
+each process's own parameters.
 
 Theirs: four processes forked from this one, one thread each (``torch.set_num_threads(1)``, as a
 peer does), over gloo on 127.0.0.1, each holding ``PipelineStage``s of the layer ranges

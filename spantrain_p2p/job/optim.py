@@ -30,10 +30,11 @@ def adam_kernel(params) -> dict:
     """How ``torch.optim.Adam`` steps ``params``: its fused kernel (one pass over each tensor)
     where every parameter is a dense float on the CPU or a CUDA device, else ``foreach`` (one
     multi-tensor op per update term; torch's CPU default is per tensor). On this 2-core box, one
-    thread, the 235,136 parameters of cee-3region's stage (54 tensors) stepped in 0.49 ms fused
-    against 1.90 ms foreach and 2.90 per tensor (``scripts/optimizer_step.py``), where a cee-3region
-    step spent 2.8-18.5 ms of its ~105 in ``foreach``'s step (2026-12-01). The kernels differ in the
-    last bits; every peer and the single-process reference use the same one."""
+    thread, the 235,136 parameters of cee-3region's stage (54 tensors) stepped in 0.435-0.467 ms
+    fused against 1.32-3.07 ms foreach and 2.18-4.86 per tensor (``scripts/optimizer_step.py``, four
+    runs, 2026-12-01 06:49-08:43 UTC), where a cee-3region step spent 2.8-18.5 ms of its ~105 in
+    ``foreach``'s step (04:50). The kernels differ in the last bits; every peer and the
+    single-process reference use the same one."""
     ok = all(p.device.type in FUSED_DEVICES and p.dtype in FUSED_DTYPES and not p.is_sparse for p in params)
     return {"fused": True} if ok and params else {"foreach": True}
 

@@ -99,7 +99,7 @@ def main() -> int:
 
 
 def offload_figures(args) -> int:
-    from spantrain_p2p.job.optim import make_optimizer
+    from spantrain_p2p.job.optim import adam_kernel, make_optimizer
     from spantrain_p2p.job.spec import ModelHandle
     from spantrain_p2p.plan.types import HOST_BYTES_PER_S
     from spantrain_p2p.train.planning import HOST_STEP_S_PER_PARAM_BYTE
@@ -145,7 +145,7 @@ def offload_figures(args) -> int:
         row["host_copy_gb_per_s"] = rates
         masters = [torch.zeros(weight_bytes // 4, requires_grad=True)]  # the host's Adam alone, as priced
         masters[0].grad = torch.full_like(masters[0], 1e-3)
-        adam, ts = torch.optim.Adam(masters), []
+        adam, ts = torch.optim.Adam(masters, **adam_kernel(masters)), []  # the kernel an offloaded step uses
         for _ in range(8):
             t0 = time.perf_counter()
             adam.step()

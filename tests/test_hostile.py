@@ -21,7 +21,7 @@ from spantrain_p2p.swarm.sealing import SealError, SwarmKey
 from spantrain_p2p.job.spec import JobSpec
 from spantrain_p2p.job.reference import reference_run
 from tests import fuzz_harness
-from tests.test_train_swarm import wait_done
+from tests.test_train_swarm import training_statuses, wait_done
 
 N_PURE = 1000
 
@@ -97,10 +97,7 @@ def _losses_match_one_process(procs, steps: int) -> None:
 def _steps_so_far(procs) -> list[float]:
     """The losses of the steps a running pair has trained so far, from the last stage's report: every
     step from 0 there, none lost (AssertionError if a peer died, failed or skipped one)."""
-    for p in procs:
-        assert p.alive(), p.log_tail()
-        st = p.status()
-        assert not (st.get("train") or {}).get("error"), st["train"]["error"]
+    training_statuses(procs)
     rows = _report_losses(procs)
     steps = [s for s, _ in rows]
     assert steps == list(range(len(steps))), steps

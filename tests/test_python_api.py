@@ -4,18 +4,17 @@ port behind, the public names are documented, and failures arrive as the package
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import spantrain_p2p
+from spantrain_p2p.train.cpu_use import task_children
 from spantrain_p2p import errors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,15 +76,8 @@ with spantrain.LocalSwarm(job, peers=2) as swarm:
 
 
 def _children(pid: int) -> set[int]:
-    out = set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.add(int(d.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
+    """The processes ``pid``'s threads forked (the project's reader of them, ``cpu_use.task_children``)."""
+    return {kid for kids in task_children(pid).values() for kid in kids}
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -20,15 +20,21 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
+def training_statuses(procs) -> list[dict]:
+    """Each peer's /status, every peer alive and none with a training error (else AssertionError with
+    the dead peer's log or the errors)."""
+    for p in procs:
+        if not p.alive():
+            raise AssertionError(f"{p.name} exited:\n{p.log_tail()}")
+    sts = [p.status() for p in procs]
+    errors = [s["train"]["error"] for s in sts if s.get("train", {}).get("error")]
+    assert not errors, errors
+    return sts
+
+
 def wait_done(procs, timeout):
     def all_done():
-        for p in procs:
-            if not p.alive():
-                raise AssertionError(f"{p.name} exited:\n{p.log_tail()}")
-        sts = [p.status() for p in procs]
-        errors = [s["train"]["error"] for s in sts if s.get("train", {}).get("error")]
-        assert not errors, errors
-        return all(s["state"] == "done" for s in sts)
+        return all(s["state"] == "done" for s in training_statuses(procs))
     try:
         wait_until(all_done, timeout, interval=0.3)
     except TimeoutError as e:  # say where each peer stood (a CI run keeps no logs)
@@ -138,7 +144,7 @@ async def test_a_joiner_refuses_a_job_of_another_protocol_version(peers):
     peer = Peer(PeerConfig(swarm=swarm, heartbeat_s=0.5))
     trainer = Trainer(peer, TrainOptions(job=job))
     async with peer:
-        task = peer.spawn(trainer.run(), "trainer")
+        peer.spawn(trainer.run(), "trainer")
         joiner = peers("joiner", "--swarm", swarm, "--join", peer.address)
         code = await asyncio.get_running_loop().run_in_executor(None, joiner.proc.wait, 60)
         assert code == 3

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from spantrain_p2p.launch import wait_until
 from spantrain_p2p.job.dataset import open_data, with_data
 from spantrain_p2p.job.spec import JobRefused, JobSpec
 from spantrain_p2p.job.reference import reference_run
 from spantrain_p2p.data.tokenizer import train_bpe
 from tests._helpers import swarm_json
+from tests.test_train_swarm import wait_done
 
 TEXT = ("The planner places the stages where the links are fast. Activations cross the slow links, "
         "compressed as much as each link needs. Replicas sum their gradients inside a region. ")
@@ -48,18 +48,6 @@ def test_a_peer_with_another_copy_of_the_data_or_another_tokenizer_refuses(corpu
     with pytest.raises(JobRefused, match="tokenizer 'bytes' here differs"):
         open_data(job, tokenizer="bytes")
     assert open_data(job, data=str(tmp_path / "missing")).lacking  # no copy at all: it fetches shards
-
-
-def wait_done(procs, timeout):
-    def all_done():
-        for p in procs:
-            if not p.alive():
-                raise AssertionError(f"{p.name} exited:\n{p.log_tail()}")
-        sts = [p.status() for p in procs]
-        errors = [s["train"]["error"] for s in sts if s.get("train", {}).get("error")]
-        assert not errors, errors
-        return all(s["state"] == "done" for s in sts)
-    wait_until(all_done, timeout, interval=0.3)
 
 
 @pytest.mark.heavy

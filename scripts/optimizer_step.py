@@ -3,11 +3,13 @@
 ``make_optimizer`` picks where it can, ``job.optim.adam_kernel``), ``foreach`` and per tensor.
 One thread, as in a peer; each timed by ``profile.step_tail.measure`` (what a peer publishes as its
 step tail: copies of the parameters, up to 4 M elements, the median of ``--reps`` steps after the
-first; its rate a byte times the model's bytes). A benchmark, not a test: the figures depend on the
-box and the hour.
+first; its rate a byte times the model's bytes, both printed: the rate is what the planner prices an
+offloaded step's host part at, ``train.planning.HOST_STEP_S_PER_PARAM_BYTE``). A benchmark, not a
+test: the figures depend on the box and the hour.
 
     .venv/bin/python scripts/optimizer_step.py                  # the built-in model, all its layers
     .venv/bin/python scripts/optimizer_step.py --model-args '{"dim": 256, "depth": 8}' --reps 100
+    .venv/bin/python scripts/optimizer_step.py --model-args '{"dim": 1024, "depth": 4}' --reps 9  # large tensors
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def main() -> None:
     print(f"{len(params)} tensors, {n:,} parameters, {a.threads} thread(s), median of {a.reps} steps each")
     for name, kernel in (("fused", {"fused": True}), ("foreach", {"foreach": True}), ("per tensor", {"foreach": False})):
         s_per_byte = step_tail.measure(layers, lambda ps: torch.optim.Adam(ps, lr=1e-3, **kernel), reps=a.reps)
-        print(f"  {name:<10} {s_per_byte * nbytes * 1e3:7.3f} ms")
+        print(f"  {name:<10} {s_per_byte * nbytes * 1e3:7.3f} ms ({s_per_byte * 1e9:.3f} ns a weight byte)")
 
 
 if __name__ == "__main__":

@@ -112,10 +112,11 @@ def _model_profile(job_json: str, stash_device: str = "cpu") -> Optional[pt.Mode
 # scale per 256 values each (tensors under 4,096 values stay fp32: not counted); SGD without momentum none
 OPTIMIZER_STATE = {"adam": 2.0, "adam8bit": 2 * (1 + 4 / 256) / 4, "sgd": 0.0}
 # an optimizer's step on a host CPU core, seconds per byte of fp32 weights. Adam: torch's fused kernel,
-# what an offloaded optimizer steps with (``job.optim.adam_kernel``), 0.16-0.30 ns a byte on one core
-# of this box over 4 M parameters in tensors of 1-8 M values, where ``foreach`` took 0.52-1.41
-# (2026-12-01 09:30 UTC, two runs); the tiny Llama's many small tensors step at ~0.35. 8-bit Adam's
-# compiled step, as measured with foreach's 0.75 then, ~5x that; SGD a fraction
+# what an offloaded optimizer steps with (``job.optim.adam_kernel``), on one core of this box 0.14 ns a
+# byte in tensors of 1-4 M values and 0.36 in the built-in model's small ones, where ``foreach`` took
+# 0.46 and 1.08 (``scripts/optimizer_step.py [--model-args '{"dim": 1024, "depth": 4}']``, 2026-12-01
+# 10:41 UTC). 8-bit Adam's compiled step, set at ~5x foreach's rate then (0.75), not measured since;
+# SGD a fraction
 HOST_STEP_S_PER_PARAM_BYTE = {"adam": 0.3e-9, "adam8bit": 3.5e-9, "sgd": 0.1e-9}
 
 

@@ -10,6 +10,7 @@ test: the figures depend on the box and the hour.
     .venv/bin/python scripts/optimizer_step.py                  # the built-in model, all its layers
     .venv/bin/python scripts/optimizer_step.py --model-args '{"dim": 256, "depth": 8}' --reps 100
     .venv/bin/python scripts/optimizer_step.py --model-args '{"dim": 1024, "depth": 4}' --reps 9  # large tensors
+    .venv/bin/python scripts/optimizer_step.py --model-args '{"dim": 256, "depth": 8}' --reps 9 --adam8bit
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import json
 
 import torch
 
+from spantrain_p2p.job.optim import make_optimizer
 from spantrain_p2p.job.spec import JobSpec, ModelHandle
 from spantrain_p2p.profile import step_tail
 
@@ -27,6 +29,8 @@ def main() -> None:
     ap.add_argument("--model-args", default="{}", help="JSON: the built-in model's arguments (dim, depth, ...)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--threads", type=int, default=1, help="torch's threads (a peer sets 1)")
+    ap.add_argument("--adam8bit", action="store_true",
+                    help="also torchao's 8-bit Adam (``--optimizer adam8bit``; its first step compiles, ~20 s)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -36,9 +40,13 @@ def main() -> None:
     n = sum(p.numel() for p in params)
     nbytes = sum(p.numel() * p.element_size() for p in params)
     print(f"{len(params)} tensors, {n:,} parameters, {a.threads} thread(s), median of {a.reps} steps each")
-    for name, kernel in (("fused", {"fused": True}), ("foreach", {"foreach": True}), ("per tensor", {"foreach": False})):
-        s_per_byte = step_tail.measure(layers, lambda ps: torch.optim.Adam(ps, lr=1e-3, **kernel), reps=a.reps)
-        print(f"  {name:<10} {s_per_byte * nbytes * 1e3:7.3f} ms ({s_per_byte * 1e9:.3f} ns a weight byte)")
+    makers = [(name, lambda ps, kernel=kernel: torch.optim.Adam(ps, lr=1e-3, **kernel)) for name, kernel in
+              (("fused", {"fused": True}), ("foreach", {"foreach": True}), ("per tensor", {"foreach": False}))]
+    if a.adam8bit:
+        makers.append(("adam8bit", lambda ps: make_optimizer(JobSpec(optimizer="adam8bit"), ps)))
+    for name, make in makers:
+        s_per_byte = step_tail.measure(layers, make, reps=a.reps)
+        print(f"  {name:<10} {s_per_byte * nbytes * 1e3:7.3f} ms ({s_per_byte * 1e9:.3f} ns a weight byte)", flush=True)
 
 
 if __name__ == "__main__":

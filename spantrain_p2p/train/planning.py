@@ -115,9 +115,10 @@ OPTIMIZER_STATE = {"adam": 2.0, "adam8bit": 2 * (1 + 4 / 256) / 4, "sgd": 0.0}
 # what an offloaded optimizer steps with (``job.optim.adam_kernel``), on one core of this box 0.14 ns a
 # byte in tensors of 1-4 M values and 0.36 in the built-in model's small ones, where ``foreach`` took
 # 0.46 and 1.08 (``scripts/optimizer_step.py [--model-args '{"dim": 1024, "depth": 4}']``, 2026-12-01
-# 10:41 UTC). 8-bit Adam's compiled step, set at ~5x foreach's rate then (0.75), not measured since;
-# SGD a fraction
-HOST_STEP_S_PER_PARAM_BYTE = {"adam": 0.3e-9, "adam8bit": 3.5e-9, "sgd": 0.1e-9}
+# 10:41 UTC). 8-bit Adam (torchao's compiled step): 7.4-7.9 ns a byte at dims 256-1024, 23 in the
+# built-in model's small tensors (``--adam8bit``, 10:42-10:43; it was priced at 3.5, a guess of 5x
+# foreach's rate). SGD a fraction
+HOST_STEP_S_PER_PARAM_BYTE = {"adam": 0.3e-9, "adam8bit": 8e-9, "sgd": 0.1e-9}
 
 
 def _model_profile_of(job: JobSpec, stash_device: str = "cpu") -> Optional[pt.ModelProfile]:

@@ -359,6 +359,30 @@ def test_offloading_is_priced_by_its_copies_and_host_step():
     e = estimate(plan, slow, off)
     assert e.step_s == pytest.approx(base + 2e6 * (3.0 / 1e3 + 1e-6), rel=1e-6)
     assert e.bottleneck == "offload:stage 0"  # (stage 0 runs the pipeline's last backward)
+    # a peer that measured its host's step (its profile's ``host_step_s_per_param_byte``) is priced at
+    # its own rate, not the optimizer's: p0's host, 2 ms a byte (the peers' other rates are as slow)
+    timed = rep(slow, peers=(rep(slow.peers[0], host_step_s_per_param_byte=2e-3), slow.peers[1]))
+    assert estimate(plan, timed, off).step_s == pytest.approx(base + 2e6 * (3.0 / 1e3 + 2e-3), rel=1e-6)
+
+
+@pytest.mark.heavy
+def test_peers_of_an_offloading_job_time_their_hosts_optimizer_step_and_publish_it(tmp_path):
+    """``--offload-optimizer``: each peer times the optimizer's step on its host CPU and publishes it
+    with its profile (``host_step_s_per_param_byte``), which the planner prices the offloaded step at
+    (``test_offloading_is_priced_by_its_copies_and_host_step``); on a CPU device the host is the
+    device, so it is the device's own step tail."""
+    import json
+
+    from tests._helpers import run_swarm_json
+
+    summary = run_swarm_json("--scenario", "peers/lan-4.toml", "--steps", "3", "--offload-optimizer",
+                             "--run-dir", str(tmp_path))
+    assert summary["steps"] == 3 and summary["lost_steps"] == 0
+    measured = sorted((tmp_path / "measurements").glob("*.json"))
+    assert len(measured) == 4
+    for path in measured:
+        prof = json.loads(path.read_text())["profile"]
+        assert 0 < prof["host_step_s_per_param_byte"] == prof["step_s_per_param_byte"], (path.name, prof)
 
 
 @pytest.mark.parametrize("mode", ["none", "full"])

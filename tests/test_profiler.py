@@ -196,6 +196,8 @@ def test_a_device_that_never_gives_a_sane_reading_raises_instead_of_publishing(l
     {"step_s_per_param_byte": -1e-9},
     {"step_s_per_param_byte": 1.0},  # absurd
     {"step_s_per_param_byte": "slow"},
+    {"host_step_s_per_param_byte": -1e-9},
+    {"host_step_s_per_param_byte": float("nan")},
 ])
 def test_a_profile_from_the_network_is_validated(change):
     good = {"version": 1, "fwd_s": [0.1, 0.2], "bwd_input_s": [0.0, 0.2], "bwd_weight_s": [0.1, 0.3],
@@ -208,6 +210,10 @@ def test_a_profile_from_the_network_is_validated(change):
     # the step's tail is optional (a peer that does not measure it: 0), and kept where given
     assert DeviceProfile.from_dict(good).step_s_per_param_byte == 0.0
     assert DeviceProfile.from_dict({**good, "step_s_per_param_byte": 2e-9}).step_s_per_param_byte == 2e-9
+    # so is the host's (measured where the job offloads its optimizer), and it goes out with the profile
+    assert DeviceProfile.from_dict(good).host_step_s_per_param_byte == 0.0
+    host = DeviceProfile.from_dict({**good, "host_step_s_per_param_byte": 3e-10})
+    assert DeviceProfile.from_dict(host.to_dict()).host_step_s_per_param_byte == 3e-10
 
 
 def test_the_steps_tail_is_measured_per_byte_of_weights_and_leaves_the_layers_alone():

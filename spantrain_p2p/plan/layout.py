@@ -286,8 +286,10 @@ def _stage_work(st: Stage, b: int, m: int, last: bool, peers: dict, profile: Mod
         k[0] += 1
     owning = [pw for _, pw in kinds.values() if pw.mbs]
     if profile.host_copy_bytes_per_param_byte or profile.host_step_s_per_param_byte:  # an offloaded optimizer
+        # its host step as the peer measured it on its own CPU, else the optimizer's price
         tail = max(params * (profile.host_copy_bytes_per_param_byte / peers[pw.id].host_bytes_per_s
-                             + profile.host_step_s_per_param_byte) for pw in works)
+                             + (peers[pw.id].host_step_s_per_param_byte or profile.host_step_s_per_param_byte))
+                   for pw in works)
     else:  # the optimizer's step on the device, as each peer measured it
         tail = max(params * peers[pw.id].step_s_per_param_byte for pw in works)
     # sharded (ZeRO-1): a replica keeps the optimizer state of the layers it owns only

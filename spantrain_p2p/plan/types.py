@@ -53,14 +53,17 @@ class PeerInfo:
     # after each step, seconds per byte of a stage's weights: its optimizer step, as it measured it
     # (``profile.step_tail``); 0: unknown
     step_s_per_param_byte: float = 0.0
+    # the same on its host CPU, measured where the job offloads its optimizer; 0: unknown (the model
+    # profile's ``host_step_s_per_param_byte`` is the price then)
+    host_step_s_per_param_byte: float = 0.0
 
     def __post_init__(self) -> None:
         _peer_id("peer id", self.id)
         object.__setattr__(self, "flops", _finite(f"peer {self.id}: flops", self.flops))
         object.__setattr__(self, "memory_bytes", _finite(f"peer {self.id}: memory_bytes", self.memory_bytes))
         object.__setattr__(self, "host_bytes_per_s", _finite(f"peer {self.id}: host_bytes_per_s", self.host_bytes_per_s))
-        object.__setattr__(self, "step_s_per_param_byte",
-                           _finite(f"peer {self.id}: step_s_per_param_byte", self.step_s_per_param_byte, positive=False))
+        for name in ("step_s_per_param_byte", "host_step_s_per_param_byte"):
+            object.__setattr__(self, name, _finite(f"peer {self.id}: {name}", getattr(self, name), positive=False))
         if not isinstance(self.region_hint, str):
             raise ValueError(f"peer {self.id}: region_hint must be a string")
 
@@ -339,8 +342,10 @@ class Snapshot:
             mem = _finite(f"devices[{i}].memory_gb", dev.get("memory_gb"))
             region = dev.get("region", "")
             tail = _finite(f"devices[{i}].step_s_per_param_byte", dev.get("step_s_per_param_byte", 0.0), positive=False)
+            host = _finite(f"devices[{i}].host_step_s_per_param_byte", dev.get("host_step_s_per_param_byte", 0.0),
+                           positive=False)
             peers.append(PeerInfo(pid, tf * 1e12, mem * GIB, region if isinstance(region, str) else "",
-                                  step_s_per_param_byte=tail))
+                                  step_s_per_param_byte=tail, host_step_s_per_param_byte=host))
         known = {p.id for p in peers}
         links: dict[tuple[str, str], Optional[Link]] = {}
         for i, ln in enumerate(links_in):

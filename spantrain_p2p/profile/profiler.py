@@ -86,6 +86,9 @@ class DeviceProfile:
     # the optimizer's step after a step (the snapshot's copies overlap the next), seconds per byte of
     # weights (``profile.step_tail``); 0: not measured (a profile from a peer that does not say)
     step_s_per_param_byte: float = 0.0
+    # the same step on this peer's host CPU, where the job offloads its optimizer there (``job.offload``);
+    # 0: not measured (the planner prices it at ``train.planning.HOST_STEP_S_PER_PARAM_BYTE``)
+    host_step_s_per_param_byte: float = 0.0
 
     def __post_init__(self) -> None:
         d = {"fwd_s": self.fwd_s, "bwd_input_s": self.bwd_input_s, "bwd_weight_s": self.bwd_weight_s}
@@ -102,10 +105,11 @@ class DeviceProfile:
         object.__setattr__(self, "effective_tflops", float(t))
         if self.version != PROFILE_VERSION:
             raise ValueError(f"device profile version {self.version!r} is not {PROFILE_VERSION}")
-        r = self.step_s_per_param_byte
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_S_PER_BYTE:
-            raise ValueError(f"device profile step_s_per_param_byte must be in [0, {MAX_S_PER_BYTE:g}], not {r!r}")
-        object.__setattr__(self, "step_s_per_param_byte", float(r))
+        for name in ("step_s_per_param_byte", "host_step_s_per_param_byte"):
+            r = getattr(self, name)
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_S_PER_BYTE:
+                raise ValueError(f"device profile {name} must be in [0, {MAX_S_PER_BYTE:g}], not {r!r}")
+            object.__setattr__(self, name, float(r))
 
     @property
     def num_layers(self) -> int:
@@ -125,6 +129,7 @@ class DeviceProfile:
             "version": self.version, "fwd_s": list(self.fwd_s), "bwd_input_s": list(self.bwd_input_s),
             "bwd_weight_s": list(self.bwd_weight_s), "memory_bytes": self.memory_bytes,
             "effective_tflops": self.effective_tflops, "step_s_per_param_byte": self.step_s_per_param_byte,
+            "host_step_s_per_param_byte": self.host_step_s_per_param_byte,
         }
 
     @classmethod
@@ -133,8 +138,10 @@ class DeviceProfile:
         return strict_from_dict(cls, d, "device profile", required=_REQUIRED)
 
 
-# every field of a profile but the step's tail (a profile without it, cached or from a peer that does not measure it: 0)
-_REQUIRED = tuple(f.name for f in fields(DeviceProfile) if f.name != "step_s_per_param_byte")
+# every field of a profile but the step's tails (a profile without them, cached or from a peer that does not measure
+# them: 0)
+_REQUIRED = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("step_s_per_param_byte",
+                                                                          "host_step_s_per_param_byte"))
 
 
 def model_fingerprint(layers: Sequence[nn.Module]) -> str:

@@ -119,7 +119,11 @@ class Measuring:
                 (f"-{job.workload}x{job.workload_seq_len}" if job.workload else ""), inputs=inputs, targets=targets,
                 report=report, torch_device=self.torch_device, layer_flops=wl_flops)
             tail = await asyncio.to_thread(step_tail_rate, job, layers, self.torch_device)
-            self.profile = replace(self.profile, step_s_per_param_byte=tail)
+            host = 0.0
+            if job.offload_optimizer:  # its step runs on this host's CPU: timed there (the device's, on a CPU device)
+                cpu = getattr(self.torch_device, "type", "cpu") == "cpu"
+                host = tail if cpu else await asyncio.to_thread(step_tail_rate, job, layers, "cpu")
+            self.profile = replace(self.profile, step_s_per_param_byte=tail, host_step_s_per_param_byte=host)
             if before is None:
                 return [], 0.0
             after = dev.stats()

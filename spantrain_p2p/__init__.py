@@ -13,7 +13,7 @@ spantrain_p2p`` stays light for the command line)::
 """
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 3  # bumped when wire records or messages change incompatibly (2: member records in buckets; 3: measurements and job copies too)
+PROTOCOL_VERSION = 4  # bumped when wire records or messages change incompatibly (2: member records in buckets; 3: measurements and job copies too; 4: a profile may carry the host's optimizer step, a field protocol 3 refuses)
 
 _API = {"AsyncLocalSwarm", "Job", "LocalSwarm", "Session", "StepResult", "join", "start"}
 _ERRORS = {"SpanTrainError", "PeerError", "SwarmUnreachable", "JobRefused", "TrainingStopped", "NoFeasiblePlan",

@@ -73,6 +73,7 @@ class Gate:
         self.pardoned: dict[tuple[str, int, int], float] = {}  # (kind, step, mb) -> the scale its tensor takes
         self._kept: dict[tuple[str, str], int] = {}  # (kind, sender) -> the step it was first pardoned at
         self.accepted = 0
+        self.step = -1  # the latest step a tensor was judged at
         self.odd: set[int] = set()  # steps whose received tensors were named or refused (the excuse shared)
         self.max_dev: dict[str, float] = {}  # kind -> the largest |log ratio| a tensor taken unnamed had
 
@@ -80,13 +81,23 @@ class Gate:
         h = self.hist.get((kind, src))
         return statistics.median(h) if h is not None and len(h) >= (self.warmup if warmup is None else warmup) else None
 
+    def _pardoned_lately(self, kind: str, src: str) -> bool:
+        """Whether ``src``'s ``kind`` tensors were pardoned within ``PARDON_STEPS`` steps: an odd sender
+        whose level says nothing of the others' (an attacker's, pardoned at its third refusal, stood as
+        the others' level at a receiver fed by few senders, and its honest replicas' gradients were
+        refused 183x below it and evicted: tests/test_robust.py, 2026-12-01)."""
+        kept = self._kept.get((kind, src))
+        return kept is not None and self.step - kept <= PARDON_STEPS
+
     def references(self, kind: str, src: str) -> tuple[Optional[float], Optional[float]]:
         """(the sender's own past median, the median of the others' medians) at this boundary; the
-        others are the senders heard from lately (a peer gone since says nothing of now)."""
+        others are the senders heard from lately (a peer gone since says nothing of now), less those
+        pardoned lately."""
         own = self._median(kind, src)
         recent = self.accepted - 4 * self.window
         others = [m for (k, s), at in self.seen_at.items()
-                  if k == kind and s != src and at >= recent and (m := self._median(k, s)) is not None]
+                  if k == kind and s != src and at >= recent and not self._pardoned_lately(k, s)
+                  and (m := self._median(k, s)) is not None]
         others += list(self.shared_by.get(kind, {}).values())
         return own, (statistics.median(others) if len(others) >= MIN_OTHERS else None)
 
@@ -107,6 +118,7 @@ class Gate:
         ``pardoned[(kind, step, mb)]`` (``src``'s tensors of ``step`` refused ``PARDON_AFTER`` times
         before, its sender kept)."""
         lr = log_rms(t)
+        self.step = max(self.step, step)
         if lr == float("-inf"):
             if self.zeros_ok or t.numel() == 0:
                 return None
@@ -183,7 +195,8 @@ class Gate:
         was odd (its own part may then be off through no fault of its own: not judged this step)."""
         out = []
         for kind in KINDS:
-            ms = [m for (k, s) in self.hist if k == kind and (m := self._median(k, s, SHARE_WARMUP)) is not None]
+            ms = [m for (k, s) in self.hist if k == kind and not self._pardoned_lately(k, s)
+                  and (m := self._median(k, s, SHARE_WARMUP)) is not None]
             out += [statistics.median(ms), float(len(ms))] if ms else [0.0, 0.0]
         return out + [1.0 if step in self.odd else 0.0]
 

@@ -74,6 +74,7 @@ class Gate:
         self._kept: dict[tuple[str, str], int] = {}  # (kind, sender) -> the step it was first pardoned at
         self.accepted = 0
         self.step = -1  # the latest step a tensor was judged at
+        self._odd_at: dict[tuple[str, str], int] = {}  # (kind, sender) -> the step one of its tensors was last refused or pardoned at
         self.odd: set[int] = set()  # steps whose received tensors were named or refused (the excuse shared)
         self.max_dev: dict[str, float] = {}  # kind -> the largest |log ratio| a tensor taken unnamed had
 
@@ -81,22 +82,23 @@ class Gate:
         h = self.hist.get((kind, src))
         return statistics.median(h) if h is not None and len(h) >= (self.warmup if warmup is None else warmup) else None
 
-    def _pardoned_lately(self, kind: str, src: str) -> bool:
-        """Whether ``src``'s ``kind`` tensors were pardoned within ``PARDON_STEPS`` steps: an odd sender
-        whose level says nothing of the others' (an attacker's, pardoned at its third refusal, stood as
-        the others' level at a receiver fed by few senders, and its honest replicas' gradients were
-        refused 183x below it and evicted: tests/test_robust.py, 2026-12-01)."""
-        kept = self._kept.get((kind, src))
-        return kept is not None and self.step - kept <= PARDON_STEPS
+    def _odd_lately(self, kind: str, src: str) -> bool:
+        """Whether a ``kind`` tensor of ``src`` was refused or pardoned within ``PARDON_STEPS`` steps: an
+        odd sender, whose level says nothing of the others'. (In a suite run, 2026-12-01, an attacker
+        scaling its gradients 100x stood as "the others' level" at stage-0 receivers fed by few
+        senders, its level taken before the references had warmed up or when it was pardoned; the
+        honest replicas' gradients were refused 183x below it and two of them evicted.)"""
+        at = self._odd_at.get((kind, src))
+        return at is not None and self.step - at <= PARDON_STEPS
 
     def references(self, kind: str, src: str) -> tuple[Optional[float], Optional[float]]:
         """(the sender's own past median, the median of the others' medians) at this boundary; the
         others are the senders heard from lately (a peer gone since says nothing of now), less those
-        pardoned lately."""
+        refused or pardoned lately."""
         own = self._median(kind, src)
         recent = self.accepted - 4 * self.window
         others = [m for (k, s), at in self.seen_at.items()
-                  if k == kind and s != src and at >= recent and not self._pardoned_lately(k, s)
+                  if k == kind and s != src and at >= recent and not self._odd_lately(k, s)
                   and (m := self._median(k, s)) is not None]
         others += list(self.shared_by.get(kind, {}).values())
         return own, (statistics.median(others) if len(others) >= MIN_OTHERS else None)
@@ -140,6 +142,7 @@ class Gate:
             # kept by the swarm through PARDON_AFTER re-plans, the same again: taken, at most at the
             # limit, and remembered as it came (a spike is one of the window: the level moves only if it stays)
             scale = min(1.0, math.exp(self.refuse_limit - dev))
+            self._mark_odd(kind, src, step)
             self.pardoned[(kind, step, mb)] = scale
             if len(self.pardoned) > 64:
                 self.pardoned.pop(next(iter(self.pardoned)))
@@ -166,6 +169,7 @@ class Gate:
         if first != src and step >= 0:  # the step redone, another sender, the same tensor: the data's
             return None
         self.odd.add(step)
+        self._mark_odd(kind, src, step)
         self.refused[src] = self.refused.get(src, 0) + 1
         if step >= 0:
             key = (kind, step, src)
@@ -174,6 +178,11 @@ class Gate:
             if len(d) > 1024:
                 d.pop(next(iter(d)))
         return "refuse", why
+
+    def _mark_odd(self, kind: str, src: str, step: int) -> None:
+        self._odd_at[(kind, src)] = max(step, self.step)
+        if len(self._odd_at) > 1024:
+            self._odd_at.pop(next(iter(self._odd_at)))
 
     def forget(self, peers) -> None:
         """Drops what ``peers`` (evicted) sent and shared from the references: an attacker's level,
@@ -195,7 +204,7 @@ class Gate:
         was odd (its own part may then be off through no fault of its own: not judged this step)."""
         out = []
         for kind in KINDS:
-            ms = [m for (k, s) in self.hist if k == kind and not self._pardoned_lately(k, s)
+            ms = [m for (k, s) in self.hist if k == kind and not self._odd_lately(k, s)
                   and (m := self._median(k, s, SHARE_WARMUP)) is not None]
             out += [statistics.median(ms), float(len(ms))] if ms else [0.0, 0.0]
         return out + [1.0 if step in self.odd else 0.0]

@@ -7,7 +7,9 @@ A tensor is judged by its RMS (one pass over it), in log space, against two refe
 - **the others crossing the same boundary**: the medians of this receiver's other senders and the
   medians its replicas share each step (``shared``/``take_shared``, through the gradient sum), once
   there are at least 3 of them (a median of 3 is not moved by one liar). This is what catches an
-  attacker that scales from its very first message to a receiver it alone feeds.
+  attacker that scales from its very first message to a receiver it alone feeds. A sender with a
+  tensor refused or pardoned in the last ``PARDON_STEPS`` steps is left out of both (its level,
+  taken before the references had warmed up or when pardoned, said nothing of the others').
 A tensor further than ``refuse`` (x or /) from either is refused, and so is an all-zero one (an
 honest activation or gradient never is; fp16 sends an overflowed one as zeros: ``zeros_ok``); one
 further than ``suspect`` is taken, and its sender named for the verifier (its replicas recompute

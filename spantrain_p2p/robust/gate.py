@@ -88,8 +88,9 @@ class Gate:
         """Whether a ``kind`` tensor of ``src`` was refused or pardoned within ``PARDON_STEPS`` steps: an
         odd sender, whose level says nothing of the others'. (In a suite run, 2026-12-01, an attacker
         scaling its gradients 100x stood as "the others' level" at stage-0 receivers fed by few
-        senders, its level taken before the references had warmed up or when it was pardoned; the
-        honest replicas' gradients were refused 183x below it and two of them evicted.)"""
+        senders, and the honest replicas' gradients were refused 183x below it and two of them
+        evicted. Which way its level got in was not seen: a level gets in with the tensors taken
+        before the references have warmed up, or with a pardon.)"""
         at = self._odd_at.get((kind, src))
         return at is not None and self.step - at <= PARDON_STEPS
 

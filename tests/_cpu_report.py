@@ -19,7 +19,7 @@ import json
 import os
 import time
 
-from spantrain_p2p.train.cpu_use import process_cpu_s, task_children
+from spantrain_p2p.train.cpu_use import children, process_cpu_s
 
 
 def tree_cpu_s(root: int) -> float:
@@ -29,7 +29,7 @@ def tree_cpu_s(root: int) -> float:
         pid = todo.pop()
         try:
             total += process_cpu_s(pid, reaped=True)
-            todo.extend(kid for kids in task_children(pid).values() for kid in kids)
+            todo.extend(children(pid))
         except (OSError, ValueError):
             continue  # it ended meanwhile: its parent's cutime has it, or will at the next read
     return total

@@ -180,7 +180,7 @@ def _state(pid: int) -> str:
 
 def _daemons_of(pid: int) -> list[int]:
     out = []
-    for kid in {k for kids in cpu_use.task_children(pid).values() for k in kids}:
+    for kid in cpu_use.children(pid):
         with open(f"/proc/{kid}/cmdline", "rb") as f:
             if b"p2pd" in f.read():
                 out.append(kid)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import spantrain_p2p
-from spantrain_p2p.train.cpu_use import task_children
+from spantrain_p2p.train.cpu_use import children
 from spantrain_p2p import errors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,11 +75,6 @@ with spantrain.LocalSwarm(job, peers=2) as swarm:
 """
 
 
-def _children(pid: int) -> set[int]:
-    """The processes ``pid``'s threads forked (the project's reader of them, ``cpu_use.task_children``)."""
-    return {kid for kids in task_children(pid).values() for kid in kids}
-
-
 def _port_open(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
@@ -96,7 +91,7 @@ def test_ctrl_c_in_a_synchronous_run_stops_it_and_leaves_no_process_or_port_behi
         line = proc.stdout.readline()
         assert line, proc.stderr.read()[-3000:]
         info = json.loads(line)
-        daemons = _children(proc.pid)
+        daemons = children(proc.pid)
         assert daemons, "no p2p daemon under the script"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

@@ -41,6 +41,12 @@ def task_children(pid: int, tasks: Optional[Iterable[str]] = None) -> dict[str, 
     return found
 
 
+def children(pid: int) -> set[int]:
+    """The child processes of ``pid``, whichever of its threads forked them (``task_children``, all
+    threads); OSError or ValueError where /proc does not say."""
+    return {kid for kids in task_children(pid).values() for kid in kids}
+
+
 def _cpu_of(kids: Iterable[int]) -> float:
     total = 0.0
     for kid in set(kids):
@@ -55,7 +61,7 @@ def children_cpu_s(pid: Optional[int] = None) -> Optional[float]:
     """CPU seconds (user + system) of the live child processes of ``pid`` (this one by default): the
     p2p daemon. None where /proc does not say."""
     try:
-        return _cpu_of(k for kids in task_children(os.getpid() if pid is None else pid).values() for k in kids)
+        return _cpu_of(children(os.getpid() if pid is None else pid))
     except (OSError, ValueError):
         return None
 

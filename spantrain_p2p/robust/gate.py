@@ -145,7 +145,7 @@ class Gate:
             # kept by the swarm through PARDON_AFTER re-plans, the same again: taken, at most at the
             # limit, and remembered as it came (a spike is one of the window: the level moves only if it stays)
             scale = min(1.0, math.exp(self.refuse_limit - dev))
-            self._mark_odd(kind, src, step)
+            self._mark_odd(kind, src)
             self.pardoned[(kind, step, mb)] = scale
             if len(self.pardoned) > 64:
                 self.pardoned.pop(next(iter(self.pardoned)))
@@ -172,7 +172,7 @@ class Gate:
         if first != src and step >= 0:  # the step redone, another sender, the same tensor: the data's
             return None
         self.odd.add(step)
-        self._mark_odd(kind, src, step)
+        self._mark_odd(kind, src)
         self.refused[src] = self.refused.get(src, 0) + 1
         if step >= 0:
             key = (kind, step, src)
@@ -182,8 +182,9 @@ class Gate:
                 d.pop(next(iter(d)))
         return "refuse", why
 
-    def _mark_odd(self, kind: str, src: str, step: int) -> None:
-        self._odd_at[(kind, src)] = max(step, self.step)
+    def _mark_odd(self, kind: str, src: str) -> None:
+        """``src``'s ``kind`` tensor judged now (``self.step``, set by ``judge``) was refused or pardoned."""
+        self._odd_at[(kind, src)] = self.step
         if len(self._odd_at) > 1024:
             self._odd_at.pop(next(iter(self._odd_at)))
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,10 @@ def test_a_job_through_the_api_and_through_spantrain_swarm_gives_the_same_losses
 
 
 SCRIPT = """
-import os, sys
+import faulthandler, logging, os, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for every thread's stack if it hangs
+logging.getLogger("spantrain.peer").setLevel(logging.INFO)  # each peer's "left in ... s (each part)"
+logging.getLogger("spantrain.peer").addHandler(logging.StreamHandler())
 import spantrain_p2p as spantrain
 job = spantrain.Job("hf:gpt2-tiny", steps=10_000, seq_len=32, micro_batches=2, no_measure=True)
 with spantrain.LocalSwarm(job, peers=2) as swarm:
@@ -94,8 +98,14 @@ def test_ctrl_c_in_a_synchronous_run_stops_it_and_leaves_no_process_or_port_behi
         daemons = children(proc.pid)
         assert daemons, "no p2p daemon under the script"
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-        err = proc.stderr.read()
+        try:  # (communicate: a script blocked writing to a full stderr pipe would look hung)
+            err = proc.communicate(timeout=60)[1]
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # every thread's stack, into its stderr
+            time.sleep(2)
+            proc.kill()
+            raise AssertionError("the script did not exit within 60 s of its SIGINT; its stderr, with its "
+                                 "threads' stacks:\n" + proc.communicate()[1][-12000:]) from None
     finally:
         if proc.poll() is None:
             proc.kill()

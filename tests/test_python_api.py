@@ -3,12 +3,15 @@ the same job through ``spantrain swarm``, a synchronous run stopped with Ctrl-C 
 port behind, the public names are documented, and failures arrive as the package's errors."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import pytest
 import spantrain_p2p
 from spantrain_p2p.train.cpu_use import children
 from spantrain_p2p import errors
+from spantrain_p2p.api import local
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -90,7 +94,10 @@ def test_ctrl_c_in_a_synchronous_run_stops_it_and_leaves_no_process_or_port_behi
     """A script without asyncio trains a long job; Ctrl-C (SIGINT) after step 1 ends it with
     KeyboardInterrupt, and its peers' p2p daemons and every port they listened on are gone."""
     (tmp_path / "run.py").write_text("import json\n" + SCRIPT)
-    proc = subprocess.Popen([PY, "run.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: SIGINT at its default, whatever the suite's launcher left (a suite started
+    # with ``&`` by a non-interactive shell ignores it, and so would the script)
+    proc = subprocess.Popen([PY, "run.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         assert line, proc.stderr.read()[-3000:]
@@ -119,6 +126,43 @@ def test_ctrl_c_in_a_synchronous_run_stops_it_and_leaves_no_process_or_port_behi
         parts = m.split("/")
         if "tcp" in parts and parts[1] == "ip4":
             assert not _port_open(parts[2], int(parts[parts.index("tcp") + 1])), m
+
+
+def _sigint_soon(delay_s: float = 0.2) -> threading.Timer:
+    timer = threading.Timer(delay_s, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    return timer
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals: the main thread's")
+def test_a_wait_takes_ctrl_c_over_only_where_it_raises_keyboardinterrupt():
+    """A wait of the synchronous API ends with KeyboardInterrupt on SIGINT, its work cancelled, where
+    SIGINT raises it; where it is ignored (a process a shell started in the background) the wait
+    leaves it ignored: before, it took SIGINT over during each wait and gave ``SIG_IGN`` back after,
+    so that a SIGINT between two waits was dropped and one within a wait stopped the run."""
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        never = concurrent.futures.Future()
+        timer = _sigint_soon()
+        with pytest.raises(KeyboardInterrupt):
+            local._wait(never, interruptible=True, timeout=30)
+        timer.join()
+        assert never.cancelled() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        later = concurrent.futures.Future()
+        timer = _sigint_soon()
+        threading.Timer(0.6, later.set_result, ("done",)).start()
+        try:
+            got = local._wait(later, interruptible=True, timeout=30)
+        except KeyboardInterrupt:  # (not let through: pytest would take it for the user's and stop the run)
+            pytest.fail("a wait took an ignored SIGINT over and stopped on it")
+        timer.join()
+        assert got == "done"  # the SIGINT at 0.2 s ignored
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_every_public_name_is_listed_and_documented():

@@ -110,11 +110,19 @@ def _wait(fut: concurrent.futures.Future, interruptible: bool, timeout: Optional
     """``fut``'s result, waited for in short sleeps. Ctrl-C (SIGINT, in the main thread) meanwhile only
     sets a flag: ``interruptible``, the wait then ends with ``KeyboardInterrupt`` (the work cancelled);
     else it is held back until the work is done. (A KeyboardInterrupt raised wherever the signal lands
-    could land inside the future's own lock, which the loop's thread then waits for forever.)"""
+    could land inside the future's own lock, which the loop's thread then waits for forever.)
+
+    Only where SIGINT raises ``KeyboardInterrupt`` (Python's own handler) is it taken over: a process
+    that ignores it (started in the background by a non-interactive shell) or handles it itself is
+    left as it is. Taken over from ``SIG_IGN`` and given back after each wait, a SIGINT stopped the run
+    within a wait and was dropped between two: the ctrl-c test's script, started by a suite run
+    launched with ``&``, trained on after its one SIGINT (its stacks, 2026-12-01; ``strace`` of it
+    started the same way: SIGINT set to ``SIG_IGN`` and back about 50 times a second as it trained)."""
     main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGINT, _on_sigint) if main else None
+    take = main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    old = signal.signal(signal.SIGINT, _on_sigint) if take else None
     deadline = None if timeout is None else time.monotonic() + timeout
-    _sigint["hit"], _sigint["waiting"] = False, main
+    _sigint["hit"], _sigint["waiting"] = False, take
     try:
         while not fut.done():
             if _sigint["hit"] and interruptible:
@@ -130,7 +138,7 @@ def _wait(fut: concurrent.futures.Future, interruptible: bool, timeout: Optional
         return fut.result()
     finally:
         _sigint["waiting"] = False
-        if main:
+        if take:
             signal.signal(signal.SIGINT, old)
 
 

@@ -117,7 +117,7 @@ def _wait(fut: concurrent.futures.Future, interruptible: bool, timeout: Optional
     left as it is. Taken over from ``SIG_IGN`` and given back after each wait, a SIGINT stopped the run
     within a wait and was dropped between two: the ctrl-c test's script, started by a suite run
     launched with ``&``, trained on after its one SIGINT (its stacks, 2026-12-01; ``strace`` of it
-    started the same way: SIGINT set to ``SIG_IGN`` and back about 50 times a second as it trained)."""
+    started the same way: SIGINT set to ``SIG_IGN`` and back at every step's wait, 149 times in 29 s)."""
     main = threading.current_thread() is threading.main_thread()
     take = main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     old = signal.signal(signal.SIGINT, _on_sigint) if take else None

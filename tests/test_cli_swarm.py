@@ -109,7 +109,6 @@ def run_peer(*args, timeout=60):
     return r, time.monotonic() - t0
 
 
-@pytest.mark.heavy
 def test_unreachable_join_address_fails_clearly_within_30s():
     dead = "/ip4/127.0.0.1/tcp/9/p2p/QmXXUgodthQmyYW48giHDZjneJB5BaNXPTjTAYVToTxEPv"
     r, took = run_peer("--join", dead)

@@ -121,7 +121,6 @@ def test_a_relay_killed_mid_run_the_pair_behind_symmetric_nat_goes_on_and_nothin
           f"{len(out['losses'])} of {steps} steps")
 
 
-@pytest.mark.heavy
 def test_a_peer_nobody_can_reach_and_with_no_path_says_so_and_exits(tmp_path):
     """The founder sits behind a home router that forwards its p2p port (4001) but not its data
     plane's: the joiner, behind symmetric NAT, joins the DHT, but nobody can dial it back and no

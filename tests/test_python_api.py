@@ -217,7 +217,6 @@ async def test_failures_arrive_as_the_packages_errors_with_the_command_lines_mes
                     pass
 
 
-@pytest.mark.heavy
 def test_a_model_that_fails_every_step_stops_the_run_with_its_error_instead_of_retrying_forever():
     """Every step's backward raises in the first stage: each epoch breaks at the same step and the
     planner re-plans; after ``MAX_STALLED_EPOCHS`` in a row with no new step it stops the run, and

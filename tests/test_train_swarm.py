@@ -116,7 +116,6 @@ def test_a_user_model_trains_through_spantrain_swarm(tmp_path):
     assert summary["losses"][-1] < summary["losses"][0] - 0.5
 
 
-@pytest.mark.heavy
 def test_a_joiner_refuses_a_job_it_may_not_run_and_the_others_carry_on(peers):
     swarm = f"refuse-{os.getpid()}"
     origin = peers("origin", "--swarm", swarm, "--steps", "5", "--peers", "2", "--model", USER)

@@ -66,10 +66,8 @@ def no_process_left_behind():
 # once on this 2-core box put twelve peers and their daemons on two cores, and each one's
 # timing-sensitive parts (link estimates, step deadlines, a joiner's measuring) then ran several
 # times slower than alone: the failures CI saw came from there. At most HEAVY_SLOTS of them run at a
-# time in one pytest run with xdist. ``scripts/test.sh`` runs them in a session of their own with two
-# workers (no slot is ever waited for there) and the light ones in another beside it; the slots hold
-# for whoever runs ``pytest -n 3`` on everything. A slot is taken before the test's timeout starts
-# (this wrapper is outside pytest-timeout's), so waiting for one does not count against it.
+# time; the other worker takes the light tests meanwhile. The slot is taken before the test's timeout
+# starts (this wrapper is outside pytest-timeout's), so waiting for one does not count against it.
 HEAVY_SLOTS = max(1, int(os.environ.get("SPANTRAIN_TEST_HEAVY_SLOTS", "2")))
 
 

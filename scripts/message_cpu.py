@@ -3,12 +3,14 @@
 A server process takes ACT messages (one micro-batch's activation of the side-by-side's job: 8 x 64
 x 128 fp32, 256 KiB) through the data plane as a peer does: an authenticated connection, encrypted
 or not, the frame decoded and checked (``decode_tensor``), answered; the client sends them one at a
-time with ``DataPlaneClient.send``. Then the same bytes through a blocking TCP socket (a length, the
+time with ``DataPlaneClient.send``. Both run on the event loop a peer runs (``--event-loop``, as
+``spantrain-peer``'s: uvloop by default; before 2026-12-01 this script ran asyncio's own, whatever
+the peers ran). Then the same bytes through a blocking TCP socket (a length, the
 payload, a one-byte answer), as a C++ transport like gloo's moves them. Printed: the CPU seconds
 each process spent per message (``time.process_time`` for the client, ``/proc/PID/stat`` for the
 server) and the wall time per message. Run it on an idle machine:
 
-    .venv/bin/python scripts/message_cpu.py [--messages 2000]
+    .venv/bin/python scripts/message_cpu.py [--messages 2000] [--event-loop uvloop|asyncio]
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 from spantrain_p2p.net.client import DataPlaneClient
 from spantrain_p2p.net.dataplane import DataPlaneServer
 from spantrain_p2p.net.handshake import Authenticator
+from spantrain_p2p.peer_command.main import _loop_factory
 from spantrain_p2p.pipeline.messages import ACT, Expect, decode_tensor, encode_tensor
 from spantrain_p2p.swarm.identity import Identity
 from spantrain_p2p.train.cpu_use import process_cpu_s
@@ -32,7 +35,7 @@ NUMEL = 8 * 64 * 128
 JOB = "message-cpu"
 
 
-def serve_dataplane(encrypt: bool, ready) -> None:
+def serve_dataplane(encrypt: bool, loop: str, ready) -> None:
     torch.set_num_threads(1)  # as in a peer
 
     async def main():
@@ -47,7 +50,8 @@ def serve_dataplane(encrypt: bool, ready) -> None:
         ready.send(server.url)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory(loop)) as runner:
+        runner.run(main())
 
 
 def serve_socket(ready) -> None:
@@ -103,6 +107,8 @@ def measured(ctx, target, args, run) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--messages", type=int, default=2000)
+    p.add_argument("--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
+                   help="the data plane's event loop, both ends (a peer's --event-loop; default uvloop)")
     a = p.parse_args()
     ctx = mp.get_context("spawn")
     n = a.messages
@@ -119,9 +125,14 @@ def main() -> int:
         sock.close()
         return out
 
+    def client(url):
+        with asyncio.Runner(loop_factory=_loop_factory(a.event_loop)) as runner:
+            return (*runner.run(through_dataplane(url, n)), n)
+
+    print(f"event loop: {a.event_loop}")
     for name, target, args, run in (
-            ("data plane, encrypted", serve_dataplane, (True,), lambda url: (*asyncio.run(through_dataplane(url, n)), n)),
-            ("data plane, not encrypted", serve_dataplane, (False,), lambda url: (*asyncio.run(through_dataplane(url, n)), n)),
+            ("data plane, encrypted", serve_dataplane, (True, a.event_loop), client),
+            ("data plane, not encrypted", serve_dataplane, (False, a.event_loop), client),
             ("blocking socket", serve_socket, (), plain)):
         r = measured(ctx, target, args, run)
         print(f"{name:>26}: CPU a message {r['client_us']} us sending, {r['server_us']} us receiving; "

@@ -460,6 +460,50 @@ async def test_the_passive_estimate_sees_a_trace_drop_on_real_traffic_within_5_s
     print(f"FIGURE passive estimate: {pre * 8 / 1e6:.1f} Mbit/s before the drop, 1/4 of it {d:.2f} s after the drop")
 
 
+async def test_a_pipelines_estimate_of_an_emulated_link_leaves_out_a_late_answering_receiver():
+    """A receiver whose event loop answers 20 ms late (a host's cores busy): the bytes' time through
+    an emulated 1 Gbit/s link is what the estimate reads, not the wait for the answer (which read
+    LAN links at 54-311 Mbit/s, and merged two regions over their 40 ms WAN: 2026-12-01). The same
+    link cut to a tenth still shows."""
+    import types
+
+    import torch
+
+    from spantrain_p2p.job.spec import JobSpec
+    from spantrain_p2p.pipeline.messages import ACT
+    from spantrain_p2p.plan.stagemap import StageMap
+    from spantrain_p2p.plan.types import Stage
+    from spantrain_p2p.train.transport import PipelineTransport
+
+    async def late(header, buffers):
+        await asyncio.sleep(0.02)
+
+    srv = DataPlaneServer("127.0.0.1", 0, lambda: {})
+    srv.register(ACT, late)
+    await srv.start()
+    emu = LinkEmulator(star_scenario(), "me")
+    peer = types.SimpleNamespace(peer_id="a", client=DataPlaneClient(), link_to=lambda dst: emu.link_for("peer-metro"),
+                                 data_url_of=lambda dst: srv.url)
+    rtt = types.SimpleNamespace(rtt_ms=LINKS["metro"]["rtt_ms"])  # as probed
+    try:
+        figures = []
+        for factor in (1.0, 0.1):
+            emu.set_factor("peer-metro", factor)
+            t = PipelineTransport(peer, {"b": rtt}, PassiveEstimator(), lambda: 0)
+            t.start(JobSpec())
+            t.begin_epoch(StageMap(1, "j", (Stage(("a",), (0, 2)), Stage(("b",), (2, 4)))), 0)
+            for mb in range(12):  # 256 KiB each: 2.1 ms through the link, 21 ms at a tenth
+                await t.send_to("b", ACT, 1, mb, torch.zeros(64 << 10))
+            figures.append(t.passive.estimate_mbps("b"))
+    finally:
+        await peer.client.close()
+        await srv.stop()
+    full, cut = figures
+    print(f"FIGURE passive estimate, receiver 20 ms late: {full:.0f} Mbit/s on a 1000 Mbit/s link, {cut:.0f} at a tenth")
+    assert 500 <= full <= 1100, figures  # the answer's 20 ms counted: 2.1 ms of bytes read as ~90 Mbit/s
+    assert 70 <= cut <= 110, figures
+
+
 async def test_a_peer_with_a_small_message_limit_is_probed_with_what_it_accepts():
     srv = DataPlaneServer("127.0.0.1", 0, lambda: {}, max_message_bytes=1 << 20)
     srv.register(PROBE_KIND, handle_probe)

@@ -463,8 +463,8 @@ async def test_the_passive_estimate_sees_a_trace_drop_on_real_traffic_within_5_s
 async def test_a_pipelines_estimate_of_an_emulated_link_leaves_out_a_late_answering_receiver():
     """A receiver whose event loop answers 20 ms late (a host's cores busy): the bytes' time through
     an emulated 1 Gbit/s link is what the estimate reads, not the wait for the answer (which read
-    LAN links at 54-311 Mbit/s, and merged two regions over their 40 ms WAN: 2026-12-01). The same
-    link cut to a tenth still shows."""
+    LAN links at 54-311 Mbit/s, and merged two regions over their 40 ms WAN: 2026-12-01), for the
+    passive estimate and adaptive compression's alike. The same link cut to a tenth still shows."""
     import types
 
     import torch
@@ -492,16 +492,19 @@ async def test_a_pipelines_estimate_of_an_emulated_link_leaves_out_a_late_answer
             t = PipelineTransport(peer, {"b": rtt}, PassiveEstimator(), lambda: 0)
             t.start(JobSpec())
             t.begin_epoch(StageMap(1, "j", (Stage(("a",), (0, 2)), Stage(("b",), (2, 4)))), 0)
+            t._policy.set_link("b", rtt_s=rtt.rtt_ms / 1e3)  # as ``codec_for`` sets it from the probe
             for mb in range(12):  # 256 KiB each: 2.1 ms through the link, 21 ms at a tenth
                 await t.send_to("b", ACT, 1, mb, torch.zeros(64 << 10))
-            figures.append(t.passive.estimate_mbps("b"))
+            # the passive estimate, and adaptive compression's own (what it picks codecs by)
+            figures.append((t.passive.estimate_mbps("b"), t._policy.bandwidth("b") * 8 / 1e6))
     finally:
         await peer.client.close()
         await srv.stop()
-    full, cut = figures
-    print(f"FIGURE passive estimate, receiver 20 ms late: {full:.0f} Mbit/s on a 1000 Mbit/s link, {cut:.0f} at a tenth")
-    assert 500 <= full <= 1100, figures  # the answer's 20 ms counted: 2.1 ms of bytes read as ~90 Mbit/s
-    assert 70 <= cut <= 110, figures
+    (full, full_codecs), (cut, cut_codecs) = figures
+    print(f"FIGURE passive estimate, receiver 20 ms late: {full:.0f} Mbit/s on a 1000 Mbit/s link, {cut:.0f} at a "
+          f"tenth; adaptive compression's {full_codecs:.0f} and {cut_codecs:.0f}")
+    assert 500 <= full <= 1100 and 500 <= full_codecs <= 1100, figures  # the 20 ms counted: ~90 Mbit/s
+    assert 70 <= cut <= 110 and 70 <= cut_codecs <= 110, figures
 
 
 async def test_a_peer_with_a_small_message_limit_is_probed_with_what_it_accepts():

@@ -308,12 +308,15 @@ class PipelineTransport:
                         # on a host's busy cores read 1 Gbit/s LAN links at 54-311 Mbit/s, and the
                         # grouping took their 40 ms WAN for the better link (test_planner_swarm merged
                         # the two regions, 2026-12-01)
-                        self.passive.observe(dst, nbytes, left[0] - t0)
+                        through = left[0] - t0
+                        self.passive.observe(dst, nbytes, through)
+                        delivered = through + rtt / 2
                     else:
                         # a send waits for its reply: a whole round trip of it is not the bytes' time
                         self.passive.observe(dst, nbytes, elapsed, latency_s=rtt)
+                        delivered = max(0.0, elapsed - rtt / 2)
                     if kind not in REPLICA_KINDS:
-                        self._policy.observe(dst, nbytes, max(0.0, elapsed - rtt / 2))  # to delivery
+                        self._policy.observe(dst, nbytes, delivered)  # (its own estimate, for the codecs)
                 return
             except RemoteError as e:
                 if e.status != 503 or loop.time() > deadline:

@@ -279,6 +279,7 @@ class PipelineTransport:
             turn = await _take_turn(stream) if stream is not None else _no_turn
             t0 = time.monotonic()  # this attempt's: refusals and waits before it say nothing of the link
             link = self.peer.link_to(dst)
+            paced = link is not None and not link.transparent(charge)  # (as the client decides, now)
             left: list[float] = []  # when its last byte had passed the link
 
             def sent() -> None:
@@ -302,7 +303,7 @@ class PipelineTransport:
                 # an epoch's first step meets peers still loading and setting up their stages: its
                 # transfers' times say more about them than about the links
                 if step > self.smap.start_step:
-                    if link is not None and not link.transparent(charge) and left:
+                    if paced and left:
                         # an emulated link: its bytes' time is theirs through it, to their last one
                         # passing (``on_sent``). The reply waits on the receiver's event loop too, which
                         # on a host's busy cores read 1 Gbit/s LAN links at 54-311 Mbit/s, and the

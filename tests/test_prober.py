@@ -566,6 +566,35 @@ def test_a_busy_receiver_now_and_then_does_not_look_like_a_slower_link():
     assert est.estimate("b", now=t) * 8 / 1e6 == pytest.approx(1000, rel=0.05)
 
 
+def sparse_link_readings(min_samples: int, drop_at: float = float("inf")) -> list[tuple[float, float]]:
+    """(time, Mbit/s) of the estimate of a link that replicas use once a step: one 200 KB gradient
+    part every 0.5 s over 1 Gbit/s (1.6 ms of bytes), and in every six, three in a row 3-7 ms late
+    (a sender's event loop on a busy host's cores: cee-3region's replicas read 2.7-8.5 ms for
+    theirs); the link cut to a tenth at ``drop_at``."""
+    est = PassiveEstimator(min_samples=min_samples)
+    n, out, t = 200_212, [], 0.0
+    for i in range(240):
+        t += 0.5
+        rate = 125e6 if t < drop_at else 12.5e6
+        late = (0.003, 0.007, 0.004)[i % 6 - 3] if i % 6 >= 3 else 0.0
+        est.observe("b", n, n / rate + late, now=t)
+        out.append((t, est.estimate_mbps("b", now=t)))
+    return out
+
+
+def test_a_sparse_link_is_not_read_from_its_last_late_transfers_and_a_drop_still_shows():
+    # weighed by age alone (tau_s), the last few decide, and three late ones read under half
+    assert min(e for _, e in sparse_link_readings(min_samples=1)) < 500
+    steady = min(e for _, e in sparse_link_readings(min_samples=6))
+    assert steady > 900
+    seen = sparse_link_readings(min_samples=6, drop_at=60.0)
+    d = detection_time(seen, 60.0, 1000.0, factor=0.5)
+    assert d is not None and d < 5.0, d
+    assert seen[-1][1] == pytest.approx(100, rel=0.1)
+    print(f"FIGURE passive estimate of a sparse link (fake clock): lowest {steady:.0f} Mbit/s of 1000 with "
+          f"late transfers; a 10x drop under half {d:.1f} s after it")
+
+
 def test_a_burst_of_sends_queued_on_one_link_is_not_taken_for_a_slow_link():
     est = PassiveEstimator(tau_s=1.0)
     # 8 activations of 32 KiB sent at once over 100 Mbit/s with 20 ms one-way latency: the i-th

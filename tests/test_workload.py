@@ -181,7 +181,8 @@ def test_a_send_to_a_peer_without_an_address_for_a_moment_gives_its_turn_back():
     sent = []
 
     class Client:
-        async def send(self, url, kind, header, bufs, timeout, link, charge, on_sent):
+        async def send(self, url, kind, header, bufs, timeout, link, charge, on_sent, on_start):
+            on_start()
             on_sent()
             sent.append((url, header["mb"]))
 

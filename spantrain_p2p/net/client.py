@@ -126,7 +126,7 @@ class DataPlaneClient:
     async def send(
         self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
         link=None, compensate: bool = True, charge: float = 1.0, on_sent: Optional[Callable[[], None]] = None,
-        reply_charge: float = 1.0, peer_id: Optional[str] = None,
+        reply_charge: float = 1.0, peer_id: Optional[str] = None, on_start: Optional[Callable[[], None]] = None,
     ) -> tuple[dict, list[memoryview]] | None:
         """Sends one frame; the reply frame, or None if the peer had nothing to say. A refusal raises
         ``RemoteError``; a peer that cannot be reached or breaks the connection, ``OSError``.
@@ -144,6 +144,8 @@ class DataPlaneClient:
         ConnectionError) if another is.
         ``on_sent()``: called once the request's last byte has left (on an emulated link: passed its
         bandwidth, before its delay), where a caller streaming messages in order may start the next.
+        ``on_start()``: called once a connection is ready, before the request's first byte: the time
+        before it (a free slot, a new connection and its handshake) is not the link's.
         """
         addr = address_of(url)
         name = kind.encode("ascii")
@@ -162,6 +164,8 @@ class DataPlaneClient:
                 conn = await self._connection(addr, peer_id)
                 reader, writer = conn
                 reusable = False
+                if on_start is not None:
+                    on_start()
                 # a paced body watches for a refusal while it goes out; a straight one is written whole first
                 answer = asyncio.ensure_future(reader.readexactly(ANSWER.size)) if ex is not None else None
                 try:

@@ -150,8 +150,6 @@ def test_a_codec_saves_against_the_workloads_bf16_not_the_proxys_fp32():
 
 
 def test_a_late_message_of_an_abandoned_epoch_is_refused_not_summed_into_the_redone_step():
-    import asyncio
-
     from spantrain_p2p.net.dataplane import Retry
     from spantrain_p2p.net.framing import FrameError
     from spantrain_p2p.train.transport import PipelineTransport

@@ -71,9 +71,10 @@ class PassiveEstimator:
     The last ``min_samples`` transfers weigh at least ``exp(-k / min_samples)`` (the k-th before the
     latest), however old (within ``window_s``). A link with a transfer or two a second would
     otherwise be read from its last one or two, and a short transfer lasts about as long as a busy
-    event loop is late: replicas' one 200 KB gradient part a step over 1 Gbit/s (1.6 ms of bytes)
-    read 232-329 Mbit/s in 11 moments of five peers' runs, after a few parts in a row came 3-7 ms
-    late, and peers published drops of their 1 Gbit/s links to under half (cee-3region, 2026-12-01).
+    event loop is late: replicas' one 200 KB gradient part a step over 1 Gbit/s (1.6 ms of bytes),
+    a few parts in a row 3-7 ms late, read 232-329 Mbit/s at the lowest on four replica links of two
+    cee-3region runs (their logged transfers replayed), and peers published drops of 1 Gbit/s links
+    to under half, 0-4 a run (2026-12-01).
     """
 
     def __init__(self, tau_s: float = 0.6, window_s: float = 10.0, min_bytes: int = 0,

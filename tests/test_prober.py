@@ -595,6 +595,18 @@ def test_a_sparse_link_is_not_read_from_its_last_late_transfers_and_a_drop_still
           f"late transfers; a 10x drop under half {d:.1f} s after it")
 
 
+def test_a_peers_estimate_does_not_time_a_message_too_small_to_say_anything_of_its_link():
+    """A replica's 264-byte loss, the first message on its link in an epoch, took 0.16 ms (the send's
+    fixed cost): timed, it read a 1 Gbit/s link at 13 Mbit/s, and was published as a drop."""
+    from spantrain_p2p.train.measuring import Measuring
+
+    est = Measuring(None, lambda *a: None).passive
+    est.observe("b", 264, 0.00016, now=1.0)
+    assert est.estimate("b", now=1.0) is None
+    est.observe("b", 32 << 10, (32 << 10) / 125e6, now=1.5)  # trace-drop's activations, at 1 Gbit/s
+    assert est.estimate_mbps("b", now=1.5) == pytest.approx(1000, rel=0.01)
+
+
 def test_a_burst_of_sends_queued_on_one_link_is_not_taken_for_a_slow_link():
     est = PassiveEstimator(tau_s=1.0)
     # 8 activations of 32 KiB sent at once over 100 Mbit/s with 20 ms one-way latency: the i-th

@@ -34,6 +34,11 @@ MEASURING = ("joining", "idle", "measuring")  # the states of a peer that measur
 
 
 PASSIVE_PER_PEER_S = 1.0
+# a transfer smaller than this is not timed for the passive estimate: a replica's 264-byte loss, the
+# first message on its link in an epoch, read a 1 Gbit/s link at 13-15 Mbit/s (its 0.16 ms were
+# the send's own fixed cost) and was published as a drop (cee-3region, 2026-12-01); the smallest
+# activations timed live, trace-drop's, are 32 KiB
+PASSIVE_MIN_BYTES = 16 << 10
 
 
 def step_tail_rate(job, layers: list, torch_device=None) -> float:
@@ -65,7 +70,9 @@ class Measuring:
         self.probe_seconds = 0.0
         self.probe_window: list[float] = []  # [unix start, unix end] of this peer's probing
         self.measured = asyncio.Event()
-        self.passive = PassiveEstimator()  # bytes/s of real transfers, per destination
+        # bytes/s of real transfers, per destination; a message under PASSIVE_MIN_BYTES (a loss, a
+        # flag) is all fixed cost and says nothing of a link's bandwidth
+        self.passive = PassiveEstimator(min_bytes=PASSIVE_MIN_BYTES)
         self._probed: dict = {}  # destination -> the probe's measurement, before any passive update
         self._passive_published = 0.0
         self._damper = FlapDamper(REPLAN_CHECK_S)  # links whose passive figure goes down and up, held back

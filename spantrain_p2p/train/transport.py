@@ -304,13 +304,13 @@ class PipelineTransport:
                 per = self.wire_bytes.setdefault(step, {})
                 per[dst] = per.get(dst, 0) + nbytes
                 self.wire_totals[(kind, dst, codec)] = self.wire_totals.get((kind, dst, codec), 0) + nbytes
-                t0 = began[0] if began else time.monotonic()
-                elapsed = time.monotonic() - t0
-                probe = self.probes.get(dst)
-                rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0
                 # an epoch's first step meets peers still loading and setting up their stages: its
                 # transfers' times say more about them than about the links
-                if step > self.smap.start_step:
+                if step > self.smap.start_step and began:
+                    t0 = began[0]
+                    elapsed = time.monotonic() - t0
+                    probe = self.probes.get(dst)
+                    rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0
                     if paced and left:
                         # an emulated link: its bytes' time is theirs through it, to their last one
                         # passing (``on_sent``). The reply waits on the receiver's event loop too, which

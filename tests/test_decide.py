@@ -200,3 +200,51 @@ def test_the_search_for_a_better_plan_keeps_to_its_share_of_a_core():
     assert replan_check_s(0.5) == 0.5 / REPLAN_CPU_SHARE  # lan-20's: 25 s apart, 2 % of a core
     assert replan_check_s(0.5) >= REPLAN_CHECK_S
     assert replan_check_s(30.0) == 60.0  # at most a minute apart
+
+
+def test_a_changed_measurement_is_searched_at_once_while_the_minutes_searches_keep_to_their_share():
+    """A link cut reaches the planner piece by piece: a quiet swarm's planner searches each piece at
+    its next check, not at the next of checks spaced by its search's CPU; unchanged measurements are
+    not searched again; changing ones keep to the share of a core over the window; a newcomer and a
+    held gain at once; a search dearer than the window's share still runs ``every_s`` apart."""
+    from spantrain_p2p.train.decide import REPLAN_CHECK_S, REPLAN_CPU_SHARE, REPLAN_WINDOW_S, search_due
+
+    took, every = 0.34, 0.34 / REPLAN_CPU_SHARE  # cee-3region's planner: 17 s apart
+    assert search_due(False, False, True, 5.0, every, window_cpu_s=took, expected_cpu_s=took)  # the cut's first piece
+    assert search_due(False, False, True, 5.0, every, window_cpu_s=2 * took, expected_cpu_s=took)  # its next
+    assert not search_due(False, False, False, 600.0, every, window_cpu_s=0.0, expected_cpu_s=took)  # nothing new
+    assert search_due(True, False, False, 1.0, every, window_cpu_s=9.0, expected_cpu_s=took)  # a newcomer
+    assert search_due(False, True, False, 10.0, every, window_cpu_s=9.0, expected_cpu_s=took)  # a held gain
+    # links that change at every check: the searches of a window keep to the share
+    t, spent = 0.0, []
+    while t < 600.0:
+        window = sum(c for s, c in spent if t - s <= REPLAN_WINDOW_S)
+        if search_due(False, False, True, t - (spent[-1][0] if spent else -1e9), every, window, took):
+            spent.append((t, took))
+        t += REPLAN_CHECK_S
+    assert len(spent) * took / 600.0 <= REPLAN_CPU_SHARE * 1.1, len(spent)
+    # a search of 5 s of CPU (a large swarm's): never within the window's share, every_s apart still
+    assert not search_due(False, False, True, 30.0, 60.0, window_cpu_s=5.0, expected_cpu_s=5.0)
+    assert search_due(False, False, True, 60.0, 60.0, window_cpu_s=5.0, expected_cpu_s=5.0)
+
+
+def test_a_planner_reads_the_versions_its_members_records_say_and_none_where_one_says_none():
+    import types
+
+    from spantrain_p2p.swarm import measure
+    from spantrain_p2p.train.coordinator import _measure_versions
+
+    def rec(p, prof, links):
+        return types.SimpleNamespace(peer_id=p, progress={measure.version_field(measure.PROFILES): prof,
+                                                          measure.version_field(measure.LINKS): links})
+
+    a = _measure_versions([rec("b", 1, 2), rec("a", 1, 1)])
+    assert a == _measure_versions([rec("a", 1, 1), rec("b", 1, 2)])  # the order of the view does not count
+    assert a != _measure_versions([rec("a", 1, 1), rec("b", 1, 3)])  # b published new links
+    assert _measure_versions([rec("a", 1, 1), rec("b", None, 2)]) is None  # a peer before versions
+    assert _measure_versions([rec("a", 1, True)]) is None  # a bool is no version
+    # as held: the record says links 3, the read brought 2 (its key lags): not what the record says
+    held = _measure_versions([rec("a", 1, 1), rec("b", 1, 3)], {"a": {"mv": 1}, "b": {"mv": 1}},
+                             {"a": ({}, 1), "b": ({}, 2)})
+    assert held == a and held != _measure_versions([rec("a", 1, 1), rec("b", 1, 3)])
+    assert _measure_versions([rec("a", 1, 1)], {}, {}) == (("a", (-1, -1)),)  # nothing held yet

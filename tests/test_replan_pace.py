@@ -119,3 +119,55 @@ async def test_a_held_gain_is_checked_again_once_its_hold_is_over_not_at_the_sea
     c._last_gain_check -= coordinator.REPLAN_CHECK_S + 1
     c._hysteresis.since -= coordinator.REPLAN_HOLD_S
     assert await c._worth_replanning(smap)  # the hold is over: checked, and the stages move
+
+
+async def test_a_link_change_in_a_quiet_swarm_is_searched_at_the_next_check_within_the_minutes_share(monkeypatch):
+    """cee-3region's planner searched every 11-17 s (0.22-0.34 s of CPU a search), timed from its last
+    check, so a cut link published piece by piece was first searched whole 4-21 s after the cut. Now
+    a check reads nothing while no record says a newer profile or links than the planner holds, and
+    searches each change at once while the last minute's searches keep to 2 % of a core."""
+    from spantrain_p2p.swarm import measure
+
+    dht = {p: ({"x": [1.0, 100.0]}, 1) for p in "abc"}  # peer -> (its links entry, its version)
+    members, searches, reads = [], [], []
+    for p in "abc":
+        members.append(types.SimpleNamespace(peer_id=p, name=p, state="ready", progress={
+            measure.version_field(measure.PROFILES): 1, measure.version_field(measure.LINKS): 1}))
+    c, published = _coordinator(monkeypatch, members, searches)
+    monkeypatch.setattr(coordinator, "_timed", lambda fn, *args: (fn(*args), 0.34))
+
+    async def measured():  # what the DHT holds (an entry as its peer's record says)
+        reads.append(1)
+        c._measured = ({p: {"mv": 1, **PROFILES[p]} for p in "abc"}, dict(dht))
+        return ["a", "b", "c"], PROFILES, {p: v[0] for p, v in dht.items()}
+
+    def new_links(p: str, mbps: float) -> None:
+        v = dht[p][1] + 1
+        dht[p] = ({"x": [1.0, mbps]}, v)
+        next(m for m in members if m.peer_id == p).progress[measure.version_field(measure.LINKS)] = v
+
+    def next_check() -> None:
+        c._last_gain_check -= coordinator.REPLAN_CHECK_S + 1
+
+    c._measured_snapshot = measured
+    await c._plan_and_publish(None, reason="first plan")
+    smap = published[0]
+    assert c._check_every == 17.0 and len(searches) == 1
+    next_check()
+    assert not await c._worth_replanning(smap) and len(searches) == 1  # read once, the plan's own answer
+    for _ in range(3):
+        next_check()
+        n = len(reads)
+        assert not await c._worth_replanning(smap) and len(reads) == n  # nothing new: not even read
+    new_links("b", 10.0)  # the cut's first piece, well within the search's 17 s interval
+    next_check()
+    assert not await c._worth_replanning(smap) and len(searches) == 2
+    new_links("c", 10.0)  # its next piece, at the next check
+    next_check()
+    assert not await c._worth_replanning(smap) and len(searches) == 3
+    new_links("a", 10.0)  # 3 searches of 0.34 s in the minute, a fourth would pass 1.2 s: it waits
+    next_check()
+    assert not await c._worth_replanning(smap) and len(searches) == 3
+    c._last_search -= c._check_every  # the search's own interval since the last one
+    next_check()
+    assert not await c._worth_replanning(smap) and len(searches) == 4

@@ -22,9 +22,9 @@ from ..swarm import grouping, measure
 from ..swarm.election import Election
 from .defence import evictions, gate_evictions, read_accusations, receivers
 from . import planning
-from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOLD_S, ReplanHysteresis, copy_every,
-                     epoch_verdict, swarm_mtbf_s, memory_caps, out_of_memory, refit_fixed, replan_check_s, resume_point,
-                     same_layout, stalled)
+from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOLD_S, REPLAN_WINDOW_S,
+                     ReplanHysteresis, copy_every, epoch_verdict, swarm_mtbf_s, memory_caps, out_of_memory,
+                     refit_fixed, replan_check_s, resume_point, same_layout, search_due, stalled)
 from ..swarm.liveness import is_alive
 from .recovery import copy_cost_s_per_byte
 from .run_records import READY_STATES, map_states, ready_peers
@@ -70,6 +70,23 @@ def _measurements_key(ids: list[str], profiles: dict, links: dict, smap: StageMa
                        smap.epoch, smap.term], sort_keys=True, default=str)
 
 
+def _measure_versions(records, profiles: Optional[dict] = None, links: Optional[dict] = None) -> Optional[tuple]:
+    """The profile and links versions of the ready peers of ``records``: as their records say
+    (``measure.version_field``), or as held in ``profiles`` and ``links`` (``Coordinator._measured``)
+    where given; None where a record says none (a peer before versions: its entries are read at
+    every check)."""
+    out = []
+    for r in sorted(records, key=lambda r: r.peer_id):
+        vs = tuple(r.progress.get(measure.version_field(what)) for what in measure.VERSIONED)
+        if not all(type(v) is int for v in vs):
+            return None
+        if profiles is not None:
+            vs = (measure.version_of(profiles[r.peer_id]) if r.peer_id in profiles else -1,
+                  _links_version(links[r.peer_id]) if r.peer_id in links else -1)
+        out.append((r.peer_id, vs))
+    return tuple(out)
+
+
 def _links_entry(payload: dict) -> tuple[dict, int]:
     """What a links entry is held as: (its links, its version)."""
     return payload["links"], measure.version_of(payload)
@@ -112,6 +129,9 @@ class Coordinator:
         self._last_gain_check = 0.0
         self._check_every = REPLAN_CHECK_S  # (``decide.replan_check_s`` of the last search)
         self._searched_ready: list[str] = []  # the ready peers at the last search
+        self._last_search = 0.0  # (monotonic) when the last search ran
+        self._search_cpu: deque = deque()  # (monotonic, CPU s) of the searches of the last REPLAN_WINDOW_S
+        self._checked_versions: Optional[tuple] = None  # the measurement versions held at the last check
         # failures this planner saw (peers of its view that stopped answering), over how long it watched
         # how many peers: the swarm's failure rate, which spaces the buddy copies (``_copy_every``)
         self._failed: set[str] = set()
@@ -331,6 +351,8 @@ class Coordinator:
         if (every > REPLAN_CHECK_S) != (self._check_every > REPLAN_CHECK_S):  # (once, not each search)
             log.info("searching for a better plan every %.0fs (the last search took %.2fs of CPU)", every, took)
         self._last_gain_check, self._searched_ready, self._check_every = now, ready, every
+        self._last_search = now
+        self._search_cpu.append((now, took))
         self._gain_key = answer or self._gain_key
 
     async def _worth_replanning(self, current: StageMap) -> bool:
@@ -339,9 +361,15 @@ class Coordinator:
         now = time.monotonic()
         if now - self._last_gain_check < REPLAN_CHECK_S or planning.model_profile(self.job) is None:
             return False
-        ready = sorted(r.peer_id for r in ready_peers(self.peer))  # a newcomer: searched at once
-        if ready == self._searched_ready and now - self._last_gain_check < self._check_every and \
-                not self._hysteresis.due(now):
+        records = ready_peers(self.peer)
+        ready = sorted(r.peer_id for r in records)  # a newcomer: searched at once
+        versions = _measure_versions(records)
+        changed = versions is None or versions != self._checked_versions
+        while self._search_cpu and now - self._search_cpu[0][0] > REPLAN_WINDOW_S:
+            self._search_cpu.popleft()
+        if not search_due(ready != self._searched_ready, self._hysteresis.due(now), changed,
+                          now - self._last_search, self._check_every, sum(c for _, c in self._search_cpu),
+                          self._search_cpu[-1][1] if self._search_cpu else 0.0):
             return False
         self._last_gain_check, self._searched_ready = now, ready
         # (a map with islands is re-planned when a peer goes, not for a predicted gain yet; with a peer
@@ -350,6 +378,8 @@ class Coordinator:
                 "done" in map_states(self.peer, current).values():
             return False
         ids, profiles, links = await self._measured_snapshot()
+        # what is held, not what the records say: an entry the read did not bring yet is read at the next check
+        self._checked_versions = _measure_versions(records, *self._measured) if self._measured else None
         if not ids:
             return False
         key = _measurements_key(ids, profiles, links, current)

@@ -19,6 +19,7 @@ REPLAN_CHECK_S = 5.0
 # was most of the planner's 13 % of a core for the control plane (issue 33, ``scripts/control_cpu.py``)
 REPLAN_CPU_SHARE = 0.02
 REPLAN_CHECK_MAX_S = 60.0  # (a newcomer is searched for at once, ``Coordinator._worth_replanning``)
+REPLAN_WINDOW_S = 60.0  # ...a share kept over this window: searches may come REPLAN_CHECK_S apart within it
 
 
 def replan_check_s(search_cpu_s: float) -> float:
@@ -26,6 +27,28 @@ def replan_check_s(search_cpu_s: float) -> float:
     ``search_cpu_s`` of CPU: ``REPLAN_CHECK_S``, or longer where a search costs more than
     ``REPLAN_CPU_SHARE`` of a core at that pace (a large swarm's planner), ``REPLAN_CHECK_MAX_S`` at most."""
     return min(REPLAN_CHECK_MAX_S, max(REPLAN_CHECK_S, search_cpu_s / REPLAN_CPU_SHARE))
+
+
+def search_due(newcomer: bool, hold_due: bool, measured_changed: bool, since_search_s: float, every_s: float,
+               window_cpu_s: float, expected_cpu_s: float, share: float = REPLAN_CPU_SHARE,
+               window_s: float = REPLAN_WINDOW_S) -> bool:
+    """Whether the planner searches for a better plan at this check (checks come ``REPLAN_CHECK_S``
+    apart): at once for a newcomer or a held gain whose hold is over; never for unchanged
+    measurements, which give the last answer again; for changed ones (a record says a newer profile
+    or links than the planner holds) while the searches of the last ``window_s`` (``window_cpu_s``
+    of CPU) and this one (about ``expected_cpu_s``, the last one's) stay within ``share`` of a core
+    over that window, or else ``every_s`` (``replan_check_s``) after the last search (a search
+    dearer than the whole window's share: a large swarm's).
+
+    A cut link reaches the planner piece by piece, each peer's links entry as that peer sees it,
+    over several seconds: with searches ``every_s`` apart (11-17 s on cee-3region, 0.22-0.34 s of CPU
+    each), the one that saw the cut whole came 4-21 s after the cut, and the re-plan 10 s after
+    that (the hold). Paced by the window, a quiet swarm searches each piece as it comes."""
+    if newcomer or hold_due:
+        return True
+    if not measured_changed:
+        return False
+    return since_search_s >= every_s or window_cpu_s + expected_cpu_s <= share * window_s
 
 
 def same_layout(a: StageMap, b: StageMap) -> bool:

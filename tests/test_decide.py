@@ -232,19 +232,19 @@ def test_a_planner_reads_the_versions_its_members_records_say_and_none_where_one
     import types
 
     from spantrain_p2p.swarm import measure
-    from spantrain_p2p.train.coordinator import _measure_versions
+    from spantrain_p2p.train.held_measurements import measure_versions
 
     def rec(p, prof, links):
         return types.SimpleNamespace(peer_id=p, progress={measure.version_field(measure.PROFILES): prof,
                                                           measure.version_field(measure.LINKS): links})
 
-    a = _measure_versions([rec("b", 1, 2), rec("a", 1, 1)])
-    assert a == _measure_versions([rec("a", 1, 1), rec("b", 1, 2)])  # the order of the view does not count
-    assert a != _measure_versions([rec("a", 1, 1), rec("b", 1, 3)])  # b published new links
-    assert _measure_versions([rec("a", 1, 1), rec("b", None, 2)]) is None  # a peer before versions
-    assert _measure_versions([rec("a", 1, True)]) is None  # a bool is no version
+    a = measure_versions([rec("b", 1, 2), rec("a", 1, 1)])
+    assert a == measure_versions([rec("a", 1, 1), rec("b", 1, 2)])  # the order of the view does not count
+    assert a != measure_versions([rec("a", 1, 1), rec("b", 1, 3)])  # b published new links
+    assert measure_versions([rec("a", 1, 1), rec("b", None, 2)]) is None  # a peer before versions
+    assert measure_versions([rec("a", 1, True)]) is None  # a bool is no version
     # as held: the record says links 3, the read brought 2 (its key lags): not what the record says
-    held = _measure_versions([rec("a", 1, 1), rec("b", 1, 3)], {"a": {"mv": 1}, "b": {"mv": 1}},
+    held = measure_versions([rec("a", 1, 1), rec("b", 1, 3)], {"a": {"mv": 1}, "b": {"mv": 1}},
                              {"a": ({}, 1), "b": ({}, 2)})
-    assert held == a and held != _measure_versions([rec("a", 1, 1), rec("b", 1, 3)])
-    assert _measure_versions([rec("a", 1, 1)], {}, {}) == (("a", (-1, -1)),)  # nothing held yet
+    assert held == a and held != measure_versions([rec("a", 1, 1), rec("b", 1, 3)])
+    assert measure_versions([rec("a", 1, 1)], {}, {}) == (("a", (-1, -1)),)  # nothing held yet

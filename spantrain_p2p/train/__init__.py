@@ -8,6 +8,7 @@ A peer's trainer (``trainer``: its life cycle and step loop) and its components:
 - ``measuring``: the device profile, pings, bandwidth probes, passive estimate;
 - ``run_records``: the job, the stage maps and their news, in the DHT;
 - ``coordinator``: the planner's role (groups, quorum, election, planning, re-planning);
+- ``held_measurements``: the planner's copy of the members' profiles and links (entries, versions);
 - ``planning``: from measurements to the planner's snapshot and from a plan to a stage map;
 - ``transport``: activations and gradients between stages (codecs, retries, deadlines);
 - ``gradsum``: the replicas of a stage sum their gradients, layer by layer;

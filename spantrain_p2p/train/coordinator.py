@@ -9,7 +9,6 @@ makes it worth moving stages (``decide.ReplanHysteresis``)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from .decide import (COPY_MARGIN, MAX_STALLED_EPOCHS, REPLAN_CHECK_S, REPLAN_HOL
                      ReplanHysteresis, copy_every, epoch_verdict, swarm_mtbf_s, memory_caps, out_of_memory,
                      refit_fixed, replan_check_s, resume_point, same_layout, search_due, stalled)
 from ..swarm.liveness import is_alive
+from .held_measurements import links_entry, links_version, measure_versions, measurements_key, newer
 from .recovery import copy_cost_s_per_byte
 from .run_records import READY_STATES, map_states, ready_peers
 
@@ -62,43 +62,6 @@ def _timed(fn, *args):
     """(``fn(*args)``, the CPU seconds it took on this thread): run in a worker thread."""
     t0 = time.thread_time()
     return fn(*args), time.thread_time() - t0
-
-
-def _measurements_key(ids: list[str], profiles: dict, links: dict, smap: StageMap) -> str:
-    """What a search for a better plan than ``smap`` is made from: the same key, the same answer."""
-    return json.dumps([ids, [links.get(p) for p in ids], [profiles[p].get("profile") for p in ids],
-                       smap.epoch, smap.term], sort_keys=True, default=str)
-
-
-def _measure_versions(records, profiles: Optional[dict] = None, links: Optional[dict] = None) -> Optional[tuple]:
-    """The profile and links versions of the ready peers of ``records``: as their records say
-    (``measure.version_field``), or as held in ``profiles`` and ``links`` (``Coordinator._measured``)
-    where given; None where a record says none (a peer before versions: its entries are read at
-    every check)."""
-    out = []
-    for r in sorted(records, key=lambda r: r.peer_id):
-        vs = tuple(r.progress.get(measure.version_field(what)) for what in measure.VERSIONED)
-        if not all(type(v) is int for v in vs):
-            return None
-        if profiles is not None:
-            vs = (measure.version_of(profiles[r.peer_id]) if r.peer_id in profiles else -1,
-                  _links_version(links[r.peer_id]) if r.peer_id in links else -1)
-        out.append((r.peer_id, vs))
-    return tuple(out)
-
-
-def _links_entry(payload: dict) -> tuple[dict, int]:
-    """What a links entry is held as: (its links, its version)."""
-    return payload["links"], measure.version_of(payload)
-
-
-def _links_version(held: tuple[dict, int]) -> int:
-    return held[1]
-
-
-def _newer(held: dict, more: dict, version) -> dict:
-    """``held`` with the entries of ``more`` that are newer (by ``version``) or new: a new dict."""
-    return {**held, **{p: v for p, v in more.items() if p not in held or version(v) >= version(held[p])}}
 
 
 class Coordinator:
@@ -187,7 +150,7 @@ class Coordinator:
             """(profiles, links): every peer's of a kind where its ids are None, else those peers'
             (none named: not read)."""
             out = []
-            for (what, parse), ids in zip(((measure.PROFILES, lambda d: d), (measure.LINKS, _links_entry)), ids_of):
+            for (what, parse), ids in zip(((measure.PROFILES, lambda d: d), (measure.LINKS, links_entry)), ids_of):
                 out.append(await measure.read(self.peer, what, parse, self.log_bad, peer_ids=ids, holders=holders)
                            if ids is None or ids else {})
             return out[0], out[1]
@@ -208,12 +171,12 @@ class Coordinator:
             # each kind of the peers it changed for, from one of each key's nodes (an entry older
             # than the record says is read again at the next look)
             more_profiles, more_links = await read((stale(profiles, measure.PROFILES, measure.version_of),
-                                                    stale(links, measure.LINKS, _links_version)), holders=1)
+                                                    stale(links, measure.LINKS, links_version)), holders=1)
             if more_profiles or more_links:
                 # per peer, the newer entry (a key read for one peer brings its bucket's others, maybe
                 # older than what came with their records)
-                self._measured = (_newer(profiles, more_profiles, measure.version_of),
-                                  _newer(links, more_links, _links_version))
+                self._measured = (newer(profiles, more_profiles, measure.version_of),
+                                  newer(links, more_links, links_version))
         if len(self._measured[0]) > 2 * len(ready) + 16:  # departed peers' entries: not kept for good
             members = self.peer.member_ids()
             self._measured = tuple({p: v for p, v in held.items() if p in members} for held in self._measured)
@@ -228,9 +191,9 @@ class Coordinator:
             return  # the first read takes it
         profiles, links = self._measured  # (new dicts: a plan in flight keeps what it read)
         if kind == measure.PROFILES:
-            self._measured = (_newer(profiles, {peer_id: payload}, measure.version_of), links)
+            self._measured = (newer(profiles, {peer_id: payload}, measure.version_of), links)
         elif kind == measure.LINKS and isinstance(payload.get("links"), dict):
-            self._measured = (profiles, _newer(links, {peer_id: _links_entry(payload)}, _links_version))
+            self._measured = (profiles, newer(links, {peer_id: links_entry(payload)}, links_version))
 
     async def _groups_loop(self) -> None:
         """Every peer computes the grouping of the same snapshot and publishes its digest."""
@@ -363,7 +326,7 @@ class Coordinator:
             return False
         records = ready_peers(self.peer)
         ready = sorted(r.peer_id for r in records)  # a newcomer: searched at once
-        versions = _measure_versions(records)
+        versions = measure_versions(records)
         changed = versions is None or versions != self._checked_versions
         while self._search_cpu and now - self._search_cpu[0][0] > REPLAN_WINDOW_S:
             self._search_cpu.popleft()
@@ -379,10 +342,10 @@ class Coordinator:
             return False
         ids, profiles, links = await self._measured_snapshot()
         # what is held, not what the records say: an entry the read did not bring yet is read at the next check
-        self._checked_versions = _measure_versions(records, *self._measured) if self._measured else None
+        self._checked_versions = measure_versions(records, *self._measured) if self._measured else None
         if not ids:
             return False
-        key = _measurements_key(ids, profiles, links, current)
+        key = measurements_key(ids, profiles, links, current)
         if self._gain_key is not None and self._gain_key[0] == key:
             gain, new_s, cur = self._gain_key[1:]  # the same measurements: the same answer
         else:
@@ -618,5 +581,5 @@ class Coordinator:
         if measured and plan is not None and not smap.islands:
             # that search was on these measurements: the next check waits its interval, and on the same ones
             # finds no gain unsearched (it searched at once: 0.45 s of CPU as cee-3region's training began)
-            key = _measurements_key(ids, profiles, links, smap)
+            key = measurements_key(ids, profiles, links, smap)
             self._searched(time.monotonic(), ready, took, (key, 0.0, plan.step_s, plan.step_s))

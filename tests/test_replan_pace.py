@@ -123,7 +123,7 @@ async def test_a_held_gain_is_checked_again_once_its_hold_is_over_not_at_the_sea
 
 async def test_a_link_change_in_a_quiet_swarm_is_searched_at_the_next_check_within_the_minutes_share(monkeypatch):
     """cee-3region's planner searched every 11-17 s (0.22-0.34 s of CPU a search), timed from its last
-    check, so a cut link published piece by piece was first searched whole 4-21 s after the cut. Now
+    check, so a cut link published piece by piece was first searched whole 2-16 s after the cut. Now
     a check reads nothing while no record says a newer profile or links than the planner holds, and
     searches each change at once while the last minute's searches keep to 2 % of a core."""
     from spantrain_p2p.swarm import measure

@@ -42,7 +42,7 @@ def search_due(newcomer: bool, hold_due: bool, measured_changed: bool, since_sea
 
     A cut link reaches the planner piece by piece, each peer's links entry as that peer sees it,
     over several seconds: with searches ``every_s`` apart (11-17 s on cee-3region, 0.22-0.34 s of CPU
-    each), the one that saw the cut whole came 4-21 s after the cut, and the re-plan 10 s after
+    each), the one that saw the cut whole came 2-16 s after the cut, and the re-plan 10 s after
     that (the hold). Paced by the window, a quiet swarm searches each piece as it comes."""
     if newcomer or hold_due:
         return True

@@ -603,8 +603,26 @@ def test_a_peers_estimate_does_not_time_a_message_too_small_to_say_anything_of_i
     est = Measuring(None, lambda *a: None).passive
     est.observe("b", 264, 0.00016, now=1.0)
     assert est.estimate("b", now=1.0) is None
-    est.observe("b", 32 << 10, (32 << 10) / 125e6, now=1.5)  # trace-drop's activations, at 1 Gbit/s
-    assert est.estimate_mbps("b", now=1.5) == pytest.approx(1000, rel=0.01)
+    for t in (1.5, 2.0, 2.5):  # trace-drop's activations, at 1 Gbit/s (three: ``PASSIVE_MIN_COUNT``)
+        est.observe("b", 32 << 10, (32 << 10) / 125e6, now=t)
+    assert est.estimate_mbps("b", now=2.5) == pytest.approx(1000, rel=0.01)
+
+
+def test_a_peers_estimate_does_not_read_a_link_from_its_first_transfer_alone():
+    """A replica link's first gradient part of an epoch took 4.97 ms for 200 KB on 1 Gbit/s (1.6 ms of
+    bytes): the only transfer on that link, it read 322 Mbit/s, was published as a drop a second into
+    training, and put back 7 s later (cee-3region, 2026-12-02); the next ones took 0.4-1.8 ms."""
+    from spantrain_p2p.train.measuring import Measuring
+
+    est = Measuring(None, lambda *a: None).passive
+    for t, ms in ((1.0, 4.97), (1.55, 1.40), (2.09, 1.28)):  # the logged run's first three, 0.5 s apart
+        est.observe("b", 200212, ms / 1e3, now=t)
+        if t < 2.0:
+            assert est.estimate("b", now=t) is None  # one or two transfers: no estimate yet
+    assert est.estimate_mbps("b", now=2.09) > 500  # three: the link, not its first send
+    old = PassiveEstimator(min_bytes=16 << 10)  # as a peer's was: the first transfer alone
+    old.observe("b", 200212, 4.97e-3, now=1.0)
+    assert old.estimate_mbps("b", now=1.0) < 500
 
 
 def test_a_burst_of_sends_queued_on_one_link_is_not_taken_for_a_slow_link():

@@ -75,17 +75,21 @@ class PassiveEstimator:
     a few parts in a row 3-7 ms late, read 232-329 Mbit/s at the lowest on four replica links of two
     cee-3region runs (their logged transfers replayed), and peers published drops of 1 Gbit/s links
     to under half, 0-4 a run (2026-12-01).
+
+    ``min_count``: no estimate from fewer transfers than that in the window. A replica link's first
+    gradient part of an epoch, one transfer 5 ms long on a 1 Gbit/s link (1.6 ms of bytes), read 322
+    Mbit/s and was published as a drop a second into training (cee-3region, 2026-12-02).
     """
 
     def __init__(self, tau_s: float = 0.6, window_s: float = 10.0, min_bytes: int = 0,
                  clock: Callable[[], float] = time.monotonic, max_samples: int = 1024, quantile: float = 0.25,
-                 min_samples: int = 6):
+                 min_samples: int = 6, min_count: int = 1):
         if not (tau_s > 0 and window_s > 0 and min_bytes >= 0 and max_samples > 0 and 0 < quantile <= 1
-                and min_samples > 0):
+                and min_samples > 0 and min_count > 0):
             raise ValueError("PassiveEstimator: need tau_s > 0, window_s > 0, min_bytes >= 0, max_samples > 0, "
-                             "0 < quantile <= 1, min_samples > 0")
+                             "0 < quantile <= 1, min_samples > 0, min_count > 0")
         self.tau_s, self.window_s, self.min_bytes, self.quantile = tau_s, window_s, min_bytes, quantile
-        self.min_samples = min_samples
+        self.min_samples, self.min_count = min_samples, min_count
         self.clock = clock
         self.max_samples = max_samples
         self._samples: dict[str, deque[tuple[float, int, float]]] = {}  # (when, bytes, seconds per byte)
@@ -136,6 +140,8 @@ class PassiveEstimator:
             return None
         now = self.clock() if now is None else now
         self._expire(q, now)
+        if len(q) < self.min_count:
+            return None
         last, k = len(q) - 1, self.min_samples
         pts = sorted((per_byte, n * max(math.exp(-max(0.0, now - t) / self.tau_s),
                                         math.exp(-(last - i) / k) if last - i < k else 0.0))

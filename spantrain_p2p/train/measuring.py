@@ -39,6 +39,11 @@ PASSIVE_PER_PEER_S = 1.0
 # the send's own fixed cost) and was published as a drop (cee-3region, 2026-12-01); the smallest
 # activations timed live, trace-drop's, are 32 KiB
 PASSIVE_MIN_BYTES = 16 << 10
+# no estimate of a link from fewer transfers than this: an epoch's first gradient part between two
+# replicas, 5 ms for 1.6 ms of bytes, was published as a drop of their 1 Gbit/s link to 322 Mbit/s;
+# four degrade runs' logged transfers, replayed, read 310-346 Mbit/s on such links four times from
+# one transfer, never from two or more, and the cut links under half 1.2-2.0 s after the cut either way
+PASSIVE_MIN_COUNT = 3
 
 
 def step_tail_rate(job, layers: list, torch_device=None) -> float:
@@ -71,8 +76,8 @@ class Measuring:
         self.probe_window: list[float] = []  # [unix start, unix end] of this peer's probing
         self.measured = asyncio.Event()
         # bytes/s of real transfers, per destination; a message under PASSIVE_MIN_BYTES (a loss, a
-        # flag) is all fixed cost and says nothing of a link's bandwidth
-        self.passive = PassiveEstimator(min_bytes=PASSIVE_MIN_BYTES)
+        # flag) is all fixed cost and says nothing of a link's bandwidth, nor does a lone transfer
+        self.passive = PassiveEstimator(min_bytes=PASSIVE_MIN_BYTES, min_count=PASSIVE_MIN_COUNT)
         self._probed: dict = {}  # destination -> the probe's measurement, before any passive update
         self._passive_published = 0.0
         self._damper = FlapDamper(REPLAN_CHECK_S)  # links whose passive figure goes down and up, held back

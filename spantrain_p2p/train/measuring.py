@@ -41,8 +41,9 @@ PASSIVE_PER_PEER_S = 1.0
 PASSIVE_MIN_BYTES = 16 << 10
 # no estimate of a link from fewer transfers than this: an epoch's first gradient part between two
 # replicas, 5 ms for 1.6 ms of bytes, was published as a drop of their 1 Gbit/s link to 322 Mbit/s;
-# four degrade runs' logged transfers, replayed, read 310-346 Mbit/s on such links four times from
-# one transfer, never from two or more, and the cut links under half 1.2-2.0 s after the cut either way
+# four degrade runs' logged transfers, replayed, read 1 Gbit/s links at 310-346 Mbit/s four times
+# from their first transfer (three between replicas, one from a stage to the next), never from two
+# or more, and the cut links under half 1.2-2.0 s after the cut either way
 PASSIVE_MIN_COUNT = 3
 
 

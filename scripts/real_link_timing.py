@@ -92,8 +92,8 @@ def main() -> int:
     with hosts.World("rl") as world:
         ha, hb = world.public("a"), world.public("b")
         world.shape(ha, a.mbit)
-        srv = subprocess.Popen(["ip", "netns", "exec", hb.ns, sys.executable, "-c", SERVER, str(a.late),
-                                "hold" if a.hold else "after"], stdout=subprocess.PIPE, text=True)
+        srv = subprocess.Popen([*hb.wrap(), sys.executable, "-c", SERVER, str(a.late), "hold" if a.hold else "after"],
+                               stdout=subprocess.PIPE, text=True)
         try:
             srv.stdout.readline()
             t = threading.Thread(target=client, args=(ha.ns, hb.address, a.messages, out))

@@ -5,7 +5,8 @@ The suite's parallel part is CPU-bound on a 2-core box (``vmstat``: 5.8 % idle o
 its peers wait for an event costs nobody, one that trains 400 steps costs everyone. With
 ``SPANTRAIN_TEST_CPU=FILE`` each test process (every xdist worker) appends one JSON line per test to
 FILE: ``test``, ``cpu_s`` (CPU of the process, its zygote, its peers, their p2p daemons and any
-other descendant, from the test's setup to its teardown) and ``wall_s``; ``scripts/suite_cpu.py
+other descendant, from the test's setup to its teardown), ``wall_s``, ``end_unix`` (when it ended) and
+``worker`` (the xdist worker, "" outside xdist); ``scripts/suite_cpu.py
 FILE`` sums them up.
 
 A descendant's CPU is read while it runs (``utime + stime``) and, once it has exited and been
@@ -50,6 +51,7 @@ class CpuReport:
             return
         cpu0, t0 = self._started.pop(report.nodeid)
         row = {"test": report.nodeid, "cpu_s": round(tree_cpu_s(os.getpid()) - cpu0, 2),
-               "wall_s": round(time.monotonic() - t0, 2)}
+               "wall_s": round(time.monotonic() - t0, 2), "end_unix": round(time.time(), 2),
+               "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
         with open(self.path, "a") as f:  # one short line a write: the workers' lines do not interleave
             f.write(json.dumps(row) + "\n")

@@ -31,7 +31,11 @@ def peers(tmp_path):
 
 
 def pytest_configure(config):
-    """``SPANTRAIN_TEST_CPU=FILE``: each test's CPU, its peers' included, to FILE (``tests/_cpu_report.py``)."""
+    """``SPANTRAIN_TEST_CPU=FILE``: each test's CPU, its peers' included, to FILE (``tests/_cpu_report.py``).
+    In xdist's workers, ``SPANTRAIN_TEST_RUN_DIR``: the folder of this run the workers share (their
+    base temps are in it), for what they compute once for all (``tests/_reference_cache.py``)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.option.basetemp:
+        os.environ["SPANTRAIN_TEST_RUN_DIR"] = os.path.dirname(os.path.abspath(config.option.basetemp))
     path = os.environ.get("SPANTRAIN_TEST_CPU")
     if path:
         from tests._cpu_report import CpuReport

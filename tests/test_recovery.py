@@ -5,22 +5,18 @@ import os
 
 import pytest
 
-from spantrain_p2p.job.spec import JobSpec
-from spantrain_p2p.job.reference import reference_run
 from tests._helpers import run_swarm_json
+from tests._reference_cache import default_losses
 
 STEPS = 60
 
 
 @functools.lru_cache(maxsize=2)
 def _reference_losses(steps: int) -> concurrent.futures.Future:
-    """The single-process losses of the default job's first ``steps`` steps, once a length in a test
-    process: a step's loss does not depend on how many steps the run has (the batch of a step is
-    (seed, step, index)). Computed in a thread while the test's swarm runs, which mostly waits: 360
-    steps cost ~17 CPU-s here, and each test process the suite spreads these tests over made them
-    all, where the kill tests read 60."""
+    """The single-process losses of the default job's first ``steps`` steps (``tests/_reference_cache``:
+    once a suite run), read in a thread while the test's swarm runs, which mostly waits."""
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="reference")
-    future = pool.submit(lambda: tuple(reference_run(JobSpec(steps=steps), steps)[0]))
+    future = pool.submit(default_losses, steps)
     pool.shutdown(wait=False)
     return future
 

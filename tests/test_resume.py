@@ -11,9 +11,8 @@ from safetensors import safe_open
 from spantrain_p2p.models import state as layer_state
 from spantrain_p2p.models.checkpoint import CheckpointDir, layer_path, write_layers
 from spantrain_p2p.launch import wait_until
-from spantrain_p2p.job.spec import JobSpec
-from spantrain_p2p.job.reference import reference_run
 from tests._helpers import swarm_json
+from tests._reference_cache import default_losses
 
 
 def _layer_with_adam_state():
@@ -91,7 +90,7 @@ def _swarm(tmp_path, tag, *args):
 @pytest.mark.heavy
 def test_a_swarm_resumed_onto_another_stage_count_trains_on_as_if_it_never_stopped(tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    ref, _ = reference_run(JobSpec(steps=40), 40)
+    ref = default_losses(40)
     first = _swarm(tmp_path, "a", "--steps", "20", "--stages", "4", "--checkpoint-every", "10",
                    "--checkpoint-dir", ckpt)
     assert [len(s["peers"]) for s in first["plan"]["stages"]] == [1, 1, 1, 1]

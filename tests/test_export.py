@@ -1,6 +1,5 @@
 """`spantrain export`: a checkpoint of a transformers model becomes a directory that
 AutoModelForCausalLM.from_pretrained loads, computing the same loss as the layers it came from."""
-import json
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ import torch
 from spantrain_p2p.models import state as layer_state
 from spantrain_p2p.models.checkpoint import write_layers
 from spantrain_p2p.job.spec import JobSpec
+from tests._helpers import export_json
 
 
 @pytest.mark.heavy
@@ -33,10 +33,7 @@ def test_an_exported_checkpoint_loads_in_transformers_with_the_same_loss(preset,
     write_layers(ckpt, job.fingerprint, job.optimizer, 7,
                  [(i, layer_state.capture(layers[i], None)) for i in range(half, model.num_layers)], job.to_dict())
     out = tmp_path / "hf"
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "export", ckpt, "--out", str(out), "--json"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    done = json.loads(r.stdout.strip().splitlines()[-1])
+    done = export_json(ckpt, "--out", str(out))
     assert done["step"] == 7 and done["layers"] == model.num_layers
 
     ids = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))

@@ -4,8 +4,6 @@ transformers model computes, load a local directory's weights, never download, a
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,7 +12,7 @@ from spantrain_p2p.models.hf_model import HFModel, full_model, resolve
 from spantrain_p2p.job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from spantrain_p2p.train.planning import model_profile
 from spantrain_p2p.job.reference import transformers_reference_run
-from tests._helpers import swarm_json
+from tests._helpers import export_json, swarm_json
 
 TINY = ["gpt2-tiny", "llama-tiny", "qwen2-tiny", "mistral-tiny"]
 
@@ -177,10 +175,7 @@ def test_four_peers_train_a_transformers_model_like_single_process_transformers(
         return
 
     out = tmp_path / "exported"
-    e = subprocess.run([sys.executable, "-m", "spantrain_p2p", "export", ckpt, "--out", str(out), "--json"],
-                       capture_output=True, text=True, timeout=120)
-    assert e.returncode == 0, e.stderr[-2000:]
-    assert json.loads(e.stdout.strip().splitlines()[-1])["step"] == steps
+    assert export_json(ckpt, "--out", str(out))["step"] == steps
     handle = ModelHandle(job)  # the swarm's weights: the layers loaded from the checkpoint
     layers = handle.build(0, handle.num_layers)
     files = CheckpointDir(ckpt, json.load(open(os.path.join(ckpt, "job.json")))["fingerprint"], job.optimizer)

@@ -13,6 +13,7 @@ from spantrain_p2p.pipeline import memory
 from spantrain_p2p.plan import levers, types
 
 from spantrain_p2p.job.inprocess import run_pipeline
+from tests._helpers import run_swarm_json
 
 LLAMA = JobSpec(model="hf:llama-tiny", seq_len=64, micro_batch_size=4, num_micro_batches=4, steps=6, lr=1e-3)
 
@@ -212,15 +213,9 @@ def test_peers_too_small_for_the_activations_train_with_the_planners_recomputati
     turns recomputation on, the map says so, every peer recomputes, holds less than its device's
     memory as measured, and within 10 % of what the planner predicted for it."""
     import json
-    import subprocess
-    import sys
-
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/tight-memory.toml",
-                        "--model", "hf:llama-tiny", "--seq-len", "128", "--micro-batch-size", "8", "--steps", "6",
-                        "--seed", "1", "--json", "--run-dir", str(run)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    summary = run_swarm_json("--scenario", "peers/tight-memory.toml", "--model", "hf:llama-tiny", "--seq-len", "128",
+                             "--micro-batch-size", "8", "--steps", "6", "--seed", "1", "--run-dir", str(run))
     assert summary["steps"] == 6 and summary["lost_steps"] == 0
     stages = summary["plans"][-1]["stages"]
     assert any(st["recompute"] == "full" for st in stages), stages  # (a stage that fits as it is may stay so)

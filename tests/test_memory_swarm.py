@@ -1,8 +1,7 @@
 """A model that fits in no peer's memory stops the swarm before training, saying why with figures."""
-import subprocess
-import sys
-
 import pytest
+
+from tests._helpers import run_swarm_exit
 
 SCENARIO = """
 name = "tiny-memory"
@@ -33,12 +32,12 @@ device = "small"
 
 
 @pytest.mark.heavy
-def test_a_model_that_fits_nowhere_fails_before_training_with_a_clear_message(tmp_path):
+def test_a_model_that_fits_nowhere_fails_before_training_with_a_clear_message(tmp_path, capfd):
     path = tmp_path / "tiny-memory.toml"
     path.write_text(SCENARIO)
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", str(path), "--steps", "5",
-                        "--json", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0
-    assert "does not fit in the peers' memory" in r.stderr, r.stderr[-2000:]
-    assert "0.5 MiB at most on one" in r.stderr and "MiB before any activations" in r.stderr
-    assert "step    1/" not in r.stderr  # not a single step was trained
+    code, _ = run_swarm_exit("--scenario", str(path), "--steps", "5", "--run-dir", str(tmp_path / "run"))
+    err = capfd.readouterr().err
+    assert code != 0
+    assert "does not fit in the peers' memory" in err, err[-2000:]
+    assert "0.5 MiB at most on one" in err and "MiB before any activations" in err
+    assert "step    1/" not in err  # not a single step was trained

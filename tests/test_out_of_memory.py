@@ -5,8 +5,6 @@ and stops the run with a clear error where nothing is left to try, instead of fa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import types
 
 import pytest
@@ -19,6 +17,7 @@ from spantrain_p2p.pipeline.executor import StageExecutor, StepFailed
 from spantrain_p2p.plan.stagemap import Stage, StageMap
 from spantrain_p2p.profile.virtual import VirtualDevice
 from spantrain_p2p.train.decide import MAX_MEMORY_CAP, memory_caps, out_of_memory, refit_fixed
+from tests._helpers import run_swarm_exit
 
 MAP = StageMap(4, "j", (Stage(("a", "b"), (0, 2), (0.5, 0.5)), Stage(("c",), (2, 4), (1.0,))))
 
@@ -93,21 +92,19 @@ def test_a_virtual_device_refuses_a_stage_that_does_not_fit_as_an_allocation_wou
 
 def _swarm(tmp_path, *flags):
     run = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "spantrain_p2p", "swarm", "--scenario", "peers/tight-memory.toml",
-                        "--model", "hf:llama-tiny", "--seq-len", "128", "--micro-batch-size", "8", "--steps", "6",
-                        "--seed", "1", "--plan", "even", "--stages", "2", "--json", "--run-dir", str(run), *flags],
-                       capture_output=True, text=True, timeout=300)
-    return r, run
+    code, summary = run_swarm_exit("--scenario", "peers/tight-memory.toml", "--model", "hf:llama-tiny", "--seq-len", "128",
+                                   "--micro-batch-size", "8", "--steps", "6", "--seed", "1", "--plan", "even",
+                                   "--stages", "2", "--run-dir", str(run), *flags)
+    return code, summary, run
 
 
 @pytest.mark.heavy
-def test_a_fixed_plan_that_runs_out_of_memory_turns_recomputation_on_and_loses_no_step(tmp_path):
+def test_a_fixed_plan_that_runs_out_of_memory_turns_recomputation_on_and_loses_no_step(tmp_path, capfd):
     """peers/tight-memory.toml (12 MB devices), 2 fixed stages of the tiny Llama at 8 x 128 tokens:
     neither stage fits as it is; each peer's first step fails on its virtual device, and the next maps
     recompute its stage. Then 6 steps, none lost, each peer under its device's memory."""
-    r, run = _swarm(tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    code, summary, run = _swarm(tmp_path)
+    assert code == 0, capfd.readouterr().err[-2000:]
     assert summary["steps"] == 6 and summary["lost_steps"] == 0
     assert [st["recompute"] for st in summary["plans"][-1]["stages"]] == ["full", "full"]
     logs = "".join(p.read_text() for p in run.glob("*.log"))
@@ -118,11 +115,11 @@ def test_a_fixed_plan_that_runs_out_of_memory_turns_recomputation_on_and_loses_n
 
 
 @pytest.mark.heavy
-def test_a_fixed_plan_without_recomputation_stops_saying_who_ran_out(tmp_path):
-    r, _ = _swarm(tmp_path, "--recompute", "none")
-    assert r.returncode != 0
-    assert "ran out of memory on layers" in r.stderr and "this fixed plan does not fit its device" in r.stderr, \
-        r.stderr[-2000:]
+def test_a_fixed_plan_without_recomputation_stops_saying_who_ran_out(tmp_path, capfd):
+    code, _, _ = _swarm(tmp_path, "--recompute", "none")
+    err = capfd.readouterr().err
+    assert code != 0
+    assert "ran out of memory on layers" in err and "this fixed plan does not fit its device" in err, err[-2000:]
 
 
 def test_the_planner_sees_a_capped_peer_with_its_cap_and_the_others_as_measured():

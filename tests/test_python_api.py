@@ -21,6 +21,7 @@ import spantrain_p2p
 from spantrain_p2p.train.cpu_use import children
 from spantrain_p2p import errors
 from spantrain_p2p.api import local
+from tests._helpers import run_swarm_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -54,13 +55,11 @@ def test_a_job_through_the_api_and_through_spantrain_swarm_gives_the_same_losses
     data = str(ROOT / "README.md")
     flags = dict(seq_len=32, micro_batch_size=2, micro_batches=2, seed=3, precision="fp32", compression="none",
                  plan="even", stages=4, no_measure=True)
-    argv = [PY, "-m", "spantrain_p2p", "swarm", "--scenario", str(ROOT / "peers/lan-4.toml"), "--json",
-            "--run-dir", str(tmp_path / "run"), "--model", "hf:llama-tiny", "--data", data, "--steps", "3"]
+    argv = ["--scenario", str(ROOT / "peers/lan-4.toml"), "--run-dir", str(tmp_path / "run"), "--model", "hf:llama-tiny",
+            "--data", data, "--steps", "3"]
     for k, v in flags.items():
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    cli = json.loads(r.stdout)["losses"]
+    cli = run_swarm_json(*argv)["losses"]  # (its launcher in this process, as the suite's other swarms)
 
     job = spantrain_p2p.Job("hf:llama-tiny", data=data, steps=3, **flags)
     with spantrain_p2p.LocalSwarm(job, peers=4) as swarm:

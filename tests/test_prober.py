@@ -84,7 +84,9 @@ async def test_an_rtt_pinged_earlier_in_a_quiet_moment_is_used_instead_of_new_pi
     assert m.mbps == pytest.approx(1000, rel=0.10), m
     for bad in (float("nan"), float("inf"), -1.0, 0.0):  # no usable RTT: it pings by itself
         m = await probe_link(client, srv.url, "peer-metro", emu, rtt_s=bad)
-        assert m.status == "ok" and m.rtt_ms == pytest.approx(5.0, rel=0.15), (bad, m)
+        # the link's 5 ms and our own stack's round trip, which a busy moment only lengthens (5.76 ms
+        # once in the suite's serial part, 2026-12-02 01:45 UTC): none of the bad values it was given
+        assert m.status == "ok" and 0.95 * 5.0 <= m.rtt_ms <= 5.0 + 1.5, (bad, m)
 
 
 async def test_pings_less_a_baseline_ping_to_our_own_server_leave_the_link_alone(probe_server):

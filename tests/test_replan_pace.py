@@ -171,3 +171,63 @@ async def test_a_link_change_in_a_quiet_swarm_is_searched_at_the_next_check_with
     c._last_search -= c._check_every  # the search's own interval since the last one
     next_check()
     assert not await c._worth_replanning(smap) and len(searches) == 4
+
+
+async def test_a_move_made_before_the_peers_agree_on_the_groups_is_made_once_they_do(monkeypatch):
+    """Two joiners' gain was held 10 s, and the move then found no quorum on their groups (the
+    joiners' votes came later): nothing was planned again for the rest of the run, 39 s, since
+    the gain was on measurements that did not change (a suite run, 2026-12-02). The move is made
+    at a later check, once the peers agree, without another hold or search."""
+    import asyncio
+
+    from spantrain_p2p.swarm import measure
+
+    members, searches = [_member(p) for p in "abc"], []
+    for m in members:  # records that say which measurements they published, as a live peer's do
+        m.progress = {measure.version_field(measure.PROFILES): 1, measure.version_field(measure.LINKS): 1}
+    c, published = _coordinator(monkeypatch, members, searches)
+
+    async def measured():
+        c._measured = ({p: {"mv": 1, **PROFILES[p]} for p in "abc"}, {p: (LINKS[p], 1) for p in "abc"})
+        return ["a", "b", "c"], PROFILES, LINKS
+
+    c._measured_snapshot = measured
+    monkeypatch.setattr(coordinator.planning, "current_cost", lambda smap, job, snap: 2.0)  # the new plan: 2x
+    monkeypatch.setattr(coordinator, "REPLAN_CHECK_S", 0.0)
+    smap = StageMap(1, "job", (Stage(("a", "b"), (0, 2)),), term=1)
+    c.poll_s, c._hysteresis.hold_s = 0.01, 0.05
+    from spantrain_p2p.job.spec import JobSpec
+
+    c.job = JobSpec(plan="planner", peers=3, recompute="none", shard_optimizer="none", aggregate="sum")  # (a re-plan replaces its sync)
+
+    async def newest_map(quiet_s):
+        return published[-1] if published else smap
+
+    async def nothing(*args, **kw):
+        return ""
+
+    c.records.newest_map, c.records.quiet_s = newest_map, lambda: 0.0
+    c.election = types.SimpleNamespace(is_leader=True, leader=types.SimpleNamespace(term=1))
+    c._evictions, c._epoch_broken = nothing, nothing
+
+    async def alive(peer, p, timeout=None):
+        return True
+
+    monkeypatch.setattr(coordinator, "is_alive", alive)
+    asked = []
+
+    async def agree(ids, digest):
+        asked.append(len(asked) >= 2)  # no quorum at the move's first two tries
+        return asked[-1]
+
+    c._quorum = agree
+    loop = asyncio.ensure_future(c._planner_loop())
+    try:
+        for _ in range(500):
+            if published:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        loop.cancel()
+    assert asked[:3] == [False, False, True] and len(published) == 1 and published[0].epoch == 2
+    assert len(searches) == 2  # the gain's search and the published plan's: the tries between read its answer

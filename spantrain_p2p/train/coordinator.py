@@ -258,8 +258,9 @@ class Coordinator:
                 if live and not inherited and not broken:
                     if await self._worth_replanning(current):
                         gain, new_s, cur = self._gain_key[1:] if self._gain_key else (0.0, 0.0, 0.0)
-                        await self._plan_and_publish(current, improve=True, reason=(
-                            f"{gain:.0%} faster predicted ({new_s:.3g}s vs {cur:.3g}s per step)"))
+                        if not await self._plan_and_publish(current, improve=True, reason=(
+                                f"{gain:.0%} faster predicted ({new_s:.3g}s vs {cur:.3g}s per step)")):
+                            self._hysteresis.defer(time.monotonic())
                     continue
                 if current is not None and current.error:
                     continue
@@ -501,24 +502,27 @@ class Coordinator:
         return out
 
     async def _plan_and_publish(self, current: Optional[StageMap], improve: bool = False, reason: str = "",
-                                evicting: bool = False) -> None:
+                                evicting: bool = False) -> bool:
         """Plans from the live swarm and publishes the stage map as the next epoch. ``improve``: the
         current map still runs and a better one is expected; a plan that would only reload the
         same layers on the same peers is not published. ``evicting``: the peers' grouping votes
-        still count the evicted peer, so no quorum on them is waited for."""
+        still count the evicted peer, so no quorum on them is waited for. False if it could not
+        plan yet (too few peers measured, or no quorum on their groups): to be tried again."""
         job = self.job
         measured = job.plan != "even" and self.measure_links and planning.model_profile(job) is not None
         if measured:
             ready = sorted(r.peer_id for r in ready_peers(self.peer))
             ids, profiles, links = await self._measured_snapshot()
             if current is None and len(ids) < job.peers:
-                return
+                return False
             if not ids or (not evicting and (self.groups_digest is None or not await self._quorum(ids, self.groups_digest))):
-                return
+                if improve:
+                    log.info("re-plan waits for the peers to agree on the groups of the %d measured", len(ids))
+                return False
         else:
             ids = sorted(r.peer_id for r in ready_peers(self.peer))
             if current is None and len(ids) < job.peers:
-                return
+                return False
         if current is not None:  # an improving re-plan too: one read as a kill slowed the steps
             ids = await self._without_the_dead(current, ids)  # planned on the dead peer (CI, 2026-11-27)
         live = {r.peer_id: r for r in self.peer.live_members()}
@@ -543,7 +547,8 @@ class Coordinator:
             except planning.NoPlan as e:
                 error = f"no plan can run this job on the {len(ids)} live peers: {e}"
         if error:
-            return await self._stop_run(current, ids, epoch, term, names, error)
+            await self._stop_run(current, ids, epoch, term, names, error)
+            return True
         if isinstance(plan, IslandsPlan):
             smap = replace(planning.islands_stage_map(plan, job, epoch, names, term, start, why),
                            start_data_step=start_data)
@@ -553,7 +558,7 @@ class Coordinator:
             smap = replace(planning.to_stage_map(plan, job, epoch, names, term, start), sync_reason=why[:300])
             if improve and current is not None and same_layout(smap, current):
                 log.info("re-plan gives the same stages, peers and schedule: nothing to move")
-                return
+                return True
             log.info("planned %d stages for %d peers in %.2fs: predicted %.3fs per step, bottleneck %s",
                      smap.num_stages, len(ids), time.perf_counter() - t0, plan.step_s, plan.bottleneck)
         else:
@@ -562,7 +567,8 @@ class Coordinator:
             if current is not None:  # a fixed plan's one lever: recompute where a peer ran out of memory
                 smap, error = refit_fixed(current, smap, out_of_memory(current, live), job.recompute, self.peer.name_of)
                 if error:
-                    return await self._stop_run(current, ids, epoch, term, names, error)
+                    await self._stop_run(current, ids, epoch, term, names, error)
+                    return True
         if job.recompute == "full":  # the map says every stage's lever, whoever placed the layers
             smap = replace(smap, stages=tuple(replace(st, recompute="full") for st in smap.stages))
         if job.shard_optimizer == "full" and job.aggregate == "sum":  # likewise, on every replicated stage
@@ -583,3 +589,4 @@ class Coordinator:
             # finds no gain unsearched (it searched at once: 0.45 s of CPU as cee-3region's training began)
             key = measurements_key(ids, profiles, links, smap)
             self._searched(time.monotonic(), ready, took, (key, 0.0, plan.step_s, plan.step_s))
+        return True

@@ -33,7 +33,8 @@ def peers(tmp_path):
 def pytest_configure(config):
     """``SPANTRAIN_TEST_CPU=FILE``: each test's CPU, its peers' included, to FILE (``tests/_cpu_report.py``).
     In xdist's workers, ``SPANTRAIN_TEST_RUN_DIR``: the folder of this run the workers share (their
-    base temps are in it), for what they compute once for all (``tests/_reference_cache.py``)."""
+    base temps, ``pytest-N/popen-gwK``, are in it), for the heavy tests' slots and what they compute
+    once for all (``tests/_reference_cache.py``)."""
     if os.environ.get("PYTEST_XDIST_WORKER") and config.option.basetemp:
         os.environ["SPANTRAIN_TEST_RUN_DIR"] = os.path.dirname(os.path.abspath(config.option.basetemp))
     path = os.environ.get("SPANTRAIN_TEST_CPU")
@@ -97,8 +98,7 @@ def pytest_runtest_protocol(item, nextitem):
     if run is None or item.get_closest_marker("heavy") is None:
         yield
         return
-    # every worker's base temp is a folder of this run's (pytest-N/popen-gwK): the slots sit beside them
-    slot = _take_slot(str(item.config._tmp_path_factory.getbasetemp().parent / f"heavy-slots-{run}"))
+    slot = _take_slot(os.path.join(os.environ["SPANTRAIN_TEST_RUN_DIR"], f"heavy-slots-{run}"))
     try:
         yield
     finally:

@@ -49,3 +49,17 @@ def test_a_report_line_per_test_with_its_cpu_and_wall_time(tmp_path):
         rep.pytest_runtest_logreport(types.SimpleNamespace(nodeid=item.nodeid, when=when))
     (row,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert row["test"] == "tests/x.py::test_y" and row["cpu_s"] >= 0.25 and row["wall_s"] >= row["cpu_s"] * 0.5
+
+
+def test_the_timeline_spreads_each_test_over_its_time():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import suite_cpu
+
+    rows = [{"test": "a", "cpu_s": 20.0, "wall_s": 20.0, "end_unix": 1020.0},  # 1000-1020: one core
+            {"test": "b", "cpu_s": 1.0, "wall_s": 4.0, "end_unix": 1014.0},  # 1010-1014: a short one
+            {"test": "old", "cpu_s": 5.0, "wall_s": 5.0, "end_unix": float("nan")}]  # an older report's line
+    bins = suite_cpu.timeline(rows, 10.0)
+    assert [b["t_s"] for b in bins] == [0.0, 10.0, 20.0]
+    assert bins[0] == {"t_s": 0.0, "tests": 1.0, "long_tests": 1.0, "cores": 1.0}
+    assert bins[1] == {"t_s": 10.0, "tests": 1.4, "long_tests": 1.0, "cores": 1.1}
+    assert bins[2]["tests"] == 0.0 and suite_cpu.timeline([], 10.0) == []

@@ -83,11 +83,11 @@ class ReplanHysteresis:
         return "move"
 
     def defer(self, now: float) -> None:
-        """A move the planner could not make yet (the peers not agreed on the groups of the newcomers
-        that gave the gain): held long enough already, it is checked again, and made, at the next
-        check. Without this, two joiners whose votes came after the move's check were never planned
-        in: the gain, held and then reset, was on measurements that did not change again (a suite
-        run, 2026-12-02)."""
+        """A move the planner could not make yet (no quorum yet on the groups of the peers it would
+        plan on): held long enough already, it is checked again, and made, at the next check.
+        Without this, such a move was never tried again: the hold was reset and the measurements the
+        gain was on did not change again, so two joiners were never planned in (a suite run,
+        2026-12-02)."""
         self.since = now - self.hold_s
 
     def due(self, now: float) -> bool:

@@ -1,6 +1,6 @@
 """The default job's single-process losses, computed once a suite run and shared by its test processes.
 
-Six swarm tests check their losses against one process training the default job (``JobSpec()``
+Seven swarm tests check their losses against one process training the default job (``JobSpec()``
 through ``reference_run``): 40 to 400 steps each, 38 ms of CPU a step here, and every xdist worker
 that ran one computed its own: about 1,000 steps, 35-45 CPU-s of a suite run (2026-12-02). A step's
 loss does not depend on how many steps the job has (a constant learning rate, step ``s``'s batch

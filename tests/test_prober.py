@@ -60,7 +60,7 @@ async def test_probing_measures_bandwidth_and_rtt_within_10_percent(probe_server
     print(f"FIGURE probe {cls} ({c['mbps']} Mbit/s, {c['rtt_ms']} ms): RTT {m.rtt_ms:.2f} ms ({m.rtt_ms / c['rtt_ms'] - 1:+.1%}), "
           f"bandwidth {m.mbps:.1f} Mbit/s ({m.mbps / c['mbps'] - 1:+.1%}), {m.bulk_bytes / 2**20:.1f} MiB bulk, {m.seconds:.2f} s")
     # within 10 %, or 1 ms over: the event loop's poll waits whole ms, and the 5 ms link read 5.77 ms in
-    # one suite's serial part of five (2026-12-02 03:08 UTC; 5.12-5.22 alone and in the serial part rerun)
+    # one of the day's six suites' serial parts (2026-12-02 03:08 UTC; 5.12-5.22 alone and in the serial part rerun)
     rtt = LINKS[cls]["rtt_ms"]
     assert 0.9 * rtt <= m.rtt_ms <= max(1.1 * rtt, rtt + 1.0), m
     assert m.mbps == pytest.approx(LINKS[cls]["mbps"], rel=0.10), m

@@ -174,12 +174,13 @@ async def test_a_link_change_in_a_quiet_swarm_is_searched_at_the_next_check_with
 
 
 async def test_a_move_made_before_the_peers_agree_on_the_groups_is_made_once_they_do(monkeypatch):
-    """Two joiners' gain was held 10 s, and the move then found no quorum on their groups (the
-    joiners' votes came later): nothing was planned again for the rest of the run, 39 s, since
-    the gain was on measurements that did not change (a suite run, 2026-12-02). The move is made
-    at a later check, once the peers agree, without another hold or search."""
+    """Two joiners' gain was held 10 s, and the move then published nothing and said nothing (the
+    one such way out: no quorum yet on the groups): nothing was planned again for the rest of the
+    run, 39 s, since the gain was on measurements that did not change (a suite run, 2026-12-02).
+    The move is made at a later check, once the peers agree, without another hold or search."""
     import asyncio
 
+    from spantrain_p2p.job.spec import JobSpec
     from spantrain_p2p.swarm import measure
 
     members, searches = [_member(p) for p in "abc"], []
@@ -196,8 +197,6 @@ async def test_a_move_made_before_the_peers_agree_on_the_groups_is_made_once_the
     monkeypatch.setattr(coordinator, "REPLAN_CHECK_S", 0.0)
     smap = StageMap(1, "job", (Stage(("a", "b"), (0, 2)),), term=1)
     c.poll_s, c._hysteresis.hold_s = 0.01, 0.05
-    from spantrain_p2p.job.spec import JobSpec
-
     c.job = JobSpec(plan="planner", peers=3, recompute="none", shard_optimizer="none", aggregate="sum")  # (a re-plan replaces its sync)
 
     async def newest_map(quiet_s):

@@ -7,7 +7,8 @@ from spantrain_p2p.net import framing
 from spantrain_p2p.net.client import DataPlaneClient
 from spantrain_p2p.net.dataplane import ANSWER, REQUEST, REQUEST_MAGIC, DataPlaneServer, RemoteError
 
-pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+# No test here measures a time or a rate (the benchmark's test asserts only that it runs end to end,
+# its figures come from scripts/dataplane_bench.sh on an idle machine): they run with the others.
 
 
 @pytest.fixture
@@ -135,6 +136,28 @@ async def test_a_framed_connection_that_breaks_the_protocol_is_answered_400_and_
     assert status == 400 and "magic" in reason
     writer.close()
     await _still_echoes(server, 3)
+
+
+async def test_bytes_that_are_not_http_get_400_and_one_line_in_the_log_not_a_traceback(server, caplog):
+    """A fuzzer's bytes on the port (28 aiohttp tracebacks, each with ~2 KB of the escaped bytes, in
+    one suite run's logs): answered 400, logged as one warning without the bytes."""
+    junk = b"GET /status HTTP/1.1\r\n\x85\xce\x10\x05 \x95I\xbc\xfa" + bytes(range(256)) * 4 + b"\r\n\r\n"
+    with caplog.at_level("DEBUG", logger="spantrain_p2p.net.dataplane"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(junk)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    assert answer.split(b" ", 2)[1] == b"400", answer[:80]
+    records = [r for r in caplog.records if r.name.startswith("spantrain_p2p.net.dataplane")]
+    assert len(records) == 1, [r.getMessage() for r in records]
+    r = records[0]
+    assert r.levelname == "WARNING" and r.exc_info is None, (r.levelname, r.exc_info)
+    assert r.getMessage().startswith("refused a malformed HTTP request from 127.0.0.1 (400): ") and len(r.getMessage()) < 200, \
+        r.getMessage()
+    async with aiohttp.ClientSession() as s:  # the server goes on
+        async with s.get(f"http://127.0.0.1:{server.port}/status") as resp:
+            assert resp.status == 200
 
 
 async def test_a_handler_that_fails_gives_500_with_its_reason_and_the_server_goes_on(server):

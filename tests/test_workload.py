@@ -14,7 +14,7 @@ from spantrain_p2p.models import workload
 from spantrain_p2p.job.spec import JobSpec, ModelHandle
 from tests.test_emulator import FakeClock
 
-pytestmark = pytest.mark.serial  # measures times or rates: run alone (scripts/test.sh)
+# one test here times the host (the step tail): marked serial; the live swarm counts bytes and tokens
 
 SCENARIO = {
     "name": "t", "time_dilation": 4.0,
@@ -199,6 +199,7 @@ def test_a_send_to_a_peer_without_an_address_for_a_moment_gives_its_turn_back():
     assert sent == [("http://b", 0), ("http://b", 1)]
 
 
+@pytest.mark.serial  # times the optimizer's step twice on this host: run alone (scripts/test.sh)
 def test_a_workloads_step_tail_is_the_proxys_seconds_over_the_workloads_bytes():
     """With ``--workload`` the proxy's weights are stepped, not the workload's: the rate a peer
     publishes spreads the proxy's seconds over the bytes the planner prices (on continents-real,

@@ -326,3 +326,67 @@ def test_the_dataplane_benchmark_reports_both_raw_baselines_and_the_ratio_to_the
     assert d["raw_streamreader_mib_s"] > 0 and d["raw_recv_into_mib_s"] > 0 and d["dataplane_mib_s"] > 0
     assert d["raw_mib_s"] == max(d["raw_streamreader_mib_s"], d["raw_recv_into_mib_s"])
     assert d["ratio"] == pytest.approx(d["dataplane_mib_s"] / d["raw_mib_s"], abs=2e-3)
+
+
+def test_a_log_budget_writes_a_line_a_key_per_pause_and_counts_the_ones_it_left_out():
+    import logging
+
+    from spantrain_p2p.net.budget import LogBudget
+
+    now = [0.0]
+    quiet = LogBudget(every_s=10.0, clock=lambda: now[0], max_keys=3)
+    assert quiet.take("a") == (0, 0.0)
+    for t in (1.0, 2.0, 9.9):
+        now[0] = t
+        assert quiet.take("a") is None
+    assert quiet.take("b") == (0, 0.0)  # a key of its own
+    now[0] = 10.0
+    assert quiet.take("a") == (3, 10.0)
+    assert quiet.take("a") is None
+    for k in "cd":  # past max_keys the key written longest ago ("b") is forgotten, not "a"
+        quiet.take(k)
+    assert set(quiet._keys) == {"a", "c", "d"}
+
+    lines = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("test-log-budget")
+    logger.addHandler(Catch())
+    logger.propagate = False
+    now[0] = 25.0
+    quiet.warning(logger, "a", "refused %s", "x")
+    quiet.warning(logger, "a", "refused %s", "y")
+    now[0] = 40.0
+    quiet.warning(logger, "a", "refused %s", "z")
+    assert lines == ["refused x (and 1 more like it, left out of the log over 15s)", "refused z (and 1 more like it, left out of the log over 15s)"]
+
+
+async def test_a_source_that_opens_connections_as_fast_as_it_can_gets_a_line_in_the_log_not_one_a_connection(caplog):
+    from spantrain_p2p.launch.budget_attacks import loopback_source_ok
+    from spantrain_p2p.net.budget import Limits
+
+    if not loopback_source_ok("127.0.0.66"):
+        pytest.skip("this host cannot send from 127.0.0.66")
+    srv = DataPlaneServer("127.0.0.1", 0, dict, limits=Limits(per_address_handshakes=1))
+    await srv.start()
+    held = []
+    try:
+        with caplog.at_level("DEBUG", logger="spantrain_p2p.net"):
+            held.append(await asyncio.open_connection("127.0.0.1", srv.port, local_addr=("127.0.0.66", 0)))
+            refused = 0
+            for _ in range(30):  # each refused at once: the one above holds the address's handshake
+                reader, writer = await asyncio.open_connection("127.0.0.1", srv.port, local_addr=("127.0.0.66", 0))
+                answer = await asyncio.wait_for(reader.read(), 5)
+                refused += b"too many connections being opened from 127.0.0.66" in answer
+                writer.close()
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("spantrain_p2p.net")]
+        assert refused == 30
+        assert lines == ["refused a data-plane connection: too many connections being opened from 127.0.0.66; "
+                         "try again later"], lines
+    finally:
+        for _, writer in held:
+            writer.close()
+        await srv.stop()

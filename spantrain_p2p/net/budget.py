@@ -159,3 +159,38 @@ class Budget:
             del self.bytes_by_peer[peer]
         if not member:
             self.stranger_bytes -= nbytes
+
+
+class LogBudget:
+    """At most one log line a key (a source address, a message kind) every ``every_s``: the first of
+    a burst as it comes, the next after the pause with the count of those left out between. A remote
+    that opens connections or sends bad frames as fast as it can would otherwise have this peer
+    write a line for each (936 refused connections in one test's logs, from a few attackers in a
+    minute). ``max_keys`` bounds the memory: past it, the key written longest ago is forgotten."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic, max_keys: int = 1024):
+        self.every_s, self.clock, self.max_keys = every_s, clock, max_keys
+        self._keys: dict[str, list] = {}  # key -> [when last written, lines left out since]
+
+    def take(self, key: str) -> Optional[tuple[int, float]]:
+        """None: leave this line out; else write it, with (lines left out before it, over seconds)."""
+        now = self.clock()
+        seen = self._keys.get(key)
+        if seen is not None and now - seen[0] < self.every_s:
+            seen[1] += 1
+            return None
+        left = (seen[1], now - seen[0]) if seen is not None else (0, 0.0)
+        self._keys.pop(key, None)  # written last: to the end of the dict, the last to be forgotten
+        self._keys[key] = [now, 0]
+        if len(self._keys) > self.max_keys:
+            del self._keys[next(iter(self._keys))]
+        return left
+
+    def warning(self, logger, key: str, msg: str, *args) -> None:
+        """``logger.warning(msg, *args)`` if ``key``'s budget allows, saying how many were left out."""
+        left = self.take(key)
+        if left is None:
+            return
+        if left[0]:
+            msg, args = msg + " (and %d more like it, left out of the log over %.0fs)", (*args, *left)
+        logger.warning(msg, *args)

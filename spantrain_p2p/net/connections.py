@@ -66,7 +66,7 @@ class FirstBytes(asyncio.BufferedProtocol):
         self.addr = host_of(transport.get_extra_info("peername"))
         refused = self.server.budget.begin_handshake(self.addr)
         if refused:
-            log.warning("refused a data-plane connection: %s", refused)
+            self.server.quiet.warning(log, self.addr, "refused a data-plane connection: %s", refused)
             transport.write(_answer_bytes(503, refused))
             transport.close()
             return
@@ -75,7 +75,8 @@ class FirstBytes(asyncio.BufferedProtocol):
             self.server.budget.limits.handshake_timeout_s, self._too_slow)
 
     def _too_slow(self) -> None:
-        log.warning("closed a data-plane connection that did not say what it is in time")
+        self.server.quiet.warning(log, self.addr, "closed a data-plane connection from %s that did not say what it is in time",
+                                  self.addr or "an unknown address")
         self.transport.close()
 
     def _uncount(self) -> None:
@@ -150,7 +151,7 @@ class Handshaking(asyncio.Protocol):
         self._timer.cancel()
 
     def _fail(self, reason: str) -> None:
-        log.warning("data-plane handshake failed: %s", reason)
+        self.server.quiet.warning(log, self.addr, "data-plane handshake failed: %s", reason)
         self._done()
         if not self.transport.is_closing():
             self.transport.write(handshake.pack({"error": reason[:500]}))
@@ -289,7 +290,8 @@ class FramedConnection(asyncio.BufferedProtocol):
             log.info("closed a data-plane connection from %s: %s", self.sender or "an unauthenticated client", why)
             self.transport.close()
             return
-        log.warning("closed a data-plane connection from %s: %s", self.sender or "an unauthenticated client", why)
+        self.server.quiet.warning(log, self.sender or self.addr, "closed a data-plane connection from %s: %s",
+                                  self.sender or "an unauthenticated client", why)
         self.transport.abort()
 
     # ---- requests -------------------------------------------------------------------------
@@ -356,8 +358,9 @@ class FramedConnection(asyncio.BufferedProtocol):
         if self._kind in self.server._inline:  # a plain handler: at once, and reading goes on
             if self.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
                 # a client waits for each answer before its next request: this one sends on unanswered
-                log.warning("cut a data-plane connection from %s: over %d MiB of its answers unread",
-                            self.sender or "an unauthenticated client", MAX_UNSENT_BYTES >> 20)
+                self.server.quiet.warning(log, self.sender or self.addr, "cut a data-plane connection from %s: over "
+                                          "%d MiB of its answers unread", self.sender or "an unauthenticated client",
+                                          MAX_UNSENT_BYTES >> 20)
                 self._unreserve()
                 self._stage = "closing"
                 self.transport.abort()
@@ -418,7 +421,8 @@ class FramedConnection(asyncio.BufferedProtocol):
     def _fail(self, reason: str) -> None:
         """Answers 400 and ends our side; what the client still sends is dropped until it closes
         (closing with unread bytes would reset the connection, and the answer could be lost)."""
-        log.warning("data-plane connection closed: %s", reason)
+        self.server.quiet.warning(log, self.sender or self.addr, "data-plane connection from %s closed: %s",
+                                  self.sender or "an unauthenticated client", reason)
         self._answer(400, reason)
         self._stage, self._drop = "closing", 1 << 62
         self.transport.write_eof()

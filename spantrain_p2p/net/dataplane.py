@@ -33,7 +33,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from . import framing
 from .addresses import is_unspecified, url_of
-from .budget import Budget, Limits
+from .budget import Budget, Limits, LogBudget
 from .connections import FirstBytes, FramedConnection
 from .handshake import Authenticator
 from .wire import RECV_BYTES, ANSWER, ANSWER_MAGIC, REQUEST, REQUEST_MAGIC, RemoteError, Retry  # noqa: F401 (re-exported)
@@ -51,15 +51,26 @@ class _MalformedRequests(logging.Filter):
     test). On a port open to the internet, bytes that are not HTTP (a scanner, a fuzzer, a client of
     another protocol) are the client's fault, not the server's: one line at WARNING, the parser's
     reason without the bytes, like the data plane's other refusals. A handler that fails stays an
-    ERROR with its traceback."""
+    ERROR with its traceback. A line a source address every 10 s at most (``LogBudget``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.quiet = LogBudget()
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
+            remote = str((record.args or ("?",))[0])
+            left = self.quiet.take(remote)
+            if left is None:
+                return False
             reason = next((line.strip() for line in str(exc.message or "").splitlines() if line.strip()), "")
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.msg = "refused a malformed HTTP request from %s (%s): %s"
-            record.args = ((record.args or ("?",))[0], exc.code, reason.rstrip(":")[:120] or type(exc).__name__)
+            record.args = (remote, exc.code, reason.rstrip(":")[:120] or type(exc).__name__)
+            if left[0]:
+                record.msg += " (and %d more like it, left out of the log over %.0fs)"
+                record.args += left
             record.exc_info = record.exc_text = None
         return True
 
@@ -87,6 +98,7 @@ class DataPlaneServer:
         self.max_message_bytes = max_message_bytes
         self.auth = auth
         self.budget = Budget(limits)
+        self.quiet = LogBudget()  # what remotes make this server log: a line a source every 10 s at most
         # set by the peer: who counts as a member (for the budget), and which kinds a sender may send
         self.is_member: Callable[[str], bool] = lambda peer_id: True
         self.policy: Callable[[str, str], Optional[str]] = lambda kind, sender: None
@@ -230,7 +242,7 @@ class DataPlaneServer:
         if sender is not None:
             src = header.setdefault("src", sender)
             if src != sender:
-                log.warning("refused a %s message from %s claiming to be from %r", kind, sender, src)
+                self.quiet.warning(log, sender, "refused a %s message from %s claiming to be from %r", kind, sender, src)
                 raise _Refused(f"this connection is authenticated as {sender}, not {str(src)[:60]}")
             refused = self.policy(kind, sender)
             if refused:
@@ -242,7 +254,7 @@ class DataPlaneServer:
         if isinstance(e, _Refused):
             return 403, str(e)
         if isinstance(e, framing.FrameError):
-            log.warning("rejected %s message: %s", kind, e)
+            self.quiet.warning(log, f"kind {kind}", "rejected %s message: %s", kind, e)
             return 400, str(e)
         if isinstance(e, Retry):
             return 503, str(e)

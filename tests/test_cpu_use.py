@@ -112,3 +112,34 @@ def test_a_compute_thread_asks_for_a_long_slice_and_keeps_its_policy_and_nice_va
         assert osproc.custom_slice_s(tid) == (COMPUTE_SLICE_S if out["ok"] else out["before"])
     finally:
         ex.close()
+
+
+def test_a_thread_that_ends_while_the_children_are_read_does_not_hide_them(monkeypatch):
+    """A thread pool's thread ended between the listing of a test process's threads and the read of
+    its children file: the whole read failed, and the CPU report lost the process's zygote (with
+    every peer it had reaped) from one reading: -134 CPU-s for a unit test."""
+    import os
+    import subprocess
+
+    from spantrain_p2p.train import cpu_use
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        real = os.listdir
+        calls = []
+
+        def listdir(path):
+            found = real(path)
+            if path == f"/proc/{os.getpid()}/task":
+                calls.append(path)
+                if len(calls) == 1:
+                    return ["999999999", *found]  # a thread that ended after the listing
+            return found
+
+        monkeypatch.setattr(cpu_use.os, "listdir", listdir)
+        assert child.pid in cpu_use.children(os.getpid()) and len(calls) == 2
+        calls.clear()
+        assert child.pid in {k for kids in cpu_use.task_children(os.getpid(), ["999999999"]).values() for k in kids}
+    finally:
+        child.kill()
+        child.wait()

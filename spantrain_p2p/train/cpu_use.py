@@ -33,12 +33,26 @@ def process_cpu_s(pid: int, reaped: bool = False) -> float:
 
 def task_children(pid: int, tasks: Optional[Iterable[str]] = None) -> dict[str, list[int]]:
     """The child processes each thread of ``pid`` forked (``tasks``: those threads, default all),
-    from /proc; OSError or ValueError where it does not say."""
-    found = {}
-    for task in os.listdir(f"/proc/{pid}/task") if tasks is None else tasks:
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found[task] = [int(x) for x in f.read().split()]
-    return found
+    from /proc; OSError or ValueError where it does not say (the process ended).
+
+    A thread that ends while they are read (a thread pool's, every few seconds in a test process)
+    hands its children to another thread of the process, maybe one read already: then every thread
+    is read again. Before, the whole read failed, and the test CPU report lost a test process's
+    zygote, with every peer it had reaped, from one reading (a unit test read -134 CPU-s, another
+    test +86 in 20 s)."""
+    names = None if tasks is None else list(tasks)
+    for _ in range(3):
+        found = {}
+        try:
+            for task in os.listdir(f"/proc/{pid}/task") if names is None else names:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    found[task] = [int(x) for x in f.read().split()]
+            return found
+        except OSError:
+            if not os.path.exists(f"/proc/{pid}"):
+                raise
+            names = None  # a thread ended meanwhile: all of them again
+    raise OSError(f"the threads of process {pid} kept ending while their children were read")
 
 
 def children(pid: int) -> set[int]:

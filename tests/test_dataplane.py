@@ -390,3 +390,34 @@ async def test_a_source_that_opens_connections_as_fast_as_it_can_gets_a_line_in_
         for _, writer in held:
             writer.close()
         await srv.stop()
+
+
+def test_unknown_reversal_and_relay_tokens_from_one_address_get_a_line_in_the_log_not_one_each(caplog, monkeypatch):
+    from spantrain_p2p.net import preambles
+    from spantrain_p2p.net.budget import LogBudget
+
+    monkeypatch.setattr(preambles, "_quiet", LogBudget())  # the process's budget: other tests' lines left aside
+
+    class Transport:
+        def __init__(self, host):
+            self.host, self.closed = host, False
+
+        def get_extra_info(self, name):
+            return (self.host, 40000) if name == "peername" else None
+
+        def close(self):
+            self.closed = True
+
+    reversals, relay = preambles.Reversals(), preambles.Relay()
+    with caplog.at_level("DEBUG", logger="spantrain_p2p.net"):
+        ts = [Transport("11.0.0.7") for _ in range(40)]
+        for i, t in enumerate(ts):
+            if i % 2:
+                reversals.arrive(t, bytes(preambles.TOKEN_BYTES))
+            else:
+                relay.arrive(t, bytes(preambles.TOKEN_BYTES) + b"a")
+        relay.arrive(Transport("11.0.0.8"), bytes(preambles.TOKEN_BYTES) + b"a")  # another address: its own line
+    assert all(t.closed for t in ts)
+    assert [r.getMessage() for r in caplog.records] == [
+        "closed a relay connection with an unknown token from 11.0.0.7",
+        "closed a relay connection with an unknown token from 11.0.0.8"]

@@ -184,3 +184,8 @@ def order_maddrs(maddrs: list[str], urls: Iterable[str] = ()) -> list[str]:
         return (0 if h in hosts else 1 if not is_loopback(h) else 2, hosts.index(h) if h in hosts else 0)
 
     return sorted(maddrs, key=rank)
+
+
+def host_of(peername) -> str:
+    """The source address (host part) of a connection's peername, what per-address limits count by."""
+    return str(peername[0]) if isinstance(peername, tuple) and peername else ""

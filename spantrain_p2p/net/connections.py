@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import numpy
 
 from . import framing, handshake, secure
+from .addresses import host_of
 from .handshake import HandshakeError, Session
 from .preambles import Preamble
 from .wire import ANSWER, ANSWER_MAGIC, MAX_KIND_BYTES, RECV_BYTES, REQUEST, REQUEST_MAGIC, SMALL_BYTES
@@ -38,11 +39,6 @@ LAZY_BYTES = 64 << 10  # frames from this size are received into memory not zero
 def frame_buffer(n: int) -> bytearray | numpy.ndarray:
     """A writable buffer of ``n`` bytes whose memory is taken as it is written."""
     return numpy.empty(n, numpy.uint8) if n >= LAZY_BYTES else bytearray(n)
-
-
-def host_of(peername) -> str:
-    """The source address (host part) of a connection's peername, what per-address limits count by."""
-    return str(peername[0]) if isinstance(peername, tuple) and peername else ""
 
 
 def _answer_bytes(status: int, reason: str) -> bytes:

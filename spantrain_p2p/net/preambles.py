@@ -22,7 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .addresses import host_of
+from .budget import LogBudget
+
 log = logging.getLogger("spantrain_p2p.net.paths")
+_quiet = LogBudget()  # what remotes make this peer log: a line a source address every 10 s at most
 
 OBSERVE, REVERSE, RELAY = b"STO1", b"STV1", b"STL1"
 TOKEN_BYTES = 16
@@ -42,6 +46,11 @@ def streams_of(transport: asyncio.Transport) -> tuple[asyncio.StreamReader, asyn
     return reader, asyncio.StreamWriter(transport, proto, reader, loop)
 
 
+def _warn(transport: asyncio.Transport, msg: str, *args) -> None:
+    addr = host_of(transport.get_extra_info("peername"))
+    _quiet.warning(log, addr, msg + " from %s", *args, addr or "an unknown address")
+
+
 class Preamble(asyncio.Protocol):
     """Reads ``need`` bytes after the magic, then calls ``done(transport, data)`` (which takes the
     transport over); a connection that sends more, or not enough in time, is closed."""
@@ -57,7 +66,7 @@ class Preamble(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buf += data
         if len(self.buf) > self.need:
-            log.warning("closed a %d-byte preamble that went on", self.need)
+            _warn(self.transport, "closed a %d-byte preamble that went on", self.need)
             self._end()
             self.transport.close()
         elif len(self.buf) == self.need:
@@ -126,7 +135,7 @@ class Reversals:
     def arrive(self, transport: asyncio.Transport, token: bytes) -> None:
         w = self._waiting.pop(token, None)
         if w is None or w.future.done():
-            log.warning("closed a reversed connection with an unknown or expired token")
+            _warn(transport, "closed a reversed connection with an unknown or expired token")
             transport.close()
             return
         w.future.set_result((w.peer, streams_of(transport)))
@@ -206,7 +215,7 @@ class Relay:
         token, role = data[:TOKEN_BYTES], data[TOKEN_BYTES:]
         c = self.circuits.get(token)
         if c is None or c.started or role not in (b"a", b"b") or role in c.ends:
-            log.warning("closed a relay connection with an unknown token")
+            _warn(transport, "closed a relay connection with an unknown token")
             transport.close()
             return
         c.ends[role] = transport

@@ -52,13 +52,14 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
 
 
 def _lan4_fast_joiners() -> str:
-    """lan-4 with p2's and p3's devices 3x as fast: joining pays whatever the host's load. On lan-4
+    """lan-4 at half its devices' speed, with p2's and p3's 3x as fast as the others': joining pays
+    whatever the host's load. On lan-4
     itself (four equal peers) a loaded box (the suite's other half beside it) once profiled the
     joiners so slow that the planner's predicted gain went from 16 % to 0 and they were never
     planned in (1 full suite run in 3, 2026-11-29): the planner was right on its measurements, and
     the test measured the box."""
     text = open(os.path.join(os.path.dirname(__file__), "..", "peers", "lan-4.toml")).read()
-    # devices at half lan-4's speed: a step pads twice the time, so the ~40 s the join takes cost half
+    # devices at half lan-4's speed: a step pads twice the time, so the ~19 s the join takes cost half
     # the steps, and the CPU of each step's messages and bookkeeping half as often
     text = text.replace("tflops = 0.05", "tflops = 0.025")
     before, joiners = text.split('name = "p2"')

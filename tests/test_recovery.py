@@ -53,9 +53,8 @@ def test_a_killed_peer_costs_no_step_and_changes_no_loss(victim, tmp_path):
 
 def _lan4_fast_joiners() -> str:
     """lan-4 at half its devices' speed, with p2's and p3's 3x as fast as the others': joining pays
-    whatever the host's load. On lan-4
-    itself (four equal peers) a loaded box (the suite's other half beside it) once profiled the
-    joiners so slow that the planner's predicted gain went from 16 % to 0 and they were never
+    whatever the host's load. On lan-4 itself (four equal peers) a loaded box (the suite's other half
+    beside it) once profiled the joiners so slow that the planner's predicted gain went from 16 % to 0 and they were never
     planned in (1 full suite run in 3, 2026-11-29): the planner was right on its measurements, and
     the test measured the box."""
     text = open(os.path.join(os.path.dirname(__file__), "..", "peers", "lan-4.toml")).read()

@@ -421,3 +421,17 @@ def test_unknown_reversal_and_relay_tokens_from_one_address_get_a_line_in_the_lo
     assert [r.getMessage() for r in caplog.records] == [
         "closed a relay connection with an unknown token from 11.0.0.7",
         "closed a relay connection with an unknown token from 11.0.0.8"]
+
+
+def test_rejected_frames_are_budgeted_by_sender_and_kind(caplog):
+    """One peer's flood of bad frames of a kind leaves another peer's rejected frame of that kind in
+    the log: the budget's key is the sender and the kind."""
+    srv = DataPlaneServer("127.0.0.1", 0, dict)
+    with caplog.at_level("DEBUG", logger="spantrain_p2p.net"):
+        for _ in range(20):
+            assert srv._failed("act", framing.FrameError("frame header is not valid msgpack"), "Qmflooder")[0] == 400
+        srv._failed("act", framing.FrameError("epoch 3 is over"), "Qmmember")
+        srv._failed("grad", framing.FrameError("epoch 3 is over"), "Qmmember")
+    assert [r.getMessage() for r in caplog.records] == [
+        "rejected act message: frame header is not valid msgpack", "rejected act message: epoch 3 is over",
+        "rejected grad message: epoch 3 is over"]

@@ -249,12 +249,13 @@ class DataPlaneServer:
                 raise _Refused(refused)
         return header, buffers
 
-    def _failed(self, kind: str, e: Exception) -> tuple[int, str]:
-        """The answer to a message whose decoding or handler raised ``e``."""
+    def _failed(self, kind: str, e: Exception, sender: Optional[str] = None) -> tuple[int, str]:
+        """The answer to a message whose decoding or handler raised ``e`` (``sender``: who sent it,
+        None on a server without a handshake)."""
         if isinstance(e, _Refused):
             return 403, str(e)
         if isinstance(e, framing.FrameError):
-            self.quiet.warning(log, f"kind {kind}", "rejected %s message: %s", kind, e)
+            self.quiet.warning(log, f"{sender} {kind}", "rejected %s message: %s", kind, e)
             return 400, str(e)
         if isinstance(e, Retry):
             return 503, str(e)
@@ -276,7 +277,7 @@ class DataPlaneServer:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # (a reply that does not encode too: the sender hears of it)
-            return self._failed(kind, e)
+            return self._failed(kind, e, sender)
 
     def dispatch_now(self, kind: str, body, sender: Optional[str] = None) -> tuple[int, "str | list[bytes | memoryview]"]:
         """``_dispatch`` of a kind whose handler is a plain function (``register(..., inline=True)``),
@@ -284,7 +285,7 @@ class DataPlaneServer:
         try:
             return self._answered(self._handlers[kind](*self._opened(kind, body, sender)))
         except Exception as e:
-            return self._failed(kind, e)
+            return self._failed(kind, e, sender)
 
     async def _read_body(self, request: web.Request, length: Optional[int]) -> bytearray:
         """The whole body, received straight into one buffer of its announced length (no regrowing

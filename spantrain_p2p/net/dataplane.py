@@ -65,7 +65,8 @@ class _MalformedRequests(logging.Filter):
             if left is None:
                 return False
             reason = next((line.strip() for line in str(exc.message or "").splitlines() if line.strip()), "")
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            if record.levelno > logging.WARNING:  # (a bad method on a first request: aiohttp's debug, kept)
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.msg = "refused a malformed HTTP request from %s (%s): %s"
             record.args = (remote, exc.code, reason.rstrip(":")[:120] or type(exc).__name__)
             if left[0]:

@@ -186,11 +186,18 @@ class LogBudget:
             del self._keys[next(iter(self._keys))]
         return left
 
-    def warning(self, logger, key: str, msg: str, *args) -> None:
-        """``logger.warning(msg, *args)`` if ``key``'s budget allows, saying how many were left out."""
+    def line(self, key: str, msg: str, *args) -> Optional[tuple[str, tuple]]:
+        """``(msg, args)`` to write if ``key``'s budget allows, saying how many were left out; None:
+        leave it out."""
         left = self.take(key)
         if left is None:
-            return
+            return None
         if left[0]:
-            msg, args = msg + " (and %d more like it, left out of the log over %.0fs)", (*args, *left)
-        logger.warning(msg, *args)
+            return msg + " (and %d more like it, left out of the log over %.0fs)", (*args, *left)
+        return msg, args
+
+    def warning(self, logger, key: str, msg: str, *args) -> None:
+        """``logger.warning(msg, *args)`` if ``key``'s budget allows, saying how many were left out."""
+        said = self.line(key, msg, *args)
+        if said is not None:
+            logger.warning(said[0], *said[1])

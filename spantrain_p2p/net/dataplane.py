@@ -61,17 +61,14 @@ class _MalformedRequests(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
             remote = str((record.args or ("?",))[0])
-            left = self.quiet.take(remote)
-            if left is None:
-                return False
             reason = next((line.strip() for line in str(exc.message or "").splitlines() if line.strip()), "")
+            said = self.quiet.line(remote, "refused a malformed HTTP request from %s (%s): %s", remote, exc.code,
+                                   reason.rstrip(":")[:120] or type(exc).__name__)
+            if said is None:
+                return False
             if record.levelno > logging.WARNING:  # (a bad method on a first request: aiohttp's debug, kept)
                 record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.msg = "refused a malformed HTTP request from %s (%s): %s"
-            record.args = (remote, exc.code, reason.rstrip(":")[:120] or type(exc).__name__)
-            if left[0]:
-                record.msg += " (and %d more like it, left out of the log over %.0fs)"
-                record.args += left
+            record.msg, record.args = said
             record.exc_info = record.exc_text = None
         return True
 

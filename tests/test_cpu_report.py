@@ -51,8 +51,8 @@ def test_a_report_line_per_test_with_its_cpu_and_wall_time(tmp_path):
     assert row["test"] == "tests/x.py::test_y" and row["cpu_s"] >= 0.25 and row["wall_s"] >= row["cpu_s"] * 0.5
 
 
-def test_the_timeline_spreads_each_test_over_its_time():
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+def test_the_timeline_spreads_each_test_over_its_time(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "scripts"))
     import suite_cpu
 
     rows = [{"test": "a", "cpu_s": 20.0, "wall_s": 20.0, "end_unix": 1020.0},  # 1000-1020: one core

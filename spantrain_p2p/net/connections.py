@@ -286,8 +286,7 @@ class FramedConnection(asyncio.BufferedProtocol):
             log.info("closed a data-plane connection from %s: %s", self.sender or "an unauthenticated client", why)
             self.transport.close()
             return
-        self.server.quiet.warning(log, self.sender or self.addr, "closed a data-plane connection from %s: %s",
-                                  self.sender or "an unauthenticated client", why)
+        self._warn("closed a data-plane connection from %s: %s", why)
         self.transport.abort()
 
     # ---- requests -------------------------------------------------------------------------
@@ -354,9 +353,7 @@ class FramedConnection(asyncio.BufferedProtocol):
         if self._kind in self.server._inline:  # a plain handler: at once, and reading goes on
             if self.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
                 # a client waits for each answer before its next request: this one sends on unanswered
-                self.server.quiet.warning(log, self.sender or self.addr, "cut a data-plane connection from %s: over "
-                                          "%d MiB of its answers unread", self.sender or "an unauthenticated client",
-                                          MAX_UNSENT_BYTES >> 20)
+                self._warn("cut a data-plane connection from %s: over %d MiB of its answers unread", MAX_UNSENT_BYTES >> 20)
                 self._unreserve()
                 self._stage = "closing"
                 self.transport.abort()
@@ -414,11 +411,15 @@ class FramedConnection(asyncio.BufferedProtocol):
     def _answer(self, status: int, reason: str) -> None:
         self.transport.write(_answer_bytes(status, reason))
 
+    def _warn(self, msg: str, *args) -> None:
+        """``msg % (who, *args)`` within the server's log budget: a line a sender (an unauthenticated
+        client's address) every 10 s at most."""
+        self.server.quiet.warning(log, self.sender or self.addr, msg, self.sender or "an unauthenticated client", *args)
+
     def _fail(self, reason: str) -> None:
         """Answers 400 and ends our side; what the client still sends is dropped until it closes
         (closing with unread bytes would reset the connection, and the answer could be lost)."""
-        self.server.quiet.warning(log, self.sender or self.addr, "data-plane connection from %s closed: %s",
-                                  self.sender or "an unauthenticated client", reason)
+        self._warn("data-plane connection from %s closed: %s", reason)
         self._answer(400, reason)
         self._stage, self._drop = "closing", 1 << 62
         self.transport.write_eof()

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""How long one Adam step takes over a job's layers, by torch's kernel: fused (what
-``make_optimizer`` picks where it can, ``job.optim.adam_kernel``), ``foreach`` and per tensor.
+"""How long one optimizer step takes over a job's layers: Adam by torch's kernel, fused (what
+``make_optimizer`` picks where it can, ``job.optim.adam_kernel``), ``foreach`` and per tensor, and
+the job's SGD as a peer makes it (``--optimizer sgd``: torch's, no momentum).
 One thread, as in a peer; each timed by ``profile.step_tail.measure`` (what a peer publishes as its
 step tail: copies of the parameters, up to 4 M elements, the median of ``--reps`` steps after the
 first; its rate a byte times the model's bytes, both printed: the rate is what the planner prices an
@@ -42,6 +43,7 @@ def main() -> None:
     print(f"{len(params)} tensors, {n:,} parameters, {a.threads} thread(s), median of {a.reps} steps each")
     makers = [(name, lambda ps, kernel=kernel: torch.optim.Adam(ps, lr=1e-3, **kernel)) for name, kernel in
               (("fused", {"fused": True}), ("foreach", {"foreach": True}), ("per tensor", {"foreach": False}))]
+    makers.append(("sgd", lambda ps: make_optimizer(JobSpec(optimizer="sgd"), ps)))
     if a.adam8bit:
         makers.append(("adam8bit", lambda ps: make_optimizer(JobSpec(optimizer="adam8bit"), ps)))
     for name, make in makers:

@@ -118,8 +118,11 @@ OPTIMIZER_STATE = {"adam": 2.0, "adam8bit": 2 * (1 + 4 / 256) / 4, "sgd": 0.0}
 # 0.46 and 1.08 (``scripts/optimizer_step.py [--model-args '{"dim": 1024, "depth": 4}']``, 2026-12-01
 # 10:41 UTC). 8-bit Adam (torchao's compiled step): 7.4-7.9 ns a byte at dims 256-1024, 23 in the
 # built-in model's small tensors (``--adam8bit``, 10:42-10:43; it was priced at 3.5, a guess of 5x
-# foreach's rate). SGD a fraction
-HOST_STEP_S_PER_PARAM_BYTE = {"adam": 0.3e-9, "adam8bit": 8e-9, "sgd": 0.1e-9}
+# foreach's rate). SGD (torch's, no momentum, as ``--optimizer sgd``): 0.067-0.111 ns a byte in the large
+# tensors and 0.15-0.26 in the small ones, against fused Adam's 0.17-0.30 and 0.33-0.54 in the same runs
+# (three each, 2026-12-02 07:02-07:03 UTC): priced like Adam, about twice its large-tensor rate (it was a
+# guess of 0.1)
+HOST_STEP_S_PER_PARAM_BYTE = {"adam": 0.3e-9, "adam8bit": 8e-9, "sgd": 0.2e-9}
 
 
 def _model_profile_of(job: JobSpec, stash_device: str = "cpu") -> Optional[pt.ModelProfile]:

@@ -365,7 +365,8 @@ def test_peers_of_an_offloading_job_time_their_hosts_optimizer_step_and_publish_
     """``--offload-optimizer``: each peer times the optimizer's step on its host CPU and publishes it
     with its profile (``host_step_s_per_param_byte``), which the planner prices the offloaded step at
     (``test_offloading_is_priced_by_its_copies_and_host_step``); on a CPU device the host is the
-    device, so it is the device's own step tail."""
+    device, so it is the device's own step tail. And the rate of the offload's copies
+    (``host_bytes_per_s``), which the planner charges them at."""
     import json
 
     from tests._helpers import run_swarm_json
@@ -378,6 +379,7 @@ def test_peers_of_an_offloading_job_time_their_hosts_optimizer_step_and_publish_
     for path in measured:
         prof = json.loads(path.read_text())["profile"]
         assert 0 < prof["host_step_s_per_param_byte"] == prof["step_s_per_param_byte"], (path.name, prof)
+        assert prof["host_bytes_per_s"] > 1e8, (path.name, prof)
 
 
 @pytest.mark.parametrize("mode", ["none", "full"])

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from spantrain_p2p import scenario
-from spantrain_p2p.plan.types import (GIB, ModelProfile, Plan, Snapshot, Stage, compression_ratio,
+from spantrain_p2p.plan.types import (GIB, HOST_BYTES_PER_S, ModelProfile, Plan, Snapshot, Stage, compression_ratio,
                                       default_planning_model)
 from spantrain_p2p.plan.model import ModelConfig, num_params
 
@@ -25,7 +25,7 @@ def test_scenario_numbers_become_flops_bytes_and_seconds():
 def test_measurements_json_gives_a_snapshot_with_unknown_links_left_unknown():
     snap = Snapshot.from_measurements({
         "devices": [{"peer": "a", "tflops": 2.0, "memory_gb": 8, "step_s_per_param_byte": 2e-9,
-                     "host_step_s_per_param_byte": 3e-10},
+                     "host_step_s_per_param_byte": 3e-10, "host_bytes_per_s": 5e9},
                     {"peer": "b", "tflops": 1.0, "memory_gb": 4}],
         "links": [{"src": "a", "dst": "b", "rtt_ms": 10.0, "mbps": 80.0, "status": "ok"},
                   {"src": "b", "dst": "a", "rtt_ms": None, "mbps": None, "status": "unknown"},
@@ -34,6 +34,7 @@ def test_measurements_json_gives_a_snapshot_with_unknown_links_left_unknown():
     assert snap.peer("a").flops == pytest.approx(2e12)
     assert (snap.peer("a").step_s_per_param_byte, snap.peer("b").step_s_per_param_byte) == (2e-9, 0.0)
     assert (snap.peer("a").host_step_s_per_param_byte, snap.peer("b").host_step_s_per_param_byte) == (3e-10, 0.0)
+    assert (snap.peer("a").host_bytes_per_s, snap.peer("b").host_bytes_per_s) == (5e9, HOST_BYTES_PER_S)  # b: unmeasured
     assert snap.network.link("a", "b").bandwidth == pytest.approx(10e6)
     assert snap.network.links[("b", "a")] is None
     assert snap.network.link("b", "a") is not None  # falls back to the known direction
@@ -46,6 +47,7 @@ def test_measurements_json_gives_a_snapshot_with_unknown_links_left_unknown():
     ({"devices": [{"peer": "a", "tflops": 1, "memory_gb": 1, "step_s_per_param_byte": -1}]}, "step_s_per_param_byte"),
     ({"devices": [{"peer": "a", "tflops": 1, "memory_gb": 1, "host_step_s_per_param_byte": "x"}]},
      "host_step_s_per_param_byte"),
+    ({"devices": [{"peer": "a", "tflops": 1, "memory_gb": 1, "host_bytes_per_s": -1}]}, "host_bytes_per_s"),
     ({"devices": [{"peer": "a", "tflops": 1, "memory_gb": 1}, {"peer": "b", "tflops": 1, "memory_gb": 1}],
       "links": [{"src": "a", "dst": "b", "rtt_ms": "fast", "mbps": 1}]}, "rtt_ms"),
     ("not a dict", "object"),

@@ -198,6 +198,10 @@ def test_a_device_that_never_gives_a_sane_reading_raises_instead_of_publishing(l
     {"step_s_per_param_byte": "slow"},
     {"host_step_s_per_param_byte": -1e-9},
     {"host_step_s_per_param_byte": float("nan")},
+    {"host_bytes_per_s": -1.0},
+    {"host_bytes_per_s": float("inf")},
+    {"host_bytes_per_s": 1e15},  # absurd
+    {"host_bytes_per_s": True},
 ])
 def test_a_profile_from_the_network_is_validated(change):
     good = {"version": 1, "fwd_s": [0.1, 0.2], "bwd_input_s": [0.0, 0.2], "bwd_weight_s": [0.1, 0.3],
@@ -214,6 +218,10 @@ def test_a_profile_from_the_network_is_validated(change):
     assert DeviceProfile.from_dict(good).host_step_s_per_param_byte == 0.0
     host = DeviceProfile.from_dict({**good, "host_step_s_per_param_byte": 3e-10})
     assert DeviceProfile.from_dict(host.to_dict()).host_step_s_per_param_byte == 3e-10
+    # and the rate of its copies to and from host memory
+    assert DeviceProfile.from_dict(good).host_bytes_per_s == 0.0
+    copies = DeviceProfile.from_dict({**good, "host_bytes_per_s": 8e9})
+    assert DeviceProfile.from_dict(copies.to_dict()).host_bytes_per_s == 8e9
 
 
 def test_the_steps_tail_is_measured_per_byte_of_weights_and_leaves_the_layers_alone():
@@ -228,3 +236,25 @@ def test_the_steps_tail_is_measured_per_byte_of_weights_and_leaves_the_layers_al
     assert 0 < sgd < adam < step_tail.MAX_S_PER_BYTE
     assert all(torch.equal(a, p) for a, p in zip(before, (p for layer in layers for p in layer.parameters())))
     assert step_tail.measure([torch.nn.ReLU()], lambda ps: torch.optim.SGD(ps, lr=1e-3)) == 0.0
+
+
+def test_the_offloads_copy_rate_is_timed_through_its_copies_and_leaves_the_layers_alone():
+    """``step_tail.copy_rate``: bytes a second of what an offloaded optimizer's step copies (each weight
+    and its gradient to host memory and the weight back: 3 bytes a weight byte), stepping nothing
+    between them (``job.offload.copies_only``); the layers' weights are untouched."""
+    from spantrain_p2p.job.offload import copies_only
+    from spantrain_p2p.profile import step_tail
+
+    layers = build_layers(CFG)
+    before = [p.detach().clone() for layer in layers for p in layer.parameters()]
+    rate = max(step_tail.copy_rate(layers, copies_only) for _ in range(3))
+    assert 1e8 < rate < step_tail.MAX_BYTES_PER_S  # this box's memory copies: 5-10 GB/s
+    assert all(torch.equal(a, p) for a, p in zip(before, (p for layer in layers for p in layer.parameters())))
+    params = [p.detach().clone().requires_grad_(True) for p in before]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    off = copies_only(params)
+    off.step()
+    assert off.copied_bytes == 3 * sum(p.numel() * p.element_size() for p in params)
+    assert all(torch.equal(a, p) for a, p in zip(before, params))  # nothing stepped: the weights come back as they went
+    assert step_tail.copy_rate([torch.nn.ReLU()], copies_only) == 0.0

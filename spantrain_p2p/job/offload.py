@@ -93,3 +93,20 @@ class HostOffloaded:
             elif p.grad is not None:
                 p.grad.zero_()
         self.inner.zero_grad(set_to_none=set_to_none)
+
+
+class _NoStep(torch.optim.Optimizer):
+    """An optimizer that changes nothing: the offload's copies alone."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        super().__init__(params, {})
+
+    def step(self, closure=None) -> None:
+        return None
+
+
+def copies_only(params: list[torch.Tensor]) -> HostOffloaded:
+    """``params`` offloaded as ``--offload-optimizer`` offloads them, stepping nothing between the
+    copies: what ``profile.step_tail.copy_rate`` times (the copies' rate, which the planner charges
+    them at)."""
+    return HostOffloaded(params, _NoStep)

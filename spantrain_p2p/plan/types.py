@@ -344,7 +344,10 @@ class Snapshot:
             tail = _finite(f"devices[{i}].step_s_per_param_byte", dev.get("step_s_per_param_byte", 0.0), positive=False)
             host = _finite(f"devices[{i}].host_step_s_per_param_byte", dev.get("host_step_s_per_param_byte", 0.0),
                            positive=False)
+            # 0 or absent: not measured (a job that does not offload), the default rate
+            copies = _finite(f"devices[{i}].host_bytes_per_s", dev.get("host_bytes_per_s", 0.0), positive=False)
             peers.append(PeerInfo(pid, tf * 1e12, mem * GIB, region if isinstance(region, str) else "",
+                                  host_bytes_per_s=copies or HOST_BYTES_PER_S,
                                   step_s_per_param_byte=tail, host_step_s_per_param_byte=host))
         known = {p.id for p in peers}
         links: dict[tuple[str, str], Optional[Link]] = {}

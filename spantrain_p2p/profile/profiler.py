@@ -38,7 +38,7 @@ from torch import nn
 
 from ..files import atomic_write_bytes
 from ..net.framing import strict_from_dict
-from .step_tail import MAX_S_PER_BYTE
+from .step_tail import MAX_BYTES_PER_S, MAX_S_PER_BYTE
 from .virtual import FlopCache, PhaseFlops, VirtualDevice, grad_output, layer_inputs
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,9 @@ class DeviceProfile:
     # the same step on this peer's host CPU, where the job offloads its optimizer there (``job.offload``);
     # 0: not measured (the planner prices it at ``train.planning.HOST_STEP_S_PER_PARAM_BYTE``)
     host_step_s_per_param_byte: float = 0.0
+    # where the job offloads it, the rate of the copies between the device and host memory, bytes a
+    # second (``profile.step_tail.copy_rate``); 0: not measured (the planner's ``HOST_BYTES_PER_S`` then)
+    host_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         d = {"fwd_s": self.fwd_s, "bwd_input_s": self.bwd_input_s, "bwd_weight_s": self.bwd_weight_s}
@@ -110,6 +113,10 @@ class DeviceProfile:
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_S_PER_BYTE:
                 raise ValueError(f"device profile {name} must be in [0, {MAX_S_PER_BYTE:g}], not {r!r}")
             object.__setattr__(self, name, float(r))
+        r = self.host_bytes_per_s
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_BYTES_PER_S:
+            raise ValueError(f"device profile host_bytes_per_s must be in [0, {MAX_BYTES_PER_S:g}], not {r!r}")
+        object.__setattr__(self, "host_bytes_per_s", float(r))
 
     @property
     def num_layers(self) -> int:
@@ -129,7 +136,7 @@ class DeviceProfile:
             "version": self.version, "fwd_s": list(self.fwd_s), "bwd_input_s": list(self.bwd_input_s),
             "bwd_weight_s": list(self.bwd_weight_s), "memory_bytes": self.memory_bytes,
             "effective_tflops": self.effective_tflops, "step_s_per_param_byte": self.step_s_per_param_byte,
-            "host_step_s_per_param_byte": self.host_step_s_per_param_byte,
+            "host_step_s_per_param_byte": self.host_step_s_per_param_byte, "host_bytes_per_s": self.host_bytes_per_s,
         }
 
     @classmethod
@@ -138,10 +145,11 @@ class DeviceProfile:
         return strict_from_dict(cls, d, "device profile", required=_REQUIRED)
 
 
-# every field of a profile but the step's tails (a profile without them, cached or from a peer that does not measure
-# them: 0)
+# every field of a profile but the step's tails and the copy rate (a profile without them, cached or from a peer that
+# does not measure them: 0)
 _REQUIRED = tuple(f.name for f in fields(DeviceProfile) if f.name not in ("step_s_per_param_byte",
-                                                                          "host_step_s_per_param_byte"))
+                                                                          "host_step_s_per_param_byte",
+                                                                          "host_bytes_per_s"))
 
 
 def model_fingerprint(layers: Sequence[nn.Module]) -> str:

@@ -27,6 +27,35 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
     parameters given), on copies of the layers' parameters (up to ``MAX_ELEMENTS``; the layers are
     left as they are): the median of ``reps`` after a first step that makes the state. Blocking:
     call it through ``asyncio.to_thread``."""
+    params = _copies(layers, torch_device)
+    if not params:
+        return 0.0
+    seconds = _median_step(make_optimizer(params), params, reps)
+    return min(MAX_S_PER_BYTE, seconds / sum(p.numel() * p.element_size() for p in params))
+
+
+def copy_rate(layers: Iterable[nn.Module], offloaded: Callable[[list], "torch.optim.Optimizer"],
+              reps: int = 3, torch_device: Optional[torch.device] = None) -> float:
+    """Bytes a second of an offloaded optimizer's copies between the device and host memory:
+    ``offloaded(params)`` steps nothing but copies as the job's offload does (``job.offload.copies_only``)
+    and says how many bytes its last step moved (``copied_bytes``); on copies of the layers'
+    parameters as ``measure``'s, the median of ``reps`` after a first step. 0 where there is nothing
+    to copy. What the planner charges an offloading stage's copies at (``PeerInfo.host_bytes_per_s``).
+    Blocking."""
+    params = _copies(layers, torch_device)
+    if not params:
+        return 0.0
+    opt = offloaded(params)
+    seconds = _median_step(opt, params, reps)
+    return min(MAX_BYTES_PER_S, opt.copied_bytes / seconds) if seconds > 0 else MAX_BYTES_PER_S
+
+
+MAX_BYTES_PER_S = 1e13  # a published copy rate above this is no host's (10 TB/s)
+
+
+def _copies(layers: Iterable[nn.Module], torch_device) -> list[torch.Tensor]:
+    """Copies of the layers' parameters, up to ``MAX_ELEMENTS``, on ``torch_device``, each with a
+    small seeded gradient."""
     params, n = [], 0
     for layer in layers:
         for p in layer.parameters():
@@ -34,12 +63,15 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
                 break
             params.append(p.detach().clone().to(torch_device).requires_grad_(True))
             n += p.numel()
-    if not params:
-        return 0.0
     gen = torch.Generator().manual_seed(0)
     for p in params:
         p.grad = (torch.randn(p.shape, generator=gen) * 1e-3).to(p.device, p.dtype)
-    opt = make_optimizer(params)
+    return params
+
+
+def _median_step(opt, params: list[torch.Tensor], reps: int) -> float:
+    """The median seconds of ``reps`` of ``opt.step()`` (a CUDA device's work included) after a
+    first one, which makes an optimizer's state."""
     cuda = params[0].device.type == "cuda"
 
     def step() -> float:
@@ -49,6 +81,5 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
             torch.cuda.synchronize(params[0].device)
         return time.perf_counter() - t
 
-    step()  # the optimizer's state is made at its first step
-    seconds = statistics.median(step() for _ in range(reps))
-    return min(MAX_S_PER_BYTE, seconds / sum(p.numel() * p.element_size() for p in params))
+    step()
+    return statistics.median(step() for _ in range(reps))

@@ -20,6 +20,7 @@ from ..profile import step_tail
 from ..profile.profiler import profile_layers
 from ..swarm import measure
 from ..swarm.probe_plan import FULL_MESH_MAX_PEERS, ping_targets, probe_budget, probe_targets
+from ..job.offload import copies_only
 from ..job.optim import make_optimizer
 from ..models import workload
 from .decide import REPLAN_CHECK_S, ping_slots
@@ -132,11 +133,14 @@ class Measuring:
                 (f"-{job.workload}x{job.workload_seq_len}" if job.workload else ""), inputs=inputs, targets=targets,
                 report=report, torch_device=self.torch_device, layer_flops=wl_flops)
             tail = await asyncio.to_thread(step_tail_rate, job, layers, self.torch_device)
-            host = 0.0
+            host = copies = 0.0
             if job.offload_optimizer:  # its step runs on this host's CPU: timed there (the device's, on a CPU device)
                 cpu = getattr(self.torch_device, "type", "cpu") == "cpu"
                 host = tail if cpu else await asyncio.to_thread(step_tail_rate, job, layers, "cpu")
-            self.profile = replace(self.profile, step_s_per_param_byte=tail, host_step_s_per_param_byte=host)
+                # and its copies between the device and host memory, as the offload makes them
+                copies = await asyncio.to_thread(step_tail.copy_rate, layers, copies_only, torch_device=self.torch_device)
+            self.profile = replace(self.profile, step_s_per_param_byte=tail, host_step_s_per_param_byte=host,
+                                   host_bytes_per_s=copies)
             if before is None:
                 return [], 0.0
             after = dev.stats()

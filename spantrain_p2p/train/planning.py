@@ -29,7 +29,8 @@ def snapshot(profiles: Mapping[str, dict], links: Mapping[str, dict], peer_ids: 
     devices = [{"peer": p, "tflops": profiles[p]["profile"]["effective_tflops"],
                 "memory_gb": min(profiles[p]["profile"]["memory_bytes"], caps.get(p, math.inf)) / 2**30,
                 "step_s_per_param_byte": profiles[p]["profile"].get("step_s_per_param_byte", 0.0),
-                "host_step_s_per_param_byte": profiles[p]["profile"].get("host_step_s_per_param_byte", 0.0)}
+                "host_step_s_per_param_byte": profiles[p]["profile"].get("host_step_s_per_param_byte", 0.0),
+                "host_bytes_per_s": profiles[p]["profile"].get("host_bytes_per_s", 0.0)}
                for p in ids]
     rows = []
     for src in ids:

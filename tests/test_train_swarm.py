@@ -177,29 +177,36 @@ async def test_a_trainer_that_fails_unexpectedly_says_so_and_its_peer_is_marked_
         assert peer.state == "failed"
 
 
-async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited():
+async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited(monkeypatch):
     """A planner's "mapnews" wakes whoever waits for a stage map (they then read the DHT); news of
-    another job, or news right after news, wakes no one."""
+    another job, or news right after news, wakes no one. The gap between news is read on a fake
+    clock (on the real one, a worker stalled 0.15 s between two news on a loaded box would let the
+    second through)."""
     import types
 
+    from spantrain_p2p.train import run_records
     from spantrain_p2p.train.run_records import MAP_NEWS_MIN_GAP_S, RunRecords
 
+    clock = [1000.0]
+    monkeypatch.setattr(run_records, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     records = RunRecords(types.SimpleNamespace(), log_bad=lambda sub, why: None)
     records.job = JobSpec(job_id="job-a")
     loop = asyncio.get_running_loop()
 
-    async def woken_after(header) -> float:
+    async def woken_after(header, at: float) -> float:
         t0 = loop.time()
         waiter = asyncio.ensure_future(records.news_or(1.0))
         await asyncio.sleep(0.05)
+        clock[0] = at
         await records.on_news(header, [])
         await waiter
         return loop.time() - t0
 
-    assert await woken_after({"job": "job-b"}) >= 1.0
-    assert await woken_after({"job": "job-a"}) < 0.5
     assert MAP_NEWS_MIN_GAP_S < 1.0
-    assert await woken_after({"job": "job-a"}) >= 1.0  # within the gap of the last one: ignored
+    assert await woken_after({"job": "job-b"}, 1000.0) >= 1.0
+    assert await woken_after({"job": "job-a"}, 1000.0) < 0.5
+    assert await woken_after({"job": "job-a"}, 1000.0 + MAP_NEWS_MIN_GAP_S / 2) >= 1.0  # within the gap: ignored
+    assert await woken_after({"job": "job-a"}, 1000.0 + 1.5 * MAP_NEWS_MIN_GAP_S) < 0.5  # the gap over: wakes again
 
 
 async def test_a_stage_map_read_serves_this_peers_readers_until_news_or_its_age():

@@ -108,15 +108,12 @@ class DeviceProfile:
         object.__setattr__(self, "effective_tflops", float(t))
         if self.version != PROFILE_VERSION:
             raise ValueError(f"device profile version {self.version!r} is not {PROFILE_VERSION}")
-        for name in ("step_s_per_param_byte", "host_step_s_per_param_byte"):
+        for name, hi in (("step_s_per_param_byte", MAX_S_PER_BYTE), ("host_step_s_per_param_byte", MAX_S_PER_BYTE),
+                         ("host_bytes_per_s", MAX_BYTES_PER_S)):
             r = getattr(self, name)
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_S_PER_BYTE:
-                raise ValueError(f"device profile {name} must be in [0, {MAX_S_PER_BYTE:g}], not {r!r}")
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= hi:
+                raise ValueError(f"device profile {name} must be in [0, {hi:g}], not {r!r}")
             object.__setattr__(self, name, float(r))
-        r = self.host_bytes_per_s
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_BYTES_PER_S:
-            raise ValueError(f"device profile host_bytes_per_s must be in [0, {MAX_BYTES_PER_S:g}], not {r!r}")
-        object.__setattr__(self, "host_bytes_per_s", float(r))
 
     @property
     def num_layers(self) -> int:

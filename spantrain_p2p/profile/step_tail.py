@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from torch import nn
 # on the device): a rate, not the whole model's time
 MAX_ELEMENTS = 1 << 22
 MAX_S_PER_BYTE = 1e-5  # a published rate above this is no device's (10 us a byte: 40 s for 1 GB of weights)
+MAX_BYTES_PER_S = 1e13  # a published copy rate above this is no host's (10 TB/s)
 
 
 def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.optim.Optimizer],
@@ -34,7 +35,7 @@ def measure(layers: Iterable[nn.Module], make_optimizer: Callable[[list], torch.
     return min(MAX_S_PER_BYTE, seconds / sum(p.numel() * p.element_size() for p in params))
 
 
-def copy_rate(layers: Iterable[nn.Module], offloaded: Callable[[list], "torch.optim.Optimizer"],
+def copy_rate(layers: Iterable[nn.Module], offloaded: Callable[[list], Any],
               reps: int = 3, torch_device: Optional[torch.device] = None) -> float:
     """Bytes a second of an offloaded optimizer's copies between the device and host memory:
     ``offloaded(params)`` steps nothing but copies as the job's offload does (``job.offload.copies_only``)
@@ -48,9 +49,6 @@ def copy_rate(layers: Iterable[nn.Module], offloaded: Callable[[list], "torch.op
     opt = offloaded(params)
     seconds = _median_step(opt, params, reps)
     return min(MAX_BYTES_PER_S, opt.copied_bytes / seconds) if seconds > 0 else MAX_BYTES_PER_S
-
-
-MAX_BYTES_PER_S = 1e13  # a published copy rate above this is no host's (10 TB/s)
 
 
 def _copies(layers: Iterable[nn.Module], torch_device) -> list[torch.Tensor]:

@@ -91,9 +91,11 @@ def test_a_thousand_peers_with_sparse_links_group_by_region_in_well_under_half_a
     # (the timing read 0.557 CPU-s once in the suite, against 0.04-0.06 alone; a collection of that
     # heap is the likely part of it)
     gc.collect()
-    t0 = time.process_time()
+    # this thread's CPU: the grouping is plain Python on the caller's thread, and a suite's worker may
+    # have threads of earlier tests still busy (the process's CPU counted theirs too)
+    t0 = time.thread_time()
     g = group(snap)
-    elapsed = time.process_time() - t0
+    elapsed = time.thread_time() - t0
     assert elapsed < 0.5, f"grouping 1000 peers took {elapsed:.3f} CPU-s (CPU time: the suite runs tests side by side)"
     region = {p.id: p.region_hint for p in snap.peers}
     assert len(g.groups) == 10

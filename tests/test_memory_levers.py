@@ -360,6 +360,18 @@ def test_offloading_is_priced_by_its_copies_and_host_step():
     assert estimate(plan, timed, off).step_s == pytest.approx(base + 2e6 * (3.0 / 1e3 + 2e-3), rel=1e-6)
 
 
+def test_the_planner_charges_each_peers_copies_at_the_rate_it_published():
+    """A profile's ``host_bytes_per_s`` (measured where the job offloads) is the peer's rate in the
+    planner's snapshot; a profile without it (a job that does not offload, an older peer) gets the
+    default."""
+    from spantrain_p2p.plan.types import HOST_BYTES_PER_S
+    from spantrain_p2p.train.planning import snapshot
+
+    base = {"effective_tflops": 1.0, "memory_bytes": 8 << 30}
+    snap = snapshot({"a": {"profile": {**base, "host_bytes_per_s": 2e9}}, "b": {"profile": base}}, {}, ["a", "b"])
+    assert (snap.peer("a").host_bytes_per_s, snap.peer("b").host_bytes_per_s) == (2e9, HOST_BYTES_PER_S)
+
+
 @pytest.mark.heavy
 def test_peers_of_an_offloading_job_time_their_hosts_optimizer_step_and_publish_it(tmp_path):
     """``--offload-optimizer``: each peer times the optimizer's step on its host CPU and publishes it

@@ -129,3 +129,23 @@ def test_a_joiner_that_names_no_tokenizer_or_data_uses_the_paths_the_job_names()
 
     fields = train_fields(peer_parser().parse_args(["--join", "/ip4/127.0.0.1/tcp/1/p2p/QmX"]))
     assert fields["tokenizer"] is None and not fields["data"]  # open_data falls back to the job's
+
+
+def test_what_importing_torchao_says_of_kernels_this_machine_lacks_is_left_out_of_the_log(caplog):
+    """transformers' model code imports torchao, which warns of the CUDA kernels and Triton this
+    machine lacks ("Failed to load ... .so"), and torch of torchao's enum registrations: five lines at
+    the end of the demo's export. Those lines alone are left out; torchao's other warnings show."""
+    import logging
+
+    from spantrain_p2p.peer_command.main import setup_logging
+
+    setup_logging(0)
+    with caplog.at_level(logging.WARNING):
+        logging.getLogger("torchao").warning("Failed to load %s: Could not load this library: %s", "/x/_C.so", "/x/_C.so")
+        logging.getLogger("torchao.kernel.intmm").warning("Warning: Detected no triton, on systems without Triton ...")
+        logging.getLogger("torch.utils._pytree").warning(
+            "%s is an Enum subclass and is now natively supported by torch.compile as an opaque value type.", "E")
+        logging.getLogger("torchao").warning("8-bit state could not be quantized: %s", "a real problem")
+        logging.getLogger("spantrain.peer").warning("Failed to load the job")  # another logger: not touched
+    assert [r.getMessage() for r in caplog.records] == ["8-bit state could not be quantized: a real problem",
+                                                        "Failed to load the job"]

@@ -12,6 +12,7 @@ import sys
 from typing import Optional
 
 from .. import __version__
+from .. import import_noise
 from ..job.options import add_job_arguments
 
 log = logging.getLogger("spantrain")
@@ -25,24 +26,8 @@ def setup_logging(verbose: int) -> None:
     # hivemind is chatty at INFO; its warnings still show
     os.environ.setdefault("HIVEMIND_LOGLEVEL", "DEBUG" if verbose > 1 else "WARNING")
     logging.getLogger("hivemind").setLevel(logging.DEBUG if verbose > 1 else logging.WARNING)
-    if verbose <= 1:
-        for name in _IMPORT_NOISE:
-            logging.getLogger(name).addFilter(_import_noise)
-
-
-# What importing torchao says on any machine without CUDA kernels or Triton (transformers' model code
-# imports it, so ``spantrain export`` and every peer of an ``hf:`` job did): five warnings, two of
-# them "Failed to load ... .so", at the end of the demo. Only these lines are left out (``-vv`` shows
-# them); torchao's other warnings still show.
-_IMPORT_NOISE = {
-    "torchao": ("Failed to load ",),
-    "torchao.kernel.intmm": ("Warning: Detected no triton",),
-    "torch.utils._pytree": ("%s is an Enum subclass and is now natively supported",),
-}
-
-
-def _import_noise(record: logging.LogRecord) -> bool:
-    return not any(str(record.msg).startswith(p) for p in _IMPORT_NOISE.get(record.name, ()))
+    if verbose <= 1:  # torchao's notes of the kernels this machine lacks (``import_noise``)
+        import_noise.leave_out()
 
 
 def peer_parser() -> argparse.ArgumentParser:

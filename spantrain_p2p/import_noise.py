@@ -3,8 +3,9 @@
 transformers' model code imports torchao, so ``spantrain export``, the zygote that preloads that code
 for an ``hf:`` job, and every peer of one logged five warnings at their start, two of them "Failed to
 load ... .so: Could not load this library": the demo's console showed them twice. They speak of
-hardware this machine does not have. Only these messages are left out (``spantrain-peer -vv`` shows
-them); torchao's other warnings still show.
+hardware this machine does not have. Only these messages are left out (a command run with ``-vv``
+shows them where it imports torchao itself; the zygote always leaves them out); torchao's other
+warnings still show.
 """
 from __future__ import annotations
 

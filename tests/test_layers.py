@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "spantrain_p2p"
 # Lowest first. A module may import modules of its own room or of rooms below, never above.
 # A room is a sub-package or a top-level module of spantrain_p2p.
 LAYERS: list[set[str]] = [
-    {"", "errors", "scenario", "gpus", "osproc", "files", "_hivemind_lite", "compress", "robust"},  # "" is spantrain_p2p/__init__.py
+    {"", "errors", "scenario", "gpus", "osproc", "files", "import_noise", "_hivemind_lite", "compress", "robust"},  # "" is spantrain_p2p/__init__.py
     {"net", "swarm", "profile"},
     {"pipeline"},
     {"plan"},

@@ -21,6 +21,26 @@ async def test_two_peers_see_each_other_and_a_leaver_drops_out_at_once():
         await a.wait_members(1, 3)  # tombstone: long before the record would expire
 
 
+async def test_an_ephemeral_identitys_key_file_is_gone_once_the_daemon_has_read_it(monkeypatch):
+    """Without --identity a peer writes a fresh key for its p2p daemon to read at its start; the file
+    goes as soon as the daemon runs, so that a peer killed later (no clean-up) leaves no private key in
+    /tmp. The peer keeps its identity and joins."""
+    import os
+    import tempfile
+
+    from spantrain_p2p.peer import admission
+
+    made = []
+    real = tempfile.mkdtemp
+    monkeypatch.setattr(admission.tempfile, "mkdtemp", lambda **kw: made.append(real(**kw)) or made[-1])
+    async with Peer(PeerConfig(name="a", **FAST)) as a:
+        assert len(made) == 1 and not os.path.exists(made[0]) and a._tmpdir is None
+        assert a.address.endswith("/p2p/" + a.peer_id) and a.identity.peer_id == a.peer_id
+        async with Peer(PeerConfig(name="b", join=(a.address,), **FAST)) as b:
+            await b.wait_members(2, 10)
+    assert len(made) == 2 and not any(os.path.exists(d) for d in made)
+
+
 async def test_close_cancels_every_task_and_stops_the_daemon():
     peer = Peer(PeerConfig(**FAST))
     await peer.start()

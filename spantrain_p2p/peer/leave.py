@@ -9,8 +9,9 @@ the daemon to remove the DHT's handlers. With the daemon frozen (SIGSTOP) the ol
 13.1 s; this one 1.15-1.26 s (tests/test_operator_view.py)."""
 import asyncio
 import logging
-import shutil
 import time
+
+from . import admission
 
 log = logging.getLogger("spantrain.peer")
 SHUTDOWN_STEP_S = 5.0  # the most any one part of leaving may take
@@ -46,9 +47,7 @@ async def leave(peer, graceful: bool = True) -> None:
             log.warning("shutdown step %s failed: %s", name, e)
         took[name] = time.monotonic() - t
     log.info("left in %.2fs (%s)", time.monotonic() - t0, ", ".join(f"{k} {v:.2f}" for k, v in took.items()))
-    if peer._tmpdir is not None:
-        shutil.rmtree(peer._tmpdir, ignore_errors=True)
-        peer._tmpdir = None
+    admission.forget_key_file(peer)  # (a peer that failed before its daemon started)
 
 
 async def say_goodbye(peer) -> None:

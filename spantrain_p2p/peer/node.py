@@ -327,6 +327,7 @@ class Peer:
             if "address already in use" in msg.lower():
                 raise PeerError(f"cannot listen on {cfg.listen}: address already in use") from None
             raise PeerError(f"p2p daemon failed: {msg}") from None
+        admission.forget_key_file(self)
         self.control.attach(self._p2p)  # before the DHT node adds its handlers
         self.maddrs = order_maddrs([str(m) for m in await self._p2p.get_visible_maddrs()], self.dataplane.announced)
 

@@ -208,6 +208,14 @@ async def test_failures_arrive_as_the_packages_errors_with_the_command_lines_mes
     with pytest.raises(spantrain_p2p.SwarmUnreachable, match="could not join via"):
         async with spantrain_p2p.join(bad, config=PeerConfig(join_timeout_s=20.0), train=False):
             pass
+    # and what the failed start had opened is closed again: its data plane's port, its tasks, its key
+    failed = spantrain_p2p.join(bad, config=PeerConfig(join_timeout_s=20.0), train=False)
+    with pytest.raises(spantrain_p2p.SwarmUnreachable):
+        await failed.open()
+    peer = failed.peer
+    assert peer._tmpdir is None and all(t.done() for t in peer._tasks)
+    with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+        s.connect(("127.0.0.1", peer.dataplane.port))
     job = spantrain_p2p.Job("spantrain_p2p.models.example_user_model:tiny_mlp", steps=2, no_measure=True, peers=2)
     async with spantrain_p2p.start(job, swarm="refuse") as founder:
         async with spantrain_p2p.join(founder.address, swarm="refuse", no_measure=True) as joiner:

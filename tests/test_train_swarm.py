@@ -209,6 +209,31 @@ async def test_stage_map_news_wakes_a_waiting_peer_and_is_rate_limited(monkeypat
     assert await woken_after({"job": "job-a"}, 1000.0 + 1.5 * MAP_NEWS_MIN_GAP_S) < 0.5  # the gap over: wakes again
 
 
+async def test_a_map_of_a_higher_term_supersedes_one_of_the_same_epoch():
+    """Two peers each took the other for dead and each, planner of its own term, published an epoch 2
+    with itself alone. The one of term 2 saw its map superseded by term 3's epoch 2, and waited for an
+    epoch over 2 for ever while the other trained the job to its end (a suite run, 2026-12-02 08:23).
+    Maps are ordered by (term, epoch), as ``newest_map`` and the epoch watch order them."""
+    import types
+
+    from spantrain_p2p.plan.stagemap import Stage, StageMap
+    from spantrain_p2p.train.run_records import RunRecords
+
+    records = RunRecords(types.SimpleNamespace(), log_bad=lambda sub, why: None)
+    records.job = JobSpec(job_id="j")
+    theirs = StageMap(2, "j", (Stage(("a",), (0, 6), (1.0,)),), term=3)
+
+    async def newest(*_a, **_k):
+        return theirs
+    records.newest_map = newest
+    records.news_or = lambda s: asyncio.sleep(0.01)
+    records._log_map = lambda smap: None
+    assert await records.await_map((2, 2), lambda: "") is theirs  # ours: term 2, epoch 2
+    assert await records.await_map((1, 1), lambda: "") is theirs
+    with pytest.raises(asyncio.TimeoutError):  # not newer than itself
+        await asyncio.wait_for(records.await_map((3, 2), lambda: ""), 0.2)
+
+
 async def test_a_stage_map_read_serves_this_peers_readers_until_news_or_its_age():
     """The planner's loop (every 0.5 s) and the trainer's watch share one read of the stage maps for
     MAP_REUSE_S; news of a map, or this peer's own publishing, makes the next read go to the DHT."""

@@ -376,12 +376,15 @@ class RunRecords:
             return None
         return signer, smap
 
-    async def await_map(self, after: int, waiting_for: Callable[[], str]) -> StageMap:
-        """The first stage map newer than epoch ``after``; ``waiting_for`` says what it waits on."""
+    async def await_map(self, after: tuple[int, int], waiting_for: Callable[[], str]) -> StageMap:
+        """The first stage map newer than ``after``, a (term, epoch) as ``newest_map`` orders maps;
+        ``waiting_for`` says what it waits on. By the epoch alone, a peer whose epoch was superseded
+        by another planner's map of the same number (two peers each took the other for dead, each
+        planned alone as planner of its own term: 2026-12-02) waited for a newer one for ever."""
         announced = False
         while True:
             smap = await self.newest_map()
-            if smap is not None and smap.epoch > after:
+            if smap is not None and (smap.term, smap.epoch) > after:
                 self._log_map(smap)
                 if self.control_at_map is None and getattr(self.peer, "control", None) is not None:
                     self.control_at_map = self.peer.control.snapshot()  # the report's control_training

@@ -248,7 +248,7 @@ class Trainer:
         (a peer died, a newer map came), go back to the newest map and redo from its start step."""
         while True:
             smap = await self.records.await_map(
-                self.smap.epoch if self.smap else 0,
+                (self.smap.term, self.smap.epoch) if self.smap else (0, 0),
                 lambda: f"{len(ready_peers(self.peer))} of {self.job.peers} peers ready")
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")

@@ -57,13 +57,8 @@ class Session:
     async def open(self) -> "Session":
         """Starts the peer (joins, if its config names addresses) and its trainer. ``PeerError``
         (``SwarmUnreachable`` where no address answered) if it cannot, with what the start had opened
-        (its data plane's port, its tasks, its key file) closed again: a caller that catches the
-        error and goes on keeps nothing of it."""
-        try:
-            await self.peer.start()
-        except BaseException:
-            await self.peer.close(graceful=False)
-            raise
+        closed again (``Peer.start``)."""
+        await self.peer.start()
         if self.trainer is not None:
             self.peer.spawn(self.trainer.run(), "trainer")
         return self

@@ -45,9 +45,11 @@ IMPORTABLE = ("transformers.modeling_utils",)
 
 # ---- the zygote process ------------------------------------------------------------------------
 def _preload() -> None:
+    from .. import import_noise
     from .._hivemind_lite import install
 
     install()
+    import_noise.leave_out()  # before any import of torchao (``_import``): its notes of kernels this machine lacks
     import torch  # noqa: F401
     # a job's model built on the meta device (its fingerprint, ``job.spec.check_compatible``) runs
     # torch's Python references, whose first call imports torch._dynamo: 1.1 s of CPU in every peer
@@ -107,9 +109,6 @@ def _import(modules) -> dict:
     import importlib
     import warnings
 
-    from .. import import_noise
-
-    import_noise.leave_out()  # (torchao's logged notes of kernels this machine lacks)
     done = []
     for name in modules if isinstance(modules, list) else []:
         if name not in IMPORTABLE:

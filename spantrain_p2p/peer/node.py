@@ -250,17 +250,23 @@ class Peer:
 
     # ---- lifecycle ------------------------------------------------------------------------
     async def __aenter__(self) -> "Peer":
-        try:
-            await self.start()
-        except BaseException:
-            await self.close(graceful=False)
-            raise
+        await self.start()
         return self
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
     async def start(self) -> None:
+        """Joins (or founds) the swarm. A start that fails closes what it had opened (its data plane's
+        port, its tasks, its daemon, its key file) before the error goes on: a caller that catches it
+        keeps nothing of it."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close(graceful=False)
+            raise
+
+    async def _start(self) -> None:
         from hivemind.dht.node import DHTNode
         from hivemind.p2p import P2P, P2PDaemonError
 

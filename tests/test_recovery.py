@@ -249,7 +249,7 @@ def test_a_peer_done_with_the_job_takes_a_newer_map_that_redoes_the_last_step_th
 
     class Records:
         async def await_map(self, after, _why):
-            while (published[-1].term, published[-1].epoch) <= after:
+            while published[-1].head <= after:
                 await asyncio.sleep(0.01)
             return published[-1]
 

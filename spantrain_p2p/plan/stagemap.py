@@ -64,6 +64,12 @@ class StageMap:
     copy_every: int = 1
 
     @property
+    def head(self) -> tuple[int, int]:
+        """(term, epoch): how maps are ordered. Two planners of different terms (each took the other
+        for dead) may both publish an epoch of the same number; the higher term's is the newer."""
+        return (self.term, self.epoch)
+
+    @property
     def num_stages(self) -> int:
         return len(self.stages)
 

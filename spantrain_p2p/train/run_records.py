@@ -245,17 +245,17 @@ class RunRecords:
             asked = await self._ask_a_peer(kept[2])  # a follower's quiet check: a member, not the key
             if asked is not False:
                 newer = self._map_read[2] if self._map_read is not None else None
-                smap = max((m for m in (asked, kept[2], newer) if m is not None), key=lambda m: (m.term, m.epoch))
+                smap = max((m for m in (asked, kept[2], newer) if m is not None), key=lambda m: m.head)
                 self._map_read = (now, self._maps_changed, smap)
                 return smap
         # news (or a first read) asks two nodes of the key, a quiet check (or a waiter's poll) one
         smap = await self._read_newest_map(NEWS_HOLDERS if kept is None or kept[1] != changed else QUIET_HOLDERS)
         came = self._map_read[2] if self._map_read is not None else None  # (handed down meanwhile?)
-        if came is not None and (smap is None or (came.term, came.epoch) > (smap.term, smap.epoch)):
+        if came is not None and (smap is None or came.head > smap.head):
             return came
         self._map_read = (now, changed, smap)
         when, head = self._hearsay
-        if when >= (kept[0] if kept else 0.0) and (smap is None or (smap.term, smap.epoch) < head):
+        if when >= (kept[0] if kept else 0.0) and (smap is None or smap.head < head):
             self._unfound = (now, head)
         return smap
 
@@ -293,7 +293,7 @@ class RunRecords:
     def _read_already(self, head: tuple[int, int]) -> bool:
         """Whether the last map read here is (term, epoch) ``head`` or newer."""
         kept = self._map_read[2] if self._map_read is not None else None
-        return kept is not None and head <= (kept.term, kept.epoch)
+        return kept is not None and head <= kept.head
 
     async def _read_newest_map(self, holders: int = 5) -> Optional[StageMap]:
         found = await self.peer.dht.get(stagemap_key(self.swarm), latest=True, holders=holders)
@@ -303,9 +303,9 @@ class RunRecords:
         for sub, entry in found.value.items():
             got = self._valid_map(entry.value, sub)
             if got is not None and sub == epoch_subkey(got[1].epoch, got[0]):
-                if best is None or (got[1].term, got[1].epoch) > (best.term, best.epoch):
+                if best is None or got[1].head > best.head:
                     best = got[1]
-                    self._hold((best.term, best.epoch), entry.value)
+                    self._hold(best.head, entry.value)
             elif got is not None:
                 self.log_bad(sub, f"stage map of epoch {got[1].epoch} under another's subkey")
         return best
@@ -340,9 +340,9 @@ class RunRecords:
             return None
         value = signed_of(reply[1])
         got = self._valid_map(value, f"map from {p[:16]}") if value is not None else None
-        if got is None or (got[1].term, got[1].epoch) <= (current.term, current.epoch):
+        if got is None or got[1].head <= current.head:
             return False
-        self._hold((got[1].term, got[1].epoch), value)
+        self._hold(got[1].head, value)
         return got[1]
 
     async def on_get(self, header: dict, buffers):
@@ -384,7 +384,7 @@ class RunRecords:
         announced = False
         while True:
             smap = await self.newest_map()
-            if smap is not None and (smap.term, smap.epoch) > after:
+            if smap is not None and smap.head > after:
                 self._log_map(smap)
                 if self.control_at_map is None and getattr(self.peer, "control", None) is not None:
                     self.control_at_map = self.peer.control.snapshot()  # the report's control_training
@@ -407,7 +407,7 @@ class RunRecords:
                      sign_payload(smap.to_dict(), self.peer.identity, MAX_MAP_BYTES))
         await self.store(*published, ttl_s=MAP_TTL_S)
         self._published = published
-        self._hold((smap.term, smap.epoch), published[2])
+        self._hold(smap.head, published[2])
         self._maps_changed += 1
         # its own map, as a reader would take it, is the newest it knows: not read back
         self._map_read = (time.monotonic(), self._maps_changed, StageMap.from_dict(smap.to_dict(), self.num_layers))
@@ -447,9 +447,9 @@ class RunRecords:
             if len(self._taken) > 64:
                 self._taken.pop(next(iter(self._taken)))
             signer, smap = got
-            head = (smap.term, smap.epoch)
+            head = smap.head
             current = self._map_read[2] if self._map_read is not None else None
-            if current is not None and head < (current.term, current.epoch):
+            if current is not None and head < current.head:
                 return None  # an older map (a replay): neither taken nor passed on
             if not self._read_already(head):
                 self._maps_changed += 1
@@ -486,7 +486,7 @@ class RunRecords:
         """The map down the tree to its peers (``map_tree``), the news of it to every other live
         peer (a spare reads the key; a lost one hears the head on SWIM's messages, or waits
         MAP_POLL_S)."""
-        me, head = self.peer.peer_id, (smap.term, smap.epoch)
+        me, head = self.peer.peer_id, smap.head
 
         async def tell(r) -> None:
             try:

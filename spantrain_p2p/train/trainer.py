@@ -248,7 +248,7 @@ class Trainer:
         (a peer died, a newer map came), go back to the newest map and redo from its start step."""
         while True:
             smap = await self.records.await_map(
-                (self.smap.term, self.smap.epoch) if self.smap else (0, 0),
+                self.smap.head if self.smap else (0, 0),
                 lambda: f"{len(ready_peers(self.peer))} of {self.job.peers} peers ready")
             if smap.error:
                 raise StepFailed(f"the planner stopped the run: {smap.error}")
@@ -357,7 +357,7 @@ class Trainer:
                 newest = await self.records.newest_map(self.records.quiet_s())
             except Exception:
                 continue
-            if newest is not None and (newest.term, newest.epoch) > (cur.term, cur.epoch) and self._train_task is task:
+            if newest is not None and newest.head > cur.head and self._train_task is task:
                 task.cancel()
 
     # ---- a stage's steps ----------------------------------------------------------------------------

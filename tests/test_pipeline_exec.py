@@ -71,6 +71,55 @@ async def test_a_receive_past_its_deadline_fails_the_step_and_leaves_no_gradient
     ex.close()
 
 
+async def test_an_op_whose_tensors_are_here_goes_to_the_compute_thread_before_the_one_ahead_ends():
+    """With ``arrived``, the compute thread goes from one op to the next without waiting for a turn
+    of the event loop: each op of a stage with no tensor to wait for begins as the one before
+    ends; without it, each begins once the loop has handed it on. The same losses and gradients."""
+    handle = ModelHandle(JOB)
+    runs = {}
+    for ahead in (False, True):
+        torch.manual_seed(0)
+        ex = StageExecutor(handle.build(0, handle.num_layers), True, True, 4,
+                           lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), None, None,
+                           arrived=(lambda kind, step, mb: True) if ahead else None)
+        r = await ex.run_step(0, sched.schedule("1f1b", 1, 4, 0))
+        ops = sorted((x for x in r.timeline if x[0] in ("F", "BW")), key=lambda x: x[2])
+        gaps = [b[2] - a[3] for a, b in zip(ops, ops[1:])]
+        runs[ahead] = (r.losses, [p.grad.clone() for p in ex.params], gaps)
+        ex.close()
+    assert len(runs[True][2]) == 7
+    assert all(g == 0.0 for g in runs[True][2]), runs[True][2]  # each began as the one before ended
+    assert all(g > 0.0 for g in runs[False][2]), runs[False][2]  # each after a turn of the loop
+    assert runs[True][0] == runs[False][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+
+
+async def test_a_step_failing_while_an_op_is_handed_ahead_leaves_no_gradient():
+    """A received tensor refused (raised by ``recv``) while the thread computes a backward handed
+    ahead: the step fails once that backward has ended, and no gradient of it is left behind."""
+    handle = ModelHandle(JOB)
+
+    async def recv(kind, step, mb):
+        if mb == 1:
+            raise ValueError("tensor refused")
+        return torch.ones(JOB.micro_batch_size, JOB.seq_len, JOB.model_args["dim"])
+
+    async def send(kind, step, mb, t):
+        return None
+
+    ex = StageExecutor(handle.build(0, 3), True, False, 2,
+                       lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), recv, send,
+                       arrived=lambda kind, step, mb: True)
+    actions = sched.schedule("gpipe", 2, 2, 0)
+    assert [a.op.name for a in actions if a.op.name.startswith("RECV")] == ["RECV_B", "RECV_B"]
+    assert [a.mb for a in actions if a.op.name == "RECV_B"] == [0, 1]  # mb 0's backward runs as mb 1's is refused
+    with pytest.raises(StepFailed, match="tensor refused"):
+        await ex.run_step(0, actions)
+    await ex.on_compute_thread(lambda: None)  # (after whatever the thread still had)
+    assert all(p.grad is None for p in ex.params)
+    ex.close()
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 async def test_each_layer_is_reported_done_during_the_last_backward_with_its_final_gradients(schedule):
     """``on_layer_done`` comes last layer first, while the step's last backward op still runs on a

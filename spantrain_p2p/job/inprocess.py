@@ -45,7 +45,8 @@ async def run_pipeline(job: JobSpec, num_stages: int, steps: int, grads_at: int 
 
         execs[(k, peer)] = StageExecutor(handle.build(a, b), k == 0, k == num_stages - 1, M,
                                          lambda s, m: data.batch(job.seed, s, m, job.micro_batch_size, job.seq_len),
-                                         recv, send, compute_dtype=compute_dtype, recompute=recompute)
+                                         recv, send, compute_dtype=compute_dtype, recompute=recompute,
+                                         arrived=lambda kind, step, mb, key=(k, peer): inboxes[key].arrived((kind, step, mb)))
     opts = {key: make_optimizer(job, e.params) for key, e in execs.items()}
     losses, grads = [], {}
     for step in range(steps):

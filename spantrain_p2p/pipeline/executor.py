@@ -69,13 +69,37 @@ class StepResult:
 
 
 LayerDone = Callable[[int], None]  # called with a layer's index once its step's weight gradients are final
+Arrived = Callable[[str, int, int], bool]  # (kind, step, mb) -> whether that tensor is here, to be taken at once
+
+
+class _Handed:
+    """An op handed to the compute thread: its future, when it was handed and when the thread ended
+    it (unix)."""
+
+    def __init__(self) -> None:
+        self.future: Optional[concurrent.futures.Future] = None
+        self.handed = time.time()
+        self.ended = 0.0
+
+    async def result(self):
+        return await asyncio.wrap_future(self.future)
+
+    async def settle(self) -> None:
+        """Takes it back: not run if it had not begun, else waited for (what it raised dropped), so
+        that nothing of it lands on the stage's state after a failed step has been cleared."""
+        if not self.future.cancel():
+            waited = asyncio.wrap_future(self.future)
+            await asyncio.wait([waited])
+            if waited.done() and not waited.cancelled():
+                waited.exception()  # (retrieved: dropped)
 
 
 class StageExecutor:
     def __init__(self, layers: list[nn.Module], is_first: bool, is_last: bool, num_microbatches: int,
                  batch: Batch, recv: Recv, send: Send, device=None,
                  layer_flops: Optional[list[dict[str, float]]] = None,
-                 compute_dtype: Optional[torch.dtype] = None, recompute: str = "none"):
+                 compute_dtype: Optional[torch.dtype] = None, recompute: str = "none",
+                 arrived: Optional[Arrived] = None):
         """``device`` (a profile.virtual.VirtualDevice) pads each op to the FLOPs of one micro-batch
         through the stage, from ``layer_flops`` (per layer, F, B and W: ``stage_layer_flops``),
         which also say when within the step's last weight-grad op each layer is done on the device
@@ -86,11 +110,13 @@ class StageExecutor:
         what it sends is copied to host memory on a side stream (``hostcopy``). ``loss_scale`` (fp16, set before each step): the
         last stage scales its loss by it; a tensor that overflowed leaves as zeros and sets
         ``overflowed`` (``pipeline.loss_scale``: the step is then skipped everywhere). ``recompute``:
-        none or full (``pipeline.memory``), what the stage keeps of its forwards."""
+        none or full (``pipeline.memory``), what the stage keeps of its forwards. ``arrived(kind, step,
+        mb)``: whether ``recv`` has that tensor already (``run_step`` then hands the op that needs it
+        to the compute thread before the op ahead of it ends)."""
         self.layers = nn.ModuleList(layers)
         self.is_first, self.is_last = is_first, is_last
         self.num_microbatches = num_microbatches
-        self.batch, self.recv, self.send = batch, recv, send
+        self.batch, self.recv, self.send, self.arrived = batch, recv, send, arrived
         self.params = [p for p in self.layers.parameters() if p.requires_grad]
         self._layer_params = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         # the compute thread runs COMPUTE_SLICE_S at a time once it has a core (``osproc.ask_slice``):
@@ -175,7 +201,13 @@ class StageExecutor:
 
     async def _compute(self, phase: str, fn, *args, on_layer_done: Optional[LayerDone] = None,
                        ready: Optional[float] = None):
-        """Runs ``fn(*args, layer_done)`` on the compute thread, padded on a virtual device.
+        """``fn(*args, layer_done)``'s result, run on the compute thread (``_hand``)."""
+        return await self._hand(phase, fn, *args, on_layer_done=on_layer_done, ready=ready).result()
+
+    def _hand(self, phase: str, fn, *args, on_layer_done: Optional[LayerDone] = None,
+              ready: Optional[float] = None) -> _Handed:
+        """Hands ``fn(*args, layer_done)`` to the compute thread, padded on a virtual device: it runs
+        once the thread is done with what it was handed before.
         ``layer_done(i)`` (for the backward ops) tells ``on_layer_done`` on the event loop, once
         the device has had the time to get that far (layer ``i``'s gradients are final then).
         ``ready``: when the op was queued on the virtual device (``VirtualDevice.op``)."""
@@ -211,7 +243,15 @@ class StageExecutor:
                     loop.call_soon_threadsafe(on_layer_done, i)
                 return out
 
-        return await loop.run_in_executor(self._pool, self._counted, call)
+        handed = _Handed()
+
+        def timed():
+            try:
+                return call()
+            finally:
+                handed.ended = time.time()
+        handed.future = self._pool.submit(self._counted, timed)
+        return handed
 
     def _counted(self, fn):
         """``fn()`` on the compute thread, its CPU seconds counted (``take_thread_cpu``), and its
@@ -384,17 +424,59 @@ class StageExecutor:
             start = time.time()
             task.add_done_callback(lambda _: trace.append((name, mb, start, time.time())))
             return task
+
+        def hand(k: int, ready: Optional[float]) -> _Handed:
+            """``actions[k]``, a compute op, to the compute thread."""
+            a = actions[k]
+            st = mbs.setdefault(a.mb, _Mb())
+            if a.op is sched.Op.F:
+                return self._hand("F", self._forward, step, a.mb, st, ready=ready)
+            if a.op is sched.Op.B:
+                return self._hand("B", self._backward_input, st, ready=ready)
+            fn = self._backward_weight if a.op is sched.Op.W else self._backward_full
+            return self._hand(a.op.name, fn, st, on_layer_done=on_layer_done if k == last_bw else None, ready=ready)
+
+        async def take(k: int) -> None:
+            """``actions[k]``, a RECV: its tensor, waited for."""
+            nonlocal queued
+            a, w0 = actions[k], time.time()
+            st = mbs.setdefault(a.mb, _Mb())
+            if a.op is sched.Op.RECV_F:
+                st.inp = self._here(await self.recv(ACT, step, a.mb)).requires_grad_(True)
+            else:
+                st.grad_out = self._here(await self.recv(GRAD, step, a.mb))
+            queued = queue_time()
+            trace.append((a.op.name, a.mb, w0, time.time()))
+
+        def next_ready(j: int) -> Optional[int]:
+            """The compute op after ``actions[j]``, if every tensor it waits for is here already (the
+            sends between them go once ``j`` has ended: they send its outputs)."""
+            if self.arrived is None:
+                return None
+            for k in range(j + 1, len(actions)):
+                op = actions[k].op
+                if op is sched.Op.RECV_F or op is sched.Op.RECV_B:
+                    if not self.arrived(ACT if op is sched.Op.RECV_F else GRAD, step, actions[k].mb):
+                        return None
+                elif op is not sched.Op.SEND_F and op is not sched.Op.SEND_B:
+                    return k
+            return None
+
+        handed: list[_Handed] = []
         try:
+            # a compute op whose tensors are here is handed to the compute thread before the one
+            # ahead of it ends: the thread goes on to it at once, not after a turn of the event loop
+            # (the ending op's sends go meanwhile)
+            ahead: Optional[tuple[int, _Handed]] = None
+            taken: set[int] = set()  # the RECVs done ahead of their turn
+            free = 0.0  # when the thread ended the step's last op
             for j, a in enumerate(actions):
+                if j in taken:
+                    continue
                 st = mbs.setdefault(a.mb, _Mb())
                 op = a.op
-                w0 = time.time()
-                if op is sched.Op.RECV_F:
-                    st.inp = self._here(await self.recv(ACT, step, a.mb)).requires_grad_(True)
-                    queued = queue_time()
-                elif op is sched.Op.RECV_B:
-                    st.grad_out = self._here(await self.recv(GRAD, step, a.mb))
-                    queued = queue_time()
+                if op is sched.Op.RECV_F or op is sched.Op.RECV_B:
+                    await take(j)
                 elif op is sched.Op.SEND_F or op is sched.Op.SEND_B:
                     if op is sched.Op.SEND_F:
                         task = self._send(ACT, step, a.mb, st.out)
@@ -407,29 +489,35 @@ class StageExecutor:
                     # next peer: 1.09-1.18 ms at the median, 5.4-5.6 at the 90th percentile before,
                     # 0.88-0.94 and 2.7-4.4 after, on this 2-core box)
                     await asyncio.sleep(0)
-                    continue
                 else:
-                    t0 = time.monotonic()
-                    tell = on_layer_done if j == last_bw else None
+                    h = ahead[1] if ahead is not None and ahead[0] == j else hand(j, queued)
+                    handed.append(h)
+                    ahead = None
+                    k = next_ready(j)
+                    if k is not None:
+                        for r in range(j + 1, k):
+                            if actions[r].op is sched.Op.RECV_F or actions[r].op is sched.Op.RECV_B:
+                                await take(r)
+                                taken.add(r)
+                        ahead = (k, hand(k, queued))
+                    out = await h.result()
                     if op is sched.Op.F:
-                        loss = await self._compute("F", self._forward, step, a.mb, st, ready=queued)
-                        if loss is not None:
-                            result.losses.append(loss)
+                        if out is not None:
+                            result.losses.append(out)
                         if j == last_f and on_losses is not None:
                             on_losses(list(result.losses))
-                    elif op is sched.Op.B:
-                        await self._compute("B", self._backward_input, st, ready=queued)
-                    elif op is sched.Op.W:
-                        await self._compute("W", self._backward_weight, st, on_layer_done=tell, ready=queued)
-                    elif op is sched.Op.BW:
-                        await self._compute("BW", self._backward_full, st, on_layer_done=tell, ready=queued)
-                    t_compute += time.monotonic() - t0
-                trace.append((op.name, a.mb, w0, time.time()))
+                    # its time from when the thread could have begun it (its wait to wake counts, as
+                    # the op ahead of it does not)
+                    began, free = max(h.handed, free), h.ended
+                    t_compute += h.ended - began
+                    trace.append((op.name, a.mb, began, h.ended))
             if last_bw < 0 and on_layer_done is not None:  # no micro-batch of its own: nothing to wait for
                 for i in reversed(range(len(self.layers))):
                     on_layer_done(i)
             await asyncio.gather(*sends)
         except BaseException as e:
+            # nothing handed to the compute thread may land on the state cleared below
+            await asyncio.gather(*(h.settle() for h in handed), return_exceptions=True)
             for t in sends:
                 t.cancel()
             await asyncio.gather(*sends, return_exceptions=True)

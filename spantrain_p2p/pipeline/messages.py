@@ -141,6 +141,11 @@ class Inbox:
             raise FrameError(f"duplicate {key[0]} for step {key[1]} micro-batch {key[2]}")
         fut.set_result(tensor)
 
+    def arrived(self, key: tuple[str, int, int]) -> bool:
+        """Whether ``get(key)`` has its tensor now."""
+        fut = self._slots.get(key)
+        return fut is not None and fut.done() and not fut.cancelled()
+
     async def get(self, key: tuple[str, int, int], timeout: float) -> torch.Tensor:
         fut = self._slot(key)
         try:

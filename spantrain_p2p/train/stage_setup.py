@@ -106,7 +106,7 @@ async def setup_stage(tr) -> Stage:
     executor = StageExecutor(layers, k == 0, k == n - 1, M, batch=tr._batch, recv=tr.transport.recv,
                              send=tr.defence.sender(tr.transport.send, tr.opts.byzantine), device=tr.peer.device,
                              layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
-                             recompute=tr.recompute)
+                             recompute=tr.recompute, arrived=tr.transport.arrived)
     if sharding is not None:
         sharding.use(buckets)
         expect[WGAT] = sharding.expect(job.job_id, smap.epoch)

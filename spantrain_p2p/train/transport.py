@@ -184,6 +184,10 @@ class PipelineTransport:
                 t = instead
         return t
 
+    def arrived(self, kind: str, step: int, mb: int) -> bool:
+        """Whether ``recv(kind, step, mb)`` has its tensor here already, for the executor."""
+        return self.inbox.arrived((kind, step, mb))
+
     async def receive(self, key: tuple[str, int, int], kind: str, src: str) -> torch.Tensor:
         """The message ``key`` from ``src``. Past the adaptive deadline (a multiple of the recent
         waits for this kind), ask whether ``src`` still lives: one that does not answer fails the

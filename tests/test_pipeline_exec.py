@@ -3,6 +3,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -72,9 +73,10 @@ async def test_a_receive_past_its_deadline_fails_the_step_and_leaves_no_gradient
 
 
 async def test_an_op_whose_tensors_are_here_goes_to_the_compute_thread_before_the_one_ahead_ends():
-    """With ``arrived``, the compute thread goes from one op to the next without waiting for a turn
-    of the event loop: each op of a stage with no tensor to wait for begins as the one before
-    ends; without it, each begins once the loop has handed it on. The same losses and gradients."""
+    """With ``arrived``, the next op is handed to the compute thread with the one ahead of it, so the
+    thread goes on to it without waiting for a turn of the event loop; without it, one op at a time.
+    Seen with the thread held: what the step queued on it before its first op could run (by count,
+    not by time). The same losses and gradients either way."""
     handle = ModelHandle(JOB)
     runs = {}
     for ahead in (False, True):
@@ -82,16 +84,20 @@ async def test_an_op_whose_tensors_are_here_goes_to_the_compute_thread_before_th
         ex = StageExecutor(handle.build(0, handle.num_layers), True, True, 4,
                            lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), None, None,
                            arrived=(lambda kind, step, mb: True) if ahead else None)
-        r = await ex.run_step(0, sched.schedule("1f1b", 1, 4, 0))
-        ops = sorted((x for x in r.timeline if x[0] in ("F", "BW")), key=lambda x: x[2])
-        gaps = [b[2] - a[3] for a, b in zip(ops, ops[1:])]
-        runs[ahead] = (r.losses, [p.grad.clone() for p in ex.params], gaps)
+        holding, held = threading.Event(), threading.Event()
+        ex._pool.submit(lambda: holding.set() or held.wait())
+        assert holding.wait(30)  # (the thread runs it: nothing else is queued)
+        step = asyncio.create_task(ex.run_step(0, sched.schedule("1f1b", 1, 4, 0)))
+        for _ in range(3):  # (the step hands its ops, then waits for the first one's result)
+            await asyncio.sleep(0)
+        queued = ex._pool._work_queue.qsize()
+        held.set()
+        r = await step
+        runs[ahead] = (queued, r.losses, [p.grad.clone() for p in ex.params])
         ex.close()
-    assert len(runs[True][2]) == 7
-    assert all(g == 0.0 for g in runs[True][2]), runs[True][2]  # each began as the one before ended
-    assert all(g > 0.0 for g in runs[False][2]), runs[False][2]  # each after a turn of the loop
-    assert runs[True][0] == runs[False][0]
-    assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+    assert runs[False][0] == 1 and runs[True][0] == 2
+    assert runs[True][1] == runs[False][1]
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][2], runs[False][2]))
 
 
 async def test_a_step_failing_while_an_op_is_handed_ahead_leaves_no_gradient():

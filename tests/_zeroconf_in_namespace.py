@@ -3,6 +3,7 @@
 Prints one JSON line with what it saw. Never run this on the host's real interfaces.
 """
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ def main() -> int:
     run_dir = tempfile.mkdtemp(prefix="spantrain-zc-")
     a = PeerProcess("a", ["--join", "auto", "--swarm", "lan"], run_dir)
     b = PeerProcess("b", ["--join", "auto", "--swarm", "lan"], run_dir)
+    done = False
     try:
         a.start().wait_ready(60)  # finds nobody, starts the swarm and advertises it
         t0 = time.monotonic()
@@ -27,10 +29,15 @@ def main() -> int:
         print(json.dumps({"a": a.info["peer_id"], "b": b.info["peer_id"], "a_members": a.status()["member_count"],
                           "b_members": b.status()["member_count"], "join_s": round(took, 2),
                           "b_log": b.log_tail(40)}))
+        done = True
         return 0
     finally:
         for p in (b, a):
             p.stop(5)
+        if done:
+            shutil.rmtree(run_dir, ignore_errors=True)  # (the peers' logs; b's tail is in the line printed)
+        else:
+            print(f"the peers' logs are kept in {run_dir}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from ..net.dataplane import DataPlaneServer, Retry
 from ..net.handshake import Authenticator
 from ..net.probe_messages import PROBE_KIND, handle_probe
 from ..swarm import discovery, find_values, measure, membership
-from ..swarm.daemon import tie_daemons_to_this_process
+from ..swarm.daemon import daemon_socket_pattern, sweep_stale_sockets, tie_daemons_to_this_process
 from ..swarm.bootstrap import BootstrapFailed, bootstrap
 from ..swarm.control_meter import ControlMeter
 from ..swarm.guard import REPLICAS, GuardedDHT
@@ -316,6 +316,9 @@ class Peer:
         self.paths = reach.install(self)
 
         tie_daemons_to_this_process()
+        swept = await asyncio.to_thread(sweep_stale_sockets, daemon_socket_pattern())
+        if swept:
+            log.info("removed %d p2p daemon socket files nothing listens on any more", swept)
         try:
             self._p2p = await P2P.create(
                 initial_peers=join or None,

@@ -455,11 +455,11 @@ class StageExecutor:
                 return None
             for k in range(j + 1, len(actions)):
                 op = actions[k].op
+                if op in sched.COMPUTE_OPS:
+                    return k
                 if op is sched.Op.RECV_F or op is sched.Op.RECV_B:
                     if not self.arrived(ACT if op is sched.Op.RECV_F else GRAD, step, actions[k].mb):
                         return None
-                elif op is not sched.Op.SEND_F and op is not sched.Op.SEND_B:
-                    return k
             return None
 
         handed: list[_Handed] = []

@@ -53,7 +53,9 @@ the same cores (our event loops, gloo's threads) shows there. And each pair prin
 took on each side, summed over its processes (whole runs): ours split into the compute threads, the
 rest of the peers' threads (their event loops: the data plane, the schedule's hand-offs, the control
 plane) and the p2p daemons; theirs into the computing threads and the rest (gloo's). Where every
-core is busy, as here, a step takes about its side's CPU over the cores.
+core is busy, as here, a step takes about its side's CPU over the cores. Ours also prints its hops
+(``train.hop_times``, over the last steps the peers' reports keep): how long a tensor took to a stage
+already waiting for it, and a step's wall time with at most one stage computing (a core idle, on two).
 
     .venv/bin/python scripts/pipelining_side_by_side.py --pairs 3
     .venv/bin/python scripts/pipelining_side_by_side.py --pairs 1 --steps 15 --schedules 1f1b --json
@@ -83,6 +85,7 @@ from spantrain_p2p.job.optim import make_optimizer
 from spantrain_p2p.job.spec import JobSpec, ModelHandle
 from spantrain_p2p.osproc import core_wait_s
 from spantrain_p2p.plan.stagemap import even_split
+from spantrain_p2p.train.hop_times import hop_times
 
 MODEL_ARGS = {"dim": 128, "depth": 8, "heads": 4, "vocab": 256}
 SEQ_LEN, MICRO_BATCH_SIZE, MICRO_BATCHES, PROCESSES = 64, 8, 8, 4
@@ -252,6 +255,7 @@ def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) ->
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     ends: dict[int, float] = {}
     cpu = {"compute": 0.0, "threads": 0.0, "daemons": 0.0}  # from each peer's training start to its report
+    timelines: dict[int, list[dict]] = {}  # per stage, its peer's last steps (for the hops)
     for path in glob.glob(os.path.join(run_dir, "reports", "*.json")):
         with open(path) as f:
             report = json.load(f)
@@ -259,6 +263,8 @@ def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) ->
         cpu["compute"] += c.get("training_threads_cpu_s") or 0.0
         cpu["threads"] += c.get("background_cpu_s") or 0.0  # the event loop's among them
         cpu["daemons"] += c.get("daemon_cpu_s") or 0.0
+        if report.get("stage") is not None and report.get("timelines"):
+            timelines[report["stage"]] = report["timelines"]
         for step, _t0, t1, *_ in report.get("step_times") or []:
             ends[step] = max(ends.get(step, 0.0), t1)
     if sorted(ends) != list(range(steps)):
@@ -267,7 +273,8 @@ def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) ->
              if "compute_core_wait_s" in (p.get("breakdown") or {})]
     return {"samples_per_s": round(throughput([ends[s] for s in range(steps)], warmup), 3),
             "summary_samples_per_s": summary["samples_per_s"], "losses": summary["losses"],
-            "core_wait_s": max(waits, default=None), "cpu_s_per_step": {k: v / steps for k, v in cpu.items()}}
+            "core_wait_s": max(waits, default=None), "cpu_s_per_step": {k: v / steps for k, v in cpu.items()},
+            "hops": hop_times(timelines) if len(timelines) > 1 else None}
 
 
 # ---- the comparison -------------------------------------------------------------------------------
@@ -331,6 +338,12 @@ def main() -> int:
                         f"{oc['compute'] * 1e3:.0f}, event loops and other threads {oc['threads'] * 1e3:.0f}, p2p daemons "
                         f"{oc['daemons'] * 1e3:.0f}), theirs {sum(tc.values()) * 1e3:.0f} ms (compute "
                         f"{tc['compute'] * 1e3:.0f}, gloo's and other threads {tc['threads'] * 1e3:.0f})")
+                    h = o["hops"]
+                    if h and h["count"]:
+                        say(f"  ours, hops of a tensor to a stage waiting for it (last {h['steps']} steps): median "
+                            f"{h['made_to_taken']['median_ms']:.2f} ms, 90th percentile {h['made_to_taken']['p90_ms']:.2f}, "
+                            f"{h['made_to_taken']['per_step_ms']:.1f} ms a step ({h['made_to_send']['per_step_ms']:.1f} "
+                            f"before the send began); a step with one stage computing or none: {h['single_s'] * 1e3:.0f} ms")
                 results.append({"ours": ours_schedule, "theirs": theirs, "stages_per_process": per_process,
                                 "pairs": pairs, "median_ratio": statistics.median(r["ratio"] for r in pairs),
                                 "loss_max_rel_diff": max(r["loss_max_rel_diff"] for r in pairs)})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
-COMPUTE_OPS = ("F", "B", "W", "BW")
+from .cpu_use import COMPUTE_OPS
 _MADE_BY = {"RECV_F": (("F",), -1, "SEND_F"), "RECV_B": (("B", "BW"), +1, "SEND_B")}
 
 

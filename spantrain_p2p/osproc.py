@@ -80,6 +80,31 @@ def core_wait_s() -> Optional[float]:
         return None
 
 
+class ThreadCoreWait:
+    """``core_wait_s`` of another thread of this process (``tid``), read from any thread: its
+    /proc/self/task/TID/schedstat, open until ``close``. ``read()``: None where the kernel does not
+    say (or the thread has ended)."""
+
+    def __init__(self, tid: int) -> None:
+        try:
+            self.fd: Optional[int] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def read(self) -> Optional[float]:
+        if self.fd is None:
+            return None
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 # sched_setattr(2): its number where this process's architecture has one we know
 _SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}
 _SCHED_ATTR = struct.Struct("IIQiIQQQII")  # size, policy, flags, nice, priority, runtime, deadline, period, util min/max

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from spantrain_p2p.osproc import ThreadCoreWait
 from spantrain_p2p.pipeline import schedule as sched
 from spantrain_p2p.pipeline.executor import StageExecutor, StepFailed
 from spantrain_p2p.pipeline.messages import Inbox
@@ -162,29 +163,37 @@ async def test_each_layer_is_reported_done_during_the_last_backward_with_its_fin
 
 @pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux scheduler statistics")
 async def test_a_step_counts_what_its_compute_thread_waited_for_a_core():
-    """A busy process pinned to the compute thread's one core takes about half of it: the step's
-    compute ops say so (``core_wait_s``), as a share of their time. By the kernel's counters, not by
-    wall time against a threshold: a loaded host only waits longer."""
+    """A busy process pinned to the compute thread's one core takes about half of it: the thread's
+    kernel counter says so, and the step's compute ops (``core_wait_s``) count the part of that wait
+    that fell within their time: some, never more than the whole, nor than their time. By the
+    kernel's counters, not by wall time against a threshold: a loaded host only waits longer."""
     handle = ModelHandle(JOB)
     ex = StageExecutor(handle.build(0, handle.num_layers), True, True, 4,
                        lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), None, None)
     cpu = min(os.sched_getaffinity(0))
-    await asyncio.get_running_loop().run_in_executor(ex._pool, os.sched_setaffinity, 0, {cpu})  # its thread
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(ex._pool, os.sched_setaffinity, 0, {cpu})  # its thread
+    thread = ThreadCoreWait(await loop.run_in_executor(ex._pool, threading.get_native_id))
     actions = sched.schedule("gpipe", 1, 4, 0)
     alone = await ex.run_step(0, actions)  # (warm: the first step allocates)
     assert alone.core_wait_s is not None and alone.core_wait_s >= 0.0
     spin = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
     try:
         time.sleep(0.2)  # (it runs: the interpreter started)
+        total0 = thread.read()
         busy = [await ex.run_step(s, actions) for s in range(1, 6)]
+        total = thread.read() - total0  # all the thread waited, its turns between ops among it
     finally:
         spin.kill()
         spin.wait()
+        thread.close()
     waited = sum(r.core_wait_s for r in busy)
     computed = sum(r.compute_s for r in busy)
-    assert waited > 0.2 * computed, (waited, computed)  # about half: the spinner's share of the core
-    assert waited < computed
-    print(f"\nwith a spinner on its core: {waited:.3f} s of {computed:.3f} s of compute waited for it")
+    assert total > 0.2 * computed, (total, computed)  # about half: the spinner's share of the core
+    assert 0.0 < waited <= total, (waited, total)
+    assert waited < computed, (waited, computed)
+    print(f"\nwith a spinner on its core: {waited:.3f} s of {computed:.3f} s of compute waited for it "
+          f"({total:.3f} s in all)")
     ex.close()
 
 

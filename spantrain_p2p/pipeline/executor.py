@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Optional
@@ -17,7 +18,7 @@ from typing import Awaitable, Callable, Optional
 import torch
 from torch import nn
 
-from ..osproc import ask_slice, core_wait_s
+from ..osproc import ThreadCoreWait, ask_slice, core_wait_s
 from . import schedule as sched
 from . import split_backward
 from .hostcopy import HostCopier
@@ -74,12 +75,14 @@ Arrived = Callable[[str, int, int], bool]  # (kind, step, mb) -> whether that te
 
 class _Handed:
     """An op handed to the compute thread: its future, when it was handed and when the thread ended
-    it (unix)."""
+    it (unix), and its seconds waiting for a core within its compute time (None: unknown)."""
 
     def __init__(self) -> None:
         self.future: Optional[concurrent.futures.Future] = None
         self.handed = time.time()
         self.ended = 0.0
+        self.waited: Optional[float] = None
+        self.wait_at_hand: Optional[float] = None  # the compute thread's ``core_wait_s`` when handed
 
     async def result(self):
         return await asyncio.wrap_future(self.future)
@@ -124,8 +127,10 @@ class StageExecutor:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stage-compute",
                                                            initializer=ask_slice, initargs=(COMPUTE_SLICE_S,))
         self._thread_cpu_s = 0.0  # CPU seconds on the compute thread, not yet taken (take_thread_cpu)
-        self._core_wait_s: Optional[float] = 0.0  # its seconds waiting for a core in its work (None: unknown)
-        self._wait_mark: Optional[float] = None  # the thread's ``core_wait_s`` when its last work ended
+        # when the compute thread ended its last op (unix) and its ``core_wait_s`` then (``_hand``),
+        # and that figure read from the event loop (once the thread has run an op)
+        self._last_end, self._last_wait = 0.0, None
+        self._thread_wait: Optional[ThreadCoreWait] = None
         self.device = device
         self.layer_flops = layer_flops
         self.flops = {ph: sum(x.get(ph, 0.0) for x in layer_flops or ()) for ph in ("F", "B", "W")}
@@ -190,6 +195,8 @@ class StageExecutor:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._thread_wait is not None:
+            self._thread_wait.close()
 
     def _done_fractions(self, phase: str) -> list[float]:
         """Per layer, the fraction of a backward op (``W`` or ``BW``) done once that layer is: the
@@ -246,31 +253,35 @@ class StageExecutor:
         handed = _Handed()
 
         def timed():
+            # its wait for a core over the span ``run_step`` counts as its compute: from the end of
+            # the op before it if it was handed before that ended (the thread went straight on),
+            # else from when it was handed (its wait to wake counts). Before, the wait ran from the
+            # thread's last reading, and took in its turn to hand the last result back: more than
+            # the op's compute on a crowded core (0.483 s waited in 0.461 s, a suite run of 12-02)
+            if handed.handed <= self._last_end:
+                start = self._last_wait
+            else:
+                start = handed.wait_at_hand if handed.wait_at_hand is not None else core_wait_s()
+            if self._thread_wait is None:
+                self._thread_wait = ThreadCoreWait(threading.get_native_id())
             try:
                 return call()
             finally:
-                handed.ended = time.time()
+                handed.ended, end = time.time(), core_wait_s()
+                handed.waited = None if start is None or end is None else max(0.0, end - start)
+                self._last_end, self._last_wait = handed.ended, end
+        if self._thread_wait is not None:
+            handed.wait_at_hand = self._thread_wait.read()
         handed.future = self._pool.submit(self._counted, timed)
         return handed
 
     def _counted(self, fn):
-        """``fn()`` on the compute thread, its CPU seconds counted (``take_thread_cpu``), and its
-        seconds waiting for a core: from the end of its last work to the end of this one, so that
-        the wait to run once handed ``fn`` counts too (a thread asleep, waiting for work, waits for
-        no core)."""
+        """``fn()`` on the compute thread, its CPU seconds counted (``take_thread_cpu``)."""
         c0 = time.thread_time()
-        if self._wait_mark is None:
-            self._wait_mark = core_wait_s()
         try:
             return fn()
         finally:
             self._thread_cpu_s += time.thread_time() - c0
-            w1 = core_wait_s()
-            if w1 is None or self._wait_mark is None or self._core_wait_s is None:
-                self._core_wait_s = None
-            else:
-                self._core_wait_s += w1 - self._wait_mark
-                self._wait_mark = w1
 
     async def on_compute_thread(self, fn):
         """Runs ``fn()`` on the compute thread: work as long as the optimizer step (seconds when it
@@ -408,7 +419,7 @@ class StageExecutor:
         self.overflowed = False
         self.meter.reset()
         t_compute = 0.0
-        waited0 = self._core_wait_s
+        t_waited: Optional[float] = 0.0  # of it, waiting for a core (None: unknown)
         last_bw = max((j for j, a in enumerate(actions) if a.op in (sched.Op.W, sched.Op.BW)), default=-1)
         last_f = max((j for j, a in enumerate(actions) if a.op is sched.Op.F), default=-1)
         if self._deferral is not None and not self._split_installed and any(a.op is sched.Op.W for a in actions):
@@ -510,6 +521,7 @@ class StageExecutor:
                     # the op ahead of it does not)
                     began, free = max(h.handed, free), h.ended
                     t_compute += h.ended - began
+                    t_waited = None if t_waited is None or h.waited is None else t_waited + h.waited
                     trace.append((op.name, a.mb, began, h.ended))
             if last_bw < 0 and on_layer_done is not None:  # no micro-batch of its own: nothing to wait for
                 for i in reversed(range(len(self.layers))):
@@ -525,9 +537,7 @@ class StageExecutor:
             if isinstance(e, (asyncio.CancelledError, KeyboardInterrupt)):
                 raise
             raise StepFailed(f"step {step} failed: {e}") from e
-        result.compute_s = t_compute
-        if waited0 is not None and self._core_wait_s is not None:
-            result.core_wait_s = self._core_wait_s - waited0
+        result.compute_s, result.core_wait_s = t_compute, t_waited
         result.stash_peak_bytes = self.meter.peak
         return result
 

@@ -72,10 +72,13 @@ def core_wait_s() -> Optional[float]:
         except OSError:
             stat = None
         _local.schedstat = stat
-    if stat is None:
-        return None
+    return None if stat is None else _run_delay_s(stat.fd)
+
+
+def _run_delay_s(fd: int) -> Optional[float]:
+    """The second figure of an open schedstat file (``run_delay``, ns), in seconds; None if unreadable."""
     try:
-        return int(os.pread(stat.fd, 128, 0).split()[1]) / 1e9
+        return int(os.pread(fd, 128, 0).split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 
@@ -92,12 +95,7 @@ class ThreadCoreWait:
             self.fd = None
 
     def read(self) -> Optional[float]:
-        if self.fd is None:
-            return None
-        try:
-            return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            return None
+        return None if self.fd is None else _run_delay_s(self.fd)
 
     def close(self) -> None:
         if self.fd is not None:

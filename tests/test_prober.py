@@ -290,6 +290,25 @@ async def test_a_pipelines_estimate_of_an_emulated_link_leaves_out_a_late_answer
     an emulated 1 Gbit/s link is what the estimate reads, not the wait for the answer (which read
     LAN links at 54-311 Mbit/s, and merged two regions over their 40 ms WAN: 2026-12-01), for the
     passive estimate and adaptive compression's alike. The same link cut to a tenth still shows."""
+    await _estimates_of_an_emulated_link(DataPlaneClient())
+
+
+async def test_a_pipelines_estimate_of_an_emulated_link_holds_when_the_sender_is_held_before_it_sends():
+    """The sender's loop held 1 ms between a message's exchange beginning and its connection being
+    ready (a busy host preempting it there): the link dates the bytes' start back over that time, and
+    the estimate must too. Timed from the connection instead, 0.3 ms read the 1 Gbit/s link at 1,231
+    Mbit/s, 1 ms at 20,544 (the suite's failures of 2026-12-02 14:47-15:17, at 1,120-1,213)."""
+
+    class Held(DataPlaneClient):
+        async def _connection(self, addr, want):
+            conn = await super()._connection(addr, want)
+            time.sleep(0.001)  # the whole loop held, as preemption holds it
+            return conn
+
+    await _estimates_of_an_emulated_link(Held())
+
+
+async def _estimates_of_an_emulated_link(client: DataPlaneClient) -> None:
     import types
 
     import torch
@@ -307,7 +326,7 @@ async def test_a_pipelines_estimate_of_an_emulated_link_leaves_out_a_late_answer
     srv.register(ACT, late)
     await srv.start()
     emu = LinkEmulator(star_scenario(), "me")
-    peer = types.SimpleNamespace(peer_id="a", client=DataPlaneClient(), link_to=lambda dst: emu.link_for("peer-metro"),
+    peer = types.SimpleNamespace(peer_id="a", client=client, link_to=lambda dst: emu.link_for("peer-metro"),
                                  data_url_of=lambda dst: srv.url)
     rtt = types.SimpleNamespace(rtt_ms=LINKS["metro"]["rtt_ms"])  # as probed
     try:

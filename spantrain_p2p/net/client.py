@@ -125,7 +125,8 @@ class DataPlaneClient:
 
     async def send(
         self, url: str, kind: str, header: dict, buffers: Sequence[bytes | memoryview] = (), timeout: float = 30.0,
-        link=None, compensate: bool = True, charge: float = 1.0, on_sent: Optional[Callable[[], None]] = None,
+        link=None, compensate: bool = True, charge: float = 1.0,
+        on_sent: Optional[Callable[[Optional[float]], None]] = None,
         reply_charge: float = 1.0, peer_id: Optional[str] = None, on_start: Optional[Callable[[], None]] = None,
     ) -> tuple[dict, list[memoryview]] | None:
         """Sends one frame; the reply frame, or None if the peer had nothing to say. A refusal raises
@@ -142,8 +143,10 @@ class DataPlaneClient:
         ``reply_charge``: the same for the reply (a layer copy fetched on recovery).
         ``peer_id``: the peer meant to be at ``url``; the handshake fails (``HandshakeError``, a
         ConnectionError) if another is.
-        ``on_sent()``: called once the request's last byte has left (on an emulated link: passed its
-        bandwidth, before its delay), where a caller streaming messages in order may start the next.
+        ``on_sent(held_s)``: called once the request's last byte has left (on an emulated link: passed
+        its bandwidth, before its delay), where a caller streaming messages in order may start the next;
+        ``held_s``: on an emulated link, the seconds the request's bytes held it, as the link scheduled
+        them (``EmulatedLink.paced``: what a caller timing the link reads, not its own wake-ups), else None.
         ``on_start()``: called once a connection is ready, before the request's first byte: the time
         before it (a free slot, a new connection and its handshake) is not the link's.
         """
@@ -202,7 +205,7 @@ class DataPlaneClient:
                                 sent += n
                                 await writer.drain()
                     if ex is None and on_sent is not None:
-                        on_sent()
+                        on_sent(None)
                     magic, status, length = ANSWER.unpack(
                         await (answer if answer is not None else reader.readexactly(ANSWER.size)))
                     if magic != ANSWER_MAGIC:

@@ -192,15 +192,18 @@ class EmulatedLink:
 
     async def paced(
         self, chunks: Iterable[Union[bytes, memoryview]], sent_at: Optional[float] = None, charge: float = 1.0,
-        on_serialized: Optional[Callable[[], None]] = None,
+        on_serialized: Optional[Callable[[float], None]] = None,
     ) -> AsyncIterator[Union[bytes, memoryview]]:
         """The chunks of one message, re-sliced and released at the emulated pace: use it as the
         HTTP body. The last slice comes out after the one-way delay. ``sent_at``: when the caller
         handed the message over (default: the first iteration); the time the client stack took to
         get to the body counts as time on the link (at most ``MAX_CATCHUP_S``). ``charge``: the
         link carries this many emulated bytes per real one (a proxy model's tensor standing for a
-        workload's, ``--workload``). ``on_serialized()`` is called once the last byte has left (before
-        its propagation delay): where a stream of messages may send its next one."""
+        workload's, ``--workload``). ``on_serialized(span_s)`` is called once the last byte has left
+        (before its propagation delay), where a stream of messages may send its next one, with the
+        seconds the message held the link: from its first byte's start to its last byte's end, as the
+        link scheduled them (a start dated back by the credit above counts; this loop waking late after
+        the end does not)."""
         if not (math.isfinite(charge) and charge > 0):
             raise ValueError(f"charge must be a positive number, not {charge!r}")
         views = [memoryview(c).cast("B") for c in chunks]
@@ -218,19 +221,19 @@ class EmulatedLink:
                 pos += n
         if not pieces:
             if on_serialized is not None:
-                on_serialized()
+                on_serialized(0.0)
             await engine.finish()
             return
         for i, p in enumerate(pieces):
             await engine.send(p.nbytes * charge)
             if i == len(pieces) - 1:
                 if on_serialized is not None:
-                    on_serialized()
+                    on_serialized(engine.held_s())
                 await engine.finish()  # the last byte arrives one propagation delay after it left
             yield p
 
     def exchange(self, compensate: bool = True, charge: float = 1.0,
-                 on_serialized: Optional[Callable[[], None]] = None) -> "Exchange":
+                 on_serialized: Optional[Callable[[float], None]] = None) -> "Exchange":
         """A request/reply through this link: see ``Exchange`` (``charge``, ``on_serialized``: see ``paced``)."""
         return Exchange(self, compensate, charge, on_serialized)
 
@@ -252,7 +255,7 @@ class Exchange:
     """One request and its reply through an emulated link (see the module docstring)."""
 
     def __init__(self, link: EmulatedLink, compensate: bool = True, charge: float = 1.0,
-                 on_serialized: Optional[Callable[[], None]] = None):
+                 on_serialized: Optional[Callable[[float], None]] = None):
         self.link = link
         self.charge = charge
         self.on_serialized = on_serialized
@@ -294,6 +297,7 @@ class _Transfer:
         head = min(MAX_CATCHUP_S, head_start_s) if head_start_s > 0 else 0.0
         # a head start counts as a slice that ended that long ago (the credit a late flow gets)
         self.prev_end: Optional[float] = self.emu.clock() - head if head > 0 else None
+        self.first_start: Optional[float] = None  # when its first byte began on the link
 
     def _buckets(self, now: float) -> list[tuple[TokenBucket, float]]:
         rate = self.link.bandwidth(now)
@@ -324,7 +328,15 @@ class _Transfer:
         start = max(b.earliest(now, credit) for b, _ in buckets)
         end = max(b.take(start, nbytes) for b, _ in buckets)
         self.prev_end = end
+        if self.first_start is None:
+            self.first_start = start
         await self.emu._sleep_until(end, precise=False)
+
+    def held_s(self) -> float:
+        """Seconds from its first byte's start on the link to its last byte's end (0 before any)."""
+        if self.first_start is None or self.prev_end is None:
+            return 0.0
+        return self.prev_end - self.first_start
 
     async def finish(self) -> None:
         """The propagation delay after the last byte; FIFO with earlier messages on this link."""

@@ -288,14 +288,14 @@ class PipelineTransport:
             # replica waited 25-38 ms for one, and read its 1 Gbit/s link at 37-64 Mbit/s:
             # cee-3region, 2026-12-01)
             began: list[float] = []
-            left: list[float] = []  # when its last byte had passed the link
+            held: list[float] = []  # on an emulated link, how long its bytes held it
 
             def start() -> None:
                 began.append(time.monotonic())
 
-            def sent() -> None:
-                if not left:
-                    left.append(time.monotonic())
+            def sent(held_s: Optional[float] = None) -> None:
+                if held_s is not None and not held:
+                    held.append(held_s)
                 turn()
             try:
                 try:  # the turn is given back whatever happens (held, every later send to dst would wait forever)
@@ -315,13 +315,16 @@ class PipelineTransport:
                     elapsed = time.monotonic() - t0
                     probe = self.probes.get(dst)
                     rtt = probe.rtt_ms / 1000 if probe is not None and probe.rtt_ms else 0.0
-                    if paced and left:
-                        # an emulated link: its bytes' time is theirs through it, to their last one
-                        # passing (``on_sent``). The reply waits on the receiver's event loop too, which
+                    if paced and held:
+                        # an emulated link: its bytes' time is theirs through it, as the link scheduled
+                        # them (``on_sent``). The reply waits on the receiver's event loop too, which
                         # on a host's busy cores read 1 Gbit/s LAN links at 54-311 Mbit/s, and the
                         # grouping took their 40 ms WAN for the better link (test_planner_swarm merged
-                        # the two regions, 2026-12-01)
-                        through = left[0] - t0
+                        # the two regions, 2026-12-01). Timed from ``on_start`` instead, a loop held
+                        # between the link's start (its exchange, dated back by the time the client took
+                        # to get to the body) and the connection being ready shortened it: 0.3 ms read a
+                        # 1 Gbit/s link at 1,231 Mbit/s (the suite's failures of 2026-12-02 14:47-15:17)
+                        through = held[0]
                         self.passive.observe(dst, nbytes, through)
                         delivered = through + rtt / 2
                     else:

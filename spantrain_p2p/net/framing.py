@@ -48,8 +48,9 @@ def frame_size(chunks: Sequence[bytes | memoryview]) -> int:
     return sum(memoryview(c).nbytes for c in chunks)
 
 
-def decode_header(prefix_and_header: bytes) -> tuple[dict, int]:
-    """Parses magic + length + header from the start of a frame: (header, bytes consumed)."""
+def decode_header(prefix_and_header: bytes | memoryview) -> tuple[dict, int]:
+    """Parses magic + length + header from the start of a frame (bytes, or a view of the whole
+    frame: nothing is copied but the header's own fields): (header, bytes consumed)."""
     if len(prefix_and_header) < _PREFIX.size:
         raise FrameError("frame shorter than its prefix")
     magic, hlen = _PREFIX.unpack_from(prefix_and_header)
@@ -81,7 +82,9 @@ def decode(frame: bytes | memoryview, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     view = memoryview(frame).cast("B")
     if view.nbytes > max_bytes:
         raise FrameError(f"frame of {view.nbytes} bytes is over the {max_bytes}-byte limit")
-    header, pos = decode_header(bytes(view[: _PREFIX.size + MAX_HEADER_BYTES]))
+    # the view itself: copying its first 64 KiB as bytes cost every tensor message that much memory
+    # traffic on the receiving event loop, for a header of a few hundred bytes
+    header, pos = decode_header(view)
     lens = header.pop("buffers")
     if pos + sum(lens) != view.nbytes:
         raise FrameError(f"frame length {view.nbytes} does not match its header ({pos} + {sum(lens)} bytes)")

@@ -181,19 +181,12 @@ class DataPlaneClient:
                         while k < len(chunks) and joined + (n := memoryview(chunks[k]).nbytes) <= SMALL_BYTES:
                             joined += n
                             k += 1
-                        first = b"".join([head, *chunks[:k]])
-                        pieces = [v[i:i + PIECE_BYTES] for c in chunks[k:] for v in (memoryview(c).cast("B"),)
-                                  for i in range(0, v.nbytes, PIECE_BYTES)]
-                        if pieces and type(writer) is asyncio.StreamWriter:
-                            # the head and the body's first piece in one system call (a gathered write),
-                            # not the head alone first: a tensor message is one write, not two. (Not
-                            # through an encrypting writer: it seals what it writes, one call at a time)
-                            writer.writelines([first, pieces.pop(0)])
-                        else:
-                            writer.write(first)
-                        for piece in pieces:
-                            await writer.drain()
-                            writer.write(piece)
+                        writer.write(b"".join([head, *chunks[:k]]))
+                        for c in chunks[k:]:
+                            v = memoryview(c).cast("B")
+                            for i in range(0, v.nbytes, PIECE_BYTES):
+                                writer.write(v[i:i + PIECE_BYTES])
+                                await writer.drain()
                         await writer.drain()
                         sent = size
                     else:  # the head goes with the first paced piece, as one segment when small

@@ -199,7 +199,7 @@ class EmulatedLink:
         handed the message over (default: the first iteration); the time the client stack took to
         get to the body counts as time on the link (at most ``MAX_CATCHUP_S``). ``charge``: the
         link carries this many emulated bytes per real one (a proxy model's tensor standing for a
-        workload's, ``--workload``). ``on_serialized(span_s)`` is called once the last byte has left
+        workload's, ``--workload``). ``on_serialized(held_s)`` is called once the last byte has left
         (before its propagation delay), where a stream of messages may send its next one, with the
         seconds the message held the link: from its first byte's start to its last byte's end, as the
         link scheduled them (a start dated back by the credit above counts; this loop waking late after

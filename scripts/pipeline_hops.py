@@ -42,8 +42,13 @@ def main() -> int:
         print(json.dumps(h))
         return 0
     print(f"{h['count']} hops whose receiver waited, over {h['steps']} steps:")
-    for key, what in (("made_to_taken", "made to taken"), ("made_to_send", "made to its send's start"),
-                      ("send_to_taken", "send's start to taken")):
+    rows = [("made_to_taken", "made to taken"), ("made_to_send", "made to its send's start"),
+            ("send_to_taken", "send's start to taken")]
+    if h.get("split"):
+        print(f"  (of these, {h['split']} with the receiver's arrivals: the send's start to taken in parts)")
+        rows += [("send_to_first_byte", "  to the first byte there"), ("first_byte_to_whole", "  to the whole frame"),
+                 ("whole_to_filed", "  checked and filed"), ("filed_to_taken", "  to the waiting op")]
+    for key, what in rows:
         s = h[key]
         print(f"  {what:26s} median {s['median_ms']} ms, 90th percentile {s['p90_ms']} ms, {s['per_step_ms']} ms a step")
     print(f"a step's wall time with at most one compute op under way: {h['single_s']} s (with none: {h['idle_s']} s)")

@@ -87,6 +87,10 @@ from spantrain_p2p.osproc import core_wait_s
 from spantrain_p2p.plan.stagemap import even_split
 from spantrain_p2p.train.hop_times import hop_times
 
+# the parts of a hop after its send began, where the receivers kept their tensors' arrivals
+HOP_PARTS = (("send_to_first_byte", "to the receiver's first byte"), ("first_byte_to_whole", "to the whole frame"),
+             ("whole_to_filed", "checked and filed"), ("filed_to_taken", "to the waiting op"))
+
 MODEL_ARGS = {"dim": 128, "depth": 8, "heads": 4, "vocab": 256}
 SEQ_LEN, MICRO_BATCH_SIZE, MICRO_BATCHES, PROCESSES = 64, 8, 8, 4
 SAMPLES_PER_STEP = MICRO_BATCH_SIZE * MICRO_BATCHES
@@ -344,6 +348,9 @@ def main() -> int:
                             f"{h['made_to_taken']['median_ms']:.2f} ms, 90th percentile {h['made_to_taken']['p90_ms']:.2f}, "
                             f"{h['made_to_taken']['per_step_ms']:.1f} ms a step ({h['made_to_send']['per_step_ms']:.1f} "
                             f"before the send began); a step with one stage computing or none: {h['single_s'] * 1e3:.0f} ms")
+                        if h.get("split"):
+                            say("    after the send began, ms a step: " + ", ".join(
+                                f"{w} {h[k]['per_step_ms']:.1f}" for k, w in HOP_PARTS))
                 results.append({"ours": ours_schedule, "theirs": theirs, "stages_per_process": per_process,
                                 "pairs": pairs, "median_ratio": statistics.median(r["ratio"] for r in pairs),
                                 "loss_max_rel_diff": max(r["loss_max_rel_diff"] for r in pairs)})

@@ -212,6 +212,27 @@ async def test_an_inline_handler_runs_where_its_frame_comes_in_and_is_answered_l
         await client.close()
 
 
+async def test_an_inline_handler_knows_when_its_frame_began_to_come_in_and_when_it_was_whole(server):
+    """``ARRIVED``: (first byte, whole frame), unix, for the frame an inline handler is given (a
+    pipeline's tensor times its way in by it); nothing outside a handler."""
+    import time
+
+    from spantrain_p2p.net.connections import ARRIVED
+
+    seen = []
+    server.register("now", lambda header, buffers: seen.append(ARRIVED.get()), inline=True)
+    client = DataPlaneClient()
+    try:
+        for _ in range(2):  # the first request of a connection, and one after it
+            t0 = time.time()
+            await client.send(server.url, "now", {}, [bytes(40_000)])
+            first, whole = seen[-1]
+            assert t0 <= first <= whole <= time.time()
+        assert ARRIVED.get() is None
+    finally:
+        await client.close()
+
+
 async def test_an_inline_kind_cuts_a_client_that_leaves_its_answers_unread_and_takes_no_async_handler():
     """A client waits for each answer before its next request; one that sends on while over
     ``MAX_UNSENT_BYTES`` of answers wait unsent is cut off (an inline kind never pauses its reading for

@@ -60,3 +60,23 @@ def test_time_with_two_stages_computing_is_not_single():
     h = hop_times({0: [a[0], b[0]], 1: [a[1], b[1]]})
     assert h["single_s"] == pytest.approx(0.1 - 0.005)
     assert h["idle_s"] == pytest.approx(0.1 - 0.040)
+
+
+def test_a_hop_splits_where_the_receiver_kept_its_tensors_arrivals():
+    # the activation's 2 ms from the send's start to taken: its first byte 0.5 ms in, whole 0.3 ms
+    # later, filed 0.4 ms after that, taken 0.8 ms after that; the gradient's arrival was not kept
+    a = two_stages(0, 100.0)
+    send = 100.0 + 0.010 + 0.001
+    a[1]["arrivals"] = [["act", 0, send + 0.0005, send + 0.0008, send + 0.0012]]
+    h = hop_times({0: [a[0]], 1: [a[1]]})
+    assert h["count"] == 2 and h["split"] == 1  # of the two hops, one has its arrival
+    assert h["send_to_first_byte"]["median_ms"] == pytest.approx(0.5)
+    assert h["first_byte_to_whole"]["median_ms"] == pytest.approx(0.3)
+    assert h["whole_to_filed"]["median_ms"] == pytest.approx(0.4)
+    assert h["filed_to_taken"]["median_ms"] == pytest.approx(0.8)
+
+
+def test_timelines_without_arrivals_give_no_split():
+    a = two_stages(0, 100.0)
+    h = hop_times({0: [a[0]], 1: [a[1]]})
+    assert h["split"] == 0 and "send_to_first_byte" not in h

@@ -103,6 +103,15 @@ def test_a_zb_h1_step_fills_the_pipeline_bubble_with_weight_gradients(swarm):
     assert "W" in ops[first_b:last_b], ops
 
 
+def test_a_middle_stage_keeps_when_each_of_its_tensors_came_in(swarm):
+    # (``transport.take_arrivals``: the data plane's first byte and whole frame, then filed in the inbox)
+    r = next(p.status(path="/report") for p in swarm.values() if p.status()["train"]["stage"] == 1)
+    tl = r["timelines"][-1]
+    mbs = sorted({mb for op, mb, *_ in tl["ops"] if op == "F"})
+    assert sorted((kind, mb) for kind, mb, *_ in tl["arrivals"]) == [(k, mb) for k in ("act", "grad") for mb in mbs]
+    assert all(first <= whole <= filed <= tl["end"] for _k, _mb, first, whole, filed in tl["arrivals"])
+
+
 @pytest.mark.skipif(browser.binary() is None or shutil.which("chromedriver") is None,
                     reason="Chromium and chromedriver are not installed (scripts/setup-browser.sh installs them)")
 def test_the_dashboard_in_a_headless_browser_shows_members_stage_map_and_a_moving_loss(swarm, tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from typing import Any, Callable, Optional
 
 import numpy
@@ -31,6 +32,9 @@ Server = Any  # a dataplane.DataPlaneServer (which imports this module)
 log = logging.getLogger("spantrain_p2p.net.dataplane")
 # (host, port) a request being handled came from, as this peer sees it (a NAT's public side, say)
 REMOTE: contextvars.ContextVar = contextvars.ContextVar("remote", default=None)
+# (unix time the first byte of the request being handled came, and its frame was whole), for an inline
+# handler (``DataPlaneServer.register(..., inline=True)``): how a pipeline's tensor came in (issue 31)
+ARRIVED: contextvars.ContextVar = contextvars.ContextVar("arrived", default=None)
 MAX_UNSENT_BYTES = 1 << 20  # answers a client leaves unread (beyond the kernel's buffers) before it is cut off
 LAZY_BYTES = 64 << 10  # frames from this size are received into memory not zeroed first (a pipeline's
 # 256 KiB tensor: 0.9 us to allocate, against 8.6 us for a bytearray that zeroes it)
@@ -239,10 +243,13 @@ class FramedConnection(asyncio.BufferedProtocol):
         self._want = memoryview(self._buf)
         self._drop = 0  # body bytes of a refused message still to come
         self._deadline = float("inf")
+        self._first_at: Optional[float] = None  # when the request's first byte came (``ARRIVED``)
         self._watch()  # from now on the connection is idle: closed after idle_timeout_s without a request
 
     def take(self, data: bytes | bytearray) -> int:
         """Copies bytes read before this protocol took over into its buffer; returns their count."""
+        if data and self._first_at is None:
+            self._first_at = time.time()
         self._want[: len(data)] = data
         return len(data)
 
@@ -302,6 +309,8 @@ class FramedConnection(asyncio.BufferedProtocol):
         if self._stage == "busy":  # the client sent more before its answer: not this protocol
             self._fail("a second request arrived before the first was answered")
             return
+        if self._first_at is None:
+            self._first_at = time.time()
         self._want = self._want[nbytes:]
         if self._want.nbytes:
             return
@@ -358,11 +367,12 @@ class FramedConnection(asyncio.BufferedProtocol):
                 self._stage = "closing"
                 self.transport.abort()
                 return
-            token = REMOTE.set(self.remote)
+            token, arrived = REMOTE.set(self.remote), ARRIVED.set((self._first_at, time.time()))
             try:
                 self._finish(*self.server.dispatch_now(self._kind, self._buf, self.sender))
             finally:
                 REMOTE.reset(token)
+                ARRIVED.reset(arrived)
             return
         self._stage = "busy"
         self.transport.pause_reading()

@@ -6,7 +6,10 @@ A hop: stage k ends the op that makes a tensor (F: its activation to k + 1; B or
 gradient to k - 1), its event loop starts the send (SEND_F, SEND_B), and the stage it goes to ends
 its wait for it (RECV_F, RECV_B). Only hops whose receiver was already waiting when the tensor was
 made are counted: the others cost nothing. Each is split at the send's start: the sender's own turn
-(its loop waking to send) and the rest (the bytes, the receiver's loop waking to take them). On a
+(its loop waking to send) and the rest (the bytes, the receiver's loop waking to take them); where the
+receiver's timeline has its tensors' arrivals (``arrivals``: [kind, micro-batch, first byte, whole,
+filed], from its data plane), the rest splits again: to the first byte at the receiver, to the whole
+frame, to the tensor checked and filed, and on to the waiting op taking it. On a
 host whose cores are all busy these are where a pipeline waits on its transport; a core with one
 stage computing and none other runnable is idle, which ``single_s`` (a step's wall time with at most
 one compute op under way over all stages) bounds.
@@ -20,6 +23,11 @@ from typing import Optional
 
 from .cpu_use import COMPUTE_OPS
 _MADE_BY = {"RECV_F": (("F",), -1, "SEND_F"), "RECV_B": (("B", "BW"), +1, "SEND_B")}
+_KIND = {"RECV_F": "act", "RECV_B": "grad"}
+# the parts of send_to_taken where the receiver kept arrivals: (name, from, to) over the moments
+# (send's start, first byte, whole, filed, taken)
+_PARTS = (("send_to_first_byte", 0, 1), ("first_byte_to_whole", 1, 2), ("whole_to_filed", 2, 3),
+          ("filed_to_taken", 3, 4))
 
 
 def _first(ops: list, names: tuple[str, ...], mb: int) -> Optional[list]:
@@ -37,14 +45,17 @@ def hop_times(timelines: dict[int, list[dict]]) -> dict:
     """``timelines``: per stage, its one peer's step timelines. Over the steps every stage has:
     the hops whose receiver waited (``count``), the time from the tensor made to it taken
     (``made_to_taken``), split at the send's start (``made_to_send``, ``send_to_taken``), each as
-    median, 90th percentile and sum a step; and ``single_s``, the median step's wall time with at
-    most one compute op under way (``idle_s``: with none)."""
+    median, 90th percentile and sum a step; where the receivers kept their tensors' arrivals,
+    ``send_to_taken``'s parts too (``_PARTS``, over the hops that have them: ``split``); and
+    ``single_s``, the median step's wall time with at most one compute op under way (``idle_s``: with none)."""
     by_stage = {k: {tl["step"]: tl for tl in tls} for k, tls in timelines.items()}
     common = set.intersection(*(set(v) for v in by_stage.values())) if by_stage else set()
     steps = sorted(common)
     made_to_taken, made_to_send, send_to_taken = [], [], []
+    parts: dict[str, list[float]] = {name: [] for name, _a, _b in _PARTS}
     for s in steps:
         for k, tls in by_stage.items():
+            arrived = {(a[0], a[1]): a[2:5] for a in tls[s].get("arrivals") or ()}
             for op, mb, start, end in tls[s]["ops"]:
                 if op not in _MADE_BY:
                     continue
@@ -60,10 +71,17 @@ def hop_times(timelines: dict[int, list[dict]]) -> dict:
                 if sent is not None:
                     made_to_send.append(max(0.0, sent[2] - made[3]))
                     send_to_taken.append(max(0.0, end - sent[2]))
+                    came = arrived.get((_KIND[op], mb))
+                    if came is not None:
+                        moments = (sent[2], *came, end)
+                        for name, a, b in _PARTS:
+                            parts[name].append(max(0.0, moments[b] - moments[a]))
+    split = len(parts[_PARTS[0][0]])
     return {"steps": len(steps), "count": len(made_to_taken),
             "made_to_taken": _summary(made_to_taken, len(steps)),
             "made_to_send": _summary(made_to_send, len(steps)),
             "send_to_taken": _summary(send_to_taken, len(steps)),
+            "split": split, **({name: _summary(v, len(steps)) for name, v in parts.items()} if split else {}),
             **_single(by_stage, steps)}
 
 

@@ -493,6 +493,7 @@ class Trainer:
             p.grad = None
         if st.sharding is not None and not skip:  # the owners' new weights to every replica
             await st.sharding.gather(self.transport, step, st.params)
+        arrivals = self.transport.take_arrivals(step)
         self.transport.drop_before(step + 1)
         t1 = time.time()
         self.step_times.append((ds, t0, t1, smap.epoch))
@@ -502,7 +503,7 @@ class Trainer:
             ops.append(["SUM", -1, t_pipe, t_sum])  # the replicas' gradient sum (and fp16's vote)
         ops.append(["OPT", -1, t_sum, t1])
         self.timelines[step] = {"step": step, "epoch": smap.epoch, "stage": self.stage, "start": t0, "end": t1,
-                                "ops": ops, "core_wait_s": result.core_wait_s}
+                                "ops": ops, "core_wait_s": result.core_wait_s, "arrivals": arrivals}
         for old in [k for k in self.timelines if k <= step - KEEP_TIMELINES]:
             del self.timelines[old]
         self.compute_s.append(result.compute_s)

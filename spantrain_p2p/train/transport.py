@@ -18,6 +18,7 @@ import torch
 
 from ..compress import codecs
 from ..compress.adaptive import AdaptivePolicy
+from ..net.connections import ARRIVED
 from ..net.dataplane import RemoteError, Retry
 from ..net.framing import FrameError
 from ..pipeline.deadlines import Deadlines
@@ -79,6 +80,9 @@ class PipelineTransport:
         self.smap: Optional[StageMap] = None
         self.stage: Optional[int] = None
         self.inbox = Inbox(max_pending=64)
+        # (kind, step, micro-batch) -> unix times its first byte came, its frame was whole and it was
+        # filed in the inbox: an activation's or gradient's way in (``take_arrivals``; issue 31)
+        self._arrivals: dict[tuple[str, int, int], tuple[float, float, float]] = {}
         self._expect: dict[str, Expect] = {}
         self._route: dict[str, list[str]] = {}  # kind -> destination peer of each micro-batch
         self.wire_bytes: dict[int, dict[str, int]] = {}  # step -> destination peer -> bytes sent
@@ -112,6 +116,7 @@ class PipelineTransport:
         self.smap, self.stage = smap, stage
         self._expect = {}
         self.inbox.clear()
+        self._arrivals.clear()
 
     def route(self, route: dict[str, list[str]]) -> None:
         """Where each micro-batch's activation (ACT) and input gradient (GRAD) goes."""
@@ -126,6 +131,14 @@ class PipelineTransport:
 
     def drop_before(self, step: int) -> None:
         self.inbox.drop_before(step)
+        for key in [k for k in self._arrivals if k[1] < step]:
+            del self._arrivals[key]
+
+    def take_arrivals(self, step: int) -> list[list]:
+        """``[kind, micro-batch, first byte, whole, filed]`` (unix) of each activation and gradient of
+        ``step`` received so far, taken (a step's timeline keeps them)."""
+        keys = [k for k in self._arrivals if k[1] == step]
+        return [[k[0], k[2], *self._arrivals.pop(k)] for k in keys]
 
     def observe_compute(self, per_mb_s: float) -> None:
         """One step's compute time per micro-batch: adaptive compression weighs transfers against it."""
@@ -171,6 +184,9 @@ class PipelineTransport:
         if self.received_hook is not None:
             self.received_hook(header["src"], header, buffers)
         self.inbox.put((f"{kind}/{header['src']}" if kind in REPLICA_KINDS else kind, step, mb), t)
+        arrived = ARRIVED.get()
+        if arrived is not None and arrived[0] is not None and kind in (ACT, GRAD):
+            self._arrivals[(kind, step, mb)] = (arrived[0], arrived[1], time.time())
         return None
 
     async def recv(self, kind: str, step: int, mb: int) -> torch.Tensor:

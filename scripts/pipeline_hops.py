@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from spantrain_p2p.train.hop_times import hop_times
+from spantrain_p2p.train.hop_times import PARTS, hop_times
 
 
 def main() -> int:
@@ -46,11 +46,10 @@ def main() -> int:
             ("send_to_taken", "send's start to taken")]
     if h.get("split"):
         print(f"  (of these, {h['split']} with the receiver's arrivals: the send's start to taken in parts)")
-        rows += [("send_to_first_byte", "  to the first byte there"), ("first_byte_to_whole", "  to the whole frame"),
-                 ("whole_to_filed", "  checked and filed"), ("filed_to_taken", "  to the waiting op")]
+        rows += [(name, f"  {what}") for name, what in PARTS]
     for key, what in rows:
         s = h[key]
-        print(f"  {what:26s} median {s['median_ms']} ms, 90th percentile {s['p90_ms']} ms, {s['per_step_ms']} ms a step")
+        print(f"  {what:30s} median {s['median_ms']} ms, 90th percentile {s['p90_ms']} ms, {s['per_step_ms']} ms a step")
     print(f"a step's wall time with at most one compute op under way: {h['single_s']} s (with none: {h['idle_s']} s)")
     return 0
 

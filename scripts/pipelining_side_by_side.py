@@ -85,11 +85,7 @@ from spantrain_p2p.job.optim import make_optimizer
 from spantrain_p2p.job.spec import JobSpec, ModelHandle
 from spantrain_p2p.osproc import core_wait_s
 from spantrain_p2p.plan.stagemap import even_split
-from spantrain_p2p.train.hop_times import hop_times
-
-# the parts of a hop after its send began, where the receivers kept their tensors' arrivals
-HOP_PARTS = (("send_to_first_byte", "to the receiver's first byte"), ("first_byte_to_whole", "to the whole frame"),
-             ("whole_to_filed", "checked and filed"), ("filed_to_taken", "to the waiting op"))
+from spantrain_p2p.train.hop_times import PARTS as HOP_PARTS, hop_times
 
 MODEL_ARGS = {"dim": 128, "depth": 8, "heads": 4, "vocab": 256}
 SEQ_LEN, MICRO_BATCH_SIZE, MICRO_BATCHES, PROCESSES = 64, 8, 8, 4

@@ -24,10 +24,10 @@ from typing import Optional
 from .cpu_use import COMPUTE_OPS
 _MADE_BY = {"RECV_F": (("F",), -1, "SEND_F"), "RECV_B": (("B", "BW"), +1, "SEND_B")}
 _KIND = {"RECV_F": "act", "RECV_B": "grad"}
-# the parts of send_to_taken where the receiver kept arrivals: (name, from, to) over the moments
-# (send's start, first byte, whole, filed, taken)
-_PARTS = (("send_to_first_byte", 0, 1), ("first_byte_to_whole", 1, 2), ("whole_to_filed", 2, 3),
-          ("filed_to_taken", 3, 4))
+# the parts of send_to_taken where the receiver kept arrivals, each (name, what it is) from one moment
+# to the next of: the send's start, the first byte there, the whole frame, filed, taken
+PARTS = (("send_to_first_byte", "to the receiver's first byte"), ("first_byte_to_whole", "to the whole frame"),
+         ("whole_to_filed", "checked and filed"), ("filed_to_taken", "to the waiting op"))
 
 
 def _first(ops: list, names: tuple[str, ...], mb: int) -> Optional[list]:
@@ -46,13 +46,13 @@ def hop_times(timelines: dict[int, list[dict]]) -> dict:
     the hops whose receiver waited (``count``), the time from the tensor made to it taken
     (``made_to_taken``), split at the send's start (``made_to_send``, ``send_to_taken``), each as
     median, 90th percentile and sum a step; where the receivers kept their tensors' arrivals,
-    ``send_to_taken``'s parts too (``_PARTS``, over the hops that have them: ``split``); and
+    ``send_to_taken``'s parts too (``PARTS``, over the hops that have them: ``split``); and
     ``single_s``, the median step's wall time with at most one compute op under way (``idle_s``: with none)."""
     by_stage = {k: {tl["step"]: tl for tl in tls} for k, tls in timelines.items()}
     common = set.intersection(*(set(v) for v in by_stage.values())) if by_stage else set()
     steps = sorted(common)
     made_to_taken, made_to_send, send_to_taken = [], [], []
-    parts: dict[str, list[float]] = {name: [] for name, _a, _b in _PARTS}
+    parts: dict[str, list[float]] = {name: [] for name, _what in PARTS}
     for s in steps:
         for k, tls in by_stage.items():
             arrived = {(a[0], a[1]): a[2:5] for a in tls[s].get("arrivals") or ()}
@@ -74,9 +74,9 @@ def hop_times(timelines: dict[int, list[dict]]) -> dict:
                     came = arrived.get((_KIND[op], mb))
                     if came is not None:
                         moments = (sent[2], *came, end)
-                        for name, a, b in _PARTS:
-                            parts[name].append(max(0.0, moments[b] - moments[a]))
-    split = len(parts[_PARTS[0][0]])
+                        for (name, _what), a, b in zip(PARTS, moments, moments[1:]):
+                            parts[name].append(max(0.0, b - a))
+    split = len(parts[PARTS[0][0]])
     return {"steps": len(steps), "count": len(made_to_taken),
             "made_to_taken": _summary(made_to_taken, len(steps)),
             "made_to_send": _summary(made_to_send, len(steps)),

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Optional
 import torch
 from torch import nn
 
-from ..osproc import ThreadCoreWait, ask_slice, core_wait_s
+from ..osproc import ThreadCoreWait, ask_slice
 from . import schedule as sched
 from . import split_backward
 from .hostcopy import HostCopier
@@ -258,16 +258,17 @@ class StageExecutor:
             # else from when it was handed (its wait to wake counts). Before, the wait ran from the
             # thread's last reading, and took in its turn to hand the last result back: more than
             # the op's compute on a crowded core (0.483 s waited in 0.461 s, a suite run of 12-02)
+            # (one reader of the thread's schedstat serves the loop's reading at handing and these)
+            if self._thread_wait is None:
+                self._thread_wait = ThreadCoreWait(threading.get_native_id())
             if handed.handed <= self._last_end:
                 start = self._last_wait
             else:
-                start = handed.wait_at_hand if handed.wait_at_hand is not None else core_wait_s()
-            if self._thread_wait is None:
-                self._thread_wait = ThreadCoreWait(threading.get_native_id())
+                start = handed.wait_at_hand if handed.wait_at_hand is not None else self._thread_wait.read()
             try:
                 return call()
             finally:
-                handed.ended, end = time.time(), core_wait_s()
+                handed.ended, end = time.time(), self._thread_wait.read()
                 handed.waited = None if start is None or end is None else max(0.0, end - start)
                 self._last_end, self._last_wait = handed.ended, end
         if self._thread_wait is not None:

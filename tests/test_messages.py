@@ -87,6 +87,33 @@ async def test_inbox_delivers_early_and_late_arrivals_and_refuses_duplicates():
         await inbox.get((ACT, 5, 0), 0.05)
 
 
+async def test_a_filed_tensor_wakes_its_waiting_taker_at_the_loops_next_turn():
+    # one turn, not two (a shielded slot future took the shield's callback, then the wake-up)
+    inbox = Inbox(4)
+    taker = asyncio.create_task(inbox.get((GRAD, 3, 1), 5))
+    await asyncio.sleep(0)
+    inbox.put((GRAD, 3, 1), torch.ones(2))
+    await asyncio.sleep(0)
+    assert taker.done() and torch.equal(taker.result(), torch.ones(2))
+    assert not inbox.arrived((GRAD, 3, 1))  # taken: its slot is free
+
+
+async def test_a_taker_that_timed_out_still_gets_the_tensor_that_comes_later_and_a_dropped_step_cancels_it():
+    inbox = Inbox(4)
+    with pytest.raises(TimeoutError):
+        await inbox.get((ACT, 2, 0), 0.01)
+    inbox.put((ACT, 2, 0), torch.zeros(3))
+    assert inbox.arrived((ACT, 2, 0))
+    assert torch.equal(await inbox.get((ACT, 2, 0), 0.01), torch.zeros(3))
+    waiting = asyncio.create_task(inbox.get((ACT, 2, 1), 5))
+    await asyncio.sleep(0)
+    inbox.drop_before(3)
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    inbox.put((ACT, 3, 0), torch.ones(1))  # the dropped slot is gone: a later step's tensor is filed
+    assert inbox.arrived((ACT, 3, 0)) and not inbox.arrived((ACT, 2, 1))
+
+
 @pytest.mark.parametrize("codec,tol", [("fp16", 1e-3), ("int8", 2e-2), ("topk:0.5", 1.0)])
 def test_compressed_tensors_decode_to_the_expected_shape(codec, tol):
     t = torch.randn(2, 4, 8)

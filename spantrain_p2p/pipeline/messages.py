@@ -119,53 +119,67 @@ def decode_tensor(header: dict, buffers: list[memoryview], expect: Expect, steps
     return step, mb, t
 
 
+class _Slot:
+    """A key's tensor once filed, and the future its one taker waits on until then."""
+    __slots__ = ("tensor", "waiter")
+
+    def __init__(self) -> None:
+        self.tensor: Optional[torch.Tensor] = None
+        self.waiter: Optional[asyncio.Future] = None
+
+
 class Inbox:
-    """Received tensors by (kind, step, micro-batch), awaited with deadlines; bounded."""
+    """Received tensors by (kind, step, micro-batch), awaited with deadlines; bounded.
+    A tensor filed for a waiting taker wakes it at the loop's next turn: the taker awaits a future
+    of its own that ``put`` sets, not the slot's future through ``asyncio.shield``, which took two
+    turns (the shield's callback, then the task's wake-up) on a loop that may wait for a core
+    between them (issue 31: a filed tensor's wait for its op, 90th percentile 2.4 ms)."""
 
     def __init__(self, max_pending: int):
         self.max_pending = max_pending
-        self._slots: dict[tuple[str, int, int], asyncio.Future] = {}
-
-    def _slot(self, key) -> asyncio.Future:
-        fut = self._slots.get(key)
-        if fut is None:
-            fut = self._slots[key] = asyncio.get_running_loop().create_future()
-        return fut
+        self._slots: dict[tuple[str, int, int], _Slot] = {}
 
     def put(self, key: tuple[str, int, int], tensor: torch.Tensor) -> None:
-        fut = self._slots.get(key)
-        if fut is None and len(self._slots) >= self.max_pending:
-            raise FrameError(f"inbox full ({self.max_pending} pending messages)")
-        fut = self._slot(key)
-        if fut.done():
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= self.max_pending:
+                raise FrameError(f"inbox full ({self.max_pending} pending messages)")
+            slot = self._slots[key] = _Slot()
+        if slot.tensor is not None:
             raise FrameError(f"duplicate {key[0]} for step {key[1]} micro-batch {key[2]}")
-        fut.set_result(tensor)
+        slot.tensor = tensor
+        if slot.waiter is not None and not slot.waiter.done():
+            slot.waiter.set_result(None)
 
     def arrived(self, key: tuple[str, int, int]) -> bool:
         """Whether ``get(key)`` has its tensor now."""
-        fut = self._slots.get(key)
-        return fut is not None and fut.done() and not fut.cancelled()
+        slot = self._slots.get(key)
+        return slot is not None and slot.tensor is not None
 
     async def get(self, key: tuple[str, int, int], timeout: float) -> torch.Tensor:
-        fut = self._slot(key)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot()
         try:
-            if not fut.done():  # (one that came first is taken as it is: no timer, no waiter)
-                # shielded: a timeout leaves the slot waiting (the tensor is still taken when it comes);
+            if slot.tensor is None:  # (one that came first is taken as it is: no timer, no waiter)
+                # a timeout cancels the waiter alone: the slot stays, and takes the tensor when it comes;
                 # ``asyncio.timeout``, not ``wait_for``: no task of its own for each message
+                slot.waiter = asyncio.get_running_loop().create_future()
                 async with asyncio.timeout(timeout):
-                    await asyncio.shield(fut)
-            return fut.result()
+                    await slot.waiter
+            return slot.tensor
         except TimeoutError:
             raise TimeoutError(f"no {key[0]} for step {key[1]} micro-batch {key[2]} within {timeout:.0f}s") from None
         finally:
-            if fut.done():
-                self._slots.pop(key, None)
+            slot.waiter = None
+            if slot.tensor is not None and self._slots.get(key) is slot:
+                del self._slots[key]
 
     def drop_before(self, step: int) -> None:
         for key in [k for k in self._slots if k[1] < step]:
-            fut = self._slots.pop(key)
-            if not fut.done():
-                fut.cancel()
+            slot = self._slots.pop(key)
+            if slot.waiter is not None and not slot.waiter.done():
+                slot.waiter.cancel()
 
     def clear(self) -> None:
         self.drop_before(2**62)

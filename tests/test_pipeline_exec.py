@@ -131,7 +131,7 @@ async def test_a_step_failing_while_an_op_is_handed_ahead_leaves_no_gradient():
 async def test_each_layer_is_reported_done_during_the_last_backward_with_its_final_gradients(schedule):
     """``on_layer_done`` comes last layer first, while the step's last backward op still runs on a
     slow virtual device, and the gradients it saw are the step's final ones."""
-    from spantrain_p2p.pipeline.executor import stage_layer_flops
+    from spantrain_p2p.profile.virtual import stage_layer_flops
     from spantrain_p2p.profile.virtual import VirtualDevice
 
     handle = ModelHandle(JOB)

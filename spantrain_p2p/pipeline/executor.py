@@ -104,9 +104,9 @@ class StageExecutor:
                  compute_dtype: Optional[torch.dtype] = None, recompute: str = "none",
                  arrived: Optional[Arrived] = None):
         """``device`` (a profile.virtual.VirtualDevice) pads each op to the FLOPs of one micro-batch
-        through the stage, from ``layer_flops`` (per layer, F, B and W: ``stage_layer_flops``),
-        which also say when within the step's last weight-grad op each layer is done on the device
-        (for ``run_step``'s ``on_layer_done``). ``compute_dtype`` (bfloat16 or float16): the forward
+        through the stage, from ``layer_flops`` (per layer, F, B and W:
+        ``profile.virtual.stage_layer_flops``), which also say when within the step's last weight-grad
+        op each layer is done on the device (for ``run_step``'s ``on_layer_done``). ``compute_dtype`` (bfloat16 or float16): the forward
         runs under autocast to it, the weights stay float32 (so do their gradients and the
         optimizer), and activations and their gradients leave the stage in it. The stage computes
         where its layers are (``--device``): batches and received tensors are moved there, and
@@ -562,23 +562,3 @@ class StageExecutor:
         for p in self.params:
             p.grad = None
 
-
-def stage_layer_flops(layers: list[nn.Module], sample_input: torch.Tensor,
-                      targets: Optional[torch.Tensor]) -> list[dict[str, float]]:
-    """FLOPs of F, B and W of one micro-batch through each of these layers (torch's own counter)."""
-    from ..profile.virtual import FlopCache
-
-    cache = FlopCache()
-    out = []
-    x = sample_input
-    for i, layer in enumerate(layers):
-        last = i == len(layers) - 1 and targets is not None
-        args = (x, targets) if last else (x,)
-        pf = cache.phase_flops(layer, args)
-        # the counter's W pass (autograd to the weights alone) re-walks the input-gradient chain;
-        # the weight gradients' own work is what is left once B is taken out
-        out.append({"F": pf["F"], "B": pf["B"], "W": max(0.0, pf["W"] - pf["B"])})
-        if not last:
-            with torch.no_grad():
-                x = layer(x)
-    return out

@@ -380,3 +380,22 @@ def count_phase_flops(layer: nn.Module, inputs: Sequence[torch.Tensor]) -> Phase
                 torch.autograd.grad(out, params, g, allow_unused=True)
             w = m.get_total_flops()
     return PhaseFlops(float(f), float(b), float(w))
+
+
+def stage_layer_flops(layers: list[nn.Module], sample_input: torch.Tensor,
+                      targets: Optional[torch.Tensor]) -> list[dict[str, float]]:
+    """FLOPs of F, B and W of one micro-batch through each of these layers (torch's own counter)."""
+    cache = FlopCache()
+    out = []
+    x = sample_input
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1 and targets is not None
+        args = (x, targets) if last else (x,)
+        pf = cache.phase_flops(layer, args)
+        # the counter's W pass (autograd to the weights alone) re-walks the input-gradient chain;
+        # the weight gradients' own work is what is left once B is taken out
+        out.append({"F": pf["F"], "B": pf["B"], "W": max(0.0, pf["W"] - pf["B"])})
+        if not last:
+            with torch.no_grad():
+                x = layer(x)
+    return out

@@ -15,10 +15,11 @@ from ..models import workload
 from ..models.precision import COMPUTE_DTYPES, WIRE_DTYPES
 from ..pipeline import schedule as sched
 from ..pipeline.assignment import peer_actions
-from ..pipeline.executor import StageExecutor, stage_layer_flops
+from ..pipeline.executor import StageExecutor
 from ..pipeline.loss_scale import LossScale
 from ..pipeline.memory import layer_stashes
 from ..pipeline.messages import ACT, AMP, GRAD, GSUM, WGAT, Expect
+from ..profile.virtual import stage_layer_flops
 from ..robust.gate import SHARED
 from . import memory_use, overflow, report as run_report, shard
 from .gradsum import layer_buckets

@@ -131,8 +131,7 @@ async def test_a_step_failing_while_an_op_is_handed_ahead_leaves_no_gradient():
 async def test_each_layer_is_reported_done_during_the_last_backward_with_its_final_gradients(schedule):
     """``on_layer_done`` comes last layer first, while the step's last backward op still runs on a
     slow virtual device, and the gradients it saw are the step's final ones."""
-    from spantrain_p2p.profile.virtual import stage_layer_flops
-    from spantrain_p2p.profile.virtual import VirtualDevice
+    from spantrain_p2p.profile.virtual import VirtualDevice, stage_layer_flops
 
     handle = ModelHandle(JOB)
     layers = handle.build(0, handle.num_layers)

@@ -101,6 +101,54 @@ async def test_an_op_whose_tensors_are_here_goes_to_the_compute_thread_before_th
     assert all(torch.equal(a, b) for a, b in zip(runs[True][2], runs[False][2]))
 
 
+async def test_an_op_whose_tensor_comes_while_the_op_ahead_computes_is_handed_before_that_op_ends():
+    """A last stage's F of micro-batch 1, whose activation comes while the backward of micro-batch 0
+    computes: it is queued on the compute thread before that backward ends (the thread goes on to it,
+    not idle until the event loop has had its turn), seen from inside the backward, which files the
+    activation and then waits for the queue; without ``arrived``, it is handed after. The same losses
+    and gradients either way."""
+    handle = ModelHandle(JOB)
+    dim = JOB.model_args["dim"]
+    acts = [torch.randn(JOB.micro_batch_size, JOB.seq_len, dim, generator=torch.Generator().manual_seed(m))
+            for m in range(2)]
+    actions = sched.schedule("1f1b", 2, 2, 1)
+    assert [a.op.name for a in actions if a.op.name in ("RECV_F", "F", "BW")] == \
+        ["RECV_F", "F", "BW", "RECV_F", "F", "BW"]
+    runs = {}
+    for early in (False, True):
+        torch.manual_seed(0)
+        inbox = Inbox(8)
+
+        async def recv(kind, step, mb):
+            return await inbox.get((kind, step, mb), 30)
+
+        async def send(kind, step, mb, t):
+            return None
+
+        ex = StageExecutor(handle.build(2, handle.num_layers), False, True, 2,
+                           lambda s, m: data.batch(0, s, m, JOB.micro_batch_size, JOB.seq_len), recv, send,
+                           arrived=(lambda kind, step, mb: inbox.arrived((kind, step, mb))) if early else None)
+        loop, seen = asyncio.get_running_loop(), []
+        backward = ex._backward_full
+
+        def first_backward_files_the_next_activation(st, done=None):
+            if not seen:
+                loop.call_soon_threadsafe(inbox.put, ("act", 0, 1), acts[1].clone())
+                until = time.monotonic() + (10 if early else 0.5)
+                while not ex._pool._work_queue.qsize() and time.monotonic() < until:
+                    time.sleep(0.001)
+                seen.append(ex._pool._work_queue.qsize())
+            return backward(st, done)
+        ex._backward_full = first_backward_files_the_next_activation
+        inbox.put(("act", 0, 0), acts[0].clone())
+        r = await ex.run_step(0, actions)
+        runs[early] = (seen, r.losses, [p.grad.clone() for p in ex.params])
+        ex.close()
+    assert runs[True][0] == [1] and runs[False][0] == [0]
+    assert runs[True][1] == runs[False][1]
+    assert all(torch.equal(a, b) for a, b in zip(runs[True][2], runs[False][2]))
+
+
 async def test_a_step_failing_while_an_op_is_handed_ahead_leaves_no_gradient():
     """A received tensor refused (raised by ``recv``) while the thread computes a backward handed
     ahead: the step fails once that backward has ended, and no gradient of it is left behind."""

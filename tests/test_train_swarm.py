@@ -65,6 +65,14 @@ def test_four_peers_started_by_hand_train_exactly_like_one_process(peers, tmp_pa
         return any(len(v) == 4 and all(m["progress"].get("step") == steps for m in v) for v in views)
 
     wait_until(every_step_seen, 20)
+    # what a run's follower reads (/status/brief): the progress and the plan, not the dashboard's histories
+    tail = everyone[max(range(4), key=lambda i: reports[i]["stage"])]  # (its stage has the losses)
+    brief, full = tail.status(path="/status/brief"), tail.status()
+    assert brief["train"]["steps_done"] == steps and brief["train"]["plan"] == full["train"]["plan"]
+    assert brief["train"]["recent_losses"] == full["train"]["recent_losses"] != []
+    assert {"loss_history", "step_breakdown", "links_mbps"} <= full["train"].keys()
+    assert not {"loss_history", "step_breakdown", "links_mbps", "cpu"} & brief["train"].keys()
+    assert "control" in full and "control" not in brief
     last = max(reports, key=lambda r: r["stage"])
     losses = [l for _, l in last["losses"]]
 

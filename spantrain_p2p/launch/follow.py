@@ -53,7 +53,7 @@ class RunFollower:
             try:
                 if not p.poll_ready():
                     continue  # a newcomer still starting
-                sts.append((p, p.status()))
+                sts.append((p, p.status(path="/status/brief")))  # (the histories come with /report at the end)
             except OSError:
                 continue
         for p, st in sts:

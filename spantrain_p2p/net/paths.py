@@ -418,7 +418,7 @@ class Paths:
             return
         await self.server.adopt(sock)
 
-    def status(self) -> dict:
+    def status(self, brief: bool = False) -> dict:
         names = {pid: (r.name or pid) for pid, r in self.records().items()}
         return {"reach": self.my_reach(),
                 "paths": {names.get(p, p): {**u, "via": names.get(u["via"], u["via"])}

@@ -13,33 +13,39 @@ from ..swarm.control_meter import run_rates, window_rates
 from . import cpu_use, memory_use
 
 
-def status(t) -> dict:
-    """The trainer's part of ``/status``."""
+def status(t, brief: bool = False) -> dict:
+    """The trainer's part of ``/status``; ``brief`` (``/status/brief``, what ``spantrain swarm`` follows a
+    run by): without the whole run's histories and the figures the dashboard draws (step breakdown,
+    CPU, memory, links), which took most of a call's time on the peer's event loop."""
     smap, job = t.smap, t.job
     last = t.losses.get(max(t.losses)) if t.losses else None
-    return {"job": job.job_id if job else None, "stage": t.stage,
-            "num_stages": smap.num_stages if smap else None,
-            "epoch": smap.epoch if smap else None, "step": t.step,
-            "steps_done": t.steps_done, "steps_total": job.steps if job else None,
-            "loss": last, "error": t.error or t.refused,
-            **t.coordinator.status(),
-            "recent_losses": [[st, a, n, e] for st, (a, n, e) in
-                              t.loss_sums.last(30) + sorted(t.recovery.held_losses.items())[-30:]],
-            "plan": (t.full_map or smap).summary() if smap else None, "events": t.events[-20:],
-            "recent_steps": [[st, round(e, 3), round(e - s, 4), ep] for st, s, e, ep in t.step_times[-60:]],
+    out = {"job": job.job_id if job else None, "stage": t.stage,
+           "num_stages": smap.num_stages if smap else None,
+           "epoch": smap.epoch if smap else None, "step": t.step,
+           "steps_done": t.steps_done, "steps_total": job.steps if job else None,
+           "loss": last, "error": t.error or t.refused,
+           **t.coordinator.status(),
+           "recent_losses": [[st, a, n, e] for st, (a, n, e) in
+                             t.loss_sums.last(30) + sorted(t.recovery.held_losses.items())[-30:]],
+           "plan": (t.full_map or smap).summary() if smap else None, "events": t.events[-20:],
+           "recent_steps": [[st, round(e, 3), round(e - s, 4), ep] for st, s, e, ep in t.step_times[-60:]],
+           "tokens_per_s": tokens_per_s(t),
+           **({"island": t.island, "round": t.outer.round} if t.island is not None else {}),
+           "defence": {**t.defence.status(), "verify": t.verifier.status()}}
+    if brief:
+        return out
+    return {**out,
             # the whole run, thinned (a page opened mid-run draws it from step 0)
             "loss_history": [[st, a, n, e] for st, (a, n, e) in t.loss_sums.thinned()],
             "throughput_history": t.throughput.rows(t.work["tokens_per_step"]) if t.work else [],
-            "tokens_per_s": tokens_per_s(t), "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
+            "stage_seconds": dict(zip(("predicted", "measured"), stage_seconds(t))),
             "step_breakdown": cpu_use.step_breakdown([t.timelines[k] for k in sorted(t.timelines)[-10:]]),
             "cpu": t.cpu.figures(),
             "memory": {"measured_peak": t.memory_state["state"] + t.stash_peak_bytes + t.recompute_transient
                        if t.memory_state else None, "predicted_peak": (t.memory_predicted or {}).get("peak"),
                        **({"proxy": True} if job and job.workload else {})},
             "links_mbps": {t.peer.name_of(d): round(v, 2) for d in t.measuring.passive.destinations()
-                           if (v := t.measuring.passive.estimate_mbps(d)) is not None},
-            **({"island": t.island, "round": t.outer.round} if t.island is not None else {}),
-            "defence": {**t.defence.status(), "verify": t.verifier.status()}}
+                           if (v := t.measuring.passive.estimate_mbps(d)) is not None}}
 
 
 def report(t) -> dict:

@@ -163,8 +163,8 @@ class Trainer:
         return islands[island] if 0 <= island < len(islands) else []
 
     # ---- what the outside sees ----------------------------------------------------------------------
-    def status(self) -> dict:
-        return run_report.status(self)
+    def status(self, brief: bool = False) -> dict:
+        return run_report.status(self, brief)
 
     def report(self) -> dict:
         return run_report.report(self)

@@ -474,18 +474,15 @@ class StageExecutor:
                     here = here and self.arrived(ACT if op is sched.Op.RECV_F else GRAD, step, actions[k].mb)
             return None, recvs, here
 
-        def hand_ahead(k: int) -> _Handed:
-            h = hand(k, queued)
-            handed.append(h)  # (settled with the rest if the step fails before its turn)
-            return h
-
         async def take_and_hand(recvs: list[int], k: int) -> _Handed:
             """The RECVs before ``actions[k]`` as their tensors come, then ``k`` to the compute thread:
             while the op ahead of it still computes, the thread goes on to ``k`` at once."""
             for r in recvs:
                 await take(r)
                 taken.add(r)
-            return hand_ahead(k)
+            h = hand(k, queued)
+            handed.append(h)  # (settled with the rest if the step fails before its turn)
+            return h
 
         handed: list[_Handed] = []
         early: Optional[asyncio.Task] = None
@@ -530,10 +527,7 @@ class StageExecutor:
                     ahead = None
                     k, recvs, here = next_op(j) if self.arrived is not None else (None, [], False)
                     if k is not None and here:
-                        for r in recvs:
-                            await take(r)
-                            taken.add(r)
-                        ahead = (k, hand_ahead(k))
+                        ahead = (k, await take_and_hand(recvs, k))
                     elif k is not None:
                         early_from, early_k = recvs[0], k
                         early = asyncio.create_task(take_and_hand(recvs, k))

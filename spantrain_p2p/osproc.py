@@ -9,6 +9,9 @@ kernel's scheduler statistics): what a host whose cores are all busy takes from 
 
 ``ask_slice(seconds)``: asks the kernel's scheduler (EEVDF, Linux >= 6.12) to run the calling thread
 that long at a time once it has a core (its custom slice), rather than the default ~3 ms.
+
+``name_thread(name)``: the calling thread's name where the OS shows threads (``top -H``, ``ps -L``,
+perf, ``/proc/TID/comm``); Python 3.11 keeps a ``threading`` name to itself.
 """
 from __future__ import annotations
 
@@ -21,12 +24,21 @@ import threading
 from typing import Optional
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def die_with_parent(sig: int) -> None:
     """The kernel sends ``sig`` to this process when its parent dies (Linux only; elsewhere nothing)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(sig))
+
+
+def name_thread(name: str) -> None:
+    """Names the calling thread for the OS (its first 15 bytes; Linux only, elsewhere nothing): a
+    peer's compute thread shows as ``stage-compute`` beside its event loop (the process's main
+    thread), not as one more ``python`` (``scripts/box_split.py`` tells them apart by it)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 CLONE_NEWNET = 0x40000000

@@ -80,7 +80,8 @@ def test_a_compute_thread_asks_for_a_long_slice_and_keeps_its_policy_and_nice_va
     """``osproc.ask_slice``: where the kernel takes a custom slice (EEVDF, Linux >= 6.12; this
     project's machines), the thread's slice is what it asked and its nice value is unchanged; where
     it does not, nothing changes. Out of the kernel's bounds: not asked. The stage executor's
-    compute thread asks for ``COMPUTE_SLICE_S``."""
+    compute thread asks for ``COMPUTE_SLICE_S``, and bears its name for the OS (``osproc.name_thread``:
+    ``top -H`` and perf tell it from the event loop; a name longer than the kernel keeps is cut)."""
     import threading
 
     import torch
@@ -110,8 +111,23 @@ def test_a_compute_thread_asks_for_a_long_slice_and_keeps_its_policy_and_nice_va
     try:
         tid = ex._pool.submit(threading.get_native_id).result()
         assert osproc.custom_slice_s(tid) == (COMPUTE_SLICE_S if out["ok"] else out["before"])
+        if sys.platform.startswith("linux"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                assert f.read().strip() == "stage-compute"
     finally:
         ex.close()
+    if sys.platform.startswith("linux"):
+        named = {}
+
+        def name():
+            osproc.name_thread("a-name-longer-than-fifteen-bytes")
+            with open(f"/proc/self/task/{threading.get_native_id()}/comm") as f:
+                named["comm"] = f.read().strip()
+
+        t = threading.Thread(target=name)
+        t.start()
+        t.join()
+        assert named["comm"] == "a-name-longer-t"
 
 
 def test_a_thread_that_ends_while_the_children_are_read_does_not_hide_them(monkeypatch):

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Optional
 import torch
 from torch import nn
 
-from ..osproc import ThreadCoreWait, ask_slice
+from ..osproc import ThreadCoreWait, ask_slice, name_thread
 from . import schedule as sched
 from . import split_backward
 from .hostcopy import HostCopier
@@ -27,6 +27,13 @@ from .memory import StashMeter, layer_call
 from .messages import ACT, GRAD
 
 COMPUTE_SLICE_S = 0.02  # the compute thread's scheduler slice (issue 31: 20 ms; 6 ms gained nothing)
+COMPUTE_THREAD = "stage-compute"  # its name, for the OS too (top -H, perf: ``osproc.name_thread``)
+
+
+def _compute_thread_init() -> None:
+    name_thread(COMPUTE_THREAD)
+    ask_slice(COMPUTE_SLICE_S)
+
 
 Recv = Callable[[str, int, int], Awaitable[torch.Tensor]]
 Send = Callable[[str, int, int, torch.Tensor], Awaitable[None]]
@@ -124,8 +131,8 @@ class StageExecutor:
         self._layer_params = [[p for p in layer.parameters() if p.requires_grad] for layer in self.layers]
         # the compute thread runs COMPUTE_SLICE_S at a time once it has a core (``osproc.ask_slice``):
         # peers sharing a host's cores take turns less often, each turn refilling caches
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stage-compute",
-                                                           initializer=ask_slice, initargs=(COMPUTE_SLICE_S,))
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=COMPUTE_THREAD,
+                                                           initializer=_compute_thread_init)
         self._thread_cpu_s = 0.0  # CPU seconds on the compute thread, not yet taken (take_thread_cpu)
         # when the compute thread ended its last op (unix) and its ``core_wait_s`` then (``_hand``),
         # and that figure read from the event loop (once the thread has run an op)

@@ -15,6 +15,7 @@ import time
 from typing import Callable, Optional
 
 from ..net.framing import FrameError, check_fields
+from ..osproc import name_thread
 from ..pipeline.executor import StepFailed
 from ..pipeline.hostcopy import HostCopier
 from ..plan.stagemap import StageMap
@@ -261,7 +262,8 @@ class Recovery:
             for (_, st), done in zip(states, layer_state.copied(walks)):
                 st.extend(done)
         if self._snapshot_thread is None:
-            self._snapshot_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+            self._snapshot_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot",
+                                                                          initializer=name_thread, initargs=("snapshot",))
         self._copied = _Behind(self._snapshot_thread.submit(copy))
         return states
 

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -139,20 +141,12 @@ def run_ours(schedule: str, seconds: float, tmp: str) -> dict:
             if m and int(m.group(1)) >= 6:
                 training.set()
     threading.Thread(target=follow, daemon=True).start()
-    try:
+
+    def started():
         if not training.wait(300):
             raise RuntimeError("our side did not reach step 6 within 300 s")
-        classes = classify("ours", proc.pid, _threads())
-        lines = record(seconds, tmp)
-        out, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"spantrain swarm exited {proc.returncode}")
-    summary = json.loads(out.strip().splitlines()[-1])
-    return {"samples_per_s": summary["samples_per_s"], "split": split(lines, classes)}
+    out, found = _sampled("ours", proc, started, seconds, tmp)
+    return {"samples_per_s": json.loads(out.strip().splitlines()[-1])["samples_per_s"], "split": found}
 
 
 def run_theirs(schedule: str, seconds: float, tmp: str) -> dict:
@@ -162,23 +156,36 @@ def run_theirs(schedule: str, seconds: float, tmp: str) -> dict:
             "print(json.dumps(sbs.run_theirs(%r, 1, %d, 5, %r)['samples_per_s']))"
             % (os.path.dirname(os.path.abspath(__file__)), THEIRS[schedule], steps, tmp))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
+
+    def started():
         deadline = time.time() + 120
         while len(_descendants(proc.pid)) < 4:
             if time.time() > deadline or proc.poll() is not None:
                 raise RuntimeError("torch's side did not start its four ranks")
             time.sleep(0.2)
         time.sleep(5)
-        classes = classify("theirs", proc.pid, _threads())
+    out, found = _sampled("theirs", proc, started, seconds, tmp)
+    return {"samples_per_s": json.loads(out.strip().splitlines()[-1]), "split": found}
+
+
+def _sampled(side: str, proc: subprocess.Popen, started, seconds: float, tmp: str) -> tuple[str, dict]:
+    """Once ``started()`` returns (it raises if the side never trains), sorts the side's threads,
+    samples the machine for ``seconds`` and waits for the side to end: (its stdout, ``split``)."""
+    try:
+        started()
+        classes = classify(side, proc.pid, _threads())
         lines = record(seconds, tmp)
         out, _ = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # (failed: nothing of it is left running)
+            for pid in _descendants(proc.pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             proc.kill()
             proc.wait()
     if proc.returncode != 0:
-        raise RuntimeError(f"torch's side exited {proc.returncode}")
-    return {"samples_per_s": json.loads(out.strip().splitlines()[-1]), "split": split(lines, classes)}
+        raise RuntimeError(f"{side} side exited {proc.returncode}")
+    return out, split(lines, classes)
 
 
 ORDER = ("compute", "event loop", "other peer threads", "p2p daemon", "launcher", "gloo", "idle", "rest of the machine")

@@ -77,10 +77,8 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def classify(side: str, root: int, threads: dict[int, tuple[int, str]]) -> dict[int, str]:
-    """tid -> class, for the threads of the side's processes (``root`` and its descendants; on torch's
-    side ``root`` only waits for its ranks, and is left to the rest of the machine)."""
-    mine = _descendants(root) | ({root} if side == "ours" else set())
+def classify(side: str, mine: set[int], threads: dict[int, tuple[int, str]]) -> dict[int, str]:
+    """tid -> class, for the threads (tid -> (pid, name)) of the side's processes ``mine``."""
     procs: dict[int, list[tuple[int, str]]] = collections.defaultdict(list)
     for tid, (pid, name) in threads.items():
         if pid in mine:
@@ -173,7 +171,9 @@ def _sampled(side: str, proc: subprocess.Popen, started, seconds: float, tmp: st
     samples the machine for ``seconds`` and waits for the side to end: (its stdout, ``split``)."""
     try:
         started()
-        classes = classify(side, proc.pid, _threads())
+        # (torch's side: its root only waits for its ranks, and is left to the rest of the machine)
+        mine = _descendants(proc.pid) | ({proc.pid} if side == "ours" else set())
+        classes = classify(side, mine, _threads())
         lines = record(seconds, tmp)
         out, _ = proc.communicate(timeout=600)
     finally:

@@ -43,6 +43,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pipelining_side_by_side as sbs  # noqa: E402
 
+from spantrain_p2p.pipeline.executor import COMPUTE_THREAD  # noqa: E402
+from spantrain_p2p.train.cpu_use import children  # noqa: E402
+
 THEIRS = {"1f1b": "Schedule1F1B", "zb-h1": "ScheduleInterleavedZeroBubble"}
 _SAMPLE = re.compile(r"^\s*(.*?)\s+(\d+)/(\d+)\s+[0-9a-f]+\s+\((.*)\)\s*$")
 
@@ -61,18 +64,14 @@ def _threads() -> dict[int, tuple[int, str]]:
 
 
 def _descendants(root: int) -> set[int]:
-    parent = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
+    """``root``'s child processes, theirs, and so on (``cpu_use.children``; one that ended: none)."""
     found, todo = set(), [root]
     while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parent.items() if pp == p and c not in found]
-        found.update(kids)
+        try:
+            kids = children(todo.pop()) - found
+        except (OSError, ValueError):
+            continue  # (it ended meanwhile)
+        found |= kids
         todo.extend(kids)
     return found
 
@@ -91,9 +90,9 @@ def classify(side: str, mine: set[int], threads: dict[int, tuple[int, str]]) -> 
                 out[tid] = "compute" if tid == pid else "gloo"
             elif name == "p2pd":
                 out[tid] = "p2p daemon"
-            elif "stage-compute" not in names:
+            elif COMPUTE_THREAD not in names:
                 out[tid] = "launcher"  # (spantrain swarm, its zygote)
-            elif name == "stage-compute":
+            elif name == COMPUTE_THREAD:
                 out[tid] = "compute"
             else:
                 out[tid] = "event loop" if tid == pid else "other peer threads"
@@ -207,12 +206,12 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="sampled seconds of training a side")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    tmp = tempfile.mkdtemp(prefix="box-split-")
     out = {}
-    for side in (("ours", "theirs") if a.side == "both" else (a.side,)):
-        r = (run_ours if side == "ours" else run_theirs)(a.schedule, a.seconds, tmp)
-        out[side] = r
-        show(side, r)
+    with tempfile.TemporaryDirectory(prefix="box-split-") as tmp:  # (perf's data, the runs' folders)
+        for side in (("ours", "theirs") if a.side == "both" else (a.side,)):
+            r = (run_ours if side == "ours" else run_theirs)(a.schedule, a.seconds, tmp)
+            out[side] = r
+            show(side, r)
     if a.json:
         print(json.dumps({s: {"samples_per_s": r["samples_per_s"],
                               "split": {c: {"samples": n, "kernel": k} for c, (n, k) in r["split"].items()}}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import socket
 from typing import Callable, Optional, Sequence
 
 import aiohttp
@@ -239,6 +241,51 @@ class DataPlaneClient:
 
         async with asyncio.timeout(timeout):  # (not ``wait_for``: no task of its own for each message)
             return await exchange()
+
+    async def open_lane(self, url: str, kind: str, header: dict, peer_id: str,
+                        timeout: float = handshake.TIMEOUT_S) -> Optional[socket.socket]:
+        """A lane to ``peer_id`` at ``url`` (``lanes``): a connection of its own, authenticated, asked
+        for with a ``kind`` request carrying ``header``, and once answered taken off the event loop:
+        its socket, blocking, for a thread to write. None where no lane can be: a connection that is
+        encrypted (it leaves this machine) or not a plain TCP one (a relayed path). A refusal raises
+        ``RemoteError`` (503: not yet; 409: the peer takes no lane from us), a broken connection
+        ``OSError``."""
+        addr = address_of(url)
+        name = kind.encode("ascii")
+        chunks = framing.encode(header)
+        async with self._slots, asyncio.timeout(timeout):
+            if self.paths is not None:
+                reader, writer = await self.paths.open(addr, peer_id)
+            else:
+                reader, writer = await asyncio.open_connection(*addr, limit=1 << 20)
+            reader, writer = await self.authenticate(reader, writer, peer_id, dialed=addr)
+            taken = False
+            try:
+                raw = writer.transport.get_extra_info("socket")
+                if isinstance(writer, secure.SecureWriter) or raw is None or raw.family not in (socket.AF_INET, socket.AF_INET6):
+                    return None
+                writer.write(REQUEST.pack(REQUEST_MAGIC, len(name), framing.frame_size(chunks)) + name + b"".join(chunks))
+                await writer.drain()
+                magic, status, length = ANSWER.unpack(await reader.readexactly(ANSWER.size))
+                if magic != ANSWER_MAGIC:
+                    raise ConnectionError(f"{url} does not answer like a data plane")
+                if length > self.max_message_bytes:
+                    raise RemoteError(413, f"reply of {length} bytes is over our limit")
+                body = await read_exactly(reader, length)
+                if status != 204:
+                    raise RemoteError(status, body[:500].decode("utf-8", "replace"))
+                sock = socket.socket(fileno=os.dup(raw.fileno()))
+                taken = True
+                writer.transport.abort()  # (its descriptor closed: the connection lives on in ``sock``)
+                self._writers.discard(writer)
+                self._peer_of.pop(writer, None)
+                sock.setblocking(True)
+                return sock
+            except asyncio.IncompleteReadError:
+                raise ConnectionResetError(f"{url} closed the connection before it answered") from None
+            finally:
+                if not taken:
+                    self._discard(writer)
 
     async def get_json(self, url: str, path: str, max_bytes: int, timeout: float) -> dict:
         """``GET url+path`` as a JSON object, refused past ``max_bytes`` (a page from another peer is

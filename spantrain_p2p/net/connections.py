@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
+import socket
 import time
 from typing import Any, Callable, Optional
 
@@ -363,6 +365,9 @@ class FramedConnection(asyncio.BufferedProtocol):
             self._reserved = 0
 
     def _run(self) -> None:
+        if self._kind in self.server._lanes:
+            self._lane()
+            return
         if self._kind in self.server._inline:  # a plain handler: at once, and reading goes on
             if self.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
                 # a client waits for each answer before its next request: this one sends on unanswered
@@ -383,6 +388,32 @@ class FramedConnection(asyncio.BufferedProtocol):
         task = self._loop.create_task(self._handle(self._kind, self._buf))
         self.server._tasks.add(task)
         task.add_done_callback(self.server._tasks.discard)
+
+    def _lane(self) -> None:
+        """A lane request: refused, answered like any other; taken, the socket leaves the event loop
+        (a duplicate of it, the transport's own closed without a word to the client), is answered
+        204 on it and handed to what took it (``DataPlaneServer.register_lane``)."""
+        encrypted = self.session is None or self.session.encrypted
+        status, reason, take = self.server.dispatch_lane(self._kind, self._buf, self.sender, encrypted)
+        raw = getattr(self.transport, "transport", self.transport)
+        if take is not None and raw.get_write_buffer_size():
+            status, reason, take = 503, "answers to earlier requests are still on their way", None
+        if take is None:
+            self._finish(status, reason)
+            return
+        self._unreserve()
+        self._stage = "closing"
+        raw.pause_reading()
+        sock = socket.socket(fileno=os.dup(raw.get_extra_info("socket").fileno()))
+        raw.abort()  # (its descriptor closed: the connection lives on in ``sock``)
+        try:
+            sock.setblocking(True)
+            sock.sendall(_answer_bytes(204, ""))
+        except OSError as e:
+            sock.close()
+            self._warn("lane from %s failed as it opened: %s", e)
+            return
+        take(sock)
 
     async def _handle(self, kind: str, body) -> None:
         REMOTE.set(self.remote)

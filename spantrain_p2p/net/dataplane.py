@@ -45,6 +45,18 @@ Handler = Callable[[dict, list[memoryview]], Awaitable[Reply]]
 InlineHandler = Callable[[dict, list[memoryview]], Reply]
 
 
+class LaneRefused(Exception):
+    """Raised by a lane's ``accept`` that will not take a lane now (the sender sends through the
+    event loop instead): 409."""
+
+
+LaneAccept = Callable[[dict, list[memoryview]], Callable[[Any], None]]
+
+
+def _lane_only(header: dict, buffers) -> Reply:
+    raise framing.FrameError("this kind opens a lane: it is not a message (over HTTP or a framed connection's handler)")
+
+
 class _MalformedRequests(logging.Filter):
     """aiohttp logs a request it cannot parse as an ERROR with a traceback and the bytes that failed
     (up to ~2 KB of escaped garbage a request: 28 such records in one suite run, from the fuzzing
@@ -102,6 +114,7 @@ class DataPlaneServer:
         self.policy: Callable[[str, str], Optional[str]] = lambda kind, sender: None
         self._handlers: dict[str, Handler] = {}
         self._inline: set[str] = set()  # kinds whose handler is a plain function (``register``)
+        self._lanes: dict[str, LaneAccept] = {}  # kinds that open a lane (``register_lane``)
         self._json_gets: dict[str, Callable[[], dict]] = {"/status": status}
         self._gets: dict[str, Callable[[], tuple[bytes, str]]] = {}
         self._async_json_gets: dict[str, Callable[[], Awaitable[dict]]] = {}
@@ -124,6 +137,30 @@ class DataPlaneServer:
             self._inline.add(kind)
         else:
             self._inline.discard(kind)
+
+    def register_lane(self, kind: str, accept: "LaneAccept") -> None:
+        """A request of ``kind`` asks to turn its connection into a lane (``lanes``): ``accept(header,
+        buffers)`` (run at once, like an inline handler, after the same checks of the sender) raises
+        to refuse it (``Retry``: 503, ``FrameError``: 400, ``LaneRefused``: 409), or returns what takes
+        the connection's socket once it is answered 204 and off the event loop. Only on an
+        authenticated connection that is not encrypted (two peers of one machine): 409 otherwise."""
+        self._lanes[kind] = accept
+        self._handlers[kind] = _lane_only
+        self._inline.add(kind)
+
+    def dispatch_lane(self, kind: str, body, sender: Optional[str], encrypted: bool
+                      ) -> tuple[int, str, Optional[Callable[[Any], None]]]:
+        """A lane request: (status, reason, what takes the socket: None unless the status is 204)."""
+        if sender is None or encrypted:
+            return 409, "a lane needs an authenticated connection between peers of one machine", None
+        try:
+            take = self._lanes[kind](*self._opened(kind, body, sender))
+        except LaneRefused as e:
+            return 409, str(e), None
+        except Exception as e:
+            status, reason = self._failed(kind, e, sender)
+            return status, reason, None
+        return 204, "", take
 
     def add_json_get(self, path: str, fn: Callable[[], dict]) -> None:
         """Serves ``GET path`` with the JSON ``fn()`` returns (before start)."""

@@ -199,6 +199,11 @@ JOB_OPTIONS: tuple[JobOption, ...] = (
               value=lambda skip: not skip, to=EVERY),
     JobOption("--measure-only", "measure (profile and probe), then stop", action="store_true", train="measure_only",
               to=EVERY, swarm_help="profile devices and probe links, print the measurements, stop"),
+    JobOption("--lanes", "run each step whole on the stage's compute thread, its activations and gradients on "
+              "connections of their own to the peers of this machine that run with --lanes too, off the event "
+              "loop (the rest go through it as before): far less CPU a tensor where peers share a machine's "
+              "cores. Not taken with compression, the defences (--aggregate robust), fp16 or a GPU",
+              action="store_true", train="lanes", to=EVERY),
     JobOption("--dump-grads", "save this stage's gradients of --dump-step to DIR (testing)", metavar="DIR",
               train="dump_grads_dir", to=EVERY),
     JobOption("--dump-step", type=int, default=0, train="dump_step", to=EVERY),

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..osproc import ThreadCoreWait, ask_slice, name_thread
+from . import lane_step
 from . import schedule as sched
 from . import split_backward
 from .hostcopy import HostCopier
@@ -158,6 +159,7 @@ class StageExecutor:
         self._deferral = split_backward.Deferral() if self._weight_groups and compute_dtype is None else None
         self._split_installed = False
         self.meter = StashMeter(self.params)
+        self.hops = None  # train.lane_hops.LaneHops: the step runs on the compute thread, tensors on lanes
         self.state_bytes = 0  # weights, gradients and optimizer state: what a virtual device's memory holds besides activations
 
     def _check_memory(self) -> None:
@@ -226,36 +228,9 @@ class StageExecutor:
         the device has had the time to get that far (layer ``i``'s gradients are final then).
         ``ready``: when the op was queued on the virtual device (``VirtualDevice.op``)."""
         loop = asyncio.get_running_loop()
-        fracs = self._done_fractions(phase) if on_layer_done is not None else None
 
         def call():
-            if self.device is None:
-                done = None if fracs is None else (lambda i: loop.call_soon_threadsafe(on_layer_done, i))
-                return fn(*args, done)
-            flops = self.flops.get("B", 0.0) + self.flops.get("W", 0.0) if phase == "BW" else self.flops.get(phase, 0.0)
-            with self.device.op("B" if phase == "BW" else phase, flops, ready) as op:
-                if fracs is None:
-                    return fn(*args, None)
-                # a layer done here is done on the device once its share of the op has passed: told
-                # at the first layer's end after that (the layers below compute on meanwhile, as a host
-                # queues a GPU's kernels ahead of it), or held for at the op's end; not after holding
-                # the thread at each layer, which had every layer's CPU work wait for the one before it
-                # on the device and lost a wake-up a layer on a busy host (cee-3region: the step's last
-                # backward took 39 ms for its 30 ms budget)
-                waiting: list[int] = []
-
-                def tell_due() -> None:
-                    while waiting and op.due(fracs[waiting[0]]):
-                        loop.call_soon_threadsafe(on_layer_done, waiting.pop(0))
-
-                def done(i):
-                    waiting.append(i)
-                    tell_due()
-                out = fn(*args, done)
-                for i in waiting:
-                    op.reach(fracs[i])
-                    loop.call_soon_threadsafe(on_layer_done, i)
-                return out
+            return self.run_op(loop, phase, fn, *args, on_layer_done=on_layer_done, ready=ready)
 
         handed = _Handed()
 
@@ -282,6 +257,39 @@ class StageExecutor:
             handed.wait_at_hand = self._thread_wait.read()
         handed.future = self._pool.submit(self._counted, timed)
         return handed
+
+    def run_op(self, loop: asyncio.AbstractEventLoop, phase: str, fn, *args,
+               on_layer_done: Optional[LayerDone] = None, ready: Optional[float] = None):
+        """``fn(*args, layer_done)`` on the compute thread, padded on a virtual device;
+        ``on_layer_done(i)`` is called on ``loop`` (see ``_hand``)."""
+        fracs = self._done_fractions(phase) if on_layer_done is not None else None
+        if self.device is None:
+            done = None if fracs is None else (lambda i: loop.call_soon_threadsafe(on_layer_done, i))
+            return fn(*args, done)
+        flops = self.flops.get("B", 0.0) + self.flops.get("W", 0.0) if phase == "BW" else self.flops.get(phase, 0.0)
+        with self.device.op("B" if phase == "BW" else phase, flops, ready) as op:
+            if fracs is None:
+                return fn(*args, None)
+            # a layer done here is done on the device once its share of the op has passed: told
+            # at the first layer's end after that (the layers below compute on meanwhile, as a host
+            # queues a GPU's kernels ahead of it), or held for at the op's end; not after holding
+            # the thread at each layer, which had every layer's CPU work wait for the one before it
+            # on the device and lost a wake-up a layer on a busy host (cee-3region: the step's last
+            # backward took 39 ms for its 30 ms budget)
+            waiting: list[int] = []
+
+            def tell_due() -> None:
+                while waiting and op.due(fracs[waiting[0]]):
+                    loop.call_soon_threadsafe(on_layer_done, waiting.pop(0))
+
+            def done(i):
+                waiting.append(i)
+                tell_due()
+            out = fn(*args, done)
+            for i in waiting:
+                op.reach(fracs[i])
+                loop.call_soon_threadsafe(on_layer_done, i)
+            return out
 
     def _counted(self, fn):
         """``fn()`` on the compute thread, its CPU seconds counted (``take_thread_cpu``)."""
@@ -421,6 +429,8 @@ class StageExecutor:
         backward op is still running, for the layers it has done (for all, at the end).
         ``on_losses(losses)`` (on the event loop) has the step's losses (``StepResult.losses``) as
         soon as its last forward is done, before the backward ops after it."""
+        if self.hops is not None:  # --lanes: the whole step on the compute thread
+            return await lane_step.run(self, step, actions, self.hops, on_layer_done, on_losses)
         mbs: dict[int, _Mb] = {}
         sends: list[asyncio.Task] = []
         result = StepResult()

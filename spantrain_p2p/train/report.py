@@ -80,6 +80,7 @@ def report(t) -> dict:
                        "shard": bool(smap and t.stage is not None and smap.stages[t.stage].shard)},
             "deadlines": tr.deadline_report() if job else {},
             "deadline_extensions": tr.deadline_extensions,
+            "lanes": dict(tr.lanes.messages) if tr.lanes is not None else None,  # tensors sent on lanes, through the loop
             "data_fetched": list(t.data_share.fetched),
             "device": describe(t.torch_device),
             "model_flops_per_sample": model_flops_per_sample(job) if job else None,

@@ -23,6 +23,7 @@ from ..profile.virtual import stage_layer_flops
 from ..robust.gate import SHARED
 from . import memory_use, overflow, report as run_report, shard
 from .gradsum import layer_buckets
+from .lane_hops import unsuited
 
 log = logging.getLogger("spantrain.train")
 
@@ -108,6 +109,13 @@ async def setup_stage(tr) -> Stage:
                              send=tr.defence.sender(tr.transport.send, tr.opts.byzantine), device=tr.peer.device,
                              layer_flops=layer_flops, compute_dtype=COMPUTE_DTYPES.get(job.precision),
                              recompute=tr.recompute, arrived=tr.transport.arrived)
+    if tr.transport.lanes is not None:
+        why_not = unsuited(tr, executor, scaled=job.precision == "fp16")
+        if why_not is None:
+            executor.hops = tr.transport.lanes
+        elif smap.epoch not in tr.lanes_refused:
+            tr.lanes_refused.add(smap.epoch)
+            log.info("--lanes: stage map epoch %d runs through the event loop: %s", smap.epoch, why_not)
     if sharding is not None:
         sharding.use(buckets)
         expect[WGAT] = sharding.expect(job.job_id, smap.epoch)
@@ -129,6 +137,8 @@ async def setup_stage(tr) -> Stage:
     assignments = [st.assign(M) for st in smap.stages]
     actions = peer_actions(assignments, schedule).get((k, me), [])  # this peer's micro-batches, in order
     tr.transport.open(expect)
+    if tr.transport.lanes is not None:  # (it takes lanes from now on)
+        tr.transport.lanes.enabled = executor.hops is not None
     tr.work = run_report.stage_work(job, first, last, actions)
     weights = {p: float(assignments[k].count(p)) for p in replicas} if job.aggregate == "robust" else None
     return Stage(layers, first, last, executor, opt, actions, params, buckets, replicas, nxt is None, scale,

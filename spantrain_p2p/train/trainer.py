@@ -39,6 +39,7 @@ from .gradsum import GradientSum
 from .histories import StepRows, Throughput
 from ..job.spec import JobRefused, JobSpec, ModelHandle, check_compatible
 from .measuring import Measuring
+from .lane_hops import LANE_KIND, LaneHops, no_lanes
 from ..islands.exchange import OUTER, OUTER_FETCH, OUTER_MEMBERS, OuterSync
 from ..models.precision import COMPUTE_DTYPES
 from . import overflow, planning
@@ -69,6 +70,7 @@ class TrainOptions:
     device: str = "auto"  # where this peer's layers run (models.devices.resolve_device)
     measure: bool = True  # profile the device and probe links before saying ready
     measure_only: bool = False  # stop after measuring (spantrain swarm --measure-only)
+    lanes: bool = False  # steps on the compute thread, tensors on lanes where a hop can have one (train.lane_hops)
     profile_cache_dir: Optional[str] = None
     poll_s: float = 0.5
     byzantine: str = ""  # the attack harness: send forged contributions (robust.attacks); "" honest
@@ -125,6 +127,9 @@ class Trainer:
         self.defence = Defence(peer, self.events.append)  # the replicas' verdicts on each other
         self.verifier = Verifier(peer, self.defence, self.transport)  # and their checks of each other's work
         self.transport.sent_hook, self.transport.received_hook = self.verifier.sent, self.verifier.received
+        self.lanes_refused: set[int] = set()  # epochs whose stage could not run on lanes (said once)
+        if options.lanes:
+            self.transport.lanes = LaneHops(self.transport, peer.client.max_message_bytes)
         self.defence.on_suspect = self.verifier.name_suspect
         self.outer.attack = options.byzantine if options.byzantine not in BOUNDARY else ""
         self.outer.on_verdict = lambda r, report: self.defence.judge_islands(r, report, self._island_peers)
@@ -137,6 +142,8 @@ class Trainer:
     def _install(self, peer) -> None:
         for kind in (ACT, GRAD, *REPLICA_KINDS):
             peer.dataplane.register(kind, self.transport.on_tensor, inline=True)
+        # (without --lanes too: a sender asking hears 409, and sends through the loop)
+        peer.dataplane.register_lane(LANE_KIND, self.transport.lanes.accept if self.transport.lanes else no_lanes)
         peer.dataplane.register(ATTEST_KIND, self.verifier.on_attest)
         peer.dataplane.register(FETCH_KIND, self.verifier.on_fetch)
         peer.dataplane.register(SUSPECT_KIND, self.verifier.on_suspect)

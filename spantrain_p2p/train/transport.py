@@ -106,6 +106,7 @@ class PipelineTransport:
         # (peer, header, buffers) of each message as it crossed the wire: the verifier's ledger
         self.sent_hook: Optional[Callable] = None
         self.received_hook: Optional[Callable] = None
+        self.lanes = None  # train.lane_hops.LaneHops, with --lanes
 
     def start(self, job) -> None:
         self.job = job
@@ -116,6 +117,8 @@ class PipelineTransport:
         self.smap, self.stage = smap, stage
         self._expect = {}
         self.inbox.clear()
+        if self.lanes is not None:
+            self.lanes.begin_epoch(smap.epoch)
         self._arrivals.clear()
 
     def route(self, route: dict[str, list[str]]) -> None:
@@ -160,6 +163,23 @@ class PipelineTransport:
     def on_tensor(self, header: dict, buffers) -> None:
         """The data plane's handler of ACT, GRAD, GSUM and AMP messages: checked and filed where the
         frame comes in (``register(..., inline=True)``: it never waits)."""
+        kind, step, mb, t = self.check_tensor(header, buffers)
+        if self.lanes is not None and kind in (ACT, GRAD):
+            self.lanes.heard(header["src"])  # (that sender's hop to us runs through the event loops)
+        if self.received_hook is not None:
+            self.received_hook(header["src"], header, buffers)
+        self.inbox.put((f"{kind}/{header['src']}" if kind in REPLICA_KINDS else kind, step, mb), t)
+        arrived = ARRIVED.get()
+        if arrived is not None and arrived[0] is not None and kind in (ACT, GRAD):
+            self._arrivals[(kind, step, mb)] = (arrived[0], arrived[1], time.time())
+        return None
+
+    def check_tensor(self, header: dict, buffers) -> tuple[str, int, int, torch.Tensor]:
+        """A tensor message, checked against what this stage expects now (its epoch, its kind, its
+        shape, its sender and micro-batch): (kind, step, micro-batch, tensor). ``Retry`` for one this
+        peer cannot take yet, ``FrameError`` for one it never takes. ``header["src"]`` is the
+        authenticated sender. (Reads the stage's state only: the compute thread checks what comes
+        on a lane with it too.)"""
         kind, epoch = header.get("kind"), header.get("epoch")
         if self.smap is None or (isinstance(epoch, int) and epoch > self.smap.epoch):
             raise Retry("this peer has no stage map for that epoch yet")
@@ -181,13 +201,7 @@ class PipelineTransport:
             # ``src`` is the authenticated sender (the data plane checked it): a neighbour, but not
             # the one this micro-batch comes from
             raise FrameError(f"{kind} of micro-batch {mb} from {header['src'][:16]}…, which does not send it")
-        if self.received_hook is not None:
-            self.received_hook(header["src"], header, buffers)
-        self.inbox.put((f"{kind}/{header['src']}" if kind in REPLICA_KINDS else kind, step, mb), t)
-        arrived = ARRIVED.get()
-        if arrived is not None and arrived[0] is not None and kind in (ACT, GRAD):
-            self._arrivals[(kind, step, mb)] = (arrived[0], arrived[1], time.time())
-        return None
+        return kind, step, mb, t
 
     async def recv(self, kind: str, step: int, mb: int) -> torch.Tensor:
         """A micro-batch's activation (ACT) or output gradient (GRAD), for the executor."""

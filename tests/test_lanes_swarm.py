@@ -83,11 +83,14 @@ def test_hops_an_emulated_link_shapes_go_through_the_event_loops(tmp_path):
 
 
 @pytest.mark.heavy
-def test_a_peer_killed_on_lanes_costs_no_step(tmp_path):
-    """A worker killed at step 8: its neighbours' lanes end, their steps fail, the swarm re-plans
-    without it and trains on to the last step with the losses of one process."""
+@pytest.mark.parametrize("world", ["fast", "lan-4"])
+def test_a_peer_killed_on_lanes_costs_no_step(world, tmp_path):
+    """A worker killed at step 8: its neighbours' lanes end (fast), or their compute threads wait on
+    the loop for its tensors (lan-4: every hop handed to the loop), their steps fail, the swarm
+    re-plans without it and trains on to the last step with the losses of one process."""
     steps = 20
-    out = run_swarm_json("--scenario", _scenario(tmp_path), "--steps", str(steps), "--micro-batches", "4",
+    scenario = _scenario(tmp_path) if world == "fast" else "peers/lan-4.toml"
+    out = run_swarm_json("--scenario", scenario, "--steps", str(steps), "--micro-batches", "4",
                          *UNDEFENDED, "--lanes", "--chaos", "kill:worker@step=8",
                          "--run-dir", str(tmp_path / "run"))
     assert out["lost_steps"] == 0 and len(out["losses"]) == steps

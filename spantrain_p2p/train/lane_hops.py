@@ -78,6 +78,8 @@ class LaneHops:
         self._out: dict[str, object] = {}  # destination -> its LaneOut, or None: through the loop
         self._ahead: dict[tuple[str, int, int], torch.Tensor] = {}  # read off a lane before their turn
         self._pending: list[concurrent.futures.Future] = []  # this step's sends through the loop
+        self._waiting: set[concurrent.futures.Future] = set()  # what the thread waits for on the loop now
+        self._aborted = False
         self._epoch: Optional[int] = None
         self._said_409: set[str] = set()
         self.messages = {"lane": 0, "loop": 0}  # tensors sent each way (the run's report)
@@ -129,14 +131,16 @@ class LaneHops:
         """A step failed or was cancelled (any thread): every lane is shut down, waking a thread
         that waits on one; the sends handed to the loop are cancelled."""
         with self._cv:
+            self._aborted = True
             for lane in self._in.values():
                 lane.shutdown()
             outs = [x for x in self._out.values() if isinstance(x, lanes.LaneOut)]
             pending, self._pending = self._pending, []
+            waiting = list(self._waiting)
             self._cv.notify_all()
         for lane in outs:
             lane.close()
-        for f in pending:
+        for f in pending + waiting:
             f.cancel()
 
     def close(self) -> None:
@@ -147,6 +151,7 @@ class LaneHops:
             outs, self._out = self._out, {}
             self._via_loop.clear()
             self._ahead.clear()
+            self._aborted = False
         for lane in ins.values():
             lane.close()
         for lane in outs.values():
@@ -171,15 +176,17 @@ class LaneHops:
             wait = t._deadlines.deadline(kind, max(0.0, cap - time.monotonic()))
             until = time.monotonic() + max(0.05, wait)
             with self._cv:
-                while src not in self._in and src not in self._via_loop:
+                while src not in self._in and src not in self._via_loop and not self._aborted:
                     left = until - time.monotonic()
                     if left <= 0:
                         break
                     self._cv.wait(left)
+                if self._aborted:
+                    raise StepFailed("the step was abandoned")
                 lane = self._in.get(src)
                 via_loop = lane is None and src in self._via_loop
             if via_loop:
-                return self._on_loop(t.recv(kind, step, mb)).result()
+                return self._wait_on_loop(t.recv(kind, step, mb))
             if lane is not None and lane.wait(until - time.monotonic()):
                 self._take(lane, src, key)
                 continue
@@ -208,7 +215,7 @@ class LaneHops:
         name = self.t.smap.name_of(src)
         if time.monotonic() >= cap:
             raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} from {name} within {waited:.1f}s")
-        if not self._on_loop(is_alive(self.t.peer, src)).result():
+        if not self._wait_on_loop(is_alive(self.t.peer, src)):
             raise StepFailed(f"no {kind} for step {key[1]} micro-batch {key[2]} after {waited:.1f}s, and {name} "
                              f"does not answer")
         self.t.deadline_extensions += 1
@@ -220,7 +227,7 @@ class LaneHops:
         dst = t._route[kind][mb]
         lane = self._out.get(dst, _UNASKED)
         if lane is _UNASKED:
-            lane = self._out[dst] = self._on_loop(self._open(dst, kind)).result()
+            lane = self._out[dst] = self._wait_on_loop(self._open(dst, kind))
         if lane is None:
             self._pending.append(self._on_loop(t.send(kind, step, mb, tensor)))
             self.messages["loop"] += 1
@@ -249,10 +256,29 @@ class LaneHops:
             raise StepFailed(str(e)) from None
         pending, self._pending = self._pending, []
         for f in pending:
-            f.result(timeout)
+            try:
+                f.result(timeout)
+            except concurrent.futures.CancelledError:
+                raise StepFailed("the step was abandoned") from None
 
     def _on_loop(self, coro) -> concurrent.futures.Future:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def _wait_on_loop(self, coro):
+        """``coro``'s result, run on the loop while this thread waits (``abort`` cancels it: the
+        thread does not wait out its deadlines after the step is abandoned)."""
+        f = self._on_loop(coro)
+        with self._cv:
+            if self._aborted:
+                f.cancel()
+            self._waiting.add(f)
+        try:
+            return f.result()
+        except concurrent.futures.CancelledError:
+            raise StepFailed("the step was abandoned") from None
+        finally:
+            with self._cv:
+                self._waiting.discard(f)
 
     async def _open(self, dst: str, kind: str) -> Optional[lanes.LaneOut]:
         """A lane to ``dst`` for this epoch's ``kind`` tensors, or None: the hop goes through the loop."""

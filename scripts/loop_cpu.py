@@ -29,13 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from spantrain_p2p.train import loop_cpu  # noqa: E402
 
 
-def side_by_side_cmd(schedule: str, steps: int, tmp: str, encrypted: bool = False) -> list[str]:
+def side_by_side_cmd(schedule: str, steps: int, tmp: str, encrypted: bool = False, lanes: bool = True) -> list[str]:
     import pipelining_side_by_side as sbs
 
     scenario = os.path.join(tmp, "unpadded-4.toml")
     with open(scenario, "w") as f:
         f.write(sbs.SCENARIO_APART if encrypted else sbs.SCENARIO)
-    return sbs.ours_argv(schedule, steps, scenario)
+    return sbs.ours_argv(schedule, steps, scenario, lanes)
 
 
 def main() -> int:
@@ -47,11 +47,13 @@ def main() -> int:
     p.add_argument("--top", type=int, default=15, help="coroutines listed")
     p.add_argument("--encrypted", action="store_true",
                    help="with --side-by-side: its peers as machines of their own (encrypted connections)")
+    p.add_argument("--no-lanes", action="store_true",
+                   help="with --side-by-side: its peers without --lanes (every tensor through their loops)")
     a = p.parse_args()
     tmp = tempfile.mkdtemp(prefix="loop-cpu-")
     out = os.path.join(tmp, "loop_cpu")
     if a.side_by_side:
-        argv = [*side_by_side_cmd(a.side_by_side, a.steps, tmp, a.encrypted), "--run-dir", os.path.join(tmp, "run")]
+        argv = [*side_by_side_cmd(a.side_by_side, a.steps, tmp, a.encrypted, not a.no_lanes), "--run-dir", os.path.join(tmp, "run")]
     else:
         argv = ["bench", "--scenario", a.scenario, "--steps", str(a.steps), "--runs", "planner",
                 "--run-dir", os.path.join(tmp, "run")]

@@ -25,7 +25,8 @@ and torch's ``loss_fn`` takes the cross-entropy (the same arithmetic as ``LMHead
   stages (3, 3, 2, 2), not the same layers.
 
 Ours: ``spantrain swarm`` with ``--plan even --stages 4 --schedule 1f1b|zb-h1 --precision fp32
---compression none --aggregate sum --verify 0 --recompute none`` on a scenario this script writes to
+--compression none --aggregate sum --verify 0 --recompute none --lanes`` (``--no-lanes``: without
+``--lanes``, each tensor through the peers' event loops) on a scenario this script writes to
 a temporary folder: four peers on one link class as fast as loopback (0.01 ms, 100 Gbit/s: the
 emulator adds next to nothing, as gloo on 127.0.0.1 has nothing added) and a virtual device so fast
 (1e6 TFLOP/s) that no op is ever held: compute runs at the CPU's own pace, nothing padded (the
@@ -233,19 +234,20 @@ def run_theirs(schedule: str, per_process: int, steps: int, warmup: int, tmp: st
 
 # ---- ours: spantrain swarm ------------------------------------------------------------------------
 
-def ours_argv(schedule: str, steps: int, scenario: str) -> list[str]:
+def ours_argv(schedule: str, steps: int, scenario: str, lanes: bool = True) -> list[str]:
     """``spantrain swarm``'s arguments for our side of the job (also ``scripts/loop_cpu.py``'s)."""
     model_args = [a for k, v in MODEL_ARGS.items() for a in ("--model-arg", f"{k}={v}")]
     return ["swarm", "--scenario", scenario, "--steps", str(steps), "--plan", "even", "--stages", str(PROCESSES),
             "--schedule", schedule, "--model", "transformer", *model_args, "--seq-len", str(SEQ_LEN),
             "--micro-batch-size", str(MICRO_BATCH_SIZE), "--micro-batches", str(MICRO_BATCHES),
             "--precision", "fp32", "--compression", "none", "--aggregate", "sum", "--verify", "0",
-            "--recompute", "none"]
+            "--recompute", "none", *(["--lanes"] if lanes else [])]
 
 
-def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) -> dict:
+def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str, lanes: bool = True) -> dict:
     run_dir = tempfile.mkdtemp(prefix=f"swarm-{schedule}-", dir=tmp)
-    cmd = [sys.executable, "-m", "spantrain_p2p", *ours_argv(schedule, steps, scenario), "--run-dir", run_dir, "--json"]
+    cmd = [sys.executable, "-m", "spantrain_p2p", *ours_argv(schedule, steps, scenario, lanes), "--run-dir", run_dir,
+           "--json"]
     with open(os.path.join(run_dir, "launcher.log"), "w") as log:
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=120 + 10 * steps)
     if done.returncode != 0:
@@ -282,7 +284,7 @@ def run_ours(schedule: str, steps: int, warmup: int, tmp: str, scenario: str) ->
 def one_pair(ours_schedule: str, theirs: str, per_process: int, args, k: int, tmp: str, scenario: str) -> dict:
     """Both sides back to back; the even pairs run ours first, the odd ones theirs."""
     def run_o():
-        return run_ours(ours_schedule, args.steps, args.warmup, tmp, scenario)
+        return run_ours(ours_schedule, args.steps, args.warmup, tmp, scenario, not args.no_lanes)
 
     def run_t():
         return run_theirs(theirs, per_process, args.steps, args.warmup, tmp)
@@ -304,6 +306,8 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object, last")
     p.add_argument("--encrypted", action="store_true",
                    help="our peers stand for machines of their own: their connections are encrypted")
+    p.add_argument("--no-lanes", action="store_true",
+                   help="our peers without --lanes: every tensor through their event loops")
     a = p.parse_args()
     names = [s for s in a.schedules.split(",") if s]
     if not names or any(s not in COMPARISONS for s in names):

@@ -18,7 +18,9 @@ from typing import Callable, Optional
 
 from ..osproc import ThreadCoreWait
 from . import schedule as sched
+from . import split_backward
 from .messages import ACT, GRAD
+from .step_state import StepFailed, StepResult, _Mb
 
 
 async def run(ex, step: int, actions: list, hops, on_layer_done: Optional[Callable[[int], None]] = None,
@@ -27,8 +29,6 @@ async def run(ex, step: int, actions: list, hops, on_layer_done: Optional[Callab
     ``hops`` (``train.lane_hops.LaneHops``) for its tensors. A step that fails or is cancelled shuts
     the lanes down (waking the thread if it waits on one), waits for the thread, and leaves no
     gradient behind."""
-    from .executor import StepFailed, StepResult, _Mb
-    from . import split_backward
 
     loop = asyncio.get_running_loop()
     result = StepResult()
